@@ -1,0 +1,14 @@
+//! softroce's protocol core, free of I/O: RoCE wire formats with the ICRC, and (in later
+//! modules) the transport state machines, congestion control, CM messages and the ring layout
+//! shared between daemon and shim.
+//!
+//! Nothing here opens a socket, spawns a thread or reads a clock: time is passed in, packets go
+//! in and out as bytes. That keeps every behaviour testable deterministically.
+
+#![deny(unsafe_code)]
+#![warn(missing_debug_implementations)]
+
+pub mod types;
+pub mod wire;
+
+pub use types::{Lkey, Psn, Qkey, Qpn, Rkey};
