@@ -112,6 +112,21 @@ impl FrameRepr {
         }
     }
 
+    /// Parses what follows a link header that announced `ethertype` (Linux cooked captures,
+    /// TAP devices).
+    pub fn parse_ethertype(
+        ethertype: u16,
+        bytes: &[u8],
+        wire_len: usize,
+    ) -> Result<ParsedFrame<'_>> {
+        match ethertype {
+            EtherType::IPV4 => parse_ipv4(LinkRepr::None, bytes, wire_len),
+            EtherType::IPV6 => parse_ipv6(LinkRepr::None, bytes, wire_len),
+            EtherType::ROCE_V1 => parse_grh(LinkRepr::None, bytes, wire_len),
+            _ => Err(Error::NotRoce("Ethertype is not IPv4, IPv6 or RoCE v1")),
+        }
+    }
+
     /// Parses a raw IPv4 or IPv6 packet (chosen by the version nibble).
     pub fn parse_ip(packet: &[u8], wire_len: usize) -> Result<ParsedFrame<'_>> {
         match packet.first().map(|b| b >> 4) {
@@ -187,6 +202,9 @@ fn parse_ipv4(link: LinkRepr, bytes: &[u8], wire_len: usize) -> Result<ParsedFra
     if p.protocol() != ipv4::PROTOCOL_UDP {
         return Err(Error::NotRoce("IPv4 protocol is not UDP"));
     }
+    if p.is_fragment() || !is_roce_v2_port(&bytes[p.header_len()..]) {
+        return Err(Error::NotRoce("not a whole datagram to UDP port 4791"));
+    }
     let total = p.total_len() as usize;
     check_wire_len("IPv4", total, wire_len)?;
     let ip = Ipv4Repr::parse(&p)?;
@@ -197,8 +215,8 @@ fn parse_ipv4(link: LinkRepr, bytes: &[u8], wire_len: usize) -> Result<ParsedFra
 
 fn parse_ipv6(link: LinkRepr, bytes: &[u8], wire_len: usize) -> Result<ParsedFrame<'_>> {
     let p = Ipv6Packet::new_checked_header(bytes)?;
-    if p.next_header() != ipv6::NEXT_HEADER_UDP {
-        return Err(Error::NotRoce("IPv6 next header is not UDP"));
+    if p.next_header() != ipv6::NEXT_HEADER_UDP || !is_roce_v2_port(&bytes[ipv6::HEADER_LEN..]) {
+        return Err(Error::NotRoce("not a datagram to UDP port 4791"));
     }
     let ip = Ipv6Repr::parse(&p)?;
     check_wire_len("IPv6", ipv6::HEADER_LEN + ip.payload_len, wire_len)?;
@@ -232,6 +250,13 @@ fn parse_grh(link: LinkRepr, bytes: &[u8], wire_len: usize) -> Result<ParsedFram
         &bytes[ipv6::HEADER_LEN..end],
         grh.payload_len,
     )
+}
+
+/// Decides early whether a UDP datagram is RoCE at all, so that other traffic is classified as
+/// such rather than as a malformed RoCE packet. A header cut short counts as RoCE (and fails later).
+fn is_roce_v2_port(udp: &[u8]) -> bool {
+    udp.get(2..4)
+        .is_none_or(|p| u16::from_be_bytes([p[0], p[1]]) == ROCE_V2_PORT)
 }
 
 /// The network layer must not claim more than the wire carried (a capture's own length).
