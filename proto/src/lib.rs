@@ -4,10 +4,14 @@
 //!
 //! Nothing here opens a socket, spawns a thread or reads a clock: time is passed in, packets go
 //! in and out as bytes. That keeps every behaviour testable deterministically.
+//!
+//! The crate denies `unsafe` with one documented exception: [`ring`], the shared-memory rings
+//! between the shim and the daemon, which must touch memory another process shares.
 
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod ring;
 pub mod types;
 pub mod wire;
 
