@@ -1,9 +1,16 @@
 //! `softroce`: the user-space RoCE device and its tools.
 
+mod config;
+mod ctl;
 mod pcap;
+mod server;
 
-use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use config::{Config, DeviceConfig};
+use proto::ctl::{Request, Response, RoceVersion};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -19,10 +26,67 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
+    /// arguments it serves srxe0, RoCE v2 on 127.0.0.1 and ::1.
+    Daemon(DaemonArgs),
+    /// Run a program with the softroce shim preloaded, so that its libibverbs and librdmacm
+    /// calls reach the daemon: `softroce run -- ibv_devinfo -v`.
+    Run {
+        /// The daemon's control socket (default: $SOFTROCE_SOCKET, then
+        /// $XDG_RUNTIME_DIR/softroce/ctl.sock, then /run/softroce/ctl.sock).
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Show the daemon's resources.
+    Res {
+        #[command(subcommand)]
+        command: ResCommand,
+    },
     /// Work with packet captures.
     Pcap {
         #[command(subcommand)]
         command: PcapCommand,
+    },
+}
+
+#[derive(Args, Debug)]
+struct DaemonArgs {
+    /// A TOML file describing devices (see the README); flags below add one more device.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The control socket (default: $SOFTROCE_SOCKET, then $XDG_RUNTIME_DIR/softroce/ctl.sock,
+    /// then /run/softroce/ctl.sock).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Device name.
+    #[arg(long)]
+    name: Option<String>,
+    /// An address to serve, IPv4 or IPv6 (repeatable).
+    #[arg(long = "addr")]
+    addrs: Vec<IpAddr>,
+    /// Serve all addresses of this network interface, following them as they change.
+    #[arg(long)]
+    netdev: Option<String>,
+    /// RoCE version: v2 (UDP 4791, the default) or v1 (Ethertype 0x8915 on a TAP device).
+    #[arg(long)]
+    roce: Option<RoceVersion>,
+    /// Largest path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(long)]
+    mtu: Option<u32>,
+    /// Log filter, as RUST_LOG (default: info).
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+#[derive(Subcommand, Debug)]
+enum ResCommand {
+    /// Devices and, per client process, the resources it holds.
+    Show {
+        #[arg(long)]
+        socket: Option<PathBuf>,
     },
 }
 
@@ -44,11 +108,126 @@ enum PcapCommand {
 fn main() -> ExitCode {
     restore_default_sigpipe();
     let cli = Cli::parse();
-    match cli.command {
+    let result = match cli.command {
         Command::Pcap {
             command: PcapCommand::Check { verbose, files },
-        } => pcap_check(&files, verbose),
+        } => return pcap_check(&files, verbose),
+        Command::Daemon(args) => daemon(args),
+        Command::Run { socket, command } => run(socket.as_deref(), &command),
+        Command::Res {
+            command: ResCommand::Show { socket },
+        } => res_show(socket.as_deref()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("softroce: {e:#}");
+            ExitCode::FAILURE
+        }
     }
+}
+
+fn daemon(args: DaemonArgs) -> Result<()> {
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))?,
+        )
+        .init();
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config {
+            socket: None,
+            devices: Vec::new(),
+        },
+    };
+    let from_flags = args.name.is_some()
+        || !args.addrs.is_empty()
+        || args.netdev.is_some()
+        || args.roce.is_some()
+        || args.mtu.is_some();
+    if from_flags || config.devices.is_empty() {
+        let mut d = if args.addrs.is_empty() && args.netdev.is_none() {
+            DeviceConfig::loopback_default()
+        } else {
+            DeviceConfig::new(config::DEFAULT_DEVICE)
+        };
+        if let Some(n) = args.name {
+            d.name = n;
+        }
+        d.addr.extend(args.addrs);
+        d.netdev = args.netdev;
+        if let Some(r) = args.roce {
+            d.roce = r;
+        }
+        if let Some(m) = args.mtu {
+            d.mtu = m;
+        }
+        config.devices.push(d);
+    }
+    let socket = config::socket_path(args.socket.as_deref().or(config.socket.as_deref()));
+    server::run(config, socket)
+}
+
+/// Finds libsoftroce.so: $SOFTROCE_SHIM, else beside this executable (cargo puts both in
+/// target/<profile>/), else the system library path.
+fn shim_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("SOFTROCE_SHIM").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let beside = exe.with_file_name("libsoftroce.so");
+    if beside.exists() {
+        return Ok(beside);
+    }
+    for dir in ["/usr/local/lib", "/usr/lib"] {
+        let p = Path::new(dir).join("libsoftroce.so");
+        if p.exists() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "libsoftroce.so not found beside {} (build it with `cargo build -p softroce-shim`, or set SOFTROCE_SHIM)",
+        exe.display()
+    )
+}
+
+fn run(socket: Option<&Path>, command: &[String]) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let shim = shim_path()?;
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
+        _ => shim.display().to_string(),
+    };
+    let err = std::process::Command::new(&command[0])
+        .args(&command[1..])
+        .env("LD_PRELOAD", preload)
+        .env("SOFTROCE_SOCKET", config::socket_path(socket))
+        .exec();
+    Err(err).with_context(|| format!("cannot run {}", command[0]))
+}
+
+fn res_show(socket: Option<&Path>) -> Result<()> {
+    let path = config::socket_path(socket);
+    let mut client = ctl::Client::connect(&path, "softroce res show")?;
+    let Response::Resources { devices, clients } = client.request(&Request::ResShow)? else {
+        bail!("unexpected answer from the daemon");
+    };
+    println!("devices: {}", devices.join(" "));
+    println!(
+        "{:>6} {:>8} {:>6}  {:<24} {:>4} {:>6} {:>4} {:>6} {:>4} {:>4} {:>4}",
+        "client", "pid", "uid", "program", "pd", "mr", "cq", "qp", "srq", "ah", "mw"
+    );
+    for c in clients {
+        println!(
+            "{:>6} {:>8} {:>6}  {:<24} {:>4} {:>6} {:>4} {:>6} {:>4} {:>4} {:>4}",
+            c.client, c.pid, c.uid, c.program, c.pds, c.mrs, c.cqs, c.qps, c.srqs, c.ahs, c.mws
+        );
+    }
+    Ok(())
 }
 
 fn pcap_check(files: &[PathBuf], verbose: bool) -> ExitCode {

@@ -1,0 +1,306 @@
+//! What the daemon serves: devices, their addresses, RoCE version and MTU, and where the control
+//! socket lives. From flags, a TOML file (`--config`), or the embedded default: one device,
+//! `srxe0`, RoCE v2 on 127.0.0.1 and ::1.
+
+use anyhow::{bail, Context, Result};
+use proto::ctl::{self, DeviceInfo, GidEntry, RoceVersion};
+use serde::Deserialize;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_DEVICE: &str = "srxe0";
+/// Loopback's link MTU is 65536, so the path MTU is the largest IB MTU.
+pub const DEFAULT_MTU: u32 = 4096;
+
+/// One device as configured.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceConfig {
+    pub name: String,
+    /// Addresses served (IPv4 and IPv6), besides those of `netdev`.
+    #[serde(default)]
+    pub addr: Vec<IpAddr>,
+    /// A network interface whose addresses are served, followed as they change.
+    #[serde(default)]
+    pub netdev: Option<String>,
+    #[serde(default = "default_roce")]
+    pub roce: RoceVersion,
+    /// Largest path MTU in bytes (256 .. 4096).
+    #[serde(default = "default_mtu")]
+    pub mtu: u32,
+    /// Most QPs and MRs the device will create.
+    #[serde(default = "default_max_qp")]
+    pub max_qp: u32,
+    #[serde(default = "default_max_mr")]
+    pub max_mr: u32,
+}
+
+fn default_roce() -> RoceVersion {
+    RoceVersion::V2
+}
+fn default_mtu() -> u32 {
+    DEFAULT_MTU
+}
+fn default_max_qp() -> u32 {
+    1 << 17
+}
+fn default_max_mr() -> u32 {
+    1 << 19
+}
+
+impl DeviceConfig {
+    pub fn new(name: &str) -> DeviceConfig {
+        DeviceConfig {
+            name: name.to_string(),
+            addr: Vec::new(),
+            netdev: None,
+            roce: default_roce(),
+            mtu: default_mtu(),
+            max_qp: default_max_qp(),
+            max_mr: default_max_mr(),
+        }
+    }
+
+    /// The embedded default: RoCE v2 on 127.0.0.1 and ::1.
+    pub fn loopback_default() -> DeviceConfig {
+        DeviceConfig {
+            addr: vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()],
+            ..DeviceConfig::new(DEFAULT_DEVICE)
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.name.is_empty() || self.name.len() > 63 || self.name.contains('/') {
+            bail!(
+                "device name {:?} must be 1 to 63 characters without '/'",
+                self.name
+            );
+        }
+        if ctl::mtu_enum(self.mtu).is_none() {
+            bail!(
+                "device {}: MTU {} is not one of 256, 512, 1024, 2048, 4096",
+                self.name,
+                self.mtu
+            );
+        }
+        if self.addr.is_empty() && self.netdev.is_none() {
+            bail!(
+                "device {} has no address: give --addr or --netdev",
+                self.name
+            );
+        }
+        if self.roce == RoceVersion::V1 && self.netdev.is_none() {
+            bail!(
+                "device {}: RoCE v1 runs on Ethernet and needs --netdev (a TAP device)",
+                self.name
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub socket: Option<PathBuf>,
+    #[serde(default, rename = "device")]
+    pub devices: Vec<DeviceConfig>,
+}
+
+impl Config {
+    pub fn from_toml(text: &str) -> Result<Config> {
+        let c: Config = toml::from_str(text)?;
+        Ok(c)
+    }
+
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        Config::from_toml(&text).with_context(|| format!("parsing config {}", path.display()))
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.devices.is_empty() {
+            bail!("no device configured");
+        }
+        for (i, d) in self.devices.iter().enumerate() {
+            d.validate()?;
+            if self.devices[..i].iter().any(|o| o.name == d.name) {
+                bail!("device {} is configured twice", d.name);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the control socket is: `--socket`, else `$SOFTROCE_SOCKET`, else
+/// `$XDG_RUNTIME_DIR/softroce/ctl.sock`, else `/run/softroce/ctl.sock`.
+pub fn socket_path(flag: Option<&Path>) -> PathBuf {
+    if let Some(p) = flag {
+        return p.to_path_buf();
+    }
+    if let Some(p) = std::env::var_os("SOFTROCE_SOCKET").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|p| !p.is_empty()) {
+        return PathBuf::from(dir).join("softroce/ctl.sock");
+    }
+    PathBuf::from("/run/softroce/ctl.sock")
+}
+
+/// The addresses of a network interface, now.
+pub fn netdev_addrs(name: &str) -> Result<Vec<IpAddr>> {
+    let mut out = Vec::new();
+    let mut found = false;
+    for ifa in nix::ifaddrs::getifaddrs()? {
+        if ifa.interface_name != name {
+            continue;
+        }
+        found = true;
+        let Some(addr) = ifa.address else { continue };
+        if let Some(v4) = addr.as_sockaddr_in() {
+            out.push(IpAddr::V4(v4.ip()));
+        } else if let Some(v6) = addr.as_sockaddr_in6() {
+            out.push(IpAddr::V6(v6.ip()));
+        }
+    }
+    if !found {
+        bail!("no network interface named {name}");
+    }
+    Ok(out)
+}
+
+fn netdev_mac(name: &str) -> Option<[u8; 6]> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).ok()?;
+    let mut mac = [0u8; 6];
+    let mut parts = text.trim().split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    (mac != [0; 6]).then_some(mac)
+}
+
+/// EUI-64 from a MAC: insert ff:fe and flip the universal/local bit (as rxe's node GUID).
+fn eui64(mac: [u8; 6]) -> [u8; 8] {
+    [
+        mac[0] ^ 2,
+        mac[1],
+        mac[2],
+        0xff,
+        0xfe,
+        mac[3],
+        mac[4],
+        mac[5],
+    ]
+}
+
+/// A device as presented to clients: its GID table and port attributes, with the addresses of
+/// its netdev read now.
+pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
+    let mut addrs = d.addr.clone();
+    if let Some(n) = &d.netdev {
+        for a in netdev_addrs(n)? {
+            if !addrs.contains(&a) {
+                addrs.push(a);
+            }
+        }
+    }
+    // A MAC for the GUID and the default GID: the netdev's, or a locally administered one
+    // derived from the device name, stable across restarts.
+    let mac = d.netdev.as_deref().and_then(netdev_mac).unwrap_or_else(|| {
+        let h = d.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+        let b = h.to_be_bytes();
+        [0x02, b[3], b[4], b[5], b[6], b[7]]
+    });
+    let guid = eui64(mac);
+    // Index 0 is the link-local default GID, as on every RoCE device.
+    let mut gid0 = [0u8; 16];
+    gid0[0] = 0xfe;
+    gid0[1] = 0x80;
+    gid0[8..].copy_from_slice(&guid);
+    let mut gids = vec![GidEntry {
+        index: 0,
+        gid: gid0,
+        roce: d.roce,
+    }];
+    for (i, a) in addrs.iter().enumerate() {
+        gids.push(GidEntry {
+            index: i as u32 + 1,
+            gid: ctl::gid_of(*a),
+            roce: d.roce,
+        });
+    }
+    let mtu = ctl::mtu_enum(d.mtu).unwrap_or(5);
+    Ok(DeviceInfo {
+        name: d.name.clone(),
+        node_guid: u64::from_be_bytes(guid),
+        roce: d.roce,
+        max_mtu: 5,
+        active_mtu: mtu,
+        port_active: !addrs.is_empty(),
+        gids,
+        netdevs: d.netdev.iter().cloned().collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_config_parses_and_validates() {
+        let c = Config::from_toml(
+            r#"
+            socket = "/tmp/x.sock"
+            [[device]]
+            name = "srxe0"
+            addr = ["127.0.0.1", "::1"]
+            [[device]]
+            name = "srxe1"
+            addr = ["127.0.0.2"]
+            mtu = 1024
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.devices[1].mtu, 1024);
+        assert_eq!(c.devices[0].roce, RoceVersion::V2);
+        assert!(Config::from_toml("[[device]]\nname = \"a\"\nbogus = 1").is_err());
+        let dup = Config::from_toml(
+            "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\n[[device]]\nname=\"a\"\naddr=[\"127.0.0.2\"]",
+        )
+        .unwrap();
+        assert!(dup.validate().is_err());
+        let mut bad = DeviceConfig::loopback_default();
+        bad.mtu = 1500;
+        assert!(bad.validate().is_err());
+        bad.mtu = 1024;
+        bad.roce = RoceVersion::V1;
+        assert!(bad.validate().is_err(), "v1 needs an Ethernet device");
+    }
+
+    #[test]
+    fn default_device_has_rxe_like_gids() {
+        let info = device_info(&DeviceConfig::loopback_default()).unwrap();
+        assert_eq!(info.gids.len(), 3);
+        assert_eq!(&info.gids[0].gid[..2], &[0xfe, 0x80]);
+        assert_eq!(
+            info.gids[1].gid,
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1]
+        );
+        assert_eq!(info.gids[2].gid, std::net::Ipv6Addr::LOCALHOST.octets());
+        assert_eq!(info.active_mtu, 5);
+        assert_eq!(info.node_guid.to_be_bytes()[3..5], [0xff, 0xfe]);
+    }
+
+    #[test]
+    fn netdev_lo_is_followed() {
+        let addrs = netdev_addrs("lo").unwrap();
+        assert!(addrs.contains(&"127.0.0.1".parse().unwrap()));
+        assert!(netdev_addrs("no-such-if0").is_err());
+    }
+}

@@ -1,0 +1,184 @@
+//! The control socket: a Unix `SOCK_SEQPACKET` socket, one message per request or response
+//! (encoded by `proto::ctl`), with file descriptors passed as `SCM_RIGHTS`. Every client's
+//! credentials are checked when it connects.
+
+use anyhow::{anyhow, bail, Context, Result};
+use nix::sys::socket::{
+    self, accept4, bind, connect, getsockopt, listen, recvmsg, sendmsg, socket, sockopt,
+    AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+    UnixAddr, UnixCredentials,
+};
+use proto::ctl::{self, Request, Response, MAX_MESSAGE, PROTOCOL_VERSION};
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+/// A connected control socket, either end.
+#[derive(Debug)]
+pub struct Conn {
+    fd: OwnedFd,
+}
+
+impl Conn {
+    /// Sends one message, with `fds` attached.
+    pub fn send(&self, bytes: &[u8], fds: &[RawFd]) -> Result<()> {
+        let iov = [IoSlice::new(bytes)];
+        let cmsg = [ControlMessage::ScmRights(fds)];
+        let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &cmsg };
+        sendmsg::<()>(
+            self.fd.as_raw_fd(),
+            &iov,
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .context("sending a control message")?;
+        Ok(())
+    }
+
+    /// Receives one message into `buf`; returns its length (0 on orderly shutdown) and any
+    /// file descriptors that came with it, now owned by the caller.
+    pub fn recv(&self, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
+        let mut iov = [IoSliceMut::new(buf)];
+        let mut space = nix::cmsg_space!([RawFd; 8]);
+        let msg = recvmsg::<()>(
+            self.fd.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .context("receiving a control message")?;
+        let mut fds = Vec::new();
+        for c in msg.cmsgs().context("reading control data")? {
+            if let ControlMessageOwned::ScmRights(raw) = c {
+                // SAFETY: the kernel just installed these descriptors in our table for us.
+                fds.extend(
+                    raw.into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
+            }
+        }
+        if msg.flags.contains(MsgFlags::MSG_TRUNC) {
+            bail!("control message larger than {} bytes", buf.len());
+        }
+        Ok((msg.bytes, fds))
+    }
+
+    /// The peer's pid, uid and gid, as the kernel saw them at connect time.
+    pub fn peer_credentials(&self) -> Result<UnixCredentials> {
+        Ok(getsockopt(&self.fd, sockopt::PeerCredentials)?)
+    }
+}
+
+/// The daemon's listening socket; removes its path when dropped.
+#[derive(Debug)]
+pub struct Listener {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Listener {
+    /// Binds `path`. A live daemon already there is an error; a stale socket file left by a
+    /// crashed one is replaced.
+    pub fn bind(path: &Path) -> Result<Listener> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        if path.exists() {
+            if Client::connect_raw(path).is_ok() {
+                bail!(
+                    "another softroce daemon is already serving {} (give --socket to run a second one)",
+                    path.display()
+                );
+            }
+            std::fs::remove_file(path)
+                .with_context(|| format!("removing stale socket {}", path.display()))?;
+        }
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        let addr = UnixAddr::new(path)?;
+        bind(fd.as_raw_fd(), &addr).with_context(|| format!("binding {}", path.display()))?;
+        // Any local user may connect; the daemon checks each client's credentials.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))?;
+        listen(&fd, Backlog::new(128)?)?;
+        Ok(Listener {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub fn accept(&self) -> Result<Conn> {
+        let fd = accept4(self.fd.as_raw_fd(), SockFlag::SOCK_CLOEXEC)?;
+        // SAFETY: accept4 returned a new descriptor that nothing else owns.
+        Ok(Conn {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// Makes a blocked `accept` return, for shutdown.
+    pub fn shutdown(&self) {
+        let _ = socket::shutdown(self.fd.as_raw_fd(), socket::Shutdown::Both);
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The client side, for `softroce res show` and tests. (The shim has its own, inside the
+/// application process.)
+#[derive(Debug)]
+pub struct Client {
+    conn: Conn,
+    pub client_id: u64,
+}
+
+impl Client {
+    fn connect_raw(path: &Path) -> Result<Conn> {
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        connect(fd.as_raw_fd(), &UnixAddr::new(path)?)?;
+        Ok(Conn { fd })
+    }
+
+    /// Connects and introduces itself.
+    pub fn connect(path: &Path, program: &str) -> Result<Client> {
+        let conn = Client::connect_raw(path).with_context(|| {
+            format!(
+                "cannot reach the softroce daemon at {} (is `softroce daemon` running?)",
+                path.display()
+            )
+        })?;
+        let mut c = Client { conn, client_id: 0 };
+        match c.request(&Request::Hello {
+            version: PROTOCOL_VERSION,
+            program: program.to_string(),
+        })? {
+            Response::Hello { client, .. } => c.client_id = client,
+            Response::Error { message, .. } => bail!("daemon refused us: {message}"),
+            other => bail!("unexpected answer to hello: {other:?}"),
+        }
+        Ok(c)
+    }
+
+    pub fn request(&mut self, req: &Request) -> Result<Response> {
+        self.conn.send(&ctl::encode(req)?, &[])?;
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        let (n, _fds) = self.conn.recv(&mut buf)?;
+        if n == 0 {
+            return Err(anyhow!("the daemon closed the connection"));
+        }
+        Ok(ctl::decode(&buf[..n])?)
+    }
+}

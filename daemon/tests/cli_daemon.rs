@@ -1,0 +1,283 @@
+//! `softroce daemon`, `softroce res show` and the control socket, driven as a user would.
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_softroce")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("daemon")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(socket: &Path, args: &[&str]) -> Daemon {
+        let child = Command::new(bin())
+            .arg("daemon")
+            .arg("--socket")
+            .arg(socket)
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let d = Daemon {
+            child,
+            socket: socket.to_path_buf(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not create its socket"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    fn res_show(&self) -> String {
+        let out = Command::new(bin())
+            .args(["res", "show", "--socket"])
+            .arg(&self.socket)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// Sends `sig` and waits for a clean exit; returns the log.
+    fn stop(mut self, sig: Signal) -> String {
+        kill(Pid::from_raw(self.child.id() as i32), sig).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "daemon exited with {status}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "daemon did not stop on {sig}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut log = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut log)
+            .unwrap();
+        assert!(!self.socket.exists(), "socket left behind");
+        log
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(bin()).args(args).output().unwrap()
+}
+
+#[test]
+fn default_daemon_serves_srxe0_and_stops_on_sigterm_and_sigint() {
+    let dir = scratch("default");
+    let d = Daemon::start(&dir.join("ctl.sock"), &[]);
+    let shown = d.res_show();
+    assert!(shown.starts_with("devices: srxe0\n"), "{shown}");
+    let log = d.stop(Signal::SIGTERM);
+    assert!(log.contains("device ready"), "{log}");
+    assert!(log.contains("roce=v2"), "{log}");
+    assert!(log.contains("127.0.0.1") && log.contains("::1"), "{log}");
+
+    let d = Daemon::start(&dir.join("ctl.sock"), &[]);
+    let log = d.stop(Signal::SIGINT);
+    assert!(log.contains("stopped"));
+}
+
+#[test]
+fn a_second_daemon_on_the_same_socket_is_refused_and_two_sockets_coexist() {
+    let dir = scratch("two");
+    let a = Daemon::start(&dir.join("a.sock"), &["--addr", "127.0.0.1"]);
+    let out = run(&["daemon", "--socket", a.socket.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already serving"));
+    let b = Daemon::start(
+        &dir.join("b.sock"),
+        &["--name", "srxe1", "--addr", "127.0.0.2"],
+    );
+    assert!(a.res_show().starts_with("devices: srxe0"));
+    assert!(b.res_show().starts_with("devices: srxe1"));
+    b.stop(Signal::SIGTERM);
+    a.stop(Signal::SIGTERM);
+}
+
+#[test]
+fn config_file_and_bad_flags() {
+    let dir = scratch("config");
+    let cfg = dir.join("softroce.toml");
+    std::fs::write(
+        &cfg,
+        "[[device]]\nname = \"alpha\"\naddr = [\"127.0.0.1\"]\n\n[[device]]\nname = \"beta\"\nnetdev = \"lo\"\nmtu = 1024\n",
+    )
+    .unwrap();
+    let d = Daemon::start(&dir.join("ctl.sock"), &["--config", cfg.to_str().unwrap()]);
+    assert!(d.res_show().starts_with("devices: alpha beta\n"));
+    d.stop(Signal::SIGTERM);
+
+    let sock = dir.join("bad.sock");
+    for (args, why) in [
+        (vec!["--mtu", "1500"], "MTU 1500"),
+        (vec!["--roce", "v3"], "unknown RoCE version"),
+        (
+            vec!["--roce", "v1", "--addr", "127.0.0.1"],
+            "needs --netdev",
+        ),
+        (vec!["--netdev", "no-such-if0"], "no network interface"),
+    ] {
+        let mut all = vec!["daemon", "--socket", sock.to_str().unwrap()];
+        all.extend(args);
+        let out = run(&all);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "expected {why:?} in {err}");
+    }
+    std::fs::write(&cfg, "[[device]]\nname = \"x\"\nunknown_key = 1\n").unwrap();
+    let out = run(&[
+        "daemon",
+        "--socket",
+        sock.to_str().unwrap(),
+        "--config",
+        cfg.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
+}
+
+/// A client speaking the control protocol directly, as the shim does.
+fn raw_client(path: &Path) -> std::os::fd::OwnedFd {
+    use nix::sys::socket::*;
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    connect(fd.as_raw_fd(), &UnixAddr::new(path).unwrap()).unwrap();
+    fd
+}
+
+fn send(fd: &std::os::fd::OwnedFd, bytes: &[u8]) {
+    use std::os::fd::AsRawFd;
+    nix::sys::socket::send(fd.as_raw_fd(), bytes, nix::sys::socket::MsgFlags::empty()).unwrap();
+}
+
+fn recv(fd: &std::os::fd::OwnedFd) -> Vec<u8> {
+    use std::os::fd::AsRawFd;
+    let mut buf = vec![0u8; 65536];
+    let n = nix::sys::socket::recv(
+        fd.as_raw_fd(),
+        &mut buf,
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .unwrap();
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn clients_are_tracked_and_forgotten_when_they_go_and_garbage_is_refused() {
+    use proto::ctl::{self, Request, Response, PROTOCOL_VERSION};
+    let dir = scratch("clients");
+    let d = Daemon::start(&dir.join("ctl.sock"), &[]);
+
+    let c = raw_client(&d.socket);
+    send(
+        &c,
+        &ctl::encode(&Request::Hello {
+            version: PROTOCOL_VERSION,
+            program: "pingpong-test".into(),
+        })
+        .unwrap(),
+    );
+    let Response::Hello { client, .. } = ctl::decode(&recv(&c)).unwrap() else {
+        panic!("no hello")
+    };
+    send(&c, &ctl::encode(&Request::QueryDevices).unwrap());
+    let Response::Devices(devs) = ctl::decode(&recv(&c)).unwrap() else {
+        panic!("no devices")
+    };
+    assert_eq!(devs[0].name, "srxe0");
+    assert_eq!(devs[0].gids.len(), 3);
+    // Garbage after hello: an error answer, and the connection lives on.
+    send(&c, &[0xff; 17]);
+    assert!(matches!(
+        ctl::decode(&recv(&c)).unwrap(),
+        Response::Error { errno, .. } if errno == libc::EINVAL
+    ));
+    let shown = d.res_show();
+    assert!(
+        shown.lines().any(|l| l.contains("pingpong-test") && l.trim_start().starts_with(&client.to_string())),
+        "{shown}"
+    );
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while d.res_show().contains("pingpong-test") {
+        assert!(
+            Instant::now() < deadline,
+            "client not forgotten within a second"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    // A client whose first message is not hello, or speaks another version, is refused.
+    let c = raw_client(&d.socket);
+    send(&c, &ctl::encode(&Request::QueryDevices).unwrap());
+    assert!(matches!(
+        ctl::decode(&recv(&c)).unwrap(),
+        Response::Error { .. }
+    ));
+    let c = raw_client(&d.socket);
+    send(
+        &c,
+        &ctl::encode(&Request::Hello {
+            version: PROTOCOL_VERSION + 1,
+            program: "future".into(),
+        })
+        .unwrap(),
+    );
+    match ctl::decode(&recv(&c)).unwrap() {
+        Response::Error { message, .. } => assert!(message.contains("protocol"), "{message}"),
+        other => panic!("{other:?}"),
+    }
+    let log = d.stop(Signal::SIGTERM);
+    assert!(log.contains("client gone"));
+}
+
+#[test]
+fn res_show_without_a_daemon_says_so() {
+    let dir = scratch("nodaemon");
+    let out = run(&[
+        "res",
+        "show",
+        "--socket",
+        dir.join("none.sock").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is `softroce daemon` running?"));
+}
