@@ -2,6 +2,7 @@
 
 mod config;
 mod ctl;
+mod memory;
 mod pcap;
 mod server;
 
