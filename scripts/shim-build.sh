@@ -25,15 +25,15 @@ mkdir -p "$out/replacement"
 
 "$cargo" build -q -p softroce-shim --lib "${cargo_profile[@]}" \
     --manifest-path "$root/Cargo.toml" --target-dir "$out/build-preload"
-cp "$out/build-preload/$profile/libsoftroce.so" "$out/libsoftroce.so.tmp"
-mv "$out/libsoftroce.so.tmp" "$out/libsoftroce.so"
+cp "$out/build-preload/$profile/libsoftroce.so" "$out/libsoftroce.so.tmp.$$"
+mv "$out/libsoftroce.so.tmp.$$" "$out/libsoftroce.so"
 
 "$cargo" rustc -q -p softroce-shim --lib --crate-type cdylib "${cargo_profile[@]}" \
     --manifest-path "$root/Cargo.toml" --target-dir "$out/build-replacement" -- \
     -C "link-arg=-Wl,--version-script=$root/shim/libibverbs.map" \
     -C "link-arg=-Wl,-soname,libibverbs.so.1"
-cp "$out/build-replacement/$profile/libsoftroce.so" "$out/replacement/libibverbs.so.1.tmp"
-mv "$out/replacement/libibverbs.so.1.tmp" "$out/replacement/libibverbs.so.1"
+cp "$out/build-replacement/$profile/libsoftroce.so" "$out/replacement/libibverbs.so.1.tmp.$$"
+mv "$out/replacement/libibverbs.so.1.tmp.$$" "$out/replacement/libibverbs.so.1"
 
 echo "$out/libsoftroce.so"
 echo "$out/replacement/libibverbs.so.1"

@@ -69,7 +69,8 @@ pub fn write_c_string(dst: &mut [c_char], s: &str) {
     }
 }
 
-struct DeviceTable(Vec<Box<ShimDevice>>);
+/// Never mutated after it is built, so element addresses are stable.
+struct DeviceTable(Vec<ShimDevice>);
 
 // SAFETY: the table is immutable once built; the only raw pointers inside (`_ops`) are null.
 unsafe impl Sync for DeviceTable {}
@@ -80,7 +81,7 @@ static DEVICES: OnceLock<DeviceTable> = OnceLock::new();
 
 /// The process's devices, built from [`source_from_env`] on first use. Their addresses stay
 /// valid for the life of the process (apps keep `ibv_device *` after `ibv_free_device_list`).
-pub fn devices() -> &'static [Box<ShimDevice>] {
+pub fn devices() -> &'static [ShimDevice] {
     &DEVICES.get_or_init(|| build_table(&*source_from_env())).0
 }
 
@@ -90,7 +91,7 @@ fn build_table(source: &dyn DeviceSource) -> DeviceTable {
             .devices()
             .into_iter()
             .enumerate()
-            .map(|(i, d)| Box::new(ShimDevice::new(i, d)))
+            .map(|(i, d)| ShimDevice::new(i, d))
             .collect(),
     )
 }
@@ -102,7 +103,6 @@ pub fn device_from_ptr(p: *const IbvDevice) -> Result<&'static ShimDevice, Errno
     }
     devices()
         .iter()
-        .map(|d| &**d)
         .find(|d| std::ptr::eq(&d.dev, p))
         .ok_or(Errno::INVAL)
 }

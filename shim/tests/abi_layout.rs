@@ -204,9 +204,18 @@ fn rust_layouts() -> Vec<StructLayout> {
 /// The unions and anonymous pieces whose sizes matter but have no fields listed above.
 fn extra_sizes() -> Vec<(&'static str, usize)> {
     vec![
-        ("__typeof__(((struct ibv_send_wr *)0)->wr)", size_of::<IbvSendWrWr>()),
-        ("__typeof__(((struct ibv_async_event *)0)->element)", size_of::<IbvAsyncEventElement>()),
-        ("struct _compat_ibv_port_attr (offset of port_cap_flags2)", COMPAT_PORT_ATTR_SIZE),
+        (
+            "__typeof__(((struct ibv_send_wr *)0)->wr)",
+            size_of::<IbvSendWrWr>(),
+        ),
+        (
+            "__typeof__(((struct ibv_async_event *)0)->element)",
+            size_of::<IbvAsyncEventElement>(),
+        ),
+        (
+            "struct _compat_ibv_port_attr (offset of port_cap_flags2)",
+            COMPAT_PORT_ATTR_SIZE,
+        ),
     ]
 }
 
@@ -288,7 +297,11 @@ fn rust_abi_matches_system_verbs_h() {
     for (name, size) in extra_sizes() {
         check(name, "size", size);
     }
-    assert!(mismatches.is_empty(), "layout mismatches:\n{}", mismatches.join("\n"));
+    assert!(
+        mismatches.is_empty(),
+        "layout mismatches:\n{}",
+        mismatches.join("\n")
+    );
     // Guard against the probe silently checking nothing.
     assert!(checked > 400, "only {checked} layout facts checked");
 }

@@ -9,13 +9,18 @@ use shim_support::{require_program, run_preloaded, workspace_root};
 fn rxe_capture() -> Option<String> {
     let p = workspace_root().join("../shared/captures/devinfo/rxe1-ibv_devinfo-v.txt");
     let alt = std::path::Path::new("/work/shared/captures/devinfo/rxe1-ibv_devinfo-v.txt");
-    std::fs::read_to_string(p).or_else(|_| std::fs::read_to_string(alt)).ok()
+    std::fs::read_to_string(p)
+        .or_else(|_| std::fs::read_to_string(alt))
+        .ok()
 }
 
 #[test]
 fn ibv_devices_lists_srxe0() {
     let out = run_preloaded(&require_program("ibv_devices"), &[]);
-    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
     assert!(
         rows.contains(&vec!["srxe0", "005352fffe584500"]),
         "srxe0 with its node GUID missing from:\n{out}"
@@ -53,10 +58,19 @@ fn ibv_devinfo_verbose_reports_rxe_attributes() {
     ];
     let lines: Vec<&str> = out.lines().collect();
     for e in expect {
-        assert!(lines.contains(&e), "missing line {e:?} in ibv_devinfo -v output:\n{out}");
+        assert!(
+            lines.contains(&e),
+            "missing line {e:?} in ibv_devinfo -v output:\n{out}"
+        );
     }
-    assert!(!out.contains("board_id"), "rxe has no board_id; the shim must not invent one");
-    assert!(!out.contains("GID[  3]"), "only three GIDs expected:\n{out}");
+    assert!(
+        !out.contains("board_id"),
+        "rxe has no board_id; the shim must not invent one"
+    );
+    assert!(
+        !out.contains("GID[  3]"),
+        "only three GIDs expected:\n{out}"
+    );
 }
 
 /// Line-by-line against the kernel rxe capture: only the lines that name the device, its
@@ -66,9 +80,15 @@ fn ibv_devinfo_verbose_matches_kernel_rxe_capture() {
     let capture = rxe_capture().expect("shared/captures/devinfo/rxe1-ibv_devinfo-v.txt not found");
     let out = run_preloaded(&require_program("ibv_devinfo"), &["-v"]);
     let may_differ = |l: &str| {
-        ["hca_id:", "node_guid:", "sys_image_guid:", "active_mtu:", "GID["]
-            .iter()
-            .any(|k| l.trim_start().starts_with(k))
+        [
+            "hca_id:",
+            "node_guid:",
+            "sys_image_guid:",
+            "active_mtu:",
+            "GID[",
+        ]
+        .iter()
+        .any(|k| l.trim_start().starts_with(k))
     };
     let ours: Vec<&str> = out.lines().filter(|l| !may_differ(l)).collect();
     let theirs: Vec<&str> = capture.lines().filter(|l| !may_differ(l)).collect();

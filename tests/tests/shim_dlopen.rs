@@ -59,13 +59,19 @@ fn dlopen_user_reaches_replacement_library() {
         .output()
         .expect("run shim_dlopen");
     let stdout = check_output("shim_dlopen with LD_LIBRARY_PATH=replacement", out);
-    let from = stdout.lines().find_map(|l| l.strip_prefix("resolved-from ")).unwrap_or_default();
+    let from = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("resolved-from "))
+        .unwrap_or_default();
     assert!(
         from.starts_with(libs.replacement_dir.to_str().unwrap()),
         "ibv_get_device_list came from {from:?}, not the replacement:\n{stdout}"
     );
     assert!(stdout.contains("device srxe0\n"), "{stdout}");
-    assert!(stdout.contains("query_port 0 state 4 link_layer 2\n"), "{stdout}");
+    assert!(
+        stdout.contains("query_port 0 state 4 link_layer 2\n"),
+        "{stdout}"
+    );
     assert!(stdout.contains("close 0\n"), "{stdout}");
 }
 

@@ -30,7 +30,11 @@ const VERSION_NODES: &[&str] = &[
 fn libibverbs_names() -> BTreeSet<String> {
     let list = std::fs::read_to_string(workspace_root().join("shim/libibverbs-exports.txt"))
         .expect("read shim/libibverbs-exports.txt");
-    list.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect()
+    list.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 /// Defined dynamic symbols as (name, version suffix such as "@@IBVERBS_1.1" or "").
@@ -51,7 +55,11 @@ fn defined_symbols(lib: &Path) -> Vec<(String, String)> {
 }
 
 fn readelf(args: &[&str], lib: &Path) -> String {
-    let out = Command::new(require_program("readelf")).args(args).arg(lib).output().expect("run readelf");
+    let out = Command::new(require_program("readelf"))
+        .args(args)
+        .arg(lib)
+        .output()
+        .expect("run readelf");
     check_output("readelf", out)
 }
 
@@ -64,11 +72,17 @@ fn preload_library_exports_every_libibverbs_name_unversioned() {
         match syms.iter().find(|(n, _)| *n == name) {
             None => missing.push(name),
             Some((_, version)) => {
-                assert!(version.is_empty(), "{name} is exported versioned ({version})")
+                assert!(
+                    version.is_empty(),
+                    "{name} is exported versioned ({version})"
+                )
             }
         }
     }
-    assert!(missing.is_empty(), "not exported by libsoftroce.so: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "not exported by libsoftroce.so: {missing:?}"
+    );
     // No version definitions at all: a node could capture a symbol and make ld.so prefer the
     // real library for references to other nodes.
     assert!(
@@ -81,7 +95,10 @@ fn preload_library_exports_every_libibverbs_name_unversioned() {
 fn export_list_matches_installed_libibverbs() {
     // Keeps shim/libibverbs-exports.txt honest against the rdma-core actually installed.
     let real = Path::new("/lib/x86_64-linux-gnu/libibverbs.so.1");
-    assert!(real.is_file(), "libibverbs1 is not installed: run scripts/test");
+    assert!(
+        real.is_file(),
+        "libibverbs1 is not installed: run scripts/test"
+    );
     let installed: BTreeSet<String> = defined_symbols(real)
         .into_iter()
         .map(|(n, _)| n)
@@ -94,16 +111,25 @@ fn export_list_matches_installed_libibverbs() {
 fn replacement_library_defines_version_nodes_and_soname() {
     let lib = shim_libs().replacement_dir.join("libibverbs.so.1");
     let dynamic = readelf(&["-d"], &lib);
-    assert!(dynamic.contains("Library soname: [libibverbs.so.1]"), "{dynamic}");
+    assert!(
+        dynamic.contains("Library soname: [libibverbs.so.1]"),
+        "{dynamic}"
+    );
     let versions = readelf(&["-V", "--wide"], &lib);
     for node in VERSION_NODES {
-        assert!(versions.contains(&format!("Name: {node}\n")) || versions.contains(&format!("Name: {node} ")),
-            "version node {node} not defined:\n{versions}");
+        assert!(
+            versions.contains(&format!("Name: {node}\n"))
+                || versions.contains(&format!("Name: {node} ")),
+            "version node {node} not defined:\n{versions}"
+        );
     }
     let syms = defined_symbols(&lib);
     for name in libibverbs_names() {
         let found = syms.iter().find(|(n, _)| *n == name);
-        assert!(found.is_some(), "{name} missing from the replacement libibverbs.so.1");
+        assert!(
+            found.is_some(),
+            "{name} missing from the replacement libibverbs.so.1"
+        );
         let (_, version) = found.unwrap();
         assert!(
             version.is_empty() || version == "@@libibverbs.so.1",

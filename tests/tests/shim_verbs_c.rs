@@ -250,7 +250,13 @@ fn c_program_sees_working_and_failing_verbs_without_crashing() {
         .expect("run shim_verbs");
     let stdout = check_output("shim_verbs (C) under LD_PRELOAD", out);
     let last = stdout.lines().last().unwrap_or_default();
-    assert!(last.ends_with(" checks, 0 failures"), "unexpected summary: {stdout}");
+    assert!(
+        last.ends_with(" checks, 0 failures"),
+        "unexpected summary: {stdout}"
+    );
     let checks: usize = last.split_whitespace().next().unwrap().parse().unwrap();
-    assert!(checks >= 60, "the C program ran only {checks} checks:\n{stdout}");
+    assert!(
+        checks >= 60,
+        "the C program ran only {checks} checks:\n{stdout}"
+    );
 }

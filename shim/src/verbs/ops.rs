@@ -49,13 +49,13 @@ pub fn context_ops() -> IbvContextOps {
 }
 
 /// `ibv_poll_cq`: a negative value on error (no CQ can exist yet).
-unsafe extern "C" fn poll_cq(_cq: *mut IbvCq, _n: c_int, _wc: *mut IbvWc) -> c_int {
+extern "C" fn poll_cq(_cq: *mut IbvCq, _n: c_int, _wc: *mut IbvWc) -> c_int {
     ffi::set_errno(Errno::OPNOTSUPP);
     -1
 }
 
 /// `ibv_req_notify_cq`: errno value on error.
-unsafe extern "C" fn req_notify_cq(_cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
+extern "C" fn req_notify_cq(_cq: *mut IbvCq, _solicited_only: c_int) -> c_int {
     ffi::zero_or_errno(|| Err(Errno::OPNOTSUPP))
 }
 
@@ -96,54 +96,45 @@ unsafe extern "C" fn post_srq_recv(
 }
 
 /// `ibv_alloc_mw`: NULL + errno.
-unsafe extern "C" fn alloc_mw(_pd: *mut IbvPd, _type: c_int) -> *mut c_void {
+extern "C" fn alloc_mw(_pd: *mut IbvPd, _type: c_int) -> *mut c_void {
     ffi::ptr_or_null(|| Err(Errno::OPNOTSUPP))
 }
 
-unsafe extern "C" fn bind_mw(_qp: *mut IbvQp, _mw: *mut c_void, _bind: *mut c_void) -> c_int {
+extern "C" fn bind_mw(_qp: *mut IbvQp, _mw: *mut c_void, _bind: *mut c_void) -> c_int {
     ffi::zero_or_errno(|| Err(Errno::OPNOTSUPP))
 }
 
-unsafe extern "C" fn dealloc_mw(_mw: *mut c_void) -> c_int {
+extern "C" fn dealloc_mw(_mw: *mut c_void) -> c_int {
     ffi::zero_or_errno(|| Err(Errno::OPNOTSUPP))
 }
 
-pub unsafe extern "C" fn create_cq_ex(
-    _ctx: *mut IbvContext,
-    _attr: *mut IbvCqInitAttrEx,
-) -> *mut IbvCqEx {
+pub extern "C" fn create_cq_ex(_ctx: *mut IbvContext, _attr: *mut IbvCqInitAttrEx) -> *mut IbvCqEx {
     ffi::ptr_or_null(|| Err(Errno::OPNOTSUPP))
 }
 
-pub unsafe extern "C" fn create_qp_ex(
-    _ctx: *mut IbvContext,
-    _attr: *mut IbvQpInitAttrEx,
-) -> *mut IbvQp {
+pub extern "C" fn create_qp_ex(_ctx: *mut IbvContext, _attr: *mut IbvQpInitAttrEx) -> *mut IbvQp {
     ffi::ptr_or_null(|| Err(Errno::OPNOTSUPP))
 }
 
-pub unsafe extern "C" fn open_qp(_ctx: *mut IbvContext, _attr: *mut c_void) -> *mut IbvQp {
+pub extern "C" fn open_qp(_ctx: *mut IbvContext, _attr: *mut c_void) -> *mut IbvQp {
     ffi::ptr_or_null(|| Err(Errno::OPNOTSUPP))
 }
 
-pub unsafe extern "C" fn create_srq_ex(
+pub extern "C" fn create_srq_ex(
     _ctx: *mut IbvContext,
     _attr: *mut IbvSrqInitAttrEx,
 ) -> *mut IbvSrq {
     ffi::ptr_or_null(|| Err(Errno::OPNOTSUPP))
 }
 
-pub unsafe extern "C" fn get_srq_num(_srq: *mut IbvSrq, _num: *mut u32) -> c_int {
+pub extern "C" fn get_srq_num(_srq: *mut IbvSrq, _num: *mut u32) -> c_int {
     ffi::zero_or_errno(|| Err(Errno::OPNOTSUPP))
 }
 
-pub unsafe extern "C" fn open_xrcd(
-    _ctx: *mut IbvContext,
-    _attr: *mut IbvXrcdInitAttr,
-) -> *mut IbvXrcd {
+pub extern "C" fn open_xrcd(_ctx: *mut IbvContext, _attr: *mut IbvXrcdInitAttr) -> *mut IbvXrcd {
     ffi::ptr_or_null(|| Err(Errno::OPNOTSUPP))
 }
 
-pub unsafe extern "C" fn close_xrcd(_xrcd: *mut IbvXrcd) -> c_int {
+pub extern "C" fn close_xrcd(_xrcd: *mut IbvXrcd) -> c_int {
     ffi::zero_or_errno(|| Err(Errno::OPNOTSUPP))
 }

@@ -63,6 +63,9 @@ pub unsafe extern "C" fn ibv_query_device(
 
 /// `verbs_context.query_device_ex`, reached by the inline `ibv_query_device_ex`, which passes
 /// its own `sizeof(struct ibv_device_attr_ex)`.
+///
+/// # Safety
+/// `input` is NULL or readable; `attr` is NULL or valid for `attr_size` bytes.
 pub unsafe extern "C" fn vctx_query_device_ex(
     context: *mut IbvContext,
     input: *const IbvQueryDeviceExInput,
@@ -88,7 +91,9 @@ pub unsafe extern "C" fn vctx_query_device_ex(
     })
 }
 
-fn query_port_into(
+/// # Safety
+/// `out` is NULL or valid for `len` bytes.
+unsafe fn query_port_into(
     context: *mut IbvContext,
     port_num: u8,
     out: *mut u8,
@@ -114,20 +119,27 @@ pub unsafe extern "C" fn ibv_query_port(
     port_num: u8,
     port_attr: *mut IbvPortAttr,
 ) -> c_int {
-    ffi::zero_or_errno(|| {
+    // SAFETY: the caller's compat struct is COMPAT_PORT_ATTR_SIZE bytes.
+    ffi::zero_or_errno(|| unsafe {
         query_port_into(context, port_num, port_attr.cast(), COMPAT_PORT_ATTR_SIZE)
     })
 }
 
 /// `verbs_context.query_port`, reached by the `ibv_query_port` macro (`___ibv_query_port`)
 /// with the caller's `sizeof(struct ibv_port_attr)`.
+///
+/// # Safety
+/// `port_attr` is NULL or valid for `port_attr_len` bytes.
 pub unsafe extern "C" fn vctx_query_port(
     context: *mut IbvContext,
     port_num: u8,
     port_attr: *mut IbvPortAttr,
     port_attr_len: size_t,
 ) -> c_int {
-    ffi::zero_or_errno(|| query_port_into(context, port_num, port_attr.cast(), port_attr_len))
+    ffi::zero_or_errno(|| {
+        // SAFETY: the caller's struct is port_attr_len bytes.
+        unsafe { query_port_into(context, port_num, port_attr.cast(), port_attr_len) }
+    })
 }
 
 /// `ibv_query_gid`: an empty slot reads as the all-zero GID with success (rdma-core keeps that

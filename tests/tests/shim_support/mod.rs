@@ -18,7 +18,10 @@ pub struct ShimLibs {
 }
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
 }
 
 fn scratch_root() -> PathBuf {
@@ -31,18 +34,22 @@ pub fn shim_libs() -> &'static ShimLibs {
     static LIBS: OnceLock<ShimLibs> = OnceLock::new();
     LIBS.get_or_init(|| {
         let out = scratch_root().join("shim-e2e");
-        let status = Command::new("bash")
+        let built = Command::new("bash")
             .arg(workspace_root().join("scripts/shim-build.sh"))
             .arg(&out)
             .env("CARGO", env!("CARGO"))
-            .status()
+            .output()
             .expect("run scripts/shim-build.sh");
-        assert!(status.success(), "scripts/shim-build.sh failed");
+        check_output("scripts/shim-build.sh", built);
         let libs = ShimLibs {
             preload: out.join("libsoftroce.so"),
             replacement_dir: out.join("replacement"),
         };
-        assert!(libs.preload.is_file(), "{} was not built", libs.preload.display());
+        assert!(
+            libs.preload.is_file(),
+            "{} was not built",
+            libs.preload.display()
+        );
         assert!(libs.replacement_dir.join("libibverbs.so.1").is_file());
         libs
     })
@@ -82,7 +89,10 @@ pub fn run_preloaded(program: &Path, args: &[&str]) -> String {
         .env("LD_PRELOAD", &libs.preload)
         .output()
         .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
-    check_output(&format!("LD_PRELOAD=libsoftroce.so {}", program.display()), out)
+    check_output(
+        &format!("LD_PRELOAD=libsoftroce.so {}", program.display()),
+        out,
+    )
 }
 
 /// Compiles a C test program against the system headers; `libs` are extra `-l` flags.
