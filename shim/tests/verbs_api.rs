@@ -14,6 +14,14 @@ use softroce::verbs::events::*;
 use softroce::verbs::pd::*;
 use softroce::verbs::query::*;
 
+/// Tests that use stale pointers must not run while another test allocates: the allocator may
+/// hand a freed address to a new object, which the stale call would then hit.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
@@ -45,6 +53,7 @@ fn readable(fd: c_int) -> bool {
 
 #[test]
 fn async_port_event_travels_through_async_fd() {
+    let _serial = serial();
     let ctx = open();
     // SAFETY: ctx is a live context from ibv_open_device.
     let fd = unsafe { (*ctx).async_fd };
@@ -99,6 +108,7 @@ fn async_port_event_travels_through_async_fd() {
 
 #[test]
 fn null_foreign_and_stale_pointers_are_rejected() {
+    let _serial = serial();
     // SAFETY: every call below passes NULL or pointers the shim must recognise as foreign;
     // none of them may be dereferenced.
     unsafe {
@@ -142,6 +152,7 @@ fn null_foreign_and_stale_pointers_are_rejected() {
 
 #[test]
 fn extensible_queries_respect_the_callers_size() {
+    let _serial = serial();
     let ctx = open();
     // SAFETY: buffers are sized as passed; ctx is live until closed at the end.
     unsafe {
@@ -201,6 +212,7 @@ fn extensible_queries_respect_the_callers_size() {
 
 #[test]
 fn comp_channel_is_a_real_fd_and_busy_while_referenced() {
+    let _serial = serial();
     let ctx = open();
     // SAFETY: ctx is live; the channel pointer is only used while it is live.
     unsafe {
@@ -215,5 +227,31 @@ fn comp_channel_is_a_real_fd_and_busy_while_referenced() {
         assert_eq!(ibv_destroy_comp_channel(ch), 0);
         assert_eq!(ibv_destroy_comp_channel(ch), libc::EINVAL);
         assert_eq!(ibv_close_device(ctx), 0);
+    }
+}
+
+#[test]
+fn concurrent_open_alloc_and_close_keep_registries_consistent() {
+    let _serial = serial();
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            std::thread::spawn(|| {
+                for _ in 0..50 {
+                    let ctx = open();
+                    // SAFETY: ctx is live until closed below; PDs are freed before that.
+                    unsafe {
+                        let pds: Vec<*mut IbvPd> = (0..4).map(|_| ibv_alloc_pd(ctx)).collect();
+                        assert!(pds.iter().all(|pd| !pd.is_null() && (**pd).context == ctx));
+                        for pd in pds {
+                            assert_eq!(ibv_dealloc_pd(pd), 0);
+                        }
+                        assert_eq!(ibv_close_device(ctx), 0);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("worker panicked");
     }
 }
