@@ -126,8 +126,8 @@ impl DeviceSource for BuiltinSource {
 /// kernel rxe's `active_mtu`: the IB MTU enum for (netdev MTU - RoCE headers), capped at 4096
 /// (rxe_net.c: `eth_mtu_int(ndev->mtu)` via `ib_mtu_int_to_enum`).
 pub fn rxe_active_mtu(netdev_mtu: u32) -> i32 {
-    // RoCE v2 over IPv4: 14 Ethernet is outside the MTU; IPv4 20 + UDP 8 + BTH 12 + ICRC 4
-    // + (rxe also reserves room for the largest extended header) = 80 bytes of overhead.
+    // rxe keeps 80 bytes of the netdev MTU for the IP/UDP/BTH/extended headers and ICRC
+    // (roce-rxe-facts.md §6.1: 1500 -> 1024, 9000 -> 4096).
     let payload = netdev_mtu.saturating_sub(80);
     match payload {
         p if p >= 4096 => IBV_MTU_4096,
