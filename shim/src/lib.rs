@@ -1,1 +1,23 @@
+//! `libsoftroce.so`: the libibverbs C ABI of rdma-core 44, for unmodified programs under
+//! `LD_PRELOAD` (and, built as `libibverbs.so.1`, for programs that `dlopen` libibverbs).
+//!
+//! * [`abi`]: `#[repr(C)]` mirrors of the rdma-core structs, layout-checked against the
+//!   system `<infiniband/verbs.h>` by `tests/abi_layout.rs`.
+//! * [`ffi`]: the C boundary: panics never cross it, every failure becomes the verb's documented
+//!   errno convention.
+//! * [`device`]: where device descriptions come from ([`device::DeviceSource`]); today a
+//!   built-in rxe-like `srxe0` on loopback, later the daemon.
+//! * [`runtime`]: lazily built device table, live-object registries, async-event plumbing.
+//! * [`verbs`]: every exported libibverbs function (unimplemented ones fail with EOPNOTSUPP).
+//!
+//! All exports are unversioned on purpose: an unversioned definition satisfies every
+//! `name@IBVERBS_x` reference, while a wrongly versioned one silently loses to the real
+//! library (verbs-abi.md §3.2).
 
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod abi;
+pub mod device;
+pub mod ffi;
+pub mod runtime;
+pub mod verbs;

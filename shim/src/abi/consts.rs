@@ -1,0 +1,118 @@
+//! Enum values from rdma-core 44 `verbs.h` (and the private `driver.h` for the sysfs GID type).
+
+use libc::c_int;
+
+// enum ibv_node_type
+pub const IBV_NODE_CA: c_int = 1;
+// enum ibv_transport_type
+pub const IBV_TRANSPORT_IB: c_int = 0;
+
+// enum ibv_atomic_cap
+pub const IBV_ATOMIC_NONE: c_int = 0;
+pub const IBV_ATOMIC_HCA: c_int = 1;
+pub const IBV_ATOMIC_GLOB: c_int = 2;
+
+// enum ibv_mtu
+pub const IBV_MTU_256: c_int = 1;
+pub const IBV_MTU_512: c_int = 2;
+pub const IBV_MTU_1024: c_int = 3;
+pub const IBV_MTU_2048: c_int = 4;
+pub const IBV_MTU_4096: c_int = 5;
+
+// enum ibv_port_state
+pub const IBV_PORT_NOP: c_int = 0;
+pub const IBV_PORT_DOWN: c_int = 1;
+pub const IBV_PORT_INIT: c_int = 2;
+pub const IBV_PORT_ARMED: c_int = 3;
+pub const IBV_PORT_ACTIVE: c_int = 4;
+pub const IBV_PORT_ACTIVE_DEFER: c_int = 5;
+
+// link layer (anonymous enum)
+pub const IBV_LINK_LAYER_UNSPECIFIED: u8 = 0;
+pub const IBV_LINK_LAYER_INFINIBAND: u8 = 1;
+pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
+
+// enum ibv_port_cap_flags
+pub const IBV_PORT_CM_SUP: u32 = 1 << 16;
+
+// enum ibv_gid_type (ibv_gid_entry.gid_type)
+pub const IBV_GID_TYPE_IB: u32 = 0;
+pub const IBV_GID_TYPE_ROCE_V1: u32 = 1;
+pub const IBV_GID_TYPE_ROCE_V2: u32 = 2;
+
+// enum ibv_gid_type_sysfs (driver.h; what the private ibv_query_gid_type returns)
+pub const IBV_GID_TYPE_SYSFS_IB_ROCE_V1: c_int = 0;
+pub const IBV_GID_TYPE_SYSFS_ROCE_V2: c_int = 1;
+
+// enum ibv_event_type
+pub const IBV_EVENT_CQ_ERR: c_int = 0;
+pub const IBV_EVENT_QP_FATAL: c_int = 1;
+pub const IBV_EVENT_QP_REQ_ERR: c_int = 2;
+pub const IBV_EVENT_QP_ACCESS_ERR: c_int = 3;
+pub const IBV_EVENT_COMM_EST: c_int = 4;
+pub const IBV_EVENT_SQ_DRAINED: c_int = 5;
+pub const IBV_EVENT_PATH_MIG: c_int = 6;
+pub const IBV_EVENT_PATH_MIG_ERR: c_int = 7;
+pub const IBV_EVENT_DEVICE_FATAL: c_int = 8;
+pub const IBV_EVENT_PORT_ACTIVE: c_int = 9;
+pub const IBV_EVENT_PORT_ERR: c_int = 10;
+pub const IBV_EVENT_LID_CHANGE: c_int = 11;
+pub const IBV_EVENT_PKEY_CHANGE: c_int = 12;
+pub const IBV_EVENT_SM_CHANGE: c_int = 13;
+pub const IBV_EVENT_SRQ_ERR: c_int = 14;
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: c_int = 16;
+pub const IBV_EVENT_CLIENT_REREGISTER: c_int = 17;
+pub const IBV_EVENT_GID_CHANGE: c_int = 18;
+pub const IBV_EVENT_WQ_FATAL: c_int = 19;
+
+// enum ibv_fork_status
+pub const IBV_FORK_DISABLED: c_int = 0;
+pub const IBV_FORK_ENABLED: c_int = 1;
+pub const IBV_FORK_UNNEEDED: c_int = 2;
+
+// enum ibv_rereg_mr_err_code
+pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
+pub const IBV_REREG_MR_ERR_CMD: c_int = -4;
+
+// enum ibv_device_cap_flags (the ones rxe reports)
+pub const IBV_DEVICE_BAD_PKEY_CNTR: u32 = 1 << 1;
+pub const IBV_DEVICE_BAD_QKEY_CNTR: u32 = 1 << 2;
+pub const IBV_DEVICE_AUTO_PATH_MIG: u32 = 1 << 4;
+pub const IBV_DEVICE_CHANGE_PHY_PORT: u32 = 1 << 5;
+pub const IBV_DEVICE_UD_AV_PORT_ENFORCE: u32 = 1 << 6;
+pub const IBV_DEVICE_PORT_ACTIVE_EVENT: u32 = 1 << 10;
+pub const IBV_DEVICE_SYS_IMAGE_GUID: u32 = 1 << 11;
+pub const IBV_DEVICE_RC_RNR_NAK_GEN: u32 = 1 << 12;
+pub const IBV_DEVICE_SRQ_RESIZE: u32 = 1 << 13;
+pub const IBV_DEVICE_MEM_WINDOW: u32 = 1 << 17;
+pub const IBV_DEVICE_MEM_MGT_EXTENSIONS: u32 = 1 << 21;
+pub const IBV_DEVICE_MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+
+// enum ibv_rate, paired with (multiple of 2.5 Gb/s, Mb/s) as rdma-core's verbs.c tables give
+// them; -1 marks "no exact multiple".
+pub(crate) const RATE_TABLE: &[(c_int, c_int, c_int)] = &[
+    (2, 1, 2500),
+    (5, 2, 5000),
+    (3, 4, 10000),
+    (6, 8, 20000),
+    (4, 12, 30000),
+    (7, 16, 40000),
+    (8, 24, 60000),
+    (9, 32, 80000),
+    (10, 48, 120000),
+    (11, -1, 14062),
+    (12, -1, 56250),
+    (13, -1, 112500),
+    (14, -1, 168750),
+    (15, -1, 25781),
+    (16, -1, 103125),
+    (17, -1, 206250),
+    (18, -1, 309375),
+    (19, 11, 28125),
+    (20, 20, 53125),
+    (21, 160, 425000),
+    (22, 240, 637500),
+    (23, 320, 850000),
+    (24, 480, 1275000),
+];

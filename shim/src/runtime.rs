@@ -1,0 +1,334 @@
+//! Process-wide shim state: the device table (built lazily, never in a constructor, because
+//! ld.so runs a preloaded library's constructors last and every child process inherits
+//! LD_PRELOAD), and registries of the live objects handed to C, so a pointer from a caller is
+//! only dereferenced after it is known to be one of ours.
+
+use std::collections::BTreeSet;
+use std::ffi::c_char;
+use std::mem::offset_of;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use libc::c_int;
+
+use crate::abi::*;
+use crate::device::{source_from_env, DeviceDescription, DeviceSource};
+use crate::ffi::Errno;
+
+/// `struct ibv_device` plus the description it was built from. `dev` is first, so the
+/// `ibv_device *` handed out is the address of the whole `ShimDevice`.
+#[repr(C)]
+pub struct ShimDevice {
+    pub dev: IbvDevice,
+    pub index: usize,
+    pub desc: DeviceDescription,
+}
+
+impl ShimDevice {
+    pub fn new(index: usize, desc: DeviceDescription) -> Self {
+        let mut dev = IbvDevice {
+            _ops: IbvDeviceOps {
+                _dummy1: std::ptr::null_mut(),
+                _dummy2: std::ptr::null_mut(),
+            },
+            node_type: IBV_NODE_CA,
+            transport_type: IBV_TRANSPORT_IB,
+            name: [0; IBV_SYSFS_NAME_MAX],
+            dev_name: [0; IBV_SYSFS_NAME_MAX],
+            dev_path: [0; IBV_SYSFS_PATH_MAX],
+            ibdev_path: [0; IBV_SYSFS_PATH_MAX],
+        };
+        // Paths under a directory that does not exist: nothing in libibverbs or an app must
+        // find sysfs files for a device the kernel does not know.
+        write_c_string(&mut dev.name, &desc.name);
+        write_c_string(&mut dev.dev_name, &format!("suverbs{index}"));
+        write_c_string(
+            &mut dev.dev_path,
+            &format!("/sys/class/infiniband_verbs/softroce/suverbs{index}"),
+        );
+        write_c_string(
+            &mut dev.ibdev_path,
+            &format!("/sys/class/infiniband/softroce/{}", desc.name),
+        );
+        Self { dev, index, desc }
+    }
+
+    pub fn as_ptr(&self) -> *mut IbvDevice {
+        (&self.dev as *const IbvDevice).cast_mut()
+    }
+}
+
+/// Copies `s` into a fixed C char array, truncating so a NUL always fits.
+pub fn write_c_string(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len().saturating_sub(1));
+    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..n]) {
+        *d = *b as c_char;
+    }
+    if let Some(last) = dst.get_mut(n) {
+        *last = 0;
+    }
+}
+
+/// Never mutated after it is built, so element addresses are stable.
+struct DeviceTable(Vec<ShimDevice>);
+
+// SAFETY: the table is immutable once built; the only raw pointers inside (`_ops`) are null.
+unsafe impl Sync for DeviceTable {}
+// SAFETY: as above.
+unsafe impl Send for DeviceTable {}
+
+static DEVICES: OnceLock<DeviceTable> = OnceLock::new();
+
+/// The process's devices, built from [`source_from_env`] on first use. Their addresses stay
+/// valid for the life of the process (apps keep `ibv_device *` after `ibv_free_device_list`).
+pub fn devices() -> &'static [ShimDevice] {
+    &DEVICES.get_or_init(|| build_table(&*source_from_env())).0
+}
+
+fn build_table(source: &dyn DeviceSource) -> DeviceTable {
+    DeviceTable(
+        source
+            .devices()
+            .into_iter()
+            .enumerate()
+            .map(|(i, d)| ShimDevice::new(i, d))
+            .collect(),
+    )
+}
+
+/// Maps an `ibv_device *` from a caller back to our device, rejecting null and foreign pointers.
+pub fn device_from_ptr(p: *const IbvDevice) -> Result<&'static ShimDevice, Errno> {
+    if p.is_null() {
+        return Err(Errno::INVAL);
+    }
+    devices()
+        .iter()
+        .find(|d| std::ptr::eq(&d.dev, p))
+        .ok_or(Errno::INVAL)
+}
+
+/// A set of live object addresses of one kind.
+pub struct Registry {
+    live: Mutex<BTreeSet<usize>>,
+}
+
+impl Registry {
+    pub const fn new() -> Self {
+        Self {
+            live: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeSet<usize>> {
+        // A panic while holding the lock cannot leave the set inconsistent (single inserts and
+        // removes), so a poisoned lock is still usable.
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn insert<T>(&self, p: *const T) {
+        self.lock().insert(p as usize);
+    }
+
+    /// Removes `p`; false if it was not live (double free, foreign pointer).
+    pub fn remove<T>(&self, p: *const T) -> bool {
+        self.lock().remove(&(p as usize))
+    }
+
+    pub fn contains<T>(&self, p: *const T) -> bool {
+        !p.is_null() && self.lock().contains(&(p as usize))
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Live `ibv_context *` values (the address of the embedded `ibv_context`).
+pub static CONTEXTS: Registry = Registry::new();
+/// Live `ibv_pd *` values.
+pub static PDS: Registry = Registry::new();
+/// Live `ibv_comp_channel *` values.
+pub static COMP_CHANNELS: Registry = Registry::new();
+
+/// The allocation behind an `ibv_context *`: the `verbs_context` (whose last member is the
+/// `ibv_context`) followed by the shim's private state.
+#[repr(C)]
+pub struct ShimContext {
+    pub vctx: VerbsContext,
+    pub device: &'static ShimDevice,
+    /// Write end of the async event socket whose read end is `context.async_fd`. The daemon
+    /// will get a duplicate; the shim itself writes `IBV_EVENT_DEVICE_FATAL` here.
+    pub async_tx: OwnedFd,
+    /// Read end, owned here and lent to the app as `context.async_fd`.
+    pub async_rx: OwnedFd,
+}
+
+/// Offset of the `ibv_context` inside [`ShimContext`] (320 for rdma-core 44).
+pub const CONTEXT_OFFSET: usize = offset_of!(ShimContext, vctx) + offset_of!(VerbsContext, context);
+
+/// Maps an `ibv_context *` from a caller to our context.
+pub fn context_from_ptr<'a>(ctx: *mut IbvContext) -> Result<&'a ShimContext, Errno> {
+    if !CONTEXTS.contains(ctx) {
+        return Err(Errno::INVAL);
+    }
+    // SAFETY: `ctx` is registered, so it is the `vctx.context` member of a live, boxed
+    // ShimContext (see `verbs::device::ibv_open_device`); stepping back CONTEXT_OFFSET bytes
+    // gives the start of that allocation. It is only freed after being unregistered.
+    Ok(unsafe { &*ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<ShimContext>() })
+}
+
+/// One async event as it travels on the async socket: 16 bytes, the layout of the kernel's
+/// `struct ib_uverbs_async_event_desc` (`u64 element; u32 event_type; u32 reserved`). For port
+/// events `element` is the port number; for object events it will be the object's token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AsyncEventRecord {
+    pub element: u64,
+    pub event_type: u32,
+}
+
+impl AsyncEventRecord {
+    pub const LEN: usize = 16;
+
+    pub fn to_bytes(self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[..8].copy_from_slice(&self.element.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.event_type.to_ne_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::LEN {
+            return None;
+        }
+        let element = u64::from_ne_bytes(b[..8].try_into().ok()?);
+        let event_type = u32::from_ne_bytes(b[8..12].try_into().ok()?);
+        Some(Self {
+            element,
+            event_type,
+        })
+    }
+}
+
+/// A connected `SOCK_SEQPACKET` pair: one message per record, real fds that apps can make
+/// non-blocking and poll/epoll like the kernel's uverbs fds.
+pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), Errno> {
+    let mut fds = [-1 as c_int; 2];
+    // SAFETY: fds is a valid 2-element array for socketpair to fill.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: socketpair succeeded, so both fds are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A `pipe2(O_CLOEXEC)`: (read end, write end).
+pub fn pipe() -> Result<(OwnedFd, OwnedFd), Errno> {
+    let mut fds = [-1 as c_int; 2];
+    // SAFETY: fds is a valid 2-element array for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: pipe2 succeeded, so both fds are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Writes one whole record to a message-oriented fd.
+pub fn write_record(fd: RawFd, bytes: &[u8]) -> Result<(), Errno> {
+    loop {
+        // SAFETY: bytes is a valid readable buffer of bytes.len() bytes.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n >= 0 {
+            return if n as usize == bytes.len() {
+                Ok(())
+            } else {
+                Err(Errno::IO)
+            };
+        }
+        let e = Errno::last();
+        if e.0 != libc::EINTR {
+            return Err(e);
+        }
+    }
+}
+
+/// Reads one record into `buf`; returns the byte count (0 on EOF). Blocking or `EAGAIN`
+/// follows the fd's own mode, as with the kernel's fds.
+pub fn read_record(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
+    loop {
+        // SAFETY: buf is a valid writable buffer of buf.len() bytes.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = Errno::last();
+        if e.0 != libc::EINTR {
+            return Err(e);
+        }
+    }
+}
+
+impl ShimContext {
+    /// Queues an async event for this context, as the daemon will: the app sees it through
+    /// `ibv_get_async_event` and `poll(ctx->async_fd)`.
+    pub fn post_async_event(&self, record: AsyncEventRecord) -> Result<(), Errno> {
+        write_record(self.async_tx.as_raw_fd(), &record.to_bytes())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn async_record_roundtrip_and_length_check() {
+        let r = AsyncEventRecord {
+            element: 1,
+            event_type: IBV_EVENT_PORT_ACTIVE as u32,
+        };
+        assert_eq!(AsyncEventRecord::from_bytes(&r.to_bytes()), Some(r));
+        assert_eq!(AsyncEventRecord::from_bytes(&[0u8; 15]), None);
+    }
+
+    #[test]
+    fn c_string_truncates_with_nul() {
+        let mut buf = [1 as c_char; 4];
+        write_c_string(&mut buf, "abcdef");
+        assert_eq!(buf, [b'a' as c_char, b'b' as c_char, b'c' as c_char, 0]);
+    }
+
+    #[test]
+    fn registry_rejects_unknown_and_double_remove() {
+        let r = Registry::new();
+        let x = 5u32;
+        assert!(!r.contains(&x as *const u32));
+        r.insert(&x as *const u32);
+        assert!(r.contains(&x as *const u32));
+        assert!(r.remove(&x as *const u32));
+        assert!(!r.remove(&x as *const u32));
+        assert!(!r.contains(std::ptr::null::<u32>()));
+    }
+
+    #[test]
+    fn context_offset_is_rdma_core_44() {
+        assert_eq!(CONTEXT_OFFSET, 320);
+        assert_eq!(std::mem::size_of::<VerbsContext>(), 648);
+    }
+}

@@ -1,0 +1,191 @@
+//! Device discovery and contexts: `ibv_get_device_list` .. `ibv_close_device`.
+
+use std::os::fd::AsRawFd;
+use std::ptr;
+
+use libc::{c_char, c_int, c_void};
+
+use crate::abi::*;
+use crate::ffi::{self, Errno};
+use crate::runtime::{self, ShimContext, CONTEXTS};
+use crate::verbs::{ops, query};
+
+/// `ibv_get_device_list`: a NULL-terminated, `malloc`ed array; free with `ibv_free_device_list`.
+///
+/// # Safety
+/// `num_devices` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut IbvDevice {
+    ffi::ptr_or_null(|| {
+        let devs = runtime::devices();
+        // calloc so the list can never be read past its terminating NULL, and so a C caller
+        // that (wrongly) free()s it directly does not corrupt the heap.
+        // SAFETY: plain allocation; checked for NULL below.
+        let list = unsafe { libc::calloc(devs.len() + 1, std::mem::size_of::<*mut IbvDevice>()) }
+            .cast::<*mut IbvDevice>();
+        if list.is_null() {
+            return Err(Errno::NOMEM);
+        }
+        for (i, d) in devs.iter().enumerate() {
+            // SAFETY: `list` has devs.len() + 1 slots.
+            unsafe { *list.add(i) = d.as_ptr() };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: non-null, and the caller guarantees it is writable.
+            unsafe { *num_devices = devs.len() as c_int };
+        }
+        Ok(list)
+    })
+}
+
+/// `ibv_free_device_list`. The devices themselves stay valid (rdma-core keeps them while the
+/// process lives, and apps use `ibv_device *` after freeing the list).
+///
+/// # Safety
+/// `list` is NULL or came from `ibv_get_device_list`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut IbvDevice) {
+    // SAFETY: the caller passes what ibv_get_device_list returned (calloc), or NULL.
+    unsafe { libc::free(list.cast()) };
+}
+
+/// `ibv_get_device_name`: `dev->name`, or NULL with `EINVAL` for a device that is not ours.
+///
+/// # Safety
+/// `device` is NULL or any pointer (it is only compared, not read, unless it is ours).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(device: *mut IbvDevice) -> *const c_char {
+    ffi::ptr_or_null(|| {
+        let d = runtime::device_from_ptr(device)?;
+        Ok(d.dev.name.as_ptr().cast_mut())
+    })
+}
+
+/// `ibv_get_device_guid`: the node GUID in network byte order (`__be64`); 0 on error.
+///
+/// # Safety
+/// As [`ibv_get_device_name`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(device: *mut IbvDevice) -> u64 {
+    ffi::infallible(0, || {
+        let d = runtime::device_from_ptr(device).inspect_err(|e| ffi::set_errno(*e))?;
+        Ok(u64::from_ne_bytes(d.desc.node_guid))
+    })
+}
+
+/// `ibv_get_device_index`: the device's index, or -1.
+///
+/// # Safety
+/// As [`ibv_get_device_name`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(device: *mut IbvDevice) -> c_int {
+    ffi::int_or_minus_one(|| Ok(runtime::device_from_ptr(device)?.index as c_int))
+}
+
+/// `ibv_open_device`: allocates the `verbs_context` + private state, with `abi_compat` and `sz`
+/// set so the inline verbs use the extended ops (verbs-abi.md §2.1).
+///
+/// # Safety
+/// As [`ibv_get_device_name`].
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvContext {
+    ffi::ptr_or_null(|| {
+        let dev = runtime::device_from_ptr(device)?;
+        let (async_rx, async_tx) = runtime::seqpacket_pair()?;
+        let shim = Box::new(ShimContext {
+            vctx: VerbsContext {
+                query_port: Some(query::vctx_query_port),
+                advise_mr: ptr::null_mut(),
+                alloc_null_mr: ptr::null_mut(),
+                read_counters: ptr::null_mut(),
+                attach_counters_point_flow: ptr::null_mut(),
+                create_counters: ptr::null_mut(),
+                destroy_counters: ptr::null_mut(),
+                reg_dm_mr: ptr::null_mut(),
+                alloc_dm: ptr::null_mut(),
+                free_dm: ptr::null_mut(),
+                modify_flow_action_esp: ptr::null_mut(),
+                destroy_flow_action: ptr::null_mut(),
+                create_flow_action_esp: ptr::null_mut(),
+                modify_qp_rate_limit: ptr::null_mut(),
+                alloc_parent_domain: ptr::null_mut(),
+                dealloc_td: ptr::null_mut(),
+                alloc_td: ptr::null_mut(),
+                modify_cq: ptr::null_mut(),
+                post_srq_ops: ptr::null_mut(),
+                destroy_rwq_ind_table: ptr::null_mut(),
+                create_rwq_ind_table: ptr::null_mut(),
+                destroy_wq: ptr::null_mut(),
+                modify_wq: ptr::null_mut(),
+                create_wq: ptr::null_mut(),
+                query_rt_values: ptr::null_mut(),
+                create_cq_ex: Some(ops::create_cq_ex),
+                priv_: ptr::null_mut(),
+                query_device_ex: Some(query::vctx_query_device_ex),
+                ibv_destroy_flow: ptr::null_mut(),
+                ABI_placeholder2: ptr::null_mut(),
+                ibv_create_flow: ptr::null_mut(),
+                ABI_placeholder1: ptr::null_mut(),
+                open_qp: Some(ops::open_qp),
+                create_qp_ex: Some(ops::create_qp_ex),
+                get_srq_num: Some(ops::get_srq_num),
+                create_srq_ex: Some(ops::create_srq_ex),
+                open_xrcd: Some(ops::open_xrcd),
+                // ibv_close_xrcd calls this without checking it (verbs-abi.md §2.1), so it must
+                // be set whenever open_xrcd is.
+                close_xrcd: Some(ops::close_xrcd),
+                _ABI_placeholder3: 0,
+                sz: std::mem::size_of::<VerbsContext>(),
+                context: IbvContext {
+                    device,
+                    ops: ops::context_ops(),
+                    // The daemon control socket will go here; until then there is none.
+                    cmd_fd: -1,
+                    async_fd: async_rx.as_raw_fd(),
+                    num_comp_vectors: dev.desc.num_comp_vectors,
+                    mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                    abi_compat: VERBS_ABI_IS_EXTENDED as *mut c_void,
+                },
+            },
+            device: dev,
+            async_tx,
+            async_rx,
+        });
+        let raw = Box::into_raw(shim);
+        // SAFETY: `raw` is a fresh, valid allocation; take the address of its context member.
+        let ctx = unsafe { ptr::addr_of_mut!((*raw).vctx.context) };
+        CONTEXTS.insert(ctx);
+        Ok(ctx)
+    })
+}
+
+/// `ibv_close_device`: 0, or `EINVAL` for a context that is not ours (or already closed).
+///
+/// # Safety
+/// `context` is NULL or any pointer (only dereferenced when it is a live context of ours).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(context: *mut IbvContext) -> c_int {
+    ffi::zero_or_errno(|| {
+        if !CONTEXTS.remove(context) {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: it was registered, so it is the context member of a Box<ShimContext> made by
+        // ibv_open_device, now unregistered so no other call can reach it.
+        let shim = unsafe {
+            Box::from_raw(
+                context
+                    .cast::<u8>()
+                    .sub(runtime::CONTEXT_OFFSET)
+                    .cast::<ShimContext>(),
+            )
+        };
+        drop(shim); // closes both ends of the async socket
+        Ok(())
+    })
+}
+
+/// `ibv_import_device(cmd_fd)`: sharing a context across processes needs the daemon.
+#[no_mangle]
+pub extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut IbvContext {
+    ffi::ptr_or_null(|| Err(Errno::OPNOTSUPP))
+}
