@@ -148,7 +148,10 @@ impl ProcessMemory {
             .filter_map(|l| {
                 let (range, _) = l.split_once(' ')?;
                 let (a, b) = range.split_once('-')?;
-                Some((u64::from_str_radix(a, 16).ok()?, u64::from_str_radix(b, 16).ok()?))
+                Some((
+                    u64::from_str_radix(a, 16).ok()?,
+                    u64::from_str_radix(b, 16).ok()?,
+                ))
             })
             .collect();
         ranges.sort_unstable();
@@ -200,8 +203,14 @@ mod tests {
     fn unmapped_memory_is_an_error_not_a_crash() {
         let mut m = me();
         let mut out = [0u8; 16];
-        assert!(matches!(m.read(8, &mut out), Err(AccessError::Unmapped { .. })));
-        assert!(matches!(m.write(8, &out), Err(AccessError::Unmapped { .. })));
+        assert!(matches!(
+            m.read(8, &mut out),
+            Err(AccessError::Unmapped { .. })
+        ));
+        assert!(matches!(
+            m.write(8, &out),
+            Err(AccessError::Unmapped { .. })
+        ));
         assert!(m.check_mapped(8, 16).is_err());
         let v = vec![0u8; 1 << 20];
         m.check_mapped(v.as_ptr() as u64, v.len() as u64).unwrap();

@@ -2,7 +2,7 @@
 //! scripts/shim-build.sh, find the real programs, compile small C programs.
 //!
 //! Missing programs or headers fail the test with a message to run scripts/test, which installs
-//! them (scripts/shim-deps.sh); they never make a test pass silently.
+//! them (scripts/install-deps); they never make a test pass silently.
 
 #![allow(dead_code)]
 
@@ -65,7 +65,7 @@ pub fn require_program(name: &str) -> PathBuf {
     }
     panic!(
         "`{name}` is not installed. Run scripts/test, which installs the test prerequisites \
-         (scripts/shim-deps.sh: ibverbs-utils, libibverbs-dev, gcc, binutils)"
+         (scripts/install-deps: ibverbs-utils, libibverbs-dev, gcc, binutils)"
     );
 }
 
