@@ -7,6 +7,8 @@ mod ctl;
 mod memory;
 mod pcap;
 mod server;
+#[allow(dead_code)]
+mod shm;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
