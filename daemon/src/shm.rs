@@ -57,7 +57,7 @@ impl SharedRegion {
     /// Initialises a ring at `offset` and returns the daemon's handle on it.
     pub fn init_ring(&self, offset: usize, geometry: RingGeometry) -> Result<SharedRing> {
         anyhow::ensure!(
-            offset % 64 == 0 && offset + geometry.byte_len() <= self.len(),
+            offset.is_multiple_of(64) && offset + geometry.byte_len() <= self.len(),
             "ring does not fit the region"
         );
         // SAFETY: the range lies inside our mapping (checked above), which is 64-byte aligned
