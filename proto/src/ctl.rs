@@ -119,6 +119,62 @@ pub enum Response {
         devices: Vec<String>,
         clients: Vec<ClientResources>,
     },
+    /// The request succeeded and has nothing to return.
+    Done,
+    Context {
+        ctx: u32,
+    },
+    Pd {
+        pd: u32,
+    },
+    Mr {
+        mr: u32,
+        lkey: u32,
+        rkey: u32,
+    },
+    CompChannel {
+        channel: u32,
+    },
+    /// + fd. `cqe` is the depth granted (at least the one asked for).
+    Cq {
+        cq: u32,
+        cqe: u32,
+        ring: RingPlace,
+        region_len: u64,
+    },
+    /// + fd. `cap` is what was granted.
+    Qp {
+        qpn: u32,
+        cap: QpCap,
+        sq: RingPlace,
+        rq: Option<RingPlace>,
+        region_len: u64,
+    },
+    QpAttr {
+        attr: QpAttr,
+        cap: QpCap,
+        sq_sig_all: bool,
+    },
+    /// + fd.
+    Srq {
+        srq: u32,
+        max_wr: u32,
+        max_sge: u32,
+        ring: RingPlace,
+        region_len: u64,
+    },
+    SrqAttr {
+        max_wr: u32,
+        max_sge: u32,
+        srq_limit: u32,
+    },
+    Ah {
+        ah: u32,
+    },
+    Mw {
+        mw: u32,
+        rkey: u32,
+    },
     /// A failed request, with the errno the verb should return and a message for the log.
     Error {
         errno: i32,
@@ -203,6 +259,53 @@ mod tests {
             assert!(decode::<Response>(&bytes[..cut]).is_err());
         }
         assert!(decode::<Request>(&[0xff; 40]).is_err());
+    }
+
+    #[test]
+    fn resource_requests_round_trip() {
+        let reqs = [
+            Request::RegMr {
+                pd: 1,
+                addr: 0x7fff_0000_1000,
+                length: 1 << 20,
+                iova: 0x7fff_0000_1000,
+                access: 7,
+            },
+            Request::CreateQp {
+                pd: 1,
+                qp_type: qp_type::RC,
+                send_cq: 2,
+                recv_cq: 2,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 128,
+                    max_recv_wr: 128,
+                    max_send_sge: 4,
+                    max_recv_sge: 4,
+                    max_inline_data: 64,
+                },
+                sq_sig_all: false,
+            },
+            Request::ModifyQp {
+                qpn: 0x11,
+                attr: QpAttr {
+                    qp_state: 3,
+                    path_mtu: 5,
+                    dest_qp_num: 0x12,
+                    ah_attr: AhAttr {
+                        dgid: gid_of("::1".parse().unwrap()),
+                        is_global: true,
+                        hop_limit: 64,
+                        ..AhAttr::default()
+                    },
+                    ..QpAttr::default()
+                },
+                mask: 0x1 | 0x80 | 0x100 | 0x1000 | 0x10_0000,
+            },
+        ];
+        for r in reqs {
+            assert_eq!(decode::<Request>(&encode(&r).unwrap()).unwrap(), r);
+        }
     }
 
     #[test]
