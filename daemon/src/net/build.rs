@@ -212,9 +212,9 @@ mod tests {
             pkey: 0xffff,
             fecn: false,
             becn: false,
-            dest_qpn: Qpn(0x12),
+            dest_qpn: Qpn::new(0x12),
             ack_req: true,
-            psn: Psn(0x100),
+            psn: Psn::new(0x100),
         });
         t.payload_len = 5;
         t

@@ -141,6 +141,8 @@ pub struct NetCounters {
     pub rx_ident_recovered: u64,
     /// Dropped: longer than the receive buffer.
     pub rx_truncated: u64,
+    /// Receives that the kernel had coalesced with UDP GRO (each split into segments).
+    pub rx_gro_batches: u64,
     /// Times the receive ring ran out of buffers (the kernel dropped datagrams meanwhile).
     pub rx_no_buffers: u64,
     pub rx_errors: u64,
@@ -275,7 +277,10 @@ impl RxState {
         }
         let tos = ctl.tos.unwrap_or(0);
         let seg = match ctl.gro_segment {
-            Some(s) if s > 0 => s as usize,
+            Some(s) if s > 0 && (s as usize) < payload.len() => {
+                self.counters.rx_gro_batches += 1;
+                s as usize
+            }
             _ => payload.len().max(1),
         };
         let mut delivered = 0;

@@ -107,9 +107,9 @@ mod tests {
             pkey: 0xffff,
             fecn: false,
             becn: false,
-            dest_qpn: Qpn(17),
+            dest_qpn: Qpn::new(17),
             ack_req: true,
-            psn: Psn(5),
+            psn: Psn::new(5),
         });
         t.payload_len = len;
         t
@@ -119,8 +119,8 @@ mod tests {
     fn good_bad_and_recovered_on_both_families() {
         let mut v = RxVerifier::new();
         for (l, r) in [("127.0.0.1", "127.0.0.2"), ("::1", "::2")] {
-            let src: SocketAddr = format!("[{l}]:49152").parse().unwrap();
-            let dst: SocketAddr = format!("[{r}]:4791").parse().unwrap();
+            let src = SocketAddr::new(l.parse().unwrap(), 49152);
+            let dst = SocketAddr::new(r.parse().unwrap(), 4791);
             let mut b = PacketBuilder::new(src.ip(), dst.ip(), src.port());
             b.dst_port = dst.port();
             let payload: Vec<u8> = (0..1024u32).map(|i| i as u8).collect();
