@@ -36,12 +36,15 @@ fn exchange(a: &mut UdpTransport, b: &mut UdpTransport, family: IpAddr, count: u
             assert_eq!(g.src, src);
             assert_eq!(g.dst, dst);
             assert_eq!(g.tos, 0);
-            let want = sent.remove(&psn_of(&g.bytes)).expect("unknown or duplicate PSN");
+            let want = sent
+                .remove(&psn_of(&g.bytes))
+                .expect("unknown or duplicate PSN");
             assert_eq!(g.bytes, want);
             assert_eq!(g.ident, family.is_ipv4().then_some(0));
         }
         // Reap send completions so the slots come back.
-        a.poll(Some(Duration::ZERO), &mut |_: &RxDatagram<'_>| {}).unwrap();
+        a.poll(Some(Duration::ZERO), &mut |_: &RxDatagram<'_>| {})
+            .unwrap();
     }
     assert!(sent.is_empty());
     let c = b.counters();
@@ -55,7 +58,9 @@ fn drain_tx(t: &mut UdpTransport) {
         if t.tx_in_flight() == 0 {
             break;
         }
-        t.poll(Some(Duration::from_millis(10)), &mut |_: &RxDatagram<'_>| {})
+        t.poll(Some(Duration::from_millis(10)), &mut |_: &RxDatagram<
+            '_,
+        >| {})
             .unwrap();
     }
     assert_eq!(t.tx_in_flight(), 0);
@@ -111,7 +116,10 @@ fn syscall_driver_one_packet_per_call() {
 fn corrupted_and_malformed_datagrams_are_dropped_and_counted() {
     for backend in [BackendChoice::IoUring, BackendChoice::Syscalls] {
         let mut b = UdpTransport::open(&NetConfig { backend, ..cfg() }).unwrap();
-        for (bind, family) in [("127.0.0.1:0", IpAddr::V4(LO4)), ("[::1]:0", IpAddr::V6(LO6))] {
+        for (bind, family) in [
+            ("127.0.0.1:0", IpAddr::V4(LO4)),
+            ("[::1]:0", IpAddr::V6(LO6)),
+        ] {
             let plain = UdpSocket::bind(bind).unwrap();
             let dst = local(&b, family);
             let pb = builder(plain.local_addr().unwrap(), dst);
@@ -130,8 +138,16 @@ fn corrupted_and_malformed_datagrams_are_dropped_and_counted() {
             assert_eq!(settle(&mut b), 0);
             let c = b.counters();
             // Byte 0 (opcode 0x04 -> 0x44) makes an unknown opcode: malformed, not bad ICRC.
-            assert_eq!(c.rx_bad_icrc - before.rx_bad_icrc, 3, "{family} {backend:?}");
-            assert_eq!(c.rx_malformed - before.rx_malformed, 2, "{family} {backend:?}");
+            assert_eq!(
+                c.rx_bad_icrc - before.rx_bad_icrc,
+                3,
+                "{family} {backend:?}"
+            );
+            assert_eq!(
+                c.rx_malformed - before.rx_malformed,
+                2,
+                "{family} {backend:?}"
+            );
             assert_eq!(c.rx_packets - before.rx_packets, 1);
         }
     }

@@ -70,7 +70,11 @@ impl PacketBuilder {
                 hop_limit: self.ttl,
                 payload_len: 0,
             }),
-            _ => return Err(wire::Error::Unsupported("local and remote of different IP versions")),
+            _ => {
+                return Err(wire::Error::Unsupported(
+                    "local and remote of different IP versions",
+                ))
+            }
         };
         let mut frame = FrameRepr {
             link: LinkRepr::None,
@@ -150,7 +154,9 @@ impl PacketBuilder {
                 ipv6_header(src, dst, udp_len, &mut ip);
                 Ok(icrc::v2_ipv6(&ip, &udp, covered))
             }
-            _ => Err(wire::Error::Unsupported("local and remote of different IP versions")),
+            _ => Err(wire::Error::Unsupported(
+                "local and remote of different IP versions",
+            )),
         }
     }
 }
@@ -234,7 +240,11 @@ mod tests {
         assert_eq!(&out[20..24], &[0x63, 0xe4, 0x83, 0x9a]);
 
         // The same over IPv6 fe80::1 -> fe80::2: 02 e7 ea c3.
-        let b6 = PacketBuilder::new("fe80::1".parse().unwrap(), "fe80::2".parse().unwrap(), 0xc132);
+        let b6 = PacketBuilder::new(
+            "fe80::1".parse().unwrap(),
+            "fe80::2".parse().unwrap(),
+            0xc132,
+        );
         let n = b6.emit(0, &send_only_hello(), b"hello", &mut out).unwrap();
         assert_eq!(&out[n - 4..n], &[0x02, 0xe7, 0xea, 0xc3]);
     }
@@ -265,7 +275,9 @@ mod tests {
         let mut out = [0u8; 64];
         assert!(b.emit(0, &send_only_hello(), b"hello", &mut out).is_err());
         let b = PacketBuilder::new("::1".parse().unwrap(), "::1".parse().unwrap(), 1);
-        assert!(b.emit(0, &send_only_hello(), b"hello", &mut out[..10]).is_err());
+        assert!(b
+            .emit(0, &send_only_hello(), b"hello", &mut out[..10])
+            .is_err());
         assert!(b.seal(0, &mut out[..8]).is_err());
     }
 }

@@ -272,7 +272,10 @@ mod tests {
         );
         let msgs: Vec<_> = iter(&buf.0[..n]).collect();
         assert_eq!(msgs.len(), 4);
-        assert_eq!((msgs[0].level, msgs[0].ty), (libc::IPPROTO_IP, libc::IP_PKTINFO));
+        assert_eq!(
+            (msgs[0].level, msgs[0].ty),
+            (libc::IPPROTO_IP, libc::IP_PKTINFO)
+        );
         assert_eq!(&msgs[0].data[4..8], &[127, 0, 0, 2]);
         assert_eq!(msgs[1].data, &2i32.to_ne_bytes());
         assert_eq!(msgs[2].data, &64i32.to_ne_bytes());

@@ -153,14 +153,8 @@ pub fn open(addr: SocketAddr, opts: &SocketOptions) -> io::Result<OwnedFd> {
     let mut name = SockAddrBuf::default();
     let len = cmsg::encode_sockaddr(&addr, &mut name);
     // SAFETY: `name` holds a valid sockaddr of `len` bytes for the duration of the call.
-    check(unsafe {
-        libc::bind(
-            f,
-            name.0.as_ptr().cast(),
-            len as libc::socklen_t,
-        )
-    })
-    .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
+    check(unsafe { libc::bind(f, name.0.as_ptr().cast(), len as libc::socklen_t) })
+        .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
     Ok(fd)
 }
 

@@ -105,8 +105,8 @@ impl SyscallDriver {
                     counters.tx_errors += tx.slots[run[done] as usize].segments as u64;
                     done += 1;
                 } else {
-                    for i in done..done + sent as usize {
-                        let s = &tx.slots[run[i] as usize];
+                    for &idx in &run[done..done + sent as usize] {
+                        let s = &tx.slots[idx as usize];
                         counters.tx_packets += s.segments as u64;
                         counters.tx_bytes += s.len as u64;
                     }
@@ -166,6 +166,8 @@ impl SyscallDriver {
             let m = &self.rx_msgs[i];
             let len = (m.msg_len as usize).min(self.rx_buf_len);
             let name_len = (m.msg_hdr.msg_namelen as usize).min(SOCKADDR_LEN);
+            // msg_controllen is size_t on glibc but u32 on musl.
+            #[allow(clippy::unnecessary_cast)]
             let control_len = (m.msg_hdr.msg_controllen as usize).min(CONTROL_LEN);
             let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
             let payload = &self.rx_data[i * self.rx_buf_len..i * self.rx_buf_len + len];

@@ -39,7 +39,8 @@ struct BufRing {
 
 impl BufRing {
     fn new(entries: u16, buf_len: usize) -> io::Result<BufRing> {
-        let ring = MmapMut::map_anon(entries as usize * std::mem::size_of::<types::BufRingEntry>())?;
+        let ring =
+            MmapMut::map_anon(entries as usize * std::mem::size_of::<types::BufRingEntry>())?;
         let data = MmapMut::map_anon(entries as usize * buf_len)?;
         let mut r = BufRing {
             ring,
@@ -418,10 +419,7 @@ fn complete_send(tx: &mut TxPool, counters: &mut NetCounters, idx: u32, res: i32
     };
     if res < 0 {
         counters.tx_errors += slot.segments as u64;
-        tracing::debug!(
-            "send failed: {}",
-            io::Error::from_raw_os_error(-res)
-        );
+        tracing::debug!("send failed: {}", io::Error::from_raw_os_error(-res));
     } else {
         counters.tx_packets += slot.segments as u64;
         counters.tx_bytes += res as u64;

@@ -38,7 +38,9 @@ pub fn repr(opcode: Opcode, psn: u32, payload_len: usize) -> TransportRepr {
 }
 
 pub fn payload(psn: u32, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (psn as usize * 31 + i * 7) as u8).collect()
+    (0..len)
+        .map(|i| (psn as usize * 31 + i * 7) as u8)
+        .collect()
 }
 
 /// A SEND_ONLY of `len` payload bytes (or SEND_MIDDLE when `middle`), its PSN naming it.
@@ -83,7 +85,9 @@ pub fn recv_n(t: &mut UdpTransport, want: usize) -> Vec<Got> {
     let mut idle = 0;
     while got.len() < want && idle < 200 {
         let n = t
-            .poll(Some(Duration::from_millis(50)), &mut |d: &RxDatagram<'_>| {
+            .poll(Some(Duration::from_millis(50)), &mut |d: &RxDatagram<
+                '_,
+            >| {
                 got.push(Got {
                     src: d.src,
                     dst: d.dst,
@@ -103,7 +107,9 @@ pub fn settle(t: &mut UdpTransport) -> usize {
     let mut n = 0;
     for _ in 0..5 {
         n += t
-            .poll(Some(Duration::from_millis(20)), &mut |_: &RxDatagram<'_>| {})
+            .poll(Some(Duration::from_millis(20)), &mut |_: &RxDatagram<
+                '_,
+            >| {})
             .unwrap();
     }
     n
