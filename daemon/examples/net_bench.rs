@@ -123,7 +123,9 @@ fn run(mode: &Mode, payload_len: usize, secs: f64) -> std::io::Result<Result> {
         let mut idle = 0;
         while idle < 5 {
             let n = rx
-                .poll(Some(Duration::from_millis(20)), &mut |d: &RxDatagram<'_>| {
+                .poll(Some(Duration::from_millis(20)), &mut |d: &RxDatagram<
+                    '_,
+                >| {
                     pkts += 1;
                     bytes += d.bytes.len() as u64;
                 })
@@ -147,7 +149,9 @@ fn run(mode: &Mode, payload_len: usize, secs: f64) -> std::io::Result<Result> {
     }
     tx.flush()?;
     while tx.tx_in_flight() > 0 {
-        tx.poll(Some(Duration::from_millis(10)), &mut |_: &RxDatagram<'_>| {})?;
+        tx.poll(Some(Duration::from_millis(10)), &mut |_: &RxDatagram<
+            '_,
+        >| {})?;
     }
     let elapsed = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);

@@ -21,6 +21,7 @@ const TAG_SHIFT: u32 = 32;
 const TAG_RECV: u64 = 1 << TAG_SHIFT;
 const TAG_SEND: u64 = 2 << TAG_SHIFT;
 const TAG_CANCEL: u64 = 3 << TAG_SHIFT;
+const TAG_NOP: u64 = 4 << TAG_SHIFT;
 /// Buffer group id of the receive ring (one group serves both sockets).
 const BGID: u16 = 0x5152;
 /// Size of `struct io_uring_recvmsg_out`, which starts every multishot receive buffer.
@@ -114,6 +115,8 @@ pub(crate) struct UringDriver {
     stash: VecDeque<StashedCqe>,
     /// SQEs pushed but not yet submitted.
     unsubmitted: usize,
+    /// The last SQE pushed is a send with IO_HARDLINK: the chain needs a terminator.
+    chain_open: bool,
 }
 
 impl UringDriver {
@@ -154,13 +157,49 @@ impl UringDriver {
             armed: [false; 2],
             stash: VecDeque::with_capacity(entries as usize * 2 + 16),
             unsubmitted: 0,
+            chain_open: false,
         };
         d.arm(fds)?;
         d.submit()?;
         Ok(d)
     }
 
+    /// Pushes a request that is not part of the send chain.
     fn push(&mut self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
+        self.close_chain()?;
+        self.push_raw(sqe)
+    }
+
+    /// Ends the chain of linked sends with a NOP, so that the next request is not tied to it.
+    fn close_chain(&mut self) -> io::Result<()> {
+        if self.chain_open {
+            self.chain_open = false;
+            // push_send leaves room for this NOP.
+            let nop = opcode::Nop::new().build().user_data(TAG_NOP);
+            self.push_raw(&nop)?;
+        }
+        Ok(())
+    }
+
+    /// Pushes a send linked to the next one. RoCE needs packets of a QP to leave in order;
+    /// io_uring may complete independent requests out of order (a send that meets a full
+    /// socket buffer is retried later while the next one goes), so the sends of a batch form a
+    /// chain with IO_HARDLINK: each starts after the previous one finished, and (unlike
+    /// IO_LINK) a failed send does not cancel the rest.
+    fn push_send(&mut self, sqe: io_uring::squeue::Entry) -> io::Result<()> {
+        let free = {
+            let sq = self.ring.submission();
+            sq.capacity() - sq.len()
+        };
+        if free < 2 {
+            self.submit()?;
+        }
+        self.push_raw(&sqe.flags(io_uring::squeue::Flags::IO_HARDLINK))?;
+        self.chain_open = true;
+        Ok(())
+    }
+
+    fn push_raw(&mut self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: every SQE built here points at memory that outlives the request: the
             // send slots are held until their completion, the receive msghdrs and buffer ring
@@ -170,7 +209,16 @@ impl UringDriver {
                 self.unsubmitted += 1;
                 return Ok(());
             }
-            self.submit()?;
+            let before = self.unsubmitted;
+            self.submit_pushed()?;
+            if self.unsubmitted == before {
+                // The kernel took nothing (a completion queue in overflow): let the caller
+                // poll and drain it instead of spinning here.
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "io_uring submission queue full",
+                ));
+            }
         }
     }
 
@@ -189,6 +237,11 @@ impl UringDriver {
     }
 
     pub fn submit(&mut self) -> io::Result<()> {
+        self.close_chain()?;
+        self.submit_pushed()
+    }
+
+    fn submit_pushed(&mut self) -> io::Result<()> {
         if self.unsubmitted == 0 {
             return Ok(());
         }
@@ -204,6 +257,7 @@ impl UringDriver {
     }
 
     fn submit_and_wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
+        self.close_chain()?;
         let res = match timeout {
             None => self.ring.submit_and_wait(1),
             Some(t) => {
@@ -248,7 +302,7 @@ impl UringDriver {
         let sqe = opcode::SendMsg::new(types::Fd(fd), &slot.msg)
             .build()
             .user_data(TAG_SEND | idx as u64);
-        self.push(&sqe)
+        self.push_send(sqe)
     }
 
     /// Waits until at least one send completes; receive completions seen meanwhile are kept
@@ -257,10 +311,10 @@ impl UringDriver {
         self.submit_and_wait(None)?;
         for cqe in self.ring.completion() {
             let ud = cqe.user_data();
-            if ud & !0xffff_ffff == TAG_SEND {
-                complete_send(tx, counters, (ud & 0xffff_ffff) as u32, cqe.result());
-            } else {
-                self.stash.push_back((ud, cqe.result(), cqe.flags()));
+            match ud & !0xffff_ffff {
+                TAG_SEND => complete_send(tx, counters, (ud & 0xffff_ffff) as u32, cqe.result()),
+                TAG_RECV => self.stash.push_back((ud, cqe.result(), cqe.flags())),
+                _ => {}
             }
         }
         Ok(())
