@@ -278,3 +278,62 @@ fn send_errors_are_reported_not_panicked() {
     // A failed send releases its slot.
     assert_eq!(a.tx_in_flight(), 0);
 }
+
+/// The convenience senders build straight into the send slots: one packet, and a GSO run.
+#[test]
+fn send_packet_and_send_gso_build_in_place() {
+    let mut a = UdpTransport::open(&NetConfig { gso: true, ..cfg() }).unwrap();
+    let mut b = UdpTransport::open(&cfg()).unwrap();
+    for family in [IpAddr::V4(LO4), IpAddr::V6(LO6)] {
+        let dst = local(&b, family);
+        let pb = builder(local(&a, family), dst);
+        let before = b.counters();
+        let r = repr(proto::wire::Opcode::RC_SEND_ONLY, 9, 33);
+        a.send_packet(&TxMeta::to(dst), &pb, &r, &payload(9, 33))
+            .unwrap();
+        let payloads: Vec<Vec<u8>> = (10..20).map(|p| payload(p, 512)).collect();
+        let mut run: Vec<_> = (10..20u32)
+            .map(|p| {
+                let op = if p == 19 { 0x02 } else { 0x01 }; // SEND_MIDDLE..., SEND_LAST
+                (
+                    repr(proto::wire::Opcode(op), p, 512),
+                    &payloads[(p - 10) as usize][..],
+                )
+            })
+            .collect();
+        a.send_gso(&TxMeta::to(dst), &pb, &run).unwrap();
+        a.flush().unwrap();
+        let got = recv_n(&mut b, 11);
+        assert_eq!(got.len(), 11);
+        assert_eq!(got[0].bytes, build(&pb, 0, 9, 33, false));
+        for (k, g) in got[1..].iter().enumerate() {
+            assert_eq!(psn_of(&g.bytes), 10 + k as u32);
+            assert_eq!(&g.bytes[12..12 + 512], &payloads[k][..]);
+            if family.is_ipv4() {
+                assert_eq!(
+                    g.ident,
+                    Some(k as u16),
+                    "segment k carries Identification k"
+                );
+            }
+        }
+        assert_eq!(b.counters().rx_bad_icrc, before.rx_bad_icrc);
+        // A run whose middle packet differs in length is refused before anything is sent.
+        run[3].0.payload_len = 100;
+        let short = payload(13, 100);
+        run[3].1 = &short;
+        assert!(matches!(
+            a.send_gso(&TxMeta::to(dst), &pb, &run),
+            Err(NetError::Gso(_))
+        ));
+        // A repr that does not match its payload is a wire error, not a panic.
+        let bad = repr(proto::wire::Opcode::RC_SEND_ONLY, 1, 40);
+        assert!(matches!(
+            a.send_packet(&TxMeta::to(dst), &pb, &bad, &[0u8; 39]),
+            Err(NetError::Wire(_))
+        ));
+    }
+    // Refused sends gave their slots back; the rest complete.
+    drain_tx(&mut a);
+    assert_eq!(a.counters().tx_packets, 22);
+}

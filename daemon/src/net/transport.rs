@@ -1,11 +1,13 @@
 //! [`UdpTransport`]: the sockets, the send-slot pool, receive verification and counters, over
 //! one of two drivers (io_uring, or batched syscalls).
 
+use super::build::PacketBuilder;
 use super::cmsg::{self, ControlBuf, RxControl, SockAddrBuf};
 use super::socket::{self, SocketOptions};
 use super::syscall::SyscallDriver;
 use super::uring::UringDriver;
 use super::verify::{Ipv4Ident, RxVerdict, RxVerifier};
+use proto::wire::TransportRepr;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -162,6 +164,8 @@ pub enum NetError {
     TooLong { len: usize, max: usize },
     #[error("GSO send refused: {0}")]
     Gso(&'static str),
+    #[error("cannot build the packet: {0}")]
+    Wire(#[from] proto::wire::Error),
     #[error("I/O: {0}")]
     Io(#[from] io::Error),
 }
@@ -539,6 +543,74 @@ impl UdpTransport {
             Driver::Syscalls(d) => d.queue_send(&mut self.tx, idx, fds, &mut self.rx.counters),
         }
         Ok(())
+    }
+
+    /// Builds one RoCE packet (BTH..ICRC, ICRC for IPv4 Identification 0) straight into a
+    /// send slot and queues it. `builder` names the flow; `meta.dst` must match it.
+    pub fn send_packet(
+        &mut self,
+        meta: &TxMeta,
+        builder: &PacketBuilder,
+        repr: &TransportRepr,
+        payload: &[u8],
+    ) -> Result<(), NetError> {
+        let mut err = None;
+        self.send_with(meta, |buf| match builder.emit(0, repr, payload, buf) {
+            Ok(n) => n,
+            Err(e) => {
+                err = Some(e);
+                0
+            }
+        })?;
+        err.map_or(Ok(()), |e| Err(e.into()))
+    }
+
+    /// Builds consecutive packets of one flow into one UDP GSO send (needs
+    /// [`NetConfig::gso`]; a single packet goes without GSO). Every packet but the last must
+    /// have the same length, the segment size; packet `k` gets the ICRC for IPv4
+    /// Identification `k`, which the kernel's segmentation writes.
+    pub fn send_gso(
+        &mut self,
+        meta: &TxMeta,
+        builder: &PacketBuilder,
+        packets: &[(TransportRepr, &[u8])],
+    ) -> Result<(), NetError> {
+        let Some((first, _)) = packets.first() else {
+            return Ok(());
+        };
+        let seg = first.buffer_len();
+        if packets.len() > MAX_GSO_SEGMENTS {
+            return Err(NetError::Gso("more than MAX_GSO_SEGMENTS segments"));
+        }
+        let (last, body) = packets.split_last().unwrap_or((&packets[0], &[]));
+        if body.iter().any(|(r, _)| r.buffer_len() != seg) || last.0.buffer_len() > seg {
+            return Err(NetError::Gso("packets before the last differ in length"));
+        }
+        let seg16 = u16::try_from(seg).map_err(|_| NetError::Gso("segment too long"))?;
+        let meta = TxMeta {
+            segment_size: (packets.len() > 1).then_some(seg16),
+            ..*meta
+        };
+        let mut err = None;
+        self.send_with(&meta, |buf| {
+            let mut at = 0;
+            for (k, (repr, payload)) in packets.iter().enumerate() {
+                match builder.emit(
+                    k as u16,
+                    repr,
+                    payload,
+                    buf.get_mut(at..).unwrap_or(&mut []),
+                ) {
+                    Ok(n) => at += n,
+                    Err(e) => {
+                        err = Some(e);
+                        return 0;
+                    }
+                }
+            }
+            at
+        })?;
+        err.map_or(Ok(()), |e| Err(e.into()))
     }
 
     fn fds(&self) -> [Option<RawFd>; 2] {
