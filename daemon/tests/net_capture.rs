@@ -183,5 +183,44 @@ fn own_sends_pass_the_icrc_oracle() {
             && report.contains("icrc_bad=0 "),
         "want {expected} RoCE packets, all with a good ICRC: {report}"
     );
+    check_headers_like_rxe(&std::fs::read(&pcap).unwrap(), expected);
     let _ = std::fs::remove_file(&pcap);
+}
+
+/// The headers the kernel wrote look like rxe's (facts §1.1): IPv4 with DF, IPv6 with flow
+/// label 0, and UDP checksum 0 on the sender without GSO (the GSO sender must checksum).
+fn check_headers_like_rxe(pcap: &[u8], expected: usize) {
+    assert!(
+        pcap.len() >= 24 && pcap[..4] == [0xd4, 0xc3, 0xb2, 0xa1],
+        "pcap, little-endian"
+    );
+    let mut at = 24;
+    let (mut v4, mut v6, mut zero_csum) = (0, 0, 0);
+    while at + 16 <= pcap.len() {
+        let incl = u32::from_le_bytes(pcap[at + 8..at + 12].try_into().unwrap()) as usize;
+        let frame = &pcap[at + 16..at + 16 + incl];
+        at += 16 + incl;
+        let ip = &frame[14..]; // Ethernet header of the loopback device
+        let udp = match ip[0] >> 4 {
+            4 => {
+                v4 += 1;
+                assert_eq!(ip[6] & 0x40, 0x40, "DF set");
+                &ip[20..]
+            }
+            6 => {
+                v6 += 1;
+                let flow = u32::from_be_bytes(ip[..4].try_into().unwrap()) & 0xfffff;
+                assert_eq!(flow, 0, "flow label 0");
+                &ip[40..]
+            }
+            v => panic!("IP version {v}"),
+        };
+        if udp[6..8] == [0, 0] {
+            zero_csum += 1;
+        }
+    }
+    assert_eq!(v4 + v6, expected);
+    assert_eq!(v4, v6);
+    // Exactly the packets of the sender without GSO.
+    assert_eq!(zero_csum, 2 * SINGLES as usize);
 }

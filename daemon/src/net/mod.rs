@@ -14,6 +14,28 @@
 //!   [`NetConfig::gso`] for the ICRC consequences on IPv4.
 //! - [`PacketBuilder`] writes outgoing transport packets with the ICRC the receiver will
 //!   compute from the headers the kernel adds.
+//!
+//! The daemon's network thread would run it like this:
+//!
+//! ```no_run
+//! use softroce_daemon::net::{NetConfig, PacketBuilder, RxDatagram, TxMeta, UdpTransport};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut net = UdpTransport::open(&NetConfig {
+//!     ipv4: Some(std::net::Ipv4Addr::LOCALHOST),
+//!     ..NetConfig::default() // port 4791, io_uring with fallback, ICRC verified
+//! })?;
+//! # let (repr, payload, peer): (proto::wire::TransportRepr, Vec<u8>, std::net::SocketAddr) = todo!();
+//! // Per QP: the flow (addresses, rxe's UDP source port, the AV's traffic class and TTL).
+//! let flow = PacketBuilder { tos: 0x02, ttl: 64, ..PacketBuilder::new(
+//!     net.local_addr_v4().unwrap().ip(), peer.ip(), 0xc132) };
+//! let meta = TxMeta { tos: flow.tos, ttl: Some(flow.ttl), ..TxMeta::to(peer) };
+//! net.send_packet(&meta, &flow, &repr, &payload)?; // queued; submitted by poll/flush
+//! net.poll(Some(std::time::Duration::from_millis(1)), &mut |d: &RxDatagram<'_>| {
+//!     // d.bytes is a verified BTH..ICRC; d.src/d.dst for the QP's address check (rxe
+//!     // drops mismatches), d.tos & 3 == 3 is an ECN CE mark.
+//! })?;
+//! # Ok(()) }
+//! ```
 
 mod build;
 mod cmsg;
