@@ -100,6 +100,9 @@ impl SyscallDriver {
                     },
                     None => -1,
                 };
+                if sent < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
                 if sent <= 0 {
                     // The first datagram failed: count it and go on with the rest.
                     counters.tx_errors += tx.slots[run[done] as usize].segments as u64;
