@@ -337,3 +337,43 @@ fn send_packet_and_send_gso_build_in_place() {
     drain_tx(&mut a);
     assert_eq!(a.counters().tx_packets, 22);
 }
+
+/// Sockets bound to the wildcard address: the receiver learns the destination address from
+/// IP_PKTINFO / IPV6_PKTINFO (the ICRC covers it), and the sender picks its source address
+/// per packet with the same control messages (the ICRC covers that too).
+#[test]
+fn wildcard_sockets_use_packet_info_both_ways() {
+    let wild = || NetConfig {
+        ipv4: Some(std::net::Ipv4Addr::UNSPECIFIED),
+        ipv6: Some(std::net::Ipv6Addr::UNSPECIFIED),
+        ..cfg()
+    };
+    for backend in [BackendChoice::IoUring, BackendChoice::Syscalls] {
+        let mut a = UdpTransport::open(&NetConfig { backend, ..wild() }).unwrap();
+        let mut b = UdpTransport::open(&NetConfig { backend, ..wild() }).unwrap();
+        for (src_ip, dst_ip) in [
+            (
+                "127.0.0.2".parse::<IpAddr>().unwrap(),
+                "127.0.0.3".parse().unwrap(),
+            ),
+            (IpAddr::V6(LO6), IpAddr::V6(LO6)),
+        ] {
+            let src = std::net::SocketAddr::new(src_ip, local(&a, src_ip).port());
+            let dst = std::net::SocketAddr::new(dst_ip, local(&b, dst_ip).port());
+            let pb = builder(src, dst);
+            let meta = TxMeta {
+                src: Some(src_ip),
+                ..TxMeta::to(dst)
+            };
+            let pkt = build(&pb, 0, 77, 300, false);
+            a.send(&meta, &pkt).unwrap();
+            a.flush().unwrap();
+            let got = recv_n(&mut b, 1);
+            assert_eq!(got.len(), 1, "{backend:?} {src_ip}");
+            assert_eq!(got[0].src, src);
+            assert_eq!(got[0].dst, dst);
+            assert_eq!(got[0].bytes, pkt);
+        }
+        assert_eq!(b.counters().rx_bad_icrc, 0);
+    }
+}
