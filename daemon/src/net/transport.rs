@@ -153,6 +153,9 @@ pub struct NetCounters {
     pub tx_bytes: u64,
     /// Datagrams (GSO segments) the kernel refused.
     pub tx_errors: u64,
+    /// Of `tx_errors`: refused because the socket's send buffer was full (io_uring driver;
+    /// sends never wait, to stay in order). A sign to send less per poll.
+    pub tx_would_block: u64,
 }
 
 /// Why a send could not be queued.

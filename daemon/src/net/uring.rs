@@ -21,7 +21,6 @@ const TAG_SHIFT: u32 = 32;
 const TAG_RECV: u64 = 1 << TAG_SHIFT;
 const TAG_SEND: u64 = 2 << TAG_SHIFT;
 const TAG_CANCEL: u64 = 3 << TAG_SHIFT;
-const TAG_NOP: u64 = 4 << TAG_SHIFT;
 /// Buffer group id of the receive ring (one group serves both sockets).
 const BGID: u16 = 0x5152;
 /// Size of `struct io_uring_recvmsg_out`, which starts every multishot receive buffer.
@@ -115,8 +114,6 @@ pub(crate) struct UringDriver {
     stash: VecDeque<StashedCqe>,
     /// SQEs pushed but not yet submitted.
     unsubmitted: usize,
-    /// The last SQE pushed is a send with IO_HARDLINK: the chain needs a terminator.
-    chain_open: bool,
 }
 
 impl UringDriver {
@@ -131,9 +128,13 @@ impl UringDriver {
         // Multishot receives post one completion per datagram without a submission: size the
         // completion queue for a full buffer ring plus every send.
         let cq = (entries as u32 * 2 + sq * 2).next_power_of_two();
+        // COOP_TASKRUN (5.19+): completions are processed when we enter the kernel anyway,
+        // not by interrupting the thread; retried without it on older kernels.
         let ring = IoUring::builder()
             .setup_cqsize(cq)
+            .setup_coop_taskrun()
             .build(sq)
+            .or_else(|_| IoUring::builder().setup_cqsize(cq).build(sq))
             .map_err(|e| io::Error::new(e.kind(), format!("io_uring_setup: {e}")))?;
         let buf_len = rx_buf_len + RECVMSG_OUT_LEN + cmsg::SOCKADDR_LEN + CONTROL_LEN;
         let bufs = BufRing::new(entries, buf_len)?;
@@ -157,46 +158,15 @@ impl UringDriver {
             armed: [false; 2],
             stash: VecDeque::with_capacity(entries as usize * 2 + 16),
             unsubmitted: 0,
-            chain_open: false,
         };
         d.arm(fds)?;
         d.submit()?;
         Ok(d)
     }
 
-    /// Pushes a request that is not part of the send chain.
+    /// Pushes a request, submitting first if the queue is full.
     fn push(&mut self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
-        self.close_chain()?;
         self.push_raw(sqe)
-    }
-
-    /// Ends the chain of linked sends with a NOP, so that the next request is not tied to it.
-    fn close_chain(&mut self) -> io::Result<()> {
-        if self.chain_open {
-            self.chain_open = false;
-            // push_send leaves room for this NOP.
-            let nop = opcode::Nop::new().build().user_data(TAG_NOP);
-            self.push_raw(&nop)?;
-        }
-        Ok(())
-    }
-
-    /// Pushes a send linked to the next one. RoCE needs packets of a QP to leave in order;
-    /// io_uring may complete independent requests out of order (a send that meets a full
-    /// socket buffer is retried later while the next one goes), so the sends of a batch form a
-    /// chain with IO_HARDLINK: each starts after the previous one finished, and (unlike
-    /// IO_LINK) a failed send does not cancel the rest.
-    fn push_send(&mut self, sqe: io_uring::squeue::Entry) -> io::Result<()> {
-        let free = {
-            let sq = self.ring.submission();
-            sq.capacity() - sq.len()
-        };
-        if free < 2 {
-            self.submit()?;
-        }
-        self.push_raw(&sqe.flags(io_uring::squeue::Flags::IO_HARDLINK))?;
-        self.chain_open = true;
-        Ok(())
     }
 
     fn push_raw(&mut self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
@@ -237,7 +207,6 @@ impl UringDriver {
     }
 
     pub fn submit(&mut self) -> io::Result<()> {
-        self.close_chain()?;
         self.submit_pushed()
     }
 
@@ -257,7 +226,6 @@ impl UringDriver {
     }
 
     fn submit_and_wait(&mut self, timeout: Option<Duration>) -> io::Result<()> {
-        self.close_chain()?;
         let res = match timeout {
             None => self.ring.submit_and_wait(1),
             Some(t) => {
@@ -299,10 +267,17 @@ impl UringDriver {
             tx.free.push(idx);
             return Err(io::Error::new(io::ErrorKind::NotConnected, "no socket"));
         };
+        // MSG_DONTWAIT keeps the sends in order. RoCE wants a QP's packets to leave in order;
+        // io_uring issues SQEs in order, but a send that meets a full socket buffer would
+        // otherwise be parked on a poll and retried after later sends went out. With
+        // MSG_DONTWAIT it completes with EAGAIN instead (counted in tx_would_block), a loss
+        // the RC transport recovers from like a full NIC queue. Linking the sends
+        // (IO_HARDLINK) also keeps order without the loss, but halved the send rate here.
         let sqe = opcode::SendMsg::new(types::Fd(fd), &slot.msg)
+            .flags(libc::MSG_DONTWAIT as u32)
             .build()
             .user_data(TAG_SEND | idx as u64);
-        self.push_send(sqe)
+        self.push(&sqe)
     }
 
     /// Waits until at least one send completes; receive completions seen meanwhile are kept
@@ -473,6 +448,9 @@ fn complete_send(tx: &mut TxPool, counters: &mut NetCounters, idx: u32, res: i32
     };
     if res < 0 {
         counters.tx_errors += slot.segments as u64;
+        if -res == libc::EAGAIN {
+            counters.tx_would_block += slot.segments as u64;
+        }
         tracing::debug!("send failed: {}", io::Error::from_raw_os_error(-res));
     } else {
         counters.tx_packets += slot.segments as u64;
