@@ -50,4 +50,4 @@ pub use transport::{
     Backend, BackendChoice, NetConfig, NetCounters, NetError, RxDatagram, TxMeta, UdpTransport,
     MAX_GSO_SEGMENTS,
 };
-pub use verify::{Ipv4Ident, RxVerdict, RxVerifier};
+pub use verify::{Ipv4Ident, RxVerdict, RxVerifier, MAX_ROCE_PACKET};

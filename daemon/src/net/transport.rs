@@ -48,7 +48,11 @@ pub struct NetConfig {
     /// Allow [`TxMeta::segment_size`] (UDP GSO). The kernel refuses GSO on sockets that send
     /// zero UDP checksums, so with `gso` the UDP checksum is computed (rxe sends 0; the ICRC
     /// masks it and receivers accept both). On IPv4 the kernel numbers the segments' IDs 0,
-    /// 1, 2, ...: build segment `k` with [`super::PacketBuilder::emit`] ident `k`.
+    /// 1, 2, ...: build segment `k` with [`super::PacketBuilder::emit`] ident `k` (or use
+    /// [`UdpTransport::send_gso`]). Verified for the kernel's software segmentation (on
+    /// loopback and any device without UDP segmentation offload); a NIC that segments in
+    /// hardware must number the IDs the same way, or kernel-rxe and hardware receivers will
+    /// see bad ICRCs on IPv4 (softroce receivers recover any ID). IPv6 has no such caveat.
     pub gso: bool,
     /// Enable UDP_GRO: the kernel may coalesce datagrams of one flow; they are split again by
     /// the reported segment size before verification. Needs 64 KiB receive buffers.

@@ -15,6 +15,11 @@ use super::build::{ipv4_header, ipv6_header};
 use proto::wire::{self, icrc, icrc::IdentSolver, RocePacket};
 use std::net::{IpAddr, SocketAddr};
 
+/// No RoCE packet is longer: a 4096-byte path MTU payload, the largest header set (BTH and
+/// AtomicETH, 40 bytes) and the ICRC, with room to spare. Longer datagrams are rejected
+/// before the ident solver builds (and caches) tables for their length.
+pub const MAX_ROCE_PACKET: usize = 4096 + 64;
+
 /// The verdict on one received datagram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RxVerdict {
@@ -47,14 +52,16 @@ impl RxVerifier {
 
     /// Verifies `datagram` (the UDP payload, BTH..ICRC) received from `src` on `dst`.
     pub fn verify(&mut self, src: SocketAddr, dst: SocketAddr, datagram: &[u8]) -> RxVerdict {
+        if datagram.len() > MAX_ROCE_PACKET {
+            return RxVerdict::Malformed(wire::Error::Unsupported(
+                "datagram longer than any RoCE packet",
+            ));
+        }
         let packet = match RocePacket::new_checked(datagram) {
             Ok(p) => p,
             Err(e) => return RxVerdict::Malformed(e),
         };
         let udp_len = wire::udp::HEADER_LEN + datagram.len();
-        if udp_len > u16::MAX as usize {
-            return RxVerdict::Malformed(wire::Error::Unsupported("datagram too long"));
-        }
         let mut udp = [0u8; wire::udp::HEADER_LEN];
         wire::UdpRepr {
             src_port: src.port(),
@@ -153,6 +160,8 @@ mod tests {
                 v.verify(src, dst, &buf[..7]),
                 RxVerdict::Malformed(_)
             ));
+            let huge = vec![0u8; MAX_ROCE_PACKET + 1];
+            assert!(matches!(v.verify(src, dst, &huge), RxVerdict::Malformed(_)));
         }
     }
 }
