@@ -30,12 +30,7 @@ fn zeroed_mmsg(n: usize) -> Box<[libc::mmsghdr]> {
 }
 
 impl SyscallDriver {
-    pub fn new(
-        _fds: [Option<RawFd>; 2],
-        rx_buffers: usize,
-        rx_buf_len: usize,
-        batch: usize,
-    ) -> SyscallDriver {
+    pub fn new(rx_buffers: usize, rx_buf_len: usize, batch: usize) -> SyscallDriver {
         let batch = batch.max(1);
         let rx = rx_buffers.clamp(1, batch);
         SyscallDriver {

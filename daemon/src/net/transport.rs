@@ -413,7 +413,6 @@ impl UdpTransport {
         let mut fallback_reason = None;
         let driver = match cfg.backend {
             BackendChoice::Syscalls => Driver::Syscalls(Box::new(SyscallDriver::new(
-                fds,
                 cfg.rx_buffers.max(1) as usize,
                 rx_buf_len,
                 cfg.syscall_batch,
@@ -432,7 +431,6 @@ impl UdpTransport {
                         tracing::warn!("{why}");
                         fallback_reason = Some(why);
                         Driver::Syscalls(Box::new(SyscallDriver::new(
-                            fds,
                             cfg.rx_buffers.max(1) as usize,
                             rx_buf_len,
                             cfg.syscall_batch,
@@ -546,7 +544,7 @@ impl UdpTransport {
         self.tx.prepare(idx, meta, gso);
         let fds = self.fds();
         match &mut self.driver {
-            Driver::Uring(d) => d.queue_send(&mut self.tx, idx, fds, &mut self.rx.counters)?,
+            Driver::Uring(d) => d.queue_send(&mut self.tx, idx, fds)?,
             Driver::Syscalls(d) => d.queue_send(&mut self.tx, idx, fds, &mut self.rx.counters),
         }
         Ok(())

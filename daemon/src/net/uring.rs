@@ -260,7 +260,6 @@ impl UringDriver {
         tx: &mut TxPool,
         idx: u32,
         fds: [Option<RawFd>; 2],
-        _counters: &mut NetCounters,
     ) -> io::Result<()> {
         let slot = &tx.slots[idx as usize];
         let Some(fd) = fds[slot.sock] else {
