@@ -49,6 +49,11 @@ impl SharedRegion {
         self.map.len()
     }
 
+    /// Never true: regions are at least a page.
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
     /// The descriptor to pass to the client.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
