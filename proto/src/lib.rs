@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod transport;
 pub mod types;
 pub mod wire;
 
