@@ -9,6 +9,8 @@
 #![warn(missing_debug_implementations)]
 
 pub mod transport;
+#[cfg(any(test, feature = "testing"))]
+pub mod sim;
 pub mod types;
 pub mod wire;
 

@@ -8,7 +8,7 @@ use super::qp::{Qp, SendWqe};
 use super::qp_attr::{QpState, QpType};
 use super::timers::{ack_timeout, Nanos};
 use super::verbs::*;
-use crate::types::{Psn, Qpn};
+use crate::types::Psn;
 use crate::wire::bth::DEFAULT_PKEY;
 use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, FethRepr, Opcode, RethRepr, TransportRepr};
 
