@@ -15,7 +15,14 @@ use crate::wire::{AethSyndrome, NakCode, OpInfo, Opcode};
 /// Starts a retry after a sequence NAK, an implied NAK or a timeout (rxe `COMPST_ERROR_RETRY`):
 /// counts down retry_cnt (7 means infinite, an rxe quirk, facts §0.9); when exhausted the head
 /// WQE fails with RETRY_EXC_ERR and the QP goes to ERR.
-fn start_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
+///
+/// Like rxe (`comp.started_retry`), a retry already started and not yet rewarded by progress
+/// is not started again by another NAK or stale response, only by the timer: otherwise every
+/// duplicate ACK the go-back-N provokes would start yet another round.
+fn start_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>, timeout: bool) {
+    if qp.started_retry && !timeout {
+        return;
+    }
     if qp.retry_left == 0 {
         ctx.counters.retry_exceeded_err += 1;
         fail_head(qp, ctx, WcStatus::RetryExcErr);
@@ -26,6 +33,7 @@ fn start_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     }
     ctx.counters.completer_retry_err += 1;
     qp.need_retry = true;
+    qp.started_retry = true;
     schedule(qp, &mut ctx.ready);
 }
 
@@ -37,13 +45,14 @@ pub(crate) fn on_retransmit_timeout<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos
     if qp.rnr_wait_until.is_some() {
         return;
     }
-    start_retry(qp, ctx);
+    start_retry(qp, ctx, true);
     if qp.state.sends() {
         qp.retrans_deadline = ack_timeout(qp.attr.timeout).map(|d| now + d);
     }
 }
 
 fn progress(qp: &mut Qp) {
+    qp.started_retry = false;
     qp.retry_left = qp.attr.retry_cnt;
     qp.rnr_retry_left = qp.attr.rnr_retry;
 }
@@ -73,10 +82,10 @@ pub(crate) fn on_response<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: N
                 progressed = true;
                 continue;
             }
-            if read_atomic && !qp.need_retry {
+            if read_atomic {
                 // Implied NAK: the responder answered later requests, so a read response or
                 // atomic ACK was lost (IBTA §9.7.5.1.2).
-                start_retry(qp, ctx);
+                start_retry(qp, ctx, false);
             }
             break;
         }
@@ -223,7 +232,7 @@ fn check_ack<M: MemoryAccess>(
                     ctx.counters.rcvd_seq_err += 1;
                     qp.comp_psn = psn;
                 }
-                start_retry(qp, ctx);
+                start_retry(qp, ctx, false);
             }
             Some(AethSyndrome::Nak(code)) => {
                 let status = match code {

@@ -144,6 +144,8 @@ pub(crate) struct Qp {
     pub noack_pkts: u32,
     pub rd_atomic_in_flight: u32,
     pub need_retry: bool,
+    /// A retry is under way and no response has made progress since (rxe `started_retry`).
+    pub started_retry: bool,
     pub rnr_wait_until: Option<Nanos>,
     pub paced_until: Option<Nanos>,
 
@@ -183,6 +185,7 @@ impl Qp {
             noack_pkts: 0,
             rd_atomic_in_flight: 0,
             need_retry: false,
+            started_retry: false,
             rnr_wait_until: None,
             paced_until: None,
             comp_psn: Psn::new(0),
