@@ -13,6 +13,9 @@
 
 pub mod ctl;
 pub mod ring;
+#[cfg(any(test, feature = "testing"))]
+pub mod sim;
+pub mod transport;
 pub mod types;
 pub mod wire;
 

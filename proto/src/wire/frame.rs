@@ -170,6 +170,31 @@ impl FrameRepr {
     /// written as the repr holds them (see [`FrameRepr::fill_lengths`]).
     pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<()> {
         super::check_len("output buffer", buf, self.buffer_len())?;
+        if payload.len() != self.transport.payload_len {
+            return Err(Error::LengthMismatch {
+                layer: "payload",
+                claimed: self.transport.payload_len,
+                actual: payload.len(),
+            });
+        }
+        let at = self.payload_offset();
+        buf[at..at + payload.len()].copy_from_slice(payload);
+        self.emit_in_place(buf)
+    }
+
+    /// Offset of the transport payload in the emitted frame.
+    pub fn payload_offset(&self) -> usize {
+        self.link.header_len()
+            + self.net.header_len()
+            + self.udp.map_or(0, |u| u.header_len())
+            + self.transport.header_len()
+    }
+
+    /// Like [`FrameRepr::emit`], for a payload the caller already placed at
+    /// `buf[payload_offset()..]`: the transmit path reads registered memory straight into the
+    /// frame, so the payload is copied once.
+    pub fn emit_in_place(&self, buf: &mut [u8]) -> Result<()> {
+        super::check_len("output buffer", buf, self.buffer_len())?;
         let buf = &mut buf[..self.buffer_len()];
         let (link, rest) = buf.split_at_mut(self.link.header_len());
         if let LinkRepr::Ethernet(e) = &self.link {
@@ -184,7 +209,7 @@ impl FrameRepr {
         if let Some(u) = &self.udp {
             u.emit(udp_hdr);
         }
-        self.transport.emit(transport, payload)?;
+        self.transport.emit_in_place(transport)?;
         let covered = transport.len() - ICRC_LEN;
         let (body, trailer) = transport.split_at_mut(covered);
         let crc = match &self.net {

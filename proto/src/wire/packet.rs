@@ -249,7 +249,6 @@ impl TransportRepr {
     /// Fails if the repr is inconsistent ([`TransportRepr::check`]) or `payload` does not
     /// have `payload_len` bytes, or `buf` is too short.
     pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<()> {
-        let info = self.check()?;
         if payload.len() != self.payload_len {
             return Err(Error::LengthMismatch {
                 layer: "payload",
@@ -257,6 +256,17 @@ impl TransportRepr {
                 actual: payload.len(),
             });
         }
+        check_len("output buffer", buf, self.buffer_len())?;
+        let start = self.header_len();
+        buf[start..start + payload.len()].copy_from_slice(payload);
+        self.emit_in_place(buf)
+    }
+
+    /// Like [`TransportRepr::emit`], for a payload the caller already placed at
+    /// `buf[header_len()..header_len() + payload_len]` (a transmit path that reads registered
+    /// memory straight into the frame, saving a copy). Writes BTH, headers and pad.
+    pub fn emit_in_place(&self, buf: &mut [u8]) -> Result<()> {
+        let info = self.check()?;
         check_len("output buffer", buf, self.buffer_len())?;
         let pad = self.pad_count();
         self.bth.emit(buf, pad);
@@ -292,9 +302,7 @@ impl TransportRepr {
             self.ieth.inspect(|k| be::put_u32(b, 0, k.0));
         });
         put(HeaderSet::CNP_RESERVED, &mut |b| b[..16].fill(0));
-        let start = self.header_len();
-        buf[start..start + payload.len()].copy_from_slice(payload);
-        let pad_at = start + payload.len();
+        let pad_at = self.header_len() + self.payload_len;
         buf[pad_at..pad_at + pad as usize].fill(0);
         Ok(())
     }

@@ -1,0 +1,920 @@
+//! The device: every resource of one softroce port, and the sans-I/O entry points that drive
+//! it (quinn-proto style): `handle_packet`, `handle_timeout`, `poll_transmit`, `poll_timeout`,
+//! `poll_event`, and the verbs (create/modify/destroy, post, poll CQ).
+
+use super::cc::{CongestionControl, NoCongestionControl};
+use super::counters::Counters;
+use super::memory::MemoryAccess;
+use super::qp::{udp_sport_for_flow, Qp, QpInit};
+use super::qp_attr::{check_modify, AddressVector, AttrMask, QpAttr, QpState, QpType};
+use super::resources::{Ah, Cq, KeyGen, Mr, Pd, Srq};
+use super::timers::Nanos;
+use super::verbs::*;
+use crate::types::{Psn, Qkey, Qpn};
+use crate::wire::{
+    ipv4, ipv6, FrameRepr, Ipv4Repr, Ipv6Repr, LinkRepr, NetRepr, TransportRepr, UdpRepr,
+    ROCE_V2_PORT,
+};
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+
+/// Largest frame `poll_transmit` writes: IPv6 + UDP + BTH + the largest header set + 4096
+/// bytes of payload + ICRC. Give it a buffer at least this long.
+pub const MAX_FRAME_LEN: usize = 40 + 8 + 12 + 32 + 4096 + 4 + 4;
+
+/// Static configuration of a device.
+#[derive(Debug, Clone)]
+pub struct DeviceConfig {
+    /// The GID table: index 0 is the default source address of every AV.
+    pub gids: Vec<IpAddr>,
+    /// Seed of the random part of keys. The daemon seeds it from the OS; the engine reads no
+    /// entropy itself.
+    pub key_seed: u64,
+    /// `max_qp_wr`, `max_sge`, `max_cqe` etc. are kept modest; see [`DeviceConfig::default`].
+    pub max_cqe: usize,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_inline_data: u32,
+}
+
+impl DeviceConfig {
+    pub fn new(gid: IpAddr, key_seed: u64) -> DeviceConfig {
+        DeviceConfig {
+            gids: vec![gid],
+            key_seed,
+            max_cqe: 32767,
+            max_qp_wr: 1 << 20,
+            max_sge: 32,
+            max_inline_data: 512,
+        }
+    }
+}
+
+/// A packet `poll_transmit` wrote: `buf[..len]` is a whole IPv4 or IPv6 packet (UDP to port
+/// 4791, the transport packet, the ICRC computed over these very headers).
+///
+/// A daemon that sends through a UDP socket sends `buf[transport_offset..len]` to
+/// `(dst, 4791)` from `src_port`; the kernel then builds its own IP header, and because the
+/// IPv4 Identification is covered by the ICRC it must either send with Identification 0 (raw
+/// socket / TAP, as the engine writes it) or recompute the ICRC (roce-rxe-facts.md §3.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    pub len: usize,
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub src_port: u16,
+    pub transport_offset: usize,
+}
+
+/// Keys and handle of a registered MR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MrKeys {
+    pub handle: u32,
+    pub lkey: crate::types::Lkey,
+    pub rkey: crate::types::Rkey,
+}
+
+/// Everything but the QPs, so a QP can be borrowed mutably next to it.
+#[derive(Debug)]
+pub(crate) struct Ctx<M> {
+    pub mem: M,
+    pub keys: KeyGen,
+    pub config: DeviceConfig,
+    pub pds: HashMap<u32, Pd>,
+    pub mrs: HashMap<u32, Mr>,
+    pub cqs: HashMap<u32, Cq>,
+    pub srqs: HashMap<u32, Srq>,
+    pub ahs: HashMap<u32, Ah>,
+    pub counters: Counters,
+    pub events: VecDeque<AsyncEvent>,
+    pub cc: Box<dyn CongestionControl + Send>,
+    /// Round-robin of QPs that may have a packet to send.
+    pub ready: VecDeque<Qpn>,
+    pub next_handle: u32,
+    pub next_mr_index: u32,
+}
+
+/// One softroce device (port 1): its resources and its transport engine.
+#[derive(Debug)]
+pub struct Device<M: MemoryAccess> {
+    pub(crate) ctx: Ctx<M>,
+    pub(crate) qps: HashMap<Qpn, Qp>,
+    next_qpn: u32,
+    /// Multicast group (destination IP) -> attached UD QPs.
+    mcast: HashMap<IpAddr, Vec<Qpn>>,
+}
+
+impl<M: MemoryAccess> Device<M> {
+    pub fn new(config: DeviceConfig, mem: M) -> Device<M> {
+        Device {
+            ctx: Ctx {
+                mem,
+                keys: KeyGen::new(config.key_seed),
+                config,
+                pds: HashMap::new(),
+                mrs: HashMap::new(),
+                cqs: HashMap::new(),
+                srqs: HashMap::new(),
+                ahs: HashMap::new(),
+                counters: Counters::default(),
+                events: VecDeque::new(),
+                cc: Box::new(NoCongestionControl),
+                ready: VecDeque::new(),
+                next_handle: 1,
+                next_mr_index: 1,
+            },
+            qps: HashMap::new(),
+            // rxe numbers QPs from 16 (roce-rxe-facts.md §6.1); 1 is the GSI QP.
+            next_qpn: 17,
+            mcast: HashMap::new(),
+        }
+    }
+
+    /// Plugs in a congestion controller (the default behaves like rxe: none).
+    pub fn set_congestion_control(&mut self, cc: Box<dyn CongestionControl + Send>) {
+        self.ctx.cc = cc;
+    }
+
+    pub fn memory(&self) -> &M {
+        &self.ctx.mem
+    }
+    pub fn memory_mut(&mut self) -> &mut M {
+        &mut self.ctx.mem
+    }
+    pub fn counters(&self) -> &Counters {
+        &self.ctx.counters
+    }
+    pub fn gids(&self) -> &[IpAddr] {
+        &self.ctx.config.gids
+    }
+
+    fn handle(&mut self) -> u32 {
+        let h = self.ctx.next_handle;
+        self.ctx.next_handle += 1;
+        h
+    }
+
+    // ----- protection domains, memory regions -------------------------------------------
+
+    pub fn alloc_pd(&mut self) -> u32 {
+        let h = self.handle();
+        self.ctx.pds.insert(h, Pd::default());
+        h
+    }
+
+    pub fn dealloc_pd(&mut self, pd: u32) -> VerbsResult<()> {
+        match self.ctx.pds.get(&pd) {
+            None => Err(VerbsError::NotFound("PD")),
+            Some(p) if p.users > 0 => Err(VerbsError::Busy("PD still in use")),
+            Some(_) => {
+                self.ctx.pds.remove(&pd);
+                Ok(())
+            }
+        }
+    }
+
+    fn pd_use(&mut self, pd: u32, delta: i32) -> VerbsResult<()> {
+        let p = self.ctx.pds.get_mut(&pd).ok_or(VerbsError::NotFound("PD"))?;
+        p.users = p.users.saturating_add_signed(delta);
+        Ok(())
+    }
+
+    /// `ibv_reg_mr`. Remote write or atomic access needs local write too (IBTA C10-... ,
+    /// checked by ib_core).
+    pub fn reg_mr(&mut self, pd: u32, addr: u64, length: u64, access: Access) -> VerbsResult<MrKeys> {
+        let needs_local_write = Access::REMOTE_WRITE.union(Access::REMOTE_ATOMIC);
+        if access.0 & needs_local_write.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
+            return Err(VerbsError::Invalid("remote write/atomic needs LOCAL_WRITE"));
+        }
+        if addr.checked_add(length).is_none() {
+            return Err(VerbsError::Invalid("MR wraps around the address space"));
+        }
+        self.pd_use(pd, 1)?;
+        let index = self.ctx.next_mr_index;
+        if index >= 1 << 19 {
+            return Err(VerbsError::NoResources("MR table full"));
+        }
+        self.ctx.next_mr_index += 1;
+        // Newer rxe gives rkey == lkey (roce-rxe-facts.md §6.1).
+        let key = self.ctx.keys.key(index);
+        self.ctx.mrs.insert(
+            index,
+            Mr {
+                pd,
+                addr,
+                length,
+                access,
+                lkey: key,
+                rkey: key,
+                valid: true,
+            },
+        );
+        Ok(MrKeys {
+            handle: index,
+            lkey: crate::types::Lkey(key),
+            rkey: crate::types::Rkey(key),
+        })
+    }
+
+    pub fn dereg_mr(&mut self, handle: u32) -> VerbsResult<()> {
+        let mr = self.ctx.mrs.remove(&handle).ok_or(VerbsError::NotFound("MR"))?;
+        self.pd_use(mr.pd, -1)
+    }
+
+    // ----- completion queues --------------------------------------------------------------
+
+    pub fn create_cq(&mut self, cqe: usize) -> VerbsResult<u32> {
+        if cqe == 0 || cqe > self.ctx.config.max_cqe {
+            return Err(VerbsError::Invalid("cqe out of range"));
+        }
+        let h = self.handle();
+        self.ctx.cqs.insert(h, Cq::new(cqe));
+        Ok(h)
+    }
+
+    pub fn destroy_cq(&mut self, cq: u32) -> VerbsResult<()> {
+        match self.ctx.cqs.get(&cq) {
+            None => Err(VerbsError::NotFound("CQ")),
+            Some(c) if c.users > 0 => Err(VerbsError::Busy("CQ still used by a QP")),
+            Some(_) => {
+                self.ctx.cqs.remove(&cq);
+                Ok(())
+            }
+        }
+    }
+
+    /// `ibv_poll_cq` for one entry.
+    pub fn poll_cq(&mut self, cq: u32) -> Option<WorkCompletion> {
+        self.ctx.cqs.get_mut(&cq)?.entries.pop_front()
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (or next solicited one) raises
+    /// [`AsyncEvent::CqNotify`].
+    pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) -> VerbsResult<()> {
+        let c = self.ctx.cqs.get_mut(&cq).ok_or(VerbsError::NotFound("CQ"))?;
+        c.armed = Some(solicited_only);
+        Ok(())
+    }
+
+    // ----- shared receive queues ----------------------------------------------------------
+
+    pub fn create_srq(&mut self, pd: u32, max_wr: u32, max_sge: u32) -> VerbsResult<u32> {
+        if max_wr == 0 || max_wr > self.ctx.config.max_qp_wr || max_sge > 27 {
+            return Err(VerbsError::Invalid("SRQ capacity"));
+        }
+        self.pd_use(pd, 1)?;
+        let h = self.handle();
+        self.ctx.srqs.insert(
+            h,
+            Srq {
+                pd,
+                max_wr,
+                max_sge,
+                queue: VecDeque::new(),
+                limit: 0,
+                users: 0,
+            },
+        );
+        Ok(h)
+    }
+
+    /// `ibv_modify_srq` with IBV_SRQ_LIMIT: arm the limit event (0 disarms).
+    pub fn arm_srq_limit(&mut self, srq: u32, limit: u32) -> VerbsResult<()> {
+        let s = self.ctx.srqs.get_mut(&srq).ok_or(VerbsError::NotFound("SRQ"))?;
+        if limit > s.max_wr {
+            return Err(VerbsError::Invalid("SRQ limit above max_wr"));
+        }
+        s.limit = limit;
+        Ok(())
+    }
+
+    pub fn post_srq_recv(&mut self, srq: u32, wr: RecvWr) -> VerbsResult<()> {
+        let s = self.ctx.srqs.get_mut(&srq).ok_or(VerbsError::NotFound("SRQ"))?;
+        if wr.sg_list.len() > s.max_sge as usize {
+            return Err(VerbsError::Invalid("too many SGEs"));
+        }
+        if s.queue.len() >= s.max_wr as usize {
+            return Err(VerbsError::NoResources("SRQ full"));
+        }
+        s.queue.push_back(wr);
+        Ok(())
+    }
+
+    pub fn destroy_srq(&mut self, srq: u32) -> VerbsResult<()> {
+        match self.ctx.srqs.get(&srq) {
+            None => Err(VerbsError::NotFound("SRQ")),
+            Some(s) if s.users > 0 => Err(VerbsError::Busy("SRQ still used by a QP")),
+            Some(s) => {
+                let pd = s.pd;
+                self.ctx.srqs.remove(&srq);
+                self.pd_use(pd, -1)
+            }
+        }
+    }
+
+    // ----- address handles ----------------------------------------------------------------
+
+    pub fn create_ah(&mut self, pd: u32, av: AddressVector) -> VerbsResult<u32> {
+        if usize::from(av.sgid_index) >= self.ctx.config.gids.len() {
+            return Err(VerbsError::Invalid("sgid_index"));
+        }
+        self.pd_use(pd, 1)?;
+        let h = self.handle();
+        self.ctx.ahs.insert(h, Ah { pd, av });
+        Ok(h)
+    }
+
+    pub fn destroy_ah(&mut self, ah: u32) -> VerbsResult<()> {
+        let a = self.ctx.ahs.remove(&ah).ok_or(VerbsError::NotFound("AH"))?;
+        self.pd_use(a.pd, -1)
+    }
+
+    // ----- queue pairs --------------------------------------------------------------------
+
+    pub fn create_qp(&mut self, init: QpInit) -> VerbsResult<Qpn> {
+        let cfg = &self.ctx.config;
+        let c = init.cap;
+        if c.max_send_wr > cfg.max_qp_wr
+            || c.max_recv_wr > cfg.max_qp_wr
+            || c.max_send_sge > cfg.max_sge
+            || c.max_recv_sge > cfg.max_sge
+            || c.max_inline_data > cfg.max_inline_data
+        {
+            return Err(VerbsError::Invalid("QP capacity above the device limits"));
+        }
+        if !self.ctx.cqs.contains_key(&init.send_cq) || !self.ctx.cqs.contains_key(&init.recv_cq) {
+            return Err(VerbsError::NotFound("CQ"));
+        }
+        if let Some(s) = init.srq {
+            if !self.ctx.srqs.contains_key(&s) {
+                return Err(VerbsError::NotFound("SRQ"));
+            }
+        }
+        self.pd_use(init.pd, 1)?;
+        let qpn = if init.qp_type == QpType::Gsi {
+            if self.qps.contains_key(&Qpn::GSI) {
+                return Err(VerbsError::Busy("GSI QP exists"));
+            }
+            Qpn::GSI
+        } else {
+            let q = Qpn::new(self.next_qpn);
+            self.next_qpn += 1;
+            q
+        };
+        for cq in [init.send_cq, init.recv_cq] {
+            if let Some(c) = self.ctx.cqs.get_mut(&cq) {
+                c.users += 1;
+            }
+        }
+        if let Some(s) = init.srq.and_then(|s| self.ctx.srqs.get_mut(&s)) {
+            s.users += 1;
+        }
+        self.qps.insert(qpn, Qp::new(qpn, init));
+        Ok(qpn)
+    }
+
+    /// `ibv_destroy_qp`: the QP disappears with its queues, without completions.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> VerbsResult<()> {
+        let qp = self.qps.remove(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        for cq in [qp.init.send_cq, qp.init.recv_cq] {
+            if let Some(c) = self.ctx.cqs.get_mut(&cq) {
+                c.users = c.users.saturating_sub(1);
+            }
+        }
+        if let Some(s) = qp.init.srq.and_then(|s| self.ctx.srqs.get_mut(&s)) {
+            s.users = s.users.saturating_sub(1);
+        }
+        for members in self.mcast.values_mut() {
+            members.retain(|q| *q != qpn);
+        }
+        self.ctx.ready.retain(|q| *q != qpn);
+        self.pd_use(qp.init.pd, -1)
+    }
+
+    pub fn query_qp(&self, qpn: Qpn) -> VerbsResult<(QpState, QpAttr)> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        let mut attr = qp.attr;
+        attr.qp_state = qp.state;
+        attr.cur_qp_state = qp.state;
+        attr.sq_psn = qp.req_psn;
+        attr.rq_psn = qp.resp_psn;
+        Ok((qp.state, attr))
+    }
+
+    /// `ibv_modify_qp`, with the attribute table of [`check_modify`].
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr, mask: AttrMask) -> VerbsResult<()> {
+        let gids = self.ctx.config.gids.len();
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        let next = check_modify(qp.state, qp.ty, attr, mask)?;
+        if qp.state == QpState::Sqd && next != QpState::Err && next != QpState::Reset && qp.has_unacked()
+        {
+            // rxe refuses to leave SQD (except to ERR/RESET) while still draining.
+            return Err(VerbsError::Busy("SQ still draining"));
+        }
+        if let Some(av) = attr.ah_attr.filter(|_| mask.contains(AttrMask::AV)) {
+            if usize::from(av.sgid_index) >= gids {
+                return Err(VerbsError::Invalid("sgid_index"));
+            }
+        }
+        let a = &mut qp.attr;
+        if mask.contains(AttrMask::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if mask.contains(AttrMask::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        if mask.contains(AttrMask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if mask.contains(AttrMask::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        if mask.contains(AttrMask::AV) {
+            a.ah_attr = attr.ah_attr;
+        }
+        if mask.contains(AttrMask::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if mask.contains(AttrMask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+            qp.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(AttrMask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+            qp.rnr_retry_left = attr.rnr_retry;
+        }
+        if mask.contains(AttrMask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) {
+            // rxe rounds both depths up to a power of two.
+            a.max_rd_atomic = round_pow2(attr.max_rd_atomic);
+        }
+        if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = round_pow2(attr.max_dest_rd_atomic);
+        }
+        if mask.contains(AttrMask::EN_SQD_ASYNC_NOTIFY) {
+            a.en_sqd_async_notify = attr.en_sqd_async_notify;
+        }
+        if mask.contains(AttrMask::RQ_PSN) {
+            qp.resp_psn = attr.rq_psn;
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            qp.req_psn = attr.sq_psn;
+            qp.comp_psn = attr.sq_psn;
+        }
+        if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) {
+            qp.resize_resources();
+        }
+        if qp.ty == QpType::Gsi {
+            qp.attr.qkey = Qkey::GSI;
+        }
+        if mask.contains(AttrMask::AV) || mask.contains(AttrMask::DEST_QPN) {
+            if let (Some(av), false) = (qp.attr.ah_attr, qp.ty.is_ud()) {
+                qp.src_port = udp_sport_for_flow(av.flow_label, qp.qpn, qp.attr.dest_qp_num);
+            }
+        }
+        let prev = qp.state;
+        match next {
+            QpState::Reset => qp.reset(),
+            QpState::Err if prev != QpState::Err => {
+                qp.state = QpState::Err;
+                flush_qp(qp, &mut self.ctx, true);
+            }
+            QpState::Sqd => {
+                qp.state = next;
+                qp.sqd_notified = false;
+                check_sq_drained(qp, &mut self.ctx);
+            }
+            _ => qp.state = next,
+        }
+        if next == QpState::Rts {
+            schedule(qp, &mut self.ctx.ready);
+        }
+        Ok(())
+    }
+
+    /// `ibv_attach_mcast` (UD only).
+    pub fn attach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> VerbsResult<()> {
+        let qp = self.qps.get(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        if !qp.ty.is_ud() {
+            return Err(VerbsError::Invalid("multicast needs a UD QP"));
+        }
+        let members = self.mcast.entry(group).or_default();
+        if !members.contains(&qpn) {
+            members.push(qpn);
+        }
+        Ok(())
+    }
+
+    pub fn detach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> VerbsResult<()> {
+        let members = self.mcast.get_mut(&group).ok_or(VerbsError::NotFound("group"))?;
+        let before = members.len();
+        members.retain(|q| *q != qpn);
+        if members.len() == before {
+            return Err(VerbsError::NotFound("attachment"));
+        }
+        Ok(())
+    }
+
+    // ----- posting work -------------------------------------------------------------------
+
+    /// `ibv_post_send` of one work request.
+    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> VerbsResult<()> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        super::requester::post_send(qp, &mut self.ctx, wr)
+    }
+
+    /// `ibv_post_recv` of one work request.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> VerbsResult<()> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        if qp.init.srq.is_some() {
+            return Err(VerbsError::Invalid("QP uses an SRQ"));
+        }
+        if qp.state == QpState::Reset {
+            return Err(VerbsError::Invalid("QP in RESET"));
+        }
+        if wr.sg_list.len() > qp.init.cap.max_recv_sge as usize {
+            return Err(VerbsError::Invalid("too many SGEs"));
+        }
+        if qp.rq.len() >= qp.init.cap.max_recv_wr as usize {
+            return Err(VerbsError::NoResources("RQ full"));
+        }
+        if qp.state == QpState::Err {
+            // Posting to a QP in error flushes at once (IBTA C10-... , rxe flushes in its task).
+            let mut wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
+            wc.qp_num = qpn;
+            complete(&mut self.ctx, qp.init.recv_cq, wc, false);
+            return Ok(());
+        }
+        qp.rq.push_back(wr);
+        Ok(())
+    }
+
+    // ----- the sans-I/O engine ------------------------------------------------------------
+
+    /// Feeds one received RoCE v2 packet: a whole IPv4 or IPv6 packet (UDP, BTH .. ICRC).
+    /// Headers are checked, then the ICRC; a bad packet is counted and dropped.
+    pub fn handle_packet(&mut self, now: Nanos, packet: &[u8]) {
+        let parsed = match FrameRepr::parse_ip(packet, packet.len()) {
+            Ok(p) => p,
+            Err(_) => {
+                self.ctx.counters.dropped_pkts += 1;
+                return;
+            }
+        };
+        if parsed.verified().is_err() {
+            self.ctx.counters.icrc_errors += 1;
+            return;
+        }
+        let (src, dst, ecn, net_len) = match parsed.repr.net {
+            NetRepr::Ipv4(ip) => (IpAddr::V4(ip.src), IpAddr::V4(ip.dst), ip.tos & 3, ipv4::HEADER_LEN),
+            NetRepr::Ipv6(ip) => (
+                IpAddr::V6(ip.src),
+                IpAddr::V6(ip.dst),
+                ip.traffic_class & 3,
+                ipv6::HEADER_LEN,
+            ),
+            NetRepr::Grh(_) => {
+                self.ctx.counters.dropped_pkts += 1;
+                return;
+            }
+        };
+        let rx = RxPacket {
+            t: parsed.repr.transport,
+            payload: parsed.payload,
+            src,
+            dst,
+            ecn_ce: ecn == 3,
+            net_header: &packet[..net_len],
+            wire_len: packet.len(),
+        };
+        self.dispatch(now, &rx);
+    }
+
+    fn dispatch(&mut self, now: Nanos, rx: &RxPacket<'_>) {
+        let t = &rx.t;
+        let Some(info) = t.bth.opcode.info() else {
+            self.ctx.counters.dropped_pkts += 1;
+            return;
+        };
+        // rxe: P_Key must match the default 0xFFFF in its low 15 bits.
+        if t.bth.pkey & 0x7fff != 0x7fff {
+            self.ctx.counters.bad_pkey_cntr = self.ctx.counters.bad_pkey_cntr.saturating_add(1);
+            return;
+        }
+        let dest = t.bth.dest_qpn;
+        if dest == Qpn::MULTICAST {
+            self.ctx.counters.rcvd_pkts += 1;
+            self.ctx.counters.rcvd_bytes += rx.wire_len as u64;
+            let members = self.mcast.get(&rx.dst).cloned().unwrap_or_default();
+            for q in members {
+                if let Some(qp) = self.qps.get_mut(&q) {
+                    super::responder::on_ud_request(qp, &mut self.ctx, rx);
+                }
+            }
+            return;
+        }
+        let Some(qp) = self.qps.get_mut(&dest) else {
+            self.ctx.counters.dropped_pkts += 1;
+            return;
+        };
+        if info.has(crate::wire::OpInfo::CNP) {
+            self.ctx.counters.cnp_rcvd += 1;
+            self.ctx.cc.on_cnp(dest, now);
+            return;
+        }
+        let transport_ok = match qp.ty {
+            QpType::Rc => t.bth.opcode.0 < 0x20,
+            QpType::Uc => (0x20..0x40).contains(&t.bth.opcode.0),
+            QpType::Ud | QpType::Gsi => (0x60..0x80).contains(&t.bth.opcode.0),
+        };
+        if !transport_ok {
+            self.ctx.counters.dropped_pkts += 1;
+            return;
+        }
+        // rxe checks that RC/UC packets come from and go to the QP's path.
+        if !qp.ty.is_ud() {
+            let Some(av) = qp.av() else {
+                self.ctx.counters.dropped_pkts += 1;
+                return;
+            };
+            let local = self.ctx.config.gids.get(usize::from(av.sgid_index)).copied();
+            if rx.src != av.dgid || Some(rx.dst) != local {
+                self.ctx.counters.dropped_pkts += 1;
+                return;
+            }
+        }
+        self.ctx.counters.rcvd_pkts += 1;
+        self.ctx.counters.rcvd_bytes += rx.wire_len as u64;
+        if rx.ecn_ce {
+            self.ctx.counters.ecn_marked_pkts += 1;
+            if info.has(crate::wire::OpInfo::REQUEST)
+                && !qp.ty.is_ud()
+                && self.ctx.cc.on_ecn_marked(dest, now)
+            {
+                qp.resp_out.push_back(super::qp::RespOut::Cnp);
+                schedule(qp, &mut self.ctx.ready);
+            }
+        }
+        if info.has(crate::wire::OpInfo::RESPONSE) {
+            super::completer::on_response(qp, &mut self.ctx, now, rx);
+        } else if qp.ty.is_ud() {
+            super::responder::on_ud_request(qp, &mut self.ctx, rx);
+        } else {
+            super::responder::on_request(qp, &mut self.ctx, now, rx);
+        }
+    }
+
+    /// Runs the timers that are due at `now`: retransmission, RNR wait, pacing.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        for qp in self.qps.values_mut() {
+            if qp.paced_until.is_some_and(|t| t <= now) {
+                qp.paced_until = None;
+                schedule(qp, &mut self.ctx.ready);
+            }
+            if qp.rnr_wait_until.is_some_and(|t| t <= now) {
+                qp.rnr_wait_until = None;
+                schedule(qp, &mut self.ctx.ready);
+            }
+            if qp.retrans_deadline.is_some_and(|t| t <= now) {
+                qp.retrans_deadline = None;
+                super::completer::on_retransmit_timeout(qp, &mut self.ctx, now);
+            }
+        }
+    }
+
+    /// The earliest time `handle_timeout` has work to do.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.qps
+            .values()
+            .flat_map(|q| [q.retrans_deadline, q.rnr_wait_until, q.paced_until])
+            .flatten()
+            .min()
+    }
+
+    /// Writes the next packet to send into `buf` (at least [`MAX_FRAME_LEN`] bytes). QPs take
+    /// turns; within a QP, the responder's answers go before new requests.
+    pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<Transmit> {
+        while let Some(qpn) = self.ctx.ready.pop_front() {
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
+            qp.scheduled = false;
+            let out = if !qp.resp_out.is_empty() {
+                super::responder::poll_response(qp, &mut self.ctx, buf)
+            } else {
+                None
+            };
+            let out = match out {
+                Some(t) => Some(t),
+                None => super::requester::poll_request(qp, &mut self.ctx, now, buf),
+            };
+            if let Some(t) = out {
+                // It may have more: back of the line.
+                schedule(qp, &mut self.ctx.ready);
+                self.ctx.counters.sent_pkts += 1;
+                self.ctx.counters.sent_bytes += t.len as u64;
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// The next asynchronous event, if any.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.ctx.events.pop_front()
+    }
+
+    /// Test and simulator view of a QP's sequence numbers: (next request PSN, oldest unacked
+    /// PSN, expected request PSN at the responder).
+    pub fn qp_psns(&self, qpn: Qpn) -> Option<(Psn, Psn, Psn)> {
+        self.qps.get(&qpn).map(|q| (q.req_psn, q.comp_psn, q.resp_psn))
+    }
+
+    /// Number of receive WQEs still posted on a QP's own RQ.
+    pub fn rq_len(&self, qpn: Qpn) -> Option<usize> {
+        self.qps.get(&qpn).map(|q| q.rq.len())
+    }
+}
+
+fn round_pow2(v: u8) -> u8 {
+    if v == 0 {
+        0
+    } else {
+        (u32::from(v).next_power_of_two()).min(128) as u8
+    }
+}
+
+/// A received packet, already parsed and ICRC-checked.
+#[derive(Debug)]
+pub(crate) struct RxPacket<'a> {
+    pub t: TransportRepr,
+    pub payload: &'a [u8],
+    pub src: IpAddr,
+    pub dst: IpAddr,
+    pub ecn_ce: bool,
+    /// The IP header as received: UD receive buffers get it in their GRH area.
+    pub net_header: &'a [u8],
+    pub wire_len: usize,
+}
+
+pub(crate) fn schedule(qp: &mut Qp, ready: &mut VecDeque<Qpn>) {
+    if !qp.scheduled {
+        qp.scheduled = true;
+        ready.push_back(qp.qpn);
+    }
+}
+
+/// Adds a completion to a CQ. Returns false when the CQ overflowed (the caller moves the QP
+/// to ERR, IBTA §11.4.2.1 / rxe class G).
+pub(crate) fn complete<M>(ctx: &mut Ctx<M>, cq: u32, wc: WorkCompletion, solicited: bool) -> bool {
+    let Some(c) = ctx.cqs.get_mut(&cq) else {
+        return false;
+    };
+    if c.overflowed {
+        return false;
+    }
+    if c.entries.len() >= c.capacity {
+        c.overflowed = true;
+        ctx.events.push_back(AsyncEvent::CqError { cq });
+        return false;
+    }
+    c.entries.push_back(wc);
+    if let Some(solicited_only) = c.armed {
+        if !solicited_only || solicited || wc.status != WcStatus::Success {
+            c.armed = None;
+            ctx.events.push_back(AsyncEvent::CqNotify { cq });
+        }
+    }
+    true
+}
+
+/// Moves a QP's queues into the flushed state of ERR: every SQ WQE and every RQ WQE (not the
+/// SRQ's) completes with WR_FLUSH_ERR, in order (IBTA §10.3.1, rxe). `drop_output` also
+/// discards the responder's queued answers (a consumer-requested transition); after a
+/// transport error the NAK that reports it is still sent.
+pub(crate) fn flush_qp<M>(qp: &mut Qp, ctx: &mut Ctx<M>, drop_output: bool) {
+    qp.state = QpState::Err;
+    qp.retrans_deadline = None;
+    qp.rnr_wait_until = None;
+    qp.paced_until = None;
+    qp.need_retry = false;
+    while let Some(w) = qp.sq.pop_front() {
+        let mut wc = WorkCompletion::new(w.wr.wr_id, WcStatus::WrFlushErr, w.wr.op.wc_opcode(), qp.qpn);
+        wc.byte_len = 0;
+        complete(ctx, qp.init.send_cq, wc, false);
+    }
+    qp.req_index = 0;
+    if let Some(m) = qp.in_msg.take() {
+        if let Some(r) = m.recv {
+            // A receive WQE taken for a message that never finished is flushed too.
+            let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qp.qpn);
+            complete(ctx, qp.init.recv_cq, wc, false);
+        }
+    }
+    while let Some(r) = qp.rq.pop_front() {
+        let wc = WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qp.qpn);
+        complete(ctx, qp.init.recv_cq, wc, false);
+    }
+    if qp.init.srq.is_some() {
+        ctx.events.push_back(AsyncEvent::LastWqeReached { qpn: qp.qpn });
+    }
+    if drop_output {
+        qp.resp_out.clear();
+    }
+}
+
+/// Raises SQ_DRAINED once a QP in SQD has nothing outstanding.
+pub(crate) fn check_sq_drained<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
+    if qp.state == QpState::Sqd && !qp.sqd_notified && !qp.has_unacked() {
+        qp.sqd_notified = true;
+        if qp.attr.en_sqd_async_notify {
+            ctx.events.push_back(AsyncEvent::SqDrained { qpn: qp.qpn });
+        }
+    }
+}
+
+/// Builds the frame headers for a packet of `qp_src_port` to `av`, or None if the AV's
+/// source GID does not exist or the address families differ.
+pub(crate) fn frame_for<M>(
+    ctx: &mut Ctx<M>,
+    qpn: Qpn,
+    av: &AddressVector,
+    src_port: u16,
+    transport: TransportRepr,
+    data: bool,
+) -> Option<FrameRepr> {
+    let src = *ctx.config.gids.get(usize::from(av.sgid_index))?;
+    let mut tos = av.traffic_class;
+    if data {
+        if let Some(ecn) = ctx.cc.ecn_codepoint(qpn) {
+            tos = (tos & !3) | (ecn & 3);
+        }
+    }
+    let net = match (src, av.dgid) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => NetRepr::Ipv4(Ipv4Repr {
+            src: s,
+            dst: d,
+            tos,
+            ident: 0,
+            dont_frag: true,
+            ttl: av.hop_limit,
+            protocol: ipv4::PROTOCOL_UDP,
+            payload_len: 0,
+        }),
+        (IpAddr::V6(s), IpAddr::V6(d)) => NetRepr::Ipv6(Ipv6Repr {
+            src: s,
+            dst: d,
+            traffic_class: tos,
+            // rxe always sends flow label 0 (roce-rxe-facts.md §10.1).
+            flow_label: 0,
+            next_header: ipv6::NEXT_HEADER_UDP,
+            hop_limit: av.hop_limit,
+            payload_len: 0,
+        }),
+        _ => return None,
+    };
+    let mut f = FrameRepr {
+        link: LinkRepr::None,
+        net,
+        udp: Some(UdpRepr {
+            src_port,
+            dst_port: ROCE_V2_PORT,
+            checksum: 0,
+            payload_len: 0,
+        }),
+        transport,
+    };
+    f.fill_lengths();
+    Some(f)
+}
+
+/// Writes `frame` into `buf`, letting `fill` place the payload first (one copy from memory).
+/// `fill` gets the payload slice; an error from it aborts the packet.
+pub(crate) fn emit_frame<E>(
+    frame: &FrameRepr,
+    buf: &mut [u8],
+    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+) -> Option<Result<Transmit, E>> {
+    let len = frame.buffer_len();
+    if buf.len() < len {
+        return None;
+    }
+    let at = frame.payload_offset();
+    if let Err(e) = fill(&mut buf[at..at + frame.transport.payload_len]) {
+        return Some(Err(e));
+    }
+    frame.emit_in_place(buf).ok()?;
+    let (src, dst) = match frame.net {
+        NetRepr::Ipv4(ip) => (IpAddr::V4(ip.src), IpAddr::V4(ip.dst)),
+        NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => (IpAddr::V6(ip.src), IpAddr::V6(ip.dst)),
+    };
+    Some(Ok(Transmit {
+        len,
+        src,
+        dst,
+        src_port: frame.udp.map_or(0, |u| u.src_port),
+        transport_offset: frame.net.header_len() + 8,
+    }))
+}

@@ -1,0 +1,140 @@
+//! Access to registered memory. The engine never dereferences an address itself: the daemon
+//! backs this trait with `process_vm_readv`/`process_vm_writev` on the client process, tests
+//! and the simulator with [`VecMemory`].
+//!
+//! Addresses are the virtual addresses the application registered (`ibv_reg_mr`'s `addr`).
+//! The engine has already checked keys, access flags and bounds before it calls the trait, so
+//! an implementation only reports what the host itself refuses (an unmapped page).
+
+use std::collections::BTreeMap;
+
+/// The host could not reach the memory (unmapped, process gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("memory at {addr:#x}+{len} is not accessible")]
+pub struct MemoryError {
+    pub addr: u64,
+    pub len: usize,
+}
+
+/// Reads, writes and atomics on registered memory, by virtual address.
+pub trait MemoryAccess {
+    /// Copies `out.len()` bytes starting at `addr` into `out`.
+    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryError>;
+    /// Copies `data` to `addr`.
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
+
+    /// 64-bit compare-and-swap in host byte order (IBTA §9.4.5: the responder operates on the
+    /// 8-byte aligned word); returns the original value. The default reads then writes, which is
+    /// atomic because the engine runs one operation at a time; a daemon sharing memory with a
+    /// running process overrides it with a real atomic.
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
+        let orig = self.read_u64(addr)?;
+        if orig == compare {
+            self.write(addr, &swap.to_ne_bytes())?;
+        }
+        Ok(orig)
+    }
+
+    /// 64-bit fetch-and-add (wrapping); returns the original value.
+    fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        let orig = self.read_u64(addr)?;
+        self.write(addr, &orig.wrapping_add(add).to_ne_bytes())?;
+        Ok(orig)
+    }
+
+    /// Reads one 64-bit word in host byte order.
+    fn read_u64(&self, addr: u64) -> Result<u64, MemoryError> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        Ok(u64::from_ne_bytes(b))
+    }
+}
+
+/// Memory made of separate `Vec<u8>` allocations at made-up, non-overlapping addresses: the
+/// memory of a test or of a simulated host.
+#[derive(Debug, Default, Clone)]
+pub struct VecMemory {
+    /// Allocation base -> bytes.
+    regions: BTreeMap<u64, Vec<u8>>,
+    next_base: u64,
+}
+
+impl VecMemory {
+    pub fn new() -> VecMemory {
+        VecMemory {
+            regions: BTreeMap::new(),
+            // Far from zero so that a zero address is never valid, page aligned.
+            next_base: 0x1000_0000,
+        }
+    }
+
+    /// Allocates `len` zeroed bytes and returns their address (8-byte aligned, so atomics work).
+    pub fn alloc(&mut self, len: usize) -> u64 {
+        let base = self.next_base;
+        self.regions.insert(base, vec![0; len]);
+        // Leave a gap so that an access running past the end is refused, not silently served
+        // by the next allocation.
+        self.next_base = base + ((len as u64 + 0x1fff) & !0xfff);
+        base
+    }
+
+    /// The bytes of the allocation that contains `[addr, addr+len)`.
+    pub fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let (base, bytes) = self.regions.range(..=addr).next_back()?;
+        let start = usize::try_from(addr - base).ok()?;
+        bytes.get(start..start.checked_add(len)?)
+    }
+
+    fn slice_mut(&mut self, addr: u64, len: usize) -> Option<&mut [u8]> {
+        let (base, bytes) = self.regions.range_mut(..=addr).next_back()?;
+        let start = usize::try_from(addr - *base).ok()?;
+        bytes.get_mut(start..start.checked_add(len)?)
+    }
+
+    /// Test helper: fills memory, panicking on a bad address (test code only).
+    pub fn fill(&mut self, addr: u64, data: &[u8]) {
+        self.write(addr, data).expect("VecMemory::fill outside an allocation");
+    }
+}
+
+impl MemoryAccess for VecMemory {
+    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        let src = self.slice(addr, out.len()).ok_or(MemoryError {
+            addr,
+            len: out.len(),
+        })?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let dst = self.slice_mut(addr, data.len()).ok_or(MemoryError {
+            addr,
+            len: data.len(),
+        })?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vec_memory_bounds_and_atomics() {
+        let mut m = VecMemory::new();
+        let a = m.alloc(16);
+        let b = m.alloc(8);
+        assert!(b > a + 16, "allocations keep a gap");
+        m.write(a + 8, &5u64.to_ne_bytes()).unwrap();
+        assert_eq!(m.fetch_add(a + 8, 3).unwrap(), 5);
+        assert_eq!(m.compare_swap(a + 8, 8, 42).unwrap(), 8);
+        assert_eq!(m.read_u64(a + 8).unwrap(), 42);
+        assert_eq!(m.compare_swap(a + 8, 1, 7).unwrap(), 42);
+        assert_eq!(m.read_u64(a + 8).unwrap(), 42);
+        let mut out = [0u8; 4];
+        assert!(m.read(a + 14, &mut out).is_err());
+        assert!(m.read(0, &mut out).is_err());
+    }
+}

@@ -1,0 +1,443 @@
+//! The requester (rxe `rxe_req.c`): turns send WQEs into request packets, segmenting by path
+//! MTU, assigning PSNs, setting AckReq, honouring the window, the `max_rd_atomic` depth and
+//! fences, and going back N when the completer asks for a retry.
+
+use super::device::{complete, emit_frame, frame_for, Ctx, Transmit};
+use super::memory::MemoryAccess;
+use super::qp::{Qp, SendWqe};
+use super::qp_attr::{QpState, QpType};
+use super::timers::{ack_timeout, Nanos};
+use super::verbs::*;
+use crate::types::Psn;
+use crate::wire::bth::DEFAULT_PKEY;
+use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, FethRepr, Opcode, RethRepr, TransportRepr};
+
+/// rxe stops sending while `req.psn` is more than this far ahead of `comp.psn`.
+pub const MAX_UNACKED_PSNS: i32 = 128;
+/// rxe asks for an ACK at least every this many packets inside a long message.
+pub const MAX_PKT_PER_ACK: u32 = 64;
+
+/// Validates and queues a send WR (rxe `rxe_post_send` + `validate_send_wr`).
+pub(crate) fn post_send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, mut wr: SendWr) -> VerbsResult<()> {
+    if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+        return Err(VerbsError::Invalid("QP not ready to send"));
+    }
+    let cap = qp.init.cap;
+    if qp.sq.len() >= cap.max_send_wr as usize {
+        return Err(VerbsError::NoResources("SQ full"));
+    }
+    if wr.sg_list.len() > cap.max_send_sge as usize {
+        return Err(VerbsError::Invalid("too many SGEs"));
+    }
+    let inline = wr.flags.contains(SendFlags::INLINE);
+    if inline && wr.inline_data.len() > cap.max_inline_data as usize {
+        return Err(VerbsError::Invalid("inline data above max_inline_data"));
+    }
+    match qp.ty {
+        QpType::Ud | QpType::Gsi => {
+            // SEND_WITH_INV is accepted and fails at execution (rxe quirk, facts §2.4).
+            if !wr.op.is_send() {
+                return Err(VerbsError::Invalid("UD QPs only send"));
+            }
+            if wr.ud.is_none() {
+                return Err(VerbsError::Invalid("UD send without a destination"));
+            }
+        }
+        QpType::Uc => {
+            if wr.op.is_read_or_atomic() {
+                return Err(VerbsError::Invalid("UC has no READ or atomics"));
+            }
+        }
+        QpType::Rc => {}
+    }
+    let len = wr.total_len();
+    if len > 0x8000_0000 {
+        return Err(VerbsError::Invalid("message above max_msg_sz"));
+    }
+    match wr.op {
+        SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => {
+            if len != 8 || remote.va % 8 != 0 {
+                return Err(VerbsError::Invalid("atomics need 8 bytes at an aligned address"));
+            }
+        }
+        SendOp::AtomicWrite { remote, .. } => {
+            if remote.va % 8 != 0 {
+                return Err(VerbsError::Invalid("ATOMIC_WRITE needs an aligned address"));
+            }
+        }
+        _ => {}
+    }
+    if !inline {
+        wr.inline_data.clear();
+    }
+    let len = match wr.op {
+        SendOp::AtomicWrite { .. } => 8,
+        SendOp::Flush { len, .. } => len,
+        SendOp::LocalInv(_) => 0,
+        _ => len as u32,
+    };
+    let qpn = qp.qpn;
+    if qp.state == QpState::Err {
+        let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, wr.op.wc_opcode(), qpn);
+        complete(ctx, qp.init.send_cq, wc, false);
+        return Ok(());
+    }
+    qp.sq.push_back(SendWqe {
+        wr,
+        len,
+        started: false,
+        first_psn: Psn::new(0),
+        last_psn: Psn::new(0),
+        npkts: 0,
+        next_psn: Psn::new(0),
+        sent_all: false,
+        holds_rd_atomic: false,
+        read_req_psn: Psn::new(0),
+        error: None,
+    });
+    super::device::schedule(qp, &mut ctx.ready);
+    Ok(())
+}
+
+/// Completes the head WQE of the SQ with `status` (the completer's `do_complete`). Errors are
+/// always reported; successes only when signaled.
+pub(crate) fn complete_head<M>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) -> bool {
+    let Some(w) = qp.sq.pop_front() else {
+        return true;
+    };
+    qp.req_index = qp.req_index.saturating_sub(1);
+    if w.holds_rd_atomic {
+        qp.rd_atomic_in_flight = qp.rd_atomic_in_flight.saturating_sub(1);
+    }
+    if status == WcStatus::Success && w.wr.op.is_send() {
+        ctx.counters.rdma_sends += 1;
+    }
+    let signaled = qp.init.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED);
+    if signaled || status != WcStatus::Success {
+        let mut wc = WorkCompletion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), qp.qpn);
+        wc.byte_len = if status == WcStatus::Success { w.len } else { 0 };
+        return complete(ctx, qp.init.send_cq, wc, false);
+    }
+    true
+}
+
+/// Completes the head with an error and moves the QP to ERR, flushing the rest.
+pub(crate) fn fail_head<M>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) {
+    complete_head(qp, ctx, status);
+    super::device::flush_qp(qp, ctx, false);
+    ctx.events.push_back(AsyncEvent::QpFatal { qpn: qp.qpn });
+}
+
+/// Go-back-N (rxe `req_retry`): resend from the oldest unacknowledged PSN. The head WQE
+/// skips the packets already acknowledged; a READ restarts at the first byte not received.
+fn go_back_n(qp: &mut Qp) {
+    qp.need_retry = false;
+    qp.req_psn = qp.comp_psn;
+    qp.req_index = 0;
+    qp.noack_pkts = 0;
+    qp.rd_atomic_in_flight = 0;
+    let comp = qp.comp_psn;
+    for w in qp.sq.iter_mut() {
+        if !w.started {
+            break;
+        }
+        let skip = comp.diff(w.first_psn).clamp(0, w.npkts as i32 - 1) as u32;
+        let multi = !w.wr.op.is_atomic() && !matches!(w.wr.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. });
+        w.next_psn = if multi { w.first_psn.add(skip) } else { w.first_psn };
+        w.sent_all = false;
+        w.holds_rd_atomic = false;
+    }
+}
+
+fn opcode_for(ty: QpType, op: &SendOp, first: bool, last: bool) -> Option<Opcode> {
+    let pick = |only: u8, f: u8, l: u8, m: u8| match (first, last) {
+        (true, true) => only,
+        (true, false) => f,
+        (false, true) => l,
+        (false, false) => m,
+    };
+    let rc = match op {
+        SendOp::Send => pick(0x04, 0x00, 0x02, 0x01),
+        SendOp::SendWithImm(_) => pick(0x05, 0x00, 0x03, 0x01),
+        SendOp::SendWithInv(_) => pick(0x17, 0x00, 0x16, 0x01),
+        SendOp::Write(_) => pick(0x0a, 0x06, 0x08, 0x07),
+        SendOp::WriteWithImm(..) => pick(0x0b, 0x06, 0x09, 0x07),
+        SendOp::Read(_) => 0x0c,
+        SendOp::CompareSwap { .. } => 0x13,
+        SendOp::FetchAdd { .. } => 0x14,
+        SendOp::Flush { .. } => 0x1c,
+        SendOp::AtomicWrite { .. } => 0x1d,
+        SendOp::LocalInv(_) => return None,
+    };
+    match ty {
+        QpType::Rc => Some(Opcode(rc)),
+        QpType::Uc => match op {
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..) => {
+                Some(Opcode(rc + 0x20))
+            }
+            _ => None,
+        },
+        QpType::Ud | QpType::Gsi => match op {
+            SendOp::Send => Some(Opcode::UD_SEND_ONLY),
+            SendOp::SendWithImm(_) => Some(Opcode::UD_SEND_ONLY_WITH_IMMEDIATE),
+            _ => None,
+        },
+    }
+}
+
+/// Builds the next request packet of `qp`, if the requester may send one now.
+pub(crate) fn poll_request<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Nanos,
+    buf: &mut [u8],
+) -> Option<Transmit> {
+    if !qp.state.sends() || qp.paced_until.is_some() {
+        return None;
+    }
+    if qp.ty == QpType::Rc {
+        if qp.rnr_wait_until.is_some() {
+            return None;
+        }
+        if qp.need_retry {
+            go_back_n(qp);
+        }
+    }
+    loop {
+        let idx = qp.req_index;
+        let w = qp.sq.get(idx)?;
+        if w.error.is_some() {
+            if idx == 0 {
+                let status = w.error.unwrap_or(WcStatus::GeneralErr);
+                fail_head(qp, ctx, status);
+            }
+            return None;
+        }
+        if let SendOp::LocalInv(key) = w.wr.op {
+            // Local operations wait for everything before them (a mandatory fence, facts §2.4).
+            if idx != 0 {
+                return None;
+            }
+            if ctx.invalidate(qp.init.pd, key) {
+                complete_head(qp, ctx, WcStatus::Success);
+                continue;
+            }
+            fail_head(qp, ctx, WcStatus::MwBindErr);
+            return None;
+        }
+        if !w.started && qp.state == QpState::Sqd {
+            // SQD finishes what was started and takes nothing new.
+            return None;
+        }
+        if w.wr.flags.contains(SendFlags::FENCE)
+            && qp.sq.iter().take(idx).any(|p| p.wr.op.is_read_or_atomic())
+        {
+            return None;
+        }
+        break;
+    }
+    let idx = qp.req_index;
+    let ty = qp.ty;
+    let mtu = qp.mtu();
+    let max_rd = u32::from(qp.attr.max_rd_atomic).max(1);
+    let (rd_in_flight, req_psn, comp_psn) = (qp.rd_atomic_in_flight, qp.req_psn, qp.comp_psn);
+    let w = qp.sq.get_mut(idx)?;
+    if ty == QpType::Rc {
+        if w.wr.op.is_read_or_atomic() && !w.holds_rd_atomic && rd_in_flight >= max_rd {
+            return None;
+        }
+        if req_psn.diff(comp_psn) >= MAX_UNACKED_PSNS {
+            return None;
+        }
+    }
+    if !w.started {
+        w.started = true;
+        w.first_psn = req_psn;
+        w.npkts = if w.wr.op.is_read_or_atomic() && !matches!(w.wr.op, SendOp::Read(_)) {
+            1
+        } else {
+            super::qp::npkts(w.len, qp.attr.path_mtu)
+        };
+        w.last_psn = req_psn.add(w.npkts - 1);
+        w.next_psn = req_psn;
+    }
+    let psn = w.next_psn;
+    let index = psn.diff(w.first_psn).max(0) as u32;
+    let offset = u64::from(index) * u64::from(mtu);
+    let qpn = qp.qpn;
+
+    // UD: the path is the AH's; a message above the MTU is silently not sent yet completes
+    // with success (IBTA C10-93.1.1, rxe).
+    let (av, dest_qpn, deth) = match (ty, w.wr.ud) {
+        (QpType::Ud | QpType::Gsi, Some(ud)) => {
+            let Some(ah) = ctx.ahs.get(&ud.ah).copied() else {
+                w.error = Some(WcStatus::LocQpOpErr);
+                return poll_request(qp, ctx, now, buf);
+            };
+            let qkey = if ty == QpType::Gsi {
+                crate::types::Qkey::GSI
+            } else {
+                ud.remote_qkey
+            };
+            (ah.av, ud.remote_qpn, Some(DethRepr { qkey, src_qpn: qpn }))
+        }
+        _ => match qp.attr.ah_attr {
+            Some(av) => (av, qp.attr.dest_qp_num, None),
+            None => return None,
+        },
+    };
+    if deth.is_some() && w.len > mtu {
+        w.sent_all = true;
+        complete_head(qp, ctx, WcStatus::Success);
+        return poll_request(qp, ctx, now, buf);
+    }
+
+    let first = index == 0;
+    let (last, payload_len) = match w.wr.op {
+        SendOp::Read(_) | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::Flush { .. } => {
+            (true, 0)
+        }
+        SendOp::AtomicWrite { .. } => (true, 8),
+        _ => {
+            let rem = u64::from(w.len) - offset.min(u64::from(w.len));
+            (rem <= u64::from(mtu), rem.min(u64::from(mtu)) as usize)
+        }
+    };
+    let Some(opcode) = opcode_for(ty, &w.wr.op, first, last) else {
+        // e.g. SEND_WITH_INV on UD/UC: accepted at post time, fails here (facts §2.4).
+        w.error = Some(WcStatus::LocQpOpErr);
+        return poll_request(qp, ctx, now, buf);
+    };
+    let is_read_atomic = ty == QpType::Rc && w.wr.op.is_read_or_atomic();
+    let mut ack_req = false;
+    if ty == QpType::Rc {
+        qp.noack_pkts += 1;
+        if last || qp.noack_pkts > MAX_PKT_PER_ACK || is_read_atomic {
+            ack_req = true;
+        }
+    }
+    let w = qp.sq.get_mut(idx)?;
+    let solicited = last
+        && w.wr.flags.contains(SendFlags::SOLICITED)
+        && matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) | SendOp::WriteWithImm(..));
+    let mut t = TransportRepr::new(BthRepr {
+        opcode,
+        solicited,
+        mig_req: false,
+        pkey: DEFAULT_PKEY,
+        fecn: false,
+        becn: false,
+        dest_qpn,
+        ack_req,
+        psn,
+    });
+    t.payload_len = payload_len;
+    t.deth = deth;
+    match w.wr.op {
+        SendOp::SendWithImm(imm) if last => t.imm = Some(imm),
+        SendOp::WriteWithImm(_, imm) if last => t.imm = Some(imm),
+        SendOp::SendWithInv(k) if last => t.ieth = Some(k),
+        _ => {}
+    }
+    match w.wr.op {
+        SendOp::Write(r) | SendOp::WriteWithImm(r, _) if first => {
+            t.reth = Some(RethRepr { va: r.va, rkey: r.rkey, len: w.len });
+        }
+        SendOp::Read(r) => {
+            // A partial retry asks only for the bytes not yet received (facts §4.3).
+            t.reth = Some(RethRepr {
+                va: r.va.wrapping_add(offset),
+                rkey: r.rkey,
+                len: (u64::from(w.len) - offset.min(u64::from(w.len))) as u32,
+            });
+        }
+        SendOp::CompareSwap { remote, compare, swap } => {
+            t.atomic_eth = Some(AtomicEthRepr { va: remote.va, rkey: remote.rkey, swap_add: swap, compare });
+        }
+        SendOp::FetchAdd { remote, add } => {
+            t.atomic_eth = Some(AtomicEthRepr { va: remote.va, rkey: remote.rkey, swap_add: add, compare: 0 });
+        }
+        SendOp::AtomicWrite { remote, .. } => {
+            t.reth = Some(RethRepr { va: remote.va, rkey: remote.rkey, len: 8 });
+        }
+        SendOp::Flush { remote, len, placement } => {
+            t.feth = Some(FethRepr { selectivity: 0, placement });
+            t.reth = Some(RethRepr { va: remote.va, rkey: remote.rkey, len });
+        }
+        _ => {}
+    }
+    let Some(frame) = frame_for(ctx, qpn, &av, qp.src_port, t, true) else {
+        let w = qp.sq.get_mut(idx)?;
+        w.error = Some(WcStatus::LocQpOpErr);
+        return poll_request(qp, ctx, now, buf);
+    };
+    if let Some(at) = ctx.cc.pacing(qpn, now, frame.buffer_len()) {
+        if at > now {
+            qp.paced_until = Some(at);
+            qp.noack_pkts = qp.noack_pkts.saturating_sub(1);
+            return None;
+        }
+    }
+    let pd = qp.init.pd;
+    let w = qp.sq.get(idx)?;
+    let res = emit_frame(&frame, buf, |out| {
+        if let SendOp::AtomicWrite { value, .. } = w.wr.op {
+            out.copy_from_slice(&value.to_ne_bytes());
+            Ok(())
+        } else if w.wr.flags.contains(SendFlags::INLINE) {
+            let start = offset as usize;
+            out.copy_from_slice(&w.wr.inline_data[start..start + out.len()]);
+            Ok(())
+        } else {
+            ctx.gather(pd, &w.wr.sg_list, offset, out)
+        }
+    });
+    let tx = match res {
+        None => {
+            ctx.counters.send_err += 1;
+            return None;
+        }
+        Some(Err(status)) => {
+            let w = qp.sq.get_mut(idx)?;
+            w.error = Some(status);
+            return poll_request(qp, ctx, now, buf);
+        }
+        Some(Ok(tx)) => tx,
+    };
+    if ack_req {
+        qp.noack_pkts = 0;
+    }
+    ctx.cc.on_sent(qpn, now, tx.len);
+    let w = qp.sq.get_mut(idx)?;
+    let next = if matches!(w.wr.op, SendOp::Read(_)) {
+        w.last_psn.next()
+    } else {
+        psn.next()
+    };
+    w.next_psn = next;
+    if is_read_atomic {
+        w.holds_rd_atomic = true;
+        w.read_req_psn = psn;
+        qp.rd_atomic_in_flight += 1;
+    }
+    if last {
+        w.sent_all = true;
+        qp.req_index += 1;
+    }
+    // UD and UC do not consume PSN space with retries; they advance one per packet anyway.
+    qp.req_psn = next;
+    match ty {
+        QpType::Rc => {
+            if qp.retrans_deadline.is_none() {
+                qp.retrans_deadline = ack_timeout(qp.attr.timeout).map(|d| now + d);
+            }
+        }
+        _ => {
+            // UC and UD complete as soon as the last packet is out (no ACKs).
+            if last {
+                complete_head(qp, ctx, WcStatus::Success);
+            }
+        }
+    }
+    Some(tx)
+}

@@ -1,0 +1,141 @@
+//! The device's resources other than QPs: protection domains, memory regions, completion
+//! queues, shared receive queues and address handles (IBTA Vol. 1 §10.2, §10.6; rxe's pools).
+
+use super::qp_attr::AddressVector;
+use super::verbs::{Access, RecvWr, WorkCompletion};
+use std::collections::VecDeque;
+
+/// Generates the random part of keys. The device is seeded by its owner (the daemon from the
+/// OS's entropy, tests with a constant), because the engine reads no entropy itself.
+#[derive(Debug, Clone)]
+pub struct KeyGen(u64);
+
+impl KeyGen {
+    pub fn new(seed: u64) -> KeyGen {
+        KeyGen(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// SplitMix64: small, fast, and with a well-spread output for every seed.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A key in rxe's format: `(pool index << 8) | random 8 bits` (roce-rxe-facts.md §6.1).
+    /// The random byte makes a stale or guessed key fail with probability 255/256, as in rxe.
+    pub fn key(&mut self, index: u32) -> u32 {
+        (index << 8) | (self.next_u64() as u32 & 0xff)
+    }
+}
+
+/// A protection domain.
+#[derive(Debug, Clone, Default)]
+pub struct Pd {
+    /// MRs, MWs, AHs, QPs and SRQs that use it (destroy is refused while non-zero).
+    pub users: u32,
+}
+
+/// A memory region (`ibv_reg_mr`).
+#[derive(Debug, Clone)]
+pub struct Mr {
+    pub pd: u32,
+    pub addr: u64,
+    pub length: u64,
+    pub access: Access,
+    pub lkey: u32,
+    pub rkey: u32,
+    /// Cleared by LOCAL_INV or SEND_WITH_INV; a later access with the key fails.
+    pub valid: bool,
+}
+
+impl Mr {
+    /// `[va, va + len)` lies inside the region. A zero length is always inside (IBTA C9-88
+    /// lets RETH length 0 skip the checks; the callers skip them earlier).
+    pub fn contains(&self, va: u64, len: u64) -> bool {
+        va >= self.addr
+            && va
+                .checked_add(len)
+                .is_some_and(|end| end <= self.addr.saturating_add(self.length))
+    }
+}
+
+/// A completion queue.
+#[derive(Debug, Clone)]
+pub struct Cq {
+    pub capacity: usize,
+    pub entries: VecDeque<WorkCompletion>,
+    /// `ibv_req_notify_cq`: Some(solicited_only) while armed.
+    pub armed: Option<bool>,
+    /// Set on overflow: the CQ is in error and takes no more entries (IBTA §11.4.2.1).
+    pub overflowed: bool,
+    pub users: u32,
+}
+
+impl Cq {
+    pub fn new(capacity: usize) -> Cq {
+        Cq {
+            capacity,
+            entries: VecDeque::new(),
+            armed: None,
+            overflowed: false,
+            users: 0,
+        }
+    }
+}
+
+/// A shared receive queue.
+#[derive(Debug, Clone)]
+pub struct Srq {
+    pub pd: u32,
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub queue: VecDeque<RecvWr>,
+    /// Armed limit (`ibv_modify_srq` with SRQ_LIMIT); 0 = not armed. Fires once, then disarms.
+    pub limit: u32,
+    pub users: u32,
+}
+
+/// An address handle (`ibv_create_ah`).
+#[derive(Debug, Clone, Copy)]
+pub struct Ah {
+    pub pd: u32,
+    pub av: AddressVector,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_carry_the_index_and_differ_across_seeds() {
+        let mut a = KeyGen::new(1);
+        let mut b = KeyGen::new(2);
+        let ka: Vec<u32> = (1..50).map(|i| a.key(i)).collect();
+        let kb: Vec<u32> = (1..50).map(|i| b.key(i)).collect();
+        for (i, k) in ka.iter().enumerate() {
+            assert_eq!(k >> 8, i as u32 + 1);
+        }
+        assert_ne!(ka, kb);
+    }
+
+    #[test]
+    fn mr_bounds() {
+        let mr = Mr {
+            pd: 1,
+            addr: 0x1000,
+            length: 0x100,
+            access: Access::LOCAL_WRITE,
+            lkey: 0x101,
+            rkey: 0x101,
+            valid: true,
+        };
+        assert!(mr.contains(0x1000, 0x100));
+        assert!(mr.contains(0x10ff, 1));
+        assert!(!mr.contains(0x10ff, 2));
+        assert!(!mr.contains(0xfff, 1));
+        assert!(!mr.contains(u64::MAX, 2));
+    }
+}

@@ -1,0 +1,552 @@
+//! The responder (rxe `rxe_resp.c`): checks each request's PSN, opcode sequence, access,
+//! resources, length and R_Key, executes it, and queues the answer: ACKs (only for AckReq),
+//! NAKs, read responses, atomic ACKs. Duplicates are answered from the replay resources,
+//! never executed twice (IBTA §9.7.5.1).
+
+use super::device::{complete, emit_frame, flush_qp, frame_for, schedule, Ctx, RxPacket, Transmit};
+use super::memory::MemoryAccess;
+use super::qp::{npkts, InMessage, Qp, Resource, ResourceKind, RespOut};
+use super::qp_attr::QpType;
+use super::timers::Nanos;
+use super::verbs::*;
+use crate::types::{Psn, Qpn};
+use crate::wire::bth::DEFAULT_PKEY;
+use crate::wire::{AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, OpInfo, Opcode, TransportRepr};
+
+/// Why a request is not executed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fail {
+    /// No receive WQE: RNR NAK on RC, drop on UC.
+    Rnr,
+    /// A class B/C/D error: NAK with this code on RC (the receive WQE in use, if any,
+    /// completes with the status), drop on UC.
+    Nak(NakCode, WcStatus),
+}
+
+fn queue(qp: &mut Qp, ctx_ready: &mut std::collections::VecDeque<Qpn>, out: RespOut) {
+    // ACK coalescing: a newer plain ACK supersedes one not yet sent (it acknowledges more).
+    if let RespOut::Ack { syndrome: AethSyndrome::Ack { .. }, .. } = out {
+        if let Some(RespOut::Ack { syndrome: AethSyndrome::Ack { .. }, .. }) = qp.resp_out.back() {
+            qp.resp_out.pop_back();
+        }
+    }
+    qp.resp_out.push_back(out);
+    schedule(qp, ctx_ready);
+}
+
+fn ack(qp: &mut Qp, ctx: &mut std::collections::VecDeque<Qpn>, syndrome: AethSyndrome, psn: Psn) {
+    let msn = qp.msn;
+    queue(qp, ctx, RespOut::Ack { syndrome, psn, msn });
+}
+
+fn has_recv<M>(qp: &Qp, ctx: &Ctx<M>) -> bool {
+    match qp.init.srq {
+        Some(s) => ctx.srqs.get(&s).is_some_and(|s| !s.queue.is_empty()),
+        None => !qp.rq.is_empty(),
+    }
+}
+
+/// Takes the next receive WQE, from the SRQ if the QP has one (raising the SRQ limit event
+/// when it falls below the armed limit, IBTA §10.2.9.4).
+fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>) -> Option<(RecvWr, bool)> {
+    match qp.init.srq {
+        Some(id) => {
+            let s = ctx.srqs.get_mut(&id)?;
+            let wr = s.queue.pop_front()?;
+            if s.limit > 0 && (s.queue.len() as u32) < s.limit {
+                s.limit = 0;
+                ctx.events.push_back(AsyncEvent::SrqLimitReached { srq: id });
+            }
+            Some((wr, true))
+        }
+        None => qp.rq.pop_front().map(|w| (w, false)),
+    }
+}
+
+/// Puts back a receive WQE a UC message abandoned half way (it was never completed).
+fn return_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>, wr: RecvWr, from_srq: bool) {
+    match (from_srq, qp.init.srq) {
+        (true, Some(id)) => {
+            if let Some(s) = ctx.srqs.get_mut(&id) {
+                s.queue.push_front(wr);
+            }
+        }
+        _ => qp.rq.push_front(wr),
+    }
+}
+
+fn abandon_message<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
+    if let Some(m) = qp.in_msg.take() {
+        if let Some(r) = m.recv {
+            return_recv(qp, ctx, r, m.recv_from_srq);
+        }
+    }
+}
+
+fn recv_complete<M>(qp: &mut Qp, ctx: &mut Ctx<M>, wc: WorkCompletion, solicited: bool) {
+    if wc.status == WcStatus::Success {
+        ctx.counters.rdma_recvs += 1;
+    }
+    if !complete(ctx, qp.init.recv_cq, wc, solicited) {
+        // CQ overflow: the QP goes to ERR (rxe class G).
+        flush_qp(qp, ctx, false);
+        ctx.events.push_back(AsyncEvent::QpFatal { qpn: qp.qpn });
+    }
+}
+
+/// An RC or UC request.
+pub(crate) fn on_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, _now: Nanos, rx: &RxPacket<'_>) {
+    if !qp.state.receives() {
+        return;
+    }
+    let psn = rx.t.bth.psn;
+    let Some(info) = rx.t.bth.opcode.info() else { return };
+    if qp.ty == QpType::Uc {
+        if psn != qp.resp_psn {
+            // UC: a lost packet drops the rest of its message; resynchronise on the next
+            // packet that starts one (IBTA §9.7.6.1.1, facts §2.2).
+            abandon_message(qp, ctx);
+            if !info.has(OpInfo::START) {
+                qp.resp_psn = psn.next();
+                return;
+            }
+        }
+        qp.resp_psn = psn.next();
+        if execute(qp, ctx, rx, info).is_err() {
+            abandon_message(qp, ctx);
+        }
+        return;
+    }
+
+    let d = psn.diff(qp.resp_psn);
+    if d > 0 {
+        // A gap: NAK once with the expected PSN, then drop silently until it arrives.
+        if !qp.sent_psn_nak {
+            qp.sent_psn_nak = true;
+            ctx.counters.out_of_seq_request += 1;
+            let epsn = qp.resp_psn;
+            ack(qp, &mut ctx.ready, AethSyndrome::Nak(NakCode::PsnSequenceError), epsn);
+        }
+        return;
+    }
+    if d < 0 {
+        ctx.counters.duplicate_request += 1;
+        duplicate(qp, ctx, rx, info);
+        return;
+    }
+    qp.sent_psn_nak = false;
+    match execute(qp, ctx, rx, info) {
+        Ok(()) => {}
+        Err(Fail::Rnr) => {
+            // Nothing consumed: the requester retries this PSN after the RNR timer.
+            ctx.counters.send_rnr_err += 1;
+            let timer = qp.attr.min_rnr_timer;
+            ack(qp, &mut ctx.ready, AethSyndrome::RnrNak { timer }, psn);
+        }
+        Err(Fail::Nak(code, status)) => {
+            // Class C/J errors: NAK, report on the receive WQE in use, QP to ERR.
+            ack(qp, &mut ctx.ready, AethSyndrome::Nak(code), psn);
+            if let Some(m) = qp.in_msg.take() {
+                if let Some(r) = m.recv {
+                    let wc = WorkCompletion::new(r.wr_id, status, WcOpcode::Recv, qp.qpn);
+                    recv_complete(qp, ctx, wc, false);
+                }
+            }
+            flush_qp(qp, ctx, false);
+            let ev = if code == NakCode::RemoteAccessError {
+                AsyncEvent::QpAccessError { qpn: qp.qpn }
+            } else {
+                AsyncEvent::QpRequestError { qpn: qp.qpn }
+            };
+            ctx.events.push_back(ev);
+        }
+    }
+}
+
+/// A request with a PSN before the expected one (IBTA §9.7.5.1.5, facts §4.5).
+fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, info: &OpInfo) {
+    let psn = rx.t.bth.psn;
+    if info.has(OpInfo::SEND) || info.has(OpInfo::WRITE) {
+        // Not executed again: ACK the last PSN executed (C9-105).
+        let last = qp.resp_psn.sub(1);
+        ack(qp, &mut ctx.ready, AethSyndrome::ACK, last);
+        return;
+    }
+    let Some(res) = qp.find_resource(psn) else {
+        return; // class D: silently dropped
+    };
+    let msn = qp.msn;
+    match (res.kind, rx.t.reth, rx.t.bth.opcode) {
+        (ResourceKind::Read { va, rkey, len }, Some(reth), Opcode::RC_RDMA_READ_REQUEST) => {
+            let inside = reth.rkey == rkey
+                && reth.va >= va
+                && reth.va.checked_add(u64::from(reth.len)).is_some_and(|e| e <= va + u64::from(len));
+            if !inside {
+                return; // rxe drops a duplicate READ with other parameters
+            }
+            queue(
+                qp,
+                &mut ctx.ready,
+                RespOut::Read { psn, va: reth.va, rkey, remaining: reth.len, first: true, msn },
+            );
+        }
+        (ResourceKind::Atomic { orig }, _, _) if res.first_psn == psn => {
+            queue(qp, &mut ctx.ready, RespOut::AtomicAck { psn, orig, msn });
+        }
+        (ResourceKind::EmptyRead, _, _) if res.first_psn == psn => {
+            queue(qp, &mut ctx.ready, RespOut::EmptyRead { psn, msn });
+        }
+        _ => {}
+    }
+}
+
+fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, info: &OpInfo) -> Result<(), Fail> {
+    let t = &rx.t;
+    let psn = t.bth.psn;
+    let inv_req = Fail::Nak(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
+    let access_err = Fail::Nak(NakCode::RemoteAccessError, WcStatus::RemAccessErr);
+    let starts = info.has(OpInfo::START);
+    let ends = info.has(OpInfo::END);
+    let is_send = info.has(OpInfo::SEND);
+    let is_write = info.has(OpInfo::WRITE);
+
+    // Opcode sequence (rxe check_op_seq): inside a message only its MIDDLE/LAST may come.
+    match &qp.in_msg {
+        Some(m) => {
+            if starts || !(is_send || is_write) || m.is_send != is_send {
+                return Err(inv_req);
+            }
+        }
+        None => {
+            if !starts {
+                return Err(inv_req);
+            }
+        }
+    }
+    // Operation allowed by the QP's access flags (rxe check_op_valid).
+    let acc = qp.attr.qp_access_flags;
+    let allowed = if is_write || info.has(OpInfo::ATOMIC_WRITE) {
+        acc.contains(Access::REMOTE_WRITE)
+    } else if info.has(OpInfo::READ) {
+        acc.contains(Access::REMOTE_READ)
+    } else if info.has(OpInfo::ATOMIC) {
+        acc.contains(Access::REMOTE_ATOMIC)
+    } else {
+        true
+    };
+    if !allowed {
+        return Err(inv_req);
+    }
+    // Resources (rxe check_resource).
+    let needs_recv = info.has(OpInfo::RWR) || (is_send && starts);
+    let have_recv = qp.in_msg.as_ref().is_some_and(|m| m.recv.is_some());
+    if needs_recv && !have_recv && !has_recv(qp, ctx) {
+        return Err(Fail::Rnr);
+    }
+    let rd_atomic = info.has(OpInfo::READ) || info.has(OpInfo::ATOMIC) || info.has(OpInfo::ATOMIC_WRITE) || info.has(OpInfo::FLUSH);
+    if rd_atomic && qp.attr.max_dest_rd_atomic == 0 {
+        return Err(inv_req);
+    }
+    // Lengths (rxe check_length): FIRST/MIDDLE exactly one MTU, nothing above an MTU.
+    let mtu = qp.mtu() as usize;
+    let plen = rx.payload.len();
+    if plen > mtu || (!ends && plen != mtu && (is_send || is_write)) {
+        return Err(inv_req);
+    }
+    let pd = qp.init.pd;
+
+    if is_send {
+        if starts {
+            let (recv, from_srq) = take_recv(qp, ctx).ok_or(Fail::Rnr)?;
+            qp.in_msg = Some(InMessage { is_send: true, recv: Some(recv), recv_from_srq: from_srq, offset: 0, va: 0, resid: 0 });
+        }
+        let m = qp.in_msg.as_mut().ok_or(inv_req)?;
+        let recv = m.recv.as_ref().ok_or(inv_req)?;
+        let offset = m.offset;
+        let sges = recv.sg_list.clone();
+        match ctx.scatter(pd, &sges, u64::from(offset), rx.payload) {
+            Ok(()) => {}
+            Err(WcStatus::LocLenErr) => return Err(Fail::Nak(NakCode::InvalidRequest, WcStatus::LocLenErr)),
+            Err(s) => return Err(Fail::Nak(NakCode::RemoteOperationalError, s)),
+        }
+        let m = qp.in_msg.as_mut().ok_or(inv_req)?;
+        m.offset += plen as u32;
+        if ends {
+            let m = qp.in_msg.take().ok_or(inv_req)?;
+            let recv = m.recv.ok_or(inv_req)?;
+            let mut wc = WorkCompletion::new(recv.wr_id, WcStatus::Success, WcOpcode::Recv, qp.qpn);
+            wc.byte_len = m.offset;
+            wc.src_qp = qp.attr.dest_qp_num;
+            wc.solicited = t.bth.solicited;
+            if let Some(imm) = t.imm {
+                wc.imm_data = imm;
+                wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
+            }
+            if let Some(key) = t.ieth {
+                if !ctx.invalidate(pd, key) {
+                    // Class J: the bad R_Key fails the receive; the QP goes to ERR.
+                    qp.in_msg = Some(InMessage { recv: Some(recv), ..m });
+                    return Err(inv_req);
+                }
+                wc.invalidated_rkey = key.0;
+                wc.wc_flags.0 |= WcFlags::WITH_INV.0;
+            }
+            qp.msn = (qp.msn + 1) & 0xff_ffff;
+            recv_complete(qp, ctx, wc, t.bth.solicited);
+        }
+    } else if is_write {
+        if starts {
+            let reth = t.reth.ok_or(inv_req)?;
+            if reth.len > 0x8000_0000 {
+                return Err(inv_req);
+            }
+            if reth.len > 0 && !ctx.check_remote(pd, reth.rkey, reth.va, u64::from(reth.len), Access::REMOTE_WRITE) {
+                return Err(access_err);
+            }
+            qp.in_msg = Some(InMessage { is_send: false, recv: None, recv_from_srq: false, offset: 0, va: reth.va, resid: reth.len });
+        }
+        let m = qp.in_msg.as_mut().ok_or(inv_req)?;
+        if plen as u32 > m.resid || (ends && plen as u32 != m.resid) {
+            return Err(inv_req);
+        }
+        let at = m.va.wrapping_add(u64::from(m.offset));
+        if plen > 0 {
+            ctx.mem.write(at, rx.payload).map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
+        }
+        let m = qp.in_msg.as_mut().ok_or(inv_req)?;
+        m.offset += plen as u32;
+        m.resid -= plen as u32;
+        if ends {
+            let m = qp.in_msg.take().ok_or(inv_req)?;
+            qp.msn = (qp.msn + 1) & 0xff_ffff;
+            if info.has(OpInfo::RWR) {
+                let (recv, _) = take_recv(qp, ctx).ok_or(Fail::Rnr)?;
+                let mut wc = WorkCompletion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, qp.qpn);
+                wc.byte_len = m.offset;
+                wc.src_qp = qp.attr.dest_qp_num;
+                wc.imm_data = t.imm.unwrap_or(0);
+                wc.wc_flags = WcFlags::WITH_IMM;
+                wc.solicited = t.bth.solicited;
+                recv_complete(qp, ctx, wc, t.bth.solicited);
+            }
+        }
+    } else if info.has(OpInfo::READ) {
+        let reth = t.reth.ok_or(inv_req)?;
+        if reth.len > 0x8000_0000 {
+            return Err(inv_req);
+        }
+        if reth.len > 0 && !ctx.check_remote(pd, reth.rkey, reth.va, u64::from(reth.len), Access::REMOTE_READ) {
+            return Err(access_err);
+        }
+        // A read consumes one PSN per response packet (facts §4.1).
+        let n = npkts(reth.len, qp.attr.path_mtu);
+        qp.push_resource(Resource {
+            kind: ResourceKind::Read { va: reth.va, rkey: reth.rkey, len: reth.len },
+            first_psn: psn,
+            last_psn: psn.add(n - 1),
+        });
+        qp.msn = (qp.msn + 1) & 0xff_ffff;
+        qp.resp_psn = psn.add(n);
+        let msn = qp.msn;
+        queue(qp, &mut ctx.ready, RespOut::Read { psn, va: reth.va, rkey: reth.rkey, remaining: reth.len, first: true, msn });
+        return Ok(());
+    } else if info.has(OpInfo::ATOMIC) {
+        let a = t.atomic_eth.ok_or(inv_req)?;
+        if a.va % 8 != 0 {
+            return Err(inv_req);
+        }
+        if !ctx.check_remote(pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
+            return Err(access_err);
+        }
+        let r = if t.bth.opcode == Opcode::RC_COMPARE_SWAP {
+            ctx.mem.compare_swap(a.va, a.compare, a.swap_add)
+        } else {
+            ctx.mem.fetch_add(a.va, a.swap_add)
+        };
+        let orig = r.map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
+        qp.push_resource(Resource { kind: ResourceKind::Atomic { orig }, first_psn: psn, last_psn: psn });
+        qp.msn = (qp.msn + 1) & 0xff_ffff;
+        let msn = qp.msn;
+        queue(qp, &mut ctx.ready, RespOut::AtomicAck { psn, orig, msn });
+    } else if info.has(OpInfo::ATOMIC_WRITE) || info.has(OpInfo::FLUSH) {
+        let reth = t.reth.ok_or(inv_req)?;
+        if info.has(OpInfo::ATOMIC_WRITE) {
+            if reth.va % 8 != 0 {
+                return Err(inv_req);
+            }
+            if !ctx.check_remote(pd, reth.rkey, reth.va, 8, Access::REMOTE_WRITE) {
+                return Err(access_err);
+            }
+            ctx.mem.write(reth.va, rx.payload).map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
+        } else if reth.len > 0 && !ctx.check_remote(pd, reth.rkey, reth.va, u64::from(reth.len), Access::NONE) {
+            return Err(access_err);
+        }
+        qp.push_resource(Resource { kind: ResourceKind::EmptyRead, first_psn: psn, last_psn: psn });
+        qp.msn = (qp.msn + 1) & 0xff_ffff;
+        let msn = qp.msn;
+        queue(qp, &mut ctx.ready, RespOut::EmptyRead { psn, msn });
+    } else {
+        return Err(inv_req);
+    }
+    if qp.ty == QpType::Rc {
+        qp.resp_psn = psn.next();
+        if t.bth.ack_req && (is_send || is_write) {
+            ack(qp, &mut ctx.ready, AethSyndrome::ACK, psn);
+        }
+    }
+    Ok(())
+}
+
+/// A UD request: Q_Key check, one receive WQE, the 40-byte GRH area, then the payload
+/// (IBTA §11.4.1.1, facts §0.19).
+pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>) {
+    if !qp.state.receives() {
+        return;
+    }
+    let Some(deth) = rx.t.deth else { return };
+    if deth.qkey != qp.attr.qkey {
+        ctx.counters.qkey_violation();
+        return;
+    }
+    let cap: u64 = match qp.init.srq {
+        Some(_) | None => 0,
+    };
+    let _ = cap;
+    let Some((recv, _)) = take_recv(qp, ctx) else {
+        return; // UD drops when no receive WQE is posted
+    };
+    let mut grh = [0u8; 40];
+    if rx.net_header.len() == 20 {
+        // IPv4: the header sits in the last 20 bytes, the first 20 are zero (rxe).
+        grh[20..].copy_from_slice(rx.net_header);
+    } else if rx.net_header.len() == 40 {
+        grh.copy_from_slice(rx.net_header);
+    }
+    let pd = qp.init.pd;
+    let mut status = ctx.scatter(pd, &recv.sg_list, 0, &grh).and_then(|_| ctx.scatter(pd, &recv.sg_list, 40, rx.payload));
+    if status == Err(WcStatus::LocLenErr) {
+        status = Err(WcStatus::LocLenErr);
+    }
+    let mut wc = WorkCompletion::new(recv.wr_id, status.err().unwrap_or(WcStatus::Success), WcOpcode::Recv, qp.qpn);
+    if wc.status == WcStatus::Success {
+        wc.byte_len = 40 + rx.payload.len() as u32;
+        wc.src_qp = deth.src_qpn;
+        wc.wc_flags = WcFlags::GRH;
+        if let Some(imm) = rx.t.imm {
+            wc.imm_data = imm;
+            wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
+        }
+        wc.solicited = rx.t.bth.solicited;
+    }
+    let solicited = wc.solicited;
+    recv_complete(qp, ctx, wc, solicited);
+}
+
+/// Builds the next packet the responder owes (or a CNP), if any.
+pub(crate) fn poll_response<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, buf: &mut [u8]) -> Option<Transmit> {
+    loop {
+        let item = *qp.resp_out.front()?;
+        let Some(av) = qp.attr.ah_attr else {
+            qp.resp_out.clear();
+            return None;
+        };
+        let bth = |opcode: Opcode, psn: Psn| BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pkey: DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qpn: qp.attr.dest_qp_num,
+            ack_req: false,
+            psn,
+        };
+        let aeth = |syndrome: AethSyndrome, msn: u32| Some(AethRepr { syndrome, msn });
+        let (t, read) = match item {
+            RespOut::Ack { syndrome, psn, msn } => {
+                let mut t = TransportRepr::new(bth(Opcode::RC_ACKNOWLEDGE, psn));
+                t.aeth = aeth(syndrome, msn);
+                (t, None)
+            }
+            RespOut::AtomicAck { psn, orig, msn } => {
+                let mut t = TransportRepr::new(bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, psn));
+                t.aeth = aeth(AethSyndrome::ACK, msn);
+                t.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
+                (t, None)
+            }
+            RespOut::EmptyRead { psn, msn } => {
+                let mut t = TransportRepr::new(bth(Opcode::RC_RDMA_READ_RESPONSE_ONLY, psn));
+                t.aeth = aeth(AethSyndrome::ACK, msn);
+                (t, None)
+            }
+            RespOut::Cnp => {
+                let mut b = bth(Opcode::CNP, Psn::new(0));
+                b.becn = true;
+                (TransportRepr::new(b), None)
+            }
+            RespOut::Read { psn, va, rkey, remaining, first, msn } => {
+                let plen = remaining.min(qp.mtu());
+                let last = plen == remaining;
+                let opcode = match (first, last) {
+                    (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                    (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                    (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                    (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                };
+                let mut t = TransportRepr::new(bth(opcode, psn));
+                if first || last {
+                    t.aeth = aeth(AethSyndrome::ACK, msn);
+                }
+                t.payload_len = plen as usize;
+                (t, Some((va, rkey, plen, last)))
+            }
+        };
+        let frame = frame_for(ctx, qp.qpn, &av, qp.src_port, t, read.is_some())?;
+        let pd = qp.init.pd;
+        let res = emit_frame(&frame, buf, |out| match read {
+            Some((va, rkey, plen, _)) if plen > 0 => {
+                // The MR is validated again for each packet: it may have been invalidated
+                // since the request (and replays re-check it, facts §4.5).
+                if !ctx.check_remote(pd, rkey, va, u64::from(plen), Access::REMOTE_READ) {
+                    return Err(());
+                }
+                ctx.mem.read(va, out).map_err(|_| ())
+            }
+            _ => Ok(()),
+        });
+        match res {
+            None => {
+                ctx.counters.send_err += 1;
+                qp.resp_out.pop_front();
+                return None;
+            }
+            Some(Err(())) => {
+                if let Some(RespOut::Read { psn, msn, .. }) = qp.resp_out.pop_front() {
+                    qp.resp_out.push_front(RespOut::Ack {
+                        syndrome: AethSyndrome::Nak(NakCode::RemoteAccessError),
+                        psn,
+                        msn,
+                    });
+                }
+                continue;
+            }
+            Some(Ok(tx)) => {
+                if matches!(item, RespOut::Cnp) {
+                    ctx.counters.cnp_sent += 1;
+                }
+                match (qp.resp_out.front_mut(), read) {
+                    (Some(RespOut::Read { psn, va, remaining, first, .. }), Some((_, _, plen, false))) => {
+                        *psn = psn.next();
+                        *va = va.wrapping_add(u64::from(plen));
+                        *remaining -= plen;
+                        *first = false;
+                    }
+                    _ => {
+                        qp.resp_out.pop_front();
+                    }
+                }
+                return Some(tx);
+            }
+        }
+    }
+}
