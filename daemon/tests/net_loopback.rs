@@ -377,3 +377,51 @@ fn wildcard_sockets_use_packet_info_both_ways() {
         assert_eq!(b.counters().rx_bad_icrc, 0);
     }
 }
+
+/// A blocking poll returns when the wake descriptor (the daemon's doorbell) is written, on
+/// both drivers, well before its timeout.
+#[test]
+fn a_write_to_the_wake_fd_ends_a_blocking_poll() {
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+    use std::os::fd::AsRawFd;
+    for backend in [BackendChoice::IoUring, BackendChoice::Syscalls] {
+        let mut t = UdpTransport::open(&NetConfig { backend, ..cfg() }).unwrap();
+        let efd = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .unwrap();
+        t.set_wake_fd(efd.as_raw_fd());
+        // Nothing pending: a short poll times out.
+        let start = std::time::Instant::now();
+        t.poll(Some(Duration::from_millis(50)), &mut |_: &RxDatagram<
+            '_,
+        >| {})
+            .unwrap();
+        assert!(
+            start.elapsed() >= Duration::from_millis(40),
+            "{backend:?} returned early"
+        );
+        for round in 0..3 {
+            let writer = {
+                let fd = efd.as_raw_fd();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(30));
+                    // SAFETY: fd stays open until the thread is joined below.
+                    let one = 1u64.to_ne_bytes();
+                    unsafe { libc::write(fd, one.as_ptr().cast(), 8) };
+                })
+            };
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_secs(5) {
+                t.poll(Some(Duration::from_secs(10)), &mut |_: &RxDatagram<'_>| {})
+                    .unwrap();
+                if efd.read().is_ok() {
+                    break;
+                }
+            }
+            writer.join().unwrap();
+            assert!(
+                start.elapsed() < Duration::from_secs(2),
+                "{backend:?} round {round}: the wake fd did not end the poll"
+            );
+        }
+    }
+}

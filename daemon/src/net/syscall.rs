@@ -22,6 +22,8 @@ pub(crate) struct SyscallDriver {
     rx_msgs: Box<[libc::mmsghdr]>,
     tx_pending: Vec<u32>,
     tx_msgs: Box<[libc::mmsghdr]>,
+    /// A descriptor whose readability also ends a blocking poll.
+    pub wake: Option<RawFd>,
 }
 
 fn zeroed_mmsg(n: usize) -> Box<[libc::mmsghdr]> {
@@ -48,6 +50,7 @@ impl SyscallDriver {
             rx_msgs: zeroed_mmsg(rx),
             tx_pending: Vec::with_capacity(batch),
             tx_msgs: zeroed_mmsg(batch),
+            wake: None,
         }
     }
 
@@ -222,13 +225,14 @@ impl SyscallDriver {
             fd: -1,
             events: libc::POLLIN,
             revents: 0,
-        }; 2];
+        }; 3];
         for (p, fd) in pfds.iter_mut().zip(fds) {
             p.fd = fd.unwrap_or(-1);
         }
+        pfds[2].fd = self.wake.unwrap_or(-1);
         let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as libc::c_int);
-        // SAFETY: pfds is a valid array of 2 pollfds; negative fds are ignored by poll(2).
-        let r = unsafe { libc::poll(pfds.as_mut_ptr(), 2, ms) };
+        // SAFETY: pfds is a valid array of 3 pollfds; negative fds are ignored by poll(2).
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), 3, ms) };
         if r > 0 {
             delivered += self.recv_all(rx, locals, fds, on_rx)?.1;
         }

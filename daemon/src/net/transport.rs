@@ -669,6 +669,15 @@ impl UdpTransport {
         }
     }
 
+    /// Makes a blocking [`UdpTransport::poll`] also return when `fd` becomes readable (the
+    /// daemon's doorbell eventfd). The caller drains `fd` and keeps it open.
+    pub fn set_wake_fd(&mut self, fd: RawFd) {
+        match &mut self.driver {
+            Driver::Uring(d) => d.set_wake_fd(fd),
+            Driver::Syscalls(d) => d.wake = Some(fd),
+        }
+    }
+
     /// Sends still in flight (queued or submitted, not completed).
     pub fn tx_in_flight(&self) -> usize {
         self.tx.slots.len() - self.tx.free.len()

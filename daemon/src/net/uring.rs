@@ -21,6 +21,8 @@ const TAG_SHIFT: u32 = 32;
 const TAG_RECV: u64 = 1 << TAG_SHIFT;
 const TAG_SEND: u64 = 2 << TAG_SHIFT;
 const TAG_CANCEL: u64 = 3 << TAG_SHIFT;
+/// A one-shot poll on the wake descriptor (see [`UringDriver::set_wake_fd`]).
+const TAG_WAKE: u64 = 4 << TAG_SHIFT;
 /// Buffer group id of the receive ring (one group serves both sockets).
 const BGID: u16 = 0x5152;
 /// Size of `struct io_uring_recvmsg_out`, which starts every multishot receive buffer.
@@ -111,6 +113,10 @@ pub(crate) struct UringDriver {
     /// lengths matter to the kernel; they fix the layout of every receive buffer.
     recv_msg: Box<[libc::msghdr; 2]>,
     armed: [bool; 2],
+    /// A descriptor whose readability ends a blocking poll (the daemon's doorbell eventfd),
+    /// and whether a poll request on it is in flight.
+    wake: Option<RawFd>,
+    wake_armed: bool,
     stash: VecDeque<StashedCqe>,
     /// SQEs pushed but not yet submitted.
     unsubmitted: usize,
@@ -156,6 +162,8 @@ impl UringDriver {
             bufs,
             recv_msg,
             armed: [false; 2],
+            wake: None,
+            wake_armed: false,
             stash: VecDeque::with_capacity(entries as usize * 2 + 16),
             unsubmitted: 0,
         };
@@ -192,8 +200,21 @@ impl UringDriver {
         }
     }
 
-    /// (Re)starts the multishot receive of every socket that has none running.
+    /// Makes a blocking poll also return when `fd` becomes readable. The caller drains `fd`.
+    pub fn set_wake_fd(&mut self, fd: RawFd) {
+        self.wake = Some(fd);
+    }
+
+    /// (Re)starts the multishot receive of every socket that has none running, and the poll
+    /// on the wake descriptor.
     fn arm(&mut self, fds: [Option<RawFd>; 2]) -> io::Result<()> {
+        if let (Some(fd), false) = (self.wake, self.wake_armed) {
+            let sqe = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+                .build()
+                .user_data(TAG_WAKE);
+            self.push(&sqe)?;
+            self.wake_armed = true;
+        }
         for (i, fd) in fds.iter().enumerate() {
             if let (Some(fd), false) = (fd, self.armed[i]) {
                 let sqe = opcode::RecvMsgMulti::new(types::Fd(*fd), &self.recv_msg[i], BGID)
@@ -287,7 +308,7 @@ impl UringDriver {
             let ud = cqe.user_data();
             match ud & !0xffff_ffff {
                 TAG_SEND => complete_send(tx, counters, (ud & 0xffff_ffff) as u32, cqe.result()),
-                TAG_RECV => self.stash.push_back((ud, cqe.result(), cqe.flags())),
+                TAG_RECV | TAG_WAKE => self.stash.push_back((ud, cqe.result(), cqe.flags())),
                 _ => {}
             }
         }
@@ -369,6 +390,10 @@ impl UringDriver {
         self.arm(fds)?;
         let mut delivered = 0;
         while let Some(c) = self.stash.pop_front() {
+            if c.0 == TAG_WAKE {
+                self.wake_armed = false;
+                continue;
+            }
             delivered += Self::handle(
                 &mut self.bufs,
                 &self.recv_msg,
@@ -393,6 +418,10 @@ impl UringDriver {
             let (bufs, recv_msg, armed) = (&mut self.bufs, &self.recv_msg, &mut self.armed);
             for cqe in self.ring.completion() {
                 seen += 1;
+                if cqe.user_data() == TAG_WAKE {
+                    self.wake_armed = false;
+                    continue;
+                }
                 delivered += Self::handle(
                     bufs,
                     recv_msg,
