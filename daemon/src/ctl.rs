@@ -100,12 +100,19 @@ impl Listener {
             SockFlag::SOCK_CLOEXEC,
             None,
         )?;
-        let addr = UnixAddr::new(path)?;
-        bind(fd.as_raw_fd(), &addr).with_context(|| format!("binding {}", path.display()))?;
+        // Bind under a temporary name and rename into place once listening, so that a client
+        // never finds the path before connections are accepted.
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{}.tmp", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let _ = std::fs::remove_file(&tmp);
+        let addr = UnixAddr::new(&tmp)?;
+        bind(fd.as_raw_fd(), &addr).with_context(|| format!("binding {}", tmp.display()))?;
         // Any local user may connect; the daemon checks each client's credentials.
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o777))?;
         listen(&fd, Backlog::new(128)?)?;
+        std::fs::rename(&tmp, path).with_context(|| format!("placing {}", path.display()))?;
         Ok(Listener {
             fd,
             path: path.to_path_buf(),

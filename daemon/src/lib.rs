@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod ctl;
+pub mod device;
 pub mod memory;
 pub mod net;
 pub mod pcap;

@@ -73,6 +73,9 @@ struct DaemonArgs {
     /// Largest path MTU: 256, 512, 1024, 2048 or 4096.
     #[arg(long)]
     mtu: Option<u32>,
+    /// RoCE v2 UDP port (4791; another value only for tests on one host).
+    #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
+    port: u16,
     /// Log filter, as RUST_LOG (default: info).
     #[arg(long, default_value = "info")]
     log: String,
@@ -166,7 +169,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         config.devices.push(d);
     }
     let socket = config::socket_path(args.socket.as_deref().or(config.socket.as_deref()));
-    server::run(config, socket)
+    server::run(config, socket, args.port)
 }
 
 /// Finds libsoftroce.so: $SOFTROCE_SHIM, else beside this executable (cargo puts both in

@@ -1,16 +1,19 @@
-//! `softroce daemon`: the control plane. The main thread accepts clients on the control socket;
-//! each client gets a thread that reads its requests and hands them to the core thread, which
-//! owns every device and every resource, so that no lock guards protocol state. When a client
-//! disconnects (or is killed), the core destroys everything it owned.
+//! `softroce daemon`: the main thread accepts clients on the control socket; each client gets
+//! a thread that reads its requests. Requests about devices and clients (hello, device list,
+//! `res show`) go to the registry thread; requests about resources go straight to the thread
+//! of the device they concern ([`crate::device`]), which owns the data path. When a client
+//! disconnects (or is killed), every device destroys what it owned.
 
 use crate::config::{self, Config, DeviceConfig};
 use crate::ctl::{Conn, Listener};
+use crate::device::{self, DevMsg, DeviceThread};
 use anyhow::{Context, Result};
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender};
 use proto::ctl::{
     self, ClientResources, DeviceInfo, Request, Response, MAX_MESSAGE, PROTOCOL_VERSION,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,8 +23,8 @@ use tracing::{debug, info, warn};
 /// How often addresses of `--netdev` interfaces are re-read.
 const NETDEV_RESCAN: Duration = Duration::from_secs(2);
 
-/// Messages to the core thread.
-enum CoreMsg {
+/// Messages to the registry thread.
+enum RegMsg {
     Connect {
         pid: u32,
         uid: u32,
@@ -39,19 +42,37 @@ enum CoreMsg {
     Shutdown,
 }
 
+/// How a control thread reaches one device thread.
+#[derive(Clone)]
+struct DeviceLink {
+    name: String,
+    tx: Sender<DevMsg>,
+    wake: Arc<OwnedFd>,
+}
+
+impl DeviceLink {
+    fn send(&self, msg: DevMsg) -> bool {
+        let ok = self.tx.send(msg).is_ok();
+        // The device thread may be asleep in its packet poll: ring its doorbell.
+        let _ = nix::unistd::write(&*self.wake, &1u64.to_ne_bytes());
+        ok
+    }
+}
+
 struct Device {
     config: DeviceConfig,
     info: DeviceInfo,
 }
 
-/// Owns devices and the resources of every client.
-struct Core {
+/// Owns the device descriptions and the list of clients.
+struct Registry {
     devices: Vec<Device>,
+    links: Vec<DeviceLink>,
     clients: BTreeMap<u64, ClientResources>,
     next_client: u64,
 }
 
-impl Core {
+impl Registry {
     fn handle(&mut self, client: u64, request: Request) -> Response {
         match request {
             // A second hello on the same connection is a protocol error.
@@ -62,19 +83,41 @@ impl Core {
             Request::QueryDevices => {
                 Response::Devices(self.devices.iter().map(|d| d.info.clone()).collect())
             }
-            Request::ResShow => Response::Resources {
-                devices: self.devices.iter().map(|d| d.info.name.clone()).collect(),
-                clients: self
+            Request::ResShow => {
+                let mut clients: BTreeMap<u64, ClientResources> = self
                     .clients
-                    .values()
-                    .filter(|c| c.client != client)
-                    .cloned()
-                    .collect(),
-            },
-            // The data path (engine, rings, packet I/O) is not wired in yet.
+                    .iter()
+                    .filter(|(id, _)| **id != client)
+                    .map(|(id, c)| (*id, c.clone()))
+                    .collect();
+                for link in &self.links {
+                    let (tx, rx) = bounded(1);
+                    if !link.send(DevMsg::Stats { reply: tx }) {
+                        continue;
+                    }
+                    let Ok(stats) = rx.recv_timeout(Duration::from_secs(2)) else {
+                        continue;
+                    };
+                    for (id, r) in stats {
+                        if let Some(c) = clients.get_mut(&id) {
+                            c.pds += r.pds;
+                            c.mrs += r.mrs;
+                            c.cqs += r.cqs;
+                            c.qps += r.qps;
+                            c.srqs += r.srqs;
+                            c.ahs += r.ahs;
+                            c.mws += r.mws;
+                        }
+                    }
+                }
+                Response::Resources {
+                    devices: self.devices.iter().map(|d| d.info.name.clone()).collect(),
+                    clients: clients.into_values().collect(),
+                }
+            }
             _ => Response::Error {
-                errno: libc::EOPNOTSUPP,
-                message: "not implemented by this daemon yet".into(),
+                errno: libc::EINVAL,
+                message: "not a registry request".into(),
             },
         }
     }
@@ -95,12 +138,12 @@ impl Core {
         }
     }
 
-    fn run(mut self, rx: Receiver<CoreMsg>) {
+    fn run(mut self, rx: Receiver<RegMsg>) {
         let rescan = tick(NETDEV_RESCAN);
         loop {
             select! {
                 recv(rx) -> msg => match msg {
-                    Ok(CoreMsg::Connect { pid, uid, program, reply }) => {
+                    Ok(RegMsg::Connect { pid, uid, program, reply }) => {
                         self.next_client += 1;
                         let id = self.next_client;
                         info!(client = id, pid, uid, %program, "client connected");
@@ -109,17 +152,17 @@ impl Core {
                         });
                         let _ = reply.send(id);
                     }
-                    Ok(CoreMsg::Request { client, request, reply }) => {
+                    Ok(RegMsg::Request { client, request, reply }) => {
                         debug!(client, ?request, "request");
                         let _ = reply.send(self.handle(client, request));
                     }
-                    Ok(CoreMsg::Disconnect { client }) => {
+                    Ok(RegMsg::Disconnect { client }) => {
                         if let Some(c) = self.clients.remove(&client) {
                             info!(client, pid = c.pid, program = %c.program,
-                                  qps = c.qps, mrs = c.mrs, "client gone; its resources are freed");
+                                  "client gone; its resources are freed");
                         }
                     }
-                    Ok(CoreMsg::Shutdown) | Err(_) => break,
+                    Ok(RegMsg::Shutdown) | Err(_) => break,
                 },
                 recv(rescan) -> _ => self.rescan_netdevs(),
             }
@@ -127,8 +170,47 @@ impl Core {
     }
 }
 
+/// Which device thread a resource request concerns, or `None` for the registry.
+fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) -> Option<usize> {
+    let h = device::handle_device;
+    Some(match request {
+        Request::Hello { .. } | Request::QueryDevices | Request::ResShow => return None,
+        Request::OpenContext { device } => links.iter().position(|l| &l.name == device)?,
+        Request::CloseContext { ctx }
+        | Request::AllocPd { ctx }
+        | Request::CreateCompChannel { ctx }
+        | Request::CreateCq { ctx, .. } => h(*ctx),
+        Request::DeallocPd { pd }
+        | Request::RegMr { pd, .. }
+        | Request::CreateQp { pd, .. }
+        | Request::CreateSrq { pd, .. }
+        | Request::CreateAh { pd, .. }
+        | Request::AllocMw { pd, .. } => h(*pd),
+        Request::DeregMr { mr } => h(*mr),
+        Request::DestroyCompChannel { channel } => h(*channel),
+        Request::DestroyCq { cq } => h(*cq),
+        Request::ModifySrq { srq, .. }
+        | Request::QuerySrq { srq }
+        | Request::DestroySrq { srq } => h(*srq),
+        Request::DestroyAh { ah } => h(*ah),
+        Request::DeallocMw { mw } => h(*mw),
+        Request::ModifyQp { qpn, .. }
+        | Request::QueryQp { qpn, .. }
+        | Request::DestroyQp { qpn }
+        | Request::AttachMcast { qpn, .. }
+        | Request::DetachMcast { qpn, .. } => *qpns.get(qpn)?,
+    })
+}
+
+fn send_response(conn: &Conn, response: &Response, fds: &[OwnedFd]) -> bool {
+    let raw: Vec<_> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    ctl::encode(response)
+        .ok()
+        .is_some_and(|b| conn.send(&b, &raw).is_ok())
+}
+
 /// Serves one client connection until it closes.
-fn serve_client(conn: Conn, core: Sender<CoreMsg>, daemon_uid: u32) {
+fn serve_client(conn: Conn, registry: Sender<RegMsg>, links: Vec<DeviceLink>, daemon_uid: u32) {
     let creds = match conn.peer_credentials() {
         Ok(c) => c,
         Err(e) => {
@@ -136,12 +218,10 @@ fn serve_client(conn: Conn, core: Sender<CoreMsg>, daemon_uid: u32) {
             return;
         }
     };
-    let (pid, uid) = (creds.pid() as u32, creds.uid());
+    let (pid, uid) = (creds.pid(), creds.uid());
     let refuse = |errno: i32, message: String| {
         warn!(pid, uid, "{message}");
-        if let Ok(b) = ctl::encode(&Response::Error { errno, message }) {
-            let _ = conn.send(&b, &[]);
-        }
+        send_response(&conn, &Response::Error { errno, message }, &[]);
     };
     // The daemon reaches client memory with process_vm_readv/writev, which the kernel allows
     // only for the same user (or a privileged daemon): refuse anyone else up front.
@@ -167,9 +247,9 @@ fn serve_client(conn: Conn, core: Sender<CoreMsg>, daemon_uid: u32) {
         _ => return,
     };
     let (reply_tx, reply_rx) = bounded(1);
-    if core
-        .send(CoreMsg::Connect {
-            pid,
+    if registry
+        .send(RegMsg::Connect {
+            pid: pid as u32,
             uid,
             program,
             reply: reply_tx,
@@ -183,50 +263,100 @@ fn serve_client(conn: Conn, core: Sender<CoreMsg>, daemon_uid: u32) {
         version: PROTOCOL_VERSION,
         client,
     };
-    let mut ok = ctl::encode(&hello)
-        .ok()
-        .is_some_and(|b| conn.send(&b, &[]).is_ok());
+    let mut ok = send_response(&conn, &hello, &[]);
+    // QPNs are not handles: remember which device each of this client's QPs lives on.
+    let mut qpns: HashMap<u32, usize> = HashMap::new();
     while ok {
-        let n = match conn.recv(&mut buf) {
-            Ok((n, _fds)) if n > 0 => n,
+        let (n, fds) = match conn.recv(&mut buf) {
+            Ok((n, fds)) if n > 0 => (n, fds),
             _ => break,
         };
-        let response = match ctl::decode::<Request>(&buf[..n]) {
-            Ok(request) => {
-                let (tx, rx) = bounded(1);
-                if core
-                    .send(CoreMsg::Request {
-                        client,
-                        request,
-                        reply: tx,
-                    })
-                    .is_err()
+        let (response, out_fds) = match ctl::decode::<Request>(&buf[..n]) {
+            Err(e) => (
+                Response::Error {
+                    errno: libc::EINVAL,
+                    message: format!("undecodable request: {e}"),
+                },
+                Vec::new(),
+            ),
+            Ok(request) => match route(&request, &links, &qpns) {
+                None if matches!(
+                    request,
+                    Request::Hello { .. } | Request::QueryDevices | Request::ResShow
+                ) =>
                 {
-                    break;
+                    let (tx, rx) = bounded(1);
+                    if registry
+                        .send(RegMsg::Request {
+                            client,
+                            request,
+                            reply: tx,
+                        })
+                        .is_err()
+                    {
+                        break;
+                    }
+                    match rx.recv() {
+                        Ok(r) => (r, Vec::new()),
+                        Err(_) => break,
+                    }
                 }
-                match rx.recv() {
-                    Ok(r) => r,
-                    Err(_) => break,
+                Some(dev) if dev < links.len() => {
+                    let destroyed = match &request {
+                        Request::DestroyQp { qpn } => Some(*qpn),
+                        _ => None,
+                    };
+                    let (tx, rx) = bounded(1);
+                    if !links[dev].send(DevMsg::Request {
+                        client,
+                        pid,
+                        request,
+                        fds,
+                        reply: tx,
+                    }) {
+                        break;
+                    }
+                    let Ok((r, out)) = rx.recv() else { break };
+                    match (&r, destroyed) {
+                        (Response::Qp { qpn, .. }, _) => {
+                            qpns.insert(*qpn, dev);
+                        }
+                        (Response::Done, Some(q)) => {
+                            qpns.remove(&q);
+                        }
+                        _ => {}
+                    }
+                    (r, out)
                 }
-            }
-            Err(e) => Response::Error {
-                errno: libc::EINVAL,
-                message: format!("undecodable request: {e}"),
+                _ => (
+                    Response::Error {
+                        errno: libc::EINVAL,
+                        message: "unknown device, handle or QP".into(),
+                    },
+                    Vec::new(),
+                ),
             },
         };
-        ok = ctl::encode(&response)
-            .ok()
-            .is_some_and(|b| conn.send(&b, &[]).is_ok());
+        ok = send_response(&conn, &response, &out_fds);
     }
-    let _ = core.send(CoreMsg::Disconnect { client });
+    for link in &links {
+        link.send(DevMsg::ClientGone { client });
+    }
+    let _ = registry.send(RegMsg::Disconnect { client });
 }
 
-/// Runs the daemon until SIGINT or SIGTERM.
-pub fn run(config: Config, socket: PathBuf) -> Result<()> {
+/// Runs the daemon until SIGINT or SIGTERM. `port` is the RoCE v2 UDP port (4791 but in
+/// tests).
+pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     config.validate()?;
     let mut devices = Vec::new();
-    for d in &config.devices {
+    let mut links = Vec::new();
+    let mut device_threads = Vec::new();
+    for (index, d) in config.devices.iter().enumerate() {
         let info = config::device_info(d)?;
+        let (tx, rx) = unbounded();
+        let thread = DeviceThread::new(index, info.clone(), rx, port)?;
+        let wake = Arc::new(thread.wake_fd()?);
         info!(
             device = %d.name,
             roce = %d.roce,
@@ -235,6 +365,16 @@ pub fn run(config: Config, socket: PathBuf) -> Result<()> {
             netdev = ?d.netdev,
             "device ready"
         );
+        device_threads.push(
+            std::thread::Builder::new()
+                .name(format!("dev-{}", d.name))
+                .spawn(move || thread.run())?,
+        );
+        links.push(DeviceLink {
+            name: d.name.clone(),
+            tx,
+            wake,
+        });
         devices.push(Device {
             config: d.clone(),
             info,
@@ -243,15 +383,16 @@ pub fn run(config: Config, socket: PathBuf) -> Result<()> {
     let listener = Arc::new(Listener::bind(&socket)?);
     info!(socket = %socket.display(), "control socket ready");
 
-    let (core_tx, core_rx) = unbounded();
-    let core = Core {
+    let (reg_tx, reg_rx) = unbounded();
+    let registry = Registry {
         devices,
+        links: links.clone(),
         clients: BTreeMap::new(),
         next_client: 0,
     };
-    let core_thread = std::thread::Builder::new()
-        .name("core".into())
-        .spawn(move || core.run(core_rx))?;
+    let registry_thread = std::thread::Builder::new()
+        .name("registry".into())
+        .spawn(move || registry.run(reg_rx))?;
 
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -260,7 +401,7 @@ pub fn run(config: Config, socket: PathBuf) -> Result<()> {
     .context("installing signal handlers")?;
     let stopping = Arc::new(AtomicBool::new(false));
     let stop_flag = Arc::clone(&stopping);
-    let stop_core = core_tx.clone();
+    let stop_registry = reg_tx.clone();
     let stop_listener = Arc::clone(&listener);
     std::thread::Builder::new()
         .name("signals".into())
@@ -268,7 +409,7 @@ pub fn run(config: Config, socket: PathBuf) -> Result<()> {
             if let Some(sig) = signals.forever().next() {
                 info!(signal = sig, "stopping");
                 stop_flag.store(true, Ordering::SeqCst);
-                let _ = stop_core.send(CoreMsg::Shutdown);
+                let _ = stop_registry.send(RegMsg::Shutdown);
                 stop_listener.shutdown();
             }
         })?;
@@ -277,14 +418,15 @@ pub fn run(config: Config, socket: PathBuf) -> Result<()> {
     loop {
         match listener.accept() {
             Ok(conn) => {
-                let core = core_tx.clone();
+                let registry = reg_tx.clone();
+                let links = links.clone();
                 std::thread::Builder::new()
                     .name("client".into())
-                    .spawn(move || serve_client(conn, core, daemon_uid))?;
+                    .spawn(move || serve_client(conn, registry, links, daemon_uid))?;
             }
             Err(e) => {
                 // After shutdown(2) on the listener, accept fails: that is our stop signal.
-                if stopping.load(Ordering::SeqCst) || core_thread.is_finished() {
+                if stopping.load(Ordering::SeqCst) || registry_thread.is_finished() {
                     break;
                 }
                 warn!("accept failed: {e:#}");
@@ -292,8 +434,14 @@ pub fn run(config: Config, socket: PathBuf) -> Result<()> {
             }
         }
     }
-    let _ = core_tx.send(CoreMsg::Shutdown);
-    let _ = core_thread.join();
+    let _ = reg_tx.send(RegMsg::Shutdown);
+    let _ = registry_thread.join();
+    for link in &links {
+        link.send(DevMsg::Shutdown);
+    }
+    for t in device_threads {
+        let _ = t.join();
+    }
     // Not left to Drop: the signal thread may still hold a reference at exit.
     let _ = std::fs::remove_file(&socket);
     drop(listener);

@@ -25,12 +25,22 @@ struct Daemon {
     socket: PathBuf,
 }
 
+impl Drop for Daemon {
+    /// A failing test must not leave its daemon behind.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Daemon {
     fn start(socket: &Path, args: &[&str]) -> Daemon {
+        // Port 0: these tests exercise the control plane, and run side by side.
         let child = Command::new(bin())
             .arg("daemon")
             .arg("--socket")
             .arg(socket)
+            .args(["--port", "0"])
             .args(args)
             .stderr(Stdio::piped())
             .spawn()
@@ -112,7 +122,13 @@ fn default_daemon_serves_srxe0_and_stops_on_sigterm_and_sigint() {
 fn a_second_daemon_on_the_same_socket_is_refused_and_two_sockets_coexist() {
     let dir = scratch("two");
     let a = Daemon::start(&dir.join("a.sock"), &["--addr", "127.0.0.1"]);
-    let out = run(&["daemon", "--socket", a.socket.to_str().unwrap()]);
+    let out = run(&[
+        "daemon",
+        "--port",
+        "0",
+        "--socket",
+        a.socket.to_str().unwrap(),
+    ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("already serving"));
     let b = Daemon::start(
@@ -148,7 +164,7 @@ fn config_file_and_bad_flags() {
         ),
         (vec!["--netdev", "no-such-if0"], "no network interface"),
     ] {
-        let mut all = vec!["daemon", "--socket", sock.to_str().unwrap()];
+        let mut all = vec!["daemon", "--port", "0", "--socket", sock.to_str().unwrap()];
         all.extend(args);
         let out = run(&all);
         assert!(!out.status.success());

@@ -100,6 +100,9 @@ pub struct Device<M: MemoryAccess> {
     pub(crate) ctx: Ctx<M>,
     pub(crate) qps: HashMap<Qpn, Qp>,
     next_qpn: u32,
+    /// QPNs this device may hand out are `next_qpn..qpn_end` (a daemon gives each client
+    /// process its own block, see [`Device::set_qpn_range`]).
+    qpn_end: u32,
     /// Multicast group (destination IP) -> attached UD QPs.
     mcast: HashMap<IpAddr, Vec<Qpn>>,
 }
@@ -126,8 +129,16 @@ impl<M: MemoryAccess> Device<M> {
             qps: HashMap::new(),
             // rxe numbers QPs from 16 (roce-rxe-facts.md §6.1); 1 is the GSI QP.
             next_qpn: 17,
+            qpn_end: Qpn::MULTICAST.value(),
             mcast: HashMap::new(),
         }
+    }
+
+    /// Restricts the QPNs this device hands out to `first..end`, so that several devices
+    /// (one per client process in the daemon) can share one QPN space without collisions.
+    pub fn set_qpn_range(&mut self, first: u32, end: u32) {
+        self.next_qpn = first.max(2);
+        self.qpn_end = end.min(Qpn::MULTICAST.value());
     }
 
     /// Plugs in a congestion controller (the default behaves like rxe: none).
@@ -383,6 +394,10 @@ impl<M: MemoryAccess> Device<M> {
             }
             Qpn::GSI
         } else {
+            if self.next_qpn >= self.qpn_end {
+                self.pd_use(init.pd, -1)?;
+                return Err(VerbsError::NoResources("QP numbers"));
+            }
             let q = Qpn::new(self.next_qpn);
             self.next_qpn += 1;
             q

@@ -1,0 +1,1644 @@
+//! One device's data path, on its own thread: the transport engines, the shared rings of every
+//! client, and the packet I/O.
+//!
+//! Each client process gets its own engine ([`proto::transport::Device`]) on each device it
+//! opens, with its own block of QP numbers. All of a client's resources (PDs, MRs, CQs, QPs)
+//! live in that engine, and an R_Key is only ever honoured for a QP of the same PD, so
+//! packets are demultiplexed by destination QPN and every memory access the engine makes
+//! belongs to one process: the engine's [`MemoryAccess`] is that process's memory
+//! (`process_vm_readv`/`writev`). Killing a client drops its engine and everything in it.
+//!
+//! The loop: control requests, then posted work from the rings into the engines, received
+//! packets into the engines, timers, transmits out, completions and events back to the
+//! clients. When nothing happened for a short spin, the thread tells every ring it sleeps and
+//! blocks in the packet I/O's poll, which also wakes on the doorbell eventfd that clients (and
+//! the control threads) write.
+
+use crate::memory::ProcessMemory;
+use crate::net::{NetConfig, PacketBuilder, RxDatagram, TxMeta, UdpTransport};
+use crate::shm::SharedRegion;
+use crossbeam_channel::{Receiver, Sender};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use proto::ctl::{self, ClientResources, DeviceInfo, Request, Response, RingPlace};
+use proto::ring::wqe::{self, Cqe, RecvWqe, SendData, SendWqe, WrOpcode};
+use proto::ring::{RingGeometry, SharedRing};
+use proto::transport::{
+    self as tp, Access, AddressVector, AsyncEvent, AttrMask, MemoryAccess, MemoryError, Mtu, QpCap,
+    QpInit, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, UdDest, VerbsError,
+    WorkCompletion,
+};
+use proto::{Lkey, Psn, Qkey, Qpn, Rkey};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// QPNs per client engine: client k gets `[k * BLOCK, (k + 1) * BLOCK)`; block 0 holds the
+/// reserved QPNs 0 and 1.
+const QPN_BLOCK: u32 = 1 << 16;
+/// How long the loop keeps polling after the last piece of work before it sleeps.
+const SPIN: Duration = Duration::from_micros(30);
+/// Longest sleep when no timer is due (the loop also re-reads nothing else periodically).
+const MAX_SLEEP: Duration = Duration::from_millis(200);
+
+/// Messages to a device thread.
+pub enum DevMsg {
+    Request {
+        client: u64,
+        pid: i32,
+        request: Request,
+        fds: Vec<OwnedFd>,
+        reply: Sender<(Response, Vec<OwnedFd>)>,
+    },
+    ClientGone {
+        client: u64,
+    },
+    Stats {
+        reply: Sender<Vec<(u64, ClientResources)>>,
+    },
+    Shutdown,
+}
+
+/// A client process's memory as the engine sees it.
+pub struct ProcMem(RefCell<ProcessMemory>);
+
+impl std::fmt::Debug for ProcMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProcMem")
+    }
+}
+
+impl MemoryAccess for ProcMem {
+    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        let len = out.len();
+        self.0
+            .borrow_mut()
+            .read(addr, out)
+            .map_err(|_| MemoryError { addr, len })
+    }
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.0.get_mut().write(addr, data).map_err(|_| MemoryError {
+            addr,
+            len: data.len(),
+        })
+    }
+}
+
+type Engine = tp::Device<ProcMem>;
+
+struct CqState {
+    _region: SharedRegion,
+    ring: SharedRing,
+    channel: Option<u32>,
+    generation: u32,
+    ctx: u32,
+}
+
+struct QpHost {
+    _region: SharedRegion,
+    sq: SharedRing,
+    rq: Option<SharedRing>,
+    cap: QpCap,
+    send_cq: u32,
+    /// Work the engine could not take yet (its queue was full), in order.
+    pending_send: VecDeque<SendWr>,
+    pending_recv: VecDeque<RecvWr>,
+    ctx: u32,
+}
+
+struct SrqState {
+    _region: SharedRegion,
+    ring: SharedRing,
+    max_sge: u32,
+    pending: VecDeque<RecvWr>,
+    limit: u32,
+    max_wr: u32,
+    ctx: u32,
+}
+
+/// A client's presence on this device.
+struct ClientDev {
+    pid: i32,
+    engine: Engine,
+    block: u32,
+    /// Context handle -> async event socket (write end).
+    contexts: HashMap<u32, OwnedFd>,
+    channels: HashMap<u32, OwnedFd>,
+    pds: HashMap<u32, u32>,
+    mrs: HashMap<u32, u32>,
+    cqs: HashMap<u32, CqState>,
+    qps: HashMap<u32, QpHost>,
+    srqs: HashMap<u32, SrqState>,
+    ahs: HashMap<u32, u32>,
+    next_handle: u32,
+}
+
+impl ClientDev {
+    fn handle(&mut self) -> u32 {
+        self.next_handle += 1;
+        self.next_handle
+    }
+
+    fn resources(&self) -> ClientResources {
+        ClientResources {
+            pid: self.pid as u32,
+            pds: self.pds.len() as u32,
+            mrs: self.mrs.len() as u32,
+            cqs: self.cqs.len() as u32,
+            qps: self.qps.len() as u32,
+            srqs: self.srqs.len() as u32,
+            ahs: self.ahs.len() as u32,
+            ..Default::default()
+        }
+    }
+}
+
+/// Handles given to clients carry the device's index in their top 8 bits, so that the control
+/// threads can route a request to the right device thread without a lookup.
+pub const HANDLE_DEVICE_SHIFT: u32 = 24;
+const HANDLE_MASK: u32 = (1 << HANDLE_DEVICE_SHIFT) - 1;
+
+/// The device a client-visible handle belongs to.
+pub fn handle_device(h: u32) -> usize {
+    (h >> HANDLE_DEVICE_SHIFT) as usize
+}
+
+/// The device thread's state.
+pub struct DeviceThread {
+    index: u32,
+    info: DeviceInfo,
+    gids: Vec<IpAddr>,
+    net: UdpTransport,
+    wake: EventFd,
+    rx: Receiver<DevMsg>,
+    clients: BTreeMap<u64, ClientDev>,
+    /// QPN block -> client.
+    blocks: HashMap<u32, u64>,
+    start: Instant,
+    tx_buf: Vec<u8>,
+    rx_buf: Vec<u8>,
+    slot: Vec<u8>,
+}
+
+fn err(e: VerbsError) -> Response {
+    Response::Error {
+        errno: e.errno(),
+        message: e.to_string(),
+    }
+}
+
+fn errno(errno: i32, message: &str) -> Response {
+    Response::Error {
+        errno,
+        message: message.to_string(),
+    }
+}
+
+fn random_u64() -> u64 {
+    // RandomState is seeded from the OS's entropy: keys must not be guessable.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x5352_5845);
+    h.finish()
+}
+
+/// The GID table entries as addresses (`::ffff:a.b.c.d` becomes IPv4).
+pub fn gid_addrs(info: &DeviceInfo) -> Vec<IpAddr> {
+    info.gids
+        .iter()
+        .map(|g| {
+            let v6 = Ipv6Addr::from(g.gid);
+            match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(v6),
+            }
+        })
+        .collect()
+}
+
+fn to_qp_state(v: u32) -> Option<QpState> {
+    Some(match v {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return None,
+    })
+}
+
+impl DeviceThread {
+    /// Opens the device's packet I/O and returns the thread state and its wake descriptor's
+    /// duplicate (given to clients as their doorbell).
+    pub fn new(
+        index: usize,
+        info: DeviceInfo,
+        rx: Receiver<DevMsg>,
+        port: u16,
+    ) -> anyhow::Result<DeviceThread> {
+        let gids = gid_addrs(&info);
+        let ipv4 = gids.iter().find_map(|a| match a {
+            IpAddr::V4(v4) => Some(*v4),
+            _ => None,
+        });
+        let ipv6 = gids.iter().find_map(|a| match a {
+            IpAddr::V6(v6) if !v6.is_unicast_link_local() => Some(*v6),
+            _ => None,
+        });
+        let mut net = UdpTransport::open(&NetConfig {
+            ipv4,
+            ipv6,
+            port,
+            ..NetConfig::default()
+        })
+        .map_err(|e| anyhow::anyhow!("device {}: opening UDP port {port}: {e}", info.name))?;
+        if let Some(reason) = net.fallback_reason() {
+            warn!(device = %info.name, "io_uring unavailable, using system calls: {reason}");
+        }
+        let wake =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        net.set_wake_fd(wake.as_raw_fd());
+        info!(device = %info.name, backend = ?net.backend(), ?ipv4, ?ipv6, "packet I/O ready");
+        Ok(DeviceThread {
+            index: index as u32,
+            info,
+            gids,
+            net,
+            wake,
+            rx,
+            clients: BTreeMap::new(),
+            blocks: HashMap::new(),
+            start: Instant::now(),
+            tx_buf: vec![0u8; tp::MAX_FRAME_LEN + 64],
+            rx_buf: vec![0u8; 64 * 1024],
+            slot: vec![0u8; 64 * 1024],
+        })
+    }
+
+    /// A descriptor that wakes the thread when written (for the doorbell and control).
+    pub fn wake_fd(&self) -> std::io::Result<OwnedFd> {
+        self.wake.as_fd().try_clone_to_owned()
+    }
+
+    fn now(&self) -> tp::Nanos {
+        self.start.elapsed().as_nanos() as tp::Nanos
+    }
+
+    pub fn run(mut self) {
+        let mut idle_since = Instant::now();
+        loop {
+            let mut busy = false;
+            while let Ok(msg) = self.rx.try_recv() {
+                busy = true;
+                match msg {
+                    DevMsg::Shutdown => return,
+                    DevMsg::Request {
+                        client,
+                        pid,
+                        request,
+                        fds,
+                        reply,
+                    } => {
+                        let (resp, fds) = self.request(client, pid, untag(request), fds);
+                        let _ = reply.send((tag(resp, self.index), fds));
+                    }
+                    DevMsg::ClientGone { client } => self.client_gone(client),
+                    DevMsg::Stats { reply } => {
+                        let _ = reply.send(
+                            self.clients
+                                .iter()
+                                .map(|(id, c)| (*id, c.resources()))
+                                .collect(),
+                        );
+                    }
+                }
+            }
+            busy |= self.pump(Duration::ZERO);
+            if busy {
+                idle_since = Instant::now();
+                continue;
+            }
+            if idle_since.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Sleep: tell every ring, re-check, then block until a packet, a doorbell, a
+            // control message or the next timer.
+            if self.announce_sleep() || !self.rx.is_empty() {
+                self.announce_awake();
+                continue;
+            }
+            let now = self.now();
+            let due = self
+                .clients
+                .values()
+                .filter_map(|c| c.engine.poll_timeout())
+                .min();
+            let timeout = match due {
+                Some(t) if t <= now => Duration::ZERO,
+                Some(t) => Duration::from_nanos(t - now).min(MAX_SLEEP),
+                None => MAX_SLEEP,
+            };
+            self.pump(timeout);
+            let _ = self.wake.read();
+            self.announce_awake();
+            idle_since = Instant::now();
+        }
+    }
+
+    /// Sets every consumer ring's sleeping flag; true if work slipped in meanwhile.
+    fn announce_sleep(&self) -> bool {
+        let mut work = false;
+        for c in self.clients.values() {
+            for q in c.qps.values() {
+                work |= q.sq.consumer_prepare_sleep().unwrap_or(false);
+                if let Some(rq) = &q.rq {
+                    work |= rq.consumer_prepare_sleep().unwrap_or(false);
+                }
+            }
+            for s in c.srqs.values() {
+                work |= s.ring.consumer_prepare_sleep().unwrap_or(false);
+            }
+        }
+        work
+    }
+
+    fn announce_awake(&self) {
+        for c in self.clients.values() {
+            for q in c.qps.values() {
+                q.sq.consumer_awake();
+                if let Some(rq) = &q.rq {
+                    rq.consumer_awake();
+                }
+            }
+            for s in c.srqs.values() {
+                s.ring.consumer_awake();
+            }
+        }
+    }
+
+    /// One round of the data path; `wait` is how long packet I/O may block. Returns whether
+    /// anything happened.
+    fn pump(&mut self, wait: Duration) -> bool {
+        let mut busy = false;
+        let now = self.now();
+        for c in self.clients.values_mut() {
+            busy |= pump_rings(c, &mut self.slot);
+        }
+        // Received packets: rebuild the IP and UDP headers the engine wants in front of each
+        // verified datagram and hand it to the engine that owns the destination QP.
+        let (clients, blocks, rx_buf) = (&mut self.clients, &self.blocks, &mut self.rx_buf);
+        let mut delivered = 0;
+        let _ = self.net.poll(Some(wait), &mut |d: &RxDatagram<'_>| {
+            delivered += 1;
+            let Some(len) = rebuild_ip(d, rx_buf) else {
+                return;
+            };
+            let Some(dqpn) = d
+                .bytes
+                .get(5..8)
+                .map(|b| u32::from_be_bytes([0, b[0], b[1], b[2]]))
+            else {
+                return;
+            };
+            if dqpn == Qpn::MULTICAST.value() {
+                for c in clients.values_mut() {
+                    c.engine.handle_packet(now, &rx_buf[..len]);
+                }
+            } else if let Some(c) = blocks
+                .get(&(dqpn / QPN_BLOCK))
+                .and_then(|id| clients.get_mut(id))
+            {
+                c.engine.handle_packet(now, &rx_buf[..len]);
+            } else {
+                debug!(qpn = dqpn, "packet for an unknown QP dropped");
+            }
+        });
+        busy |= delivered > 0;
+        let now = self.now();
+        let index = self.index;
+        for c in self.clients.values_mut() {
+            if c.engine.poll_timeout().is_some_and(|t| t <= now) {
+                c.engine.handle_timeout(now);
+                busy = true;
+            }
+            // Work that waited for room in the engine.
+            busy |= retry_pending(c);
+            while let Some(t) = c.engine.poll_transmit(now, &mut self.tx_buf) {
+                busy = true;
+                send_frame(&mut self.net, &mut self.tx_buf, &t);
+            }
+            busy |= deliver_completions(c, index);
+        }
+        if busy {
+            let _ = self.net.flush();
+        }
+        busy
+    }
+
+    fn client_gone(&mut self, client: u64) {
+        if let Some(c) = self.clients.remove(&client) {
+            self.blocks.remove(&c.block);
+            info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
+                  "client's engine destroyed");
+        }
+    }
+
+    fn client(&mut self, client: u64, pid: i32) -> Option<&mut ClientDev> {
+        if !self.clients.contains_key(&client) {
+            let block = (1..(Qpn::MASK / QPN_BLOCK)).find(|b| !self.blocks.contains_key(b))?;
+            let mut config = tp::DeviceConfig::new(self.gids[0], random_u64());
+            config.gids = self.gids.clone();
+            let mut engine =
+                tp::Device::new(config, ProcMem(RefCell::new(ProcessMemory::new(pid))));
+            engine.set_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);
+            self.blocks.insert(block, client);
+            self.clients.insert(
+                client,
+                ClientDev {
+                    pid,
+                    engine,
+                    block,
+                    contexts: HashMap::new(),
+                    channels: HashMap::new(),
+                    pds: HashMap::new(),
+                    mrs: HashMap::new(),
+                    cqs: HashMap::new(),
+                    qps: HashMap::new(),
+                    srqs: HashMap::new(),
+                    ahs: HashMap::new(),
+                    next_handle: 0,
+                },
+            );
+        }
+        self.clients.get_mut(&client)
+    }
+
+    fn request(
+        &mut self,
+        client: u64,
+        pid: i32,
+        request: Request,
+        mut fds: Vec<OwnedFd>,
+    ) -> (Response, Vec<OwnedFd>) {
+        let name = self.info.name.clone();
+        let Some(c) = self.client(client, pid) else {
+            return (errno(libc::ENOMEM, "no QP number block left"), vec![]);
+        };
+        let none = Vec::new();
+        let r = match request {
+            Request::OpenContext { device } => {
+                if device != name {
+                    return (errno(libc::ENODEV, "no such device"), none);
+                }
+                let Some(fd) = fds.pop() else {
+                    return (
+                        errno(libc::EINVAL, "OpenContext needs the async event socket"),
+                        none,
+                    );
+                };
+                let h = c.handle();
+                c.contexts.insert(h, fd);
+                // The context's doorbell: the shim writes it after posting to a ring whose
+                // consumer (this thread) said it sleeps.
+                let doorbell = self.wake.as_fd().try_clone_to_owned();
+                return match doorbell {
+                    Ok(d) => (Response::Context { ctx: h }, vec![d]),
+                    Err(e) => (errno(libc::EMFILE, &e.to_string()), none),
+                };
+            }
+            Request::CloseContext { ctx } => match c.contexts.remove(&ctx) {
+                Some(_) => Response::Done,
+                None => errno(libc::EINVAL, "no such context"),
+            },
+            Request::AllocPd { ctx } => {
+                if !c.contexts.contains_key(&ctx) {
+                    return (errno(libc::EINVAL, "no such context"), none);
+                }
+                let pd = c.engine.alloc_pd();
+                let h = c.handle();
+                c.pds.insert(h, pd);
+                Response::Pd { pd: h }
+            }
+            Request::DeallocPd { pd } => match c.pds.get(&pd).copied() {
+                Some(e) => match c.engine.dealloc_pd(e) {
+                    Ok(()) => {
+                        c.pds.remove(&pd);
+                        Response::Done
+                    }
+                    Err(e) => err(e),
+                },
+                None => errno(libc::EINVAL, "no such PD"),
+            },
+            Request::RegMr {
+                pd,
+                addr,
+                length,
+                iova,
+                access,
+            } => {
+                let Some(&epd) = c.pds.get(&pd) else {
+                    return (errno(libc::EINVAL, "no such PD"), none);
+                };
+                if iova != addr {
+                    return (
+                        errno(
+                            libc::EOPNOTSUPP,
+                            "MRs with an IOVA other than their address",
+                        ),
+                        none,
+                    );
+                }
+                if length > 0
+                    && c.engine
+                        .memory()
+                        .0
+                        .borrow()
+                        .check_mapped(addr, length)
+                        .is_err()
+                {
+                    return (errno(libc::EFAULT, "range not mapped in the process"), none);
+                }
+                match c.engine.reg_mr(epd, addr, length, Access(access)) {
+                    Ok(keys) => {
+                        let h = c.handle();
+                        c.mrs.insert(h, keys.handle);
+                        Response::Mr {
+                            mr: h,
+                            lkey: keys.lkey.0,
+                            rkey: keys.rkey.0,
+                        }
+                    }
+                    Err(e) => err(e),
+                }
+            }
+            Request::DeregMr { mr } => match c.mrs.get(&mr).copied() {
+                Some(e) => match c.engine.dereg_mr(e) {
+                    Ok(()) => {
+                        c.mrs.remove(&mr);
+                        Response::Done
+                    }
+                    Err(e) => err(e),
+                },
+                None => errno(libc::EINVAL, "no such MR"),
+            },
+            Request::CreateCompChannel { ctx } => {
+                if !c.contexts.contains_key(&ctx) {
+                    return (errno(libc::EINVAL, "no such context"), none);
+                }
+                let Some(fd) = fds.pop() else {
+                    return (
+                        errno(libc::EINVAL, "a completion channel needs its pipe"),
+                        none,
+                    );
+                };
+                let h = c.handle();
+                c.channels.insert(h, fd);
+                Response::CompChannel { channel: h }
+            }
+            Request::DestroyCompChannel { channel } => {
+                if c.cqs.values().any(|q| q.channel == Some(channel)) {
+                    errno(libc::EBUSY, "CQs still use the channel")
+                } else if c.channels.remove(&channel).is_some() {
+                    Response::Done
+                } else {
+                    errno(libc::EINVAL, "no such channel")
+                }
+            }
+            Request::CreateCq {
+                ctx,
+                cqe,
+                channel,
+                comp_vector: _,
+            } => return create_cq(c, ctx, cqe, channel),
+            Request::DestroyCq { cq } => {
+                if c.qps.values().any(|q| q.send_cq == cq) {
+                    return (errno(libc::EBUSY, "QPs still use the CQ"), none);
+                }
+                match c.engine.destroy_cq(cq) {
+                    Ok(()) => {
+                        c.cqs.remove(&cq);
+                        Response::Done
+                    }
+                    Err(e) => err(e),
+                }
+            }
+            Request::CreateQp {
+                pd,
+                qp_type,
+                send_cq,
+                recv_cq,
+                srq,
+                cap,
+                sq_sig_all,
+            } => return create_qp(c, pd, qp_type, send_cq, recv_cq, srq, cap, sq_sig_all),
+            Request::ModifyQp { qpn, attr, mask } => modify_qp(c, qpn, &attr, mask),
+            Request::QueryQp { qpn, mask: _ } => query_qp(c, qpn),
+            Request::DestroyQp { qpn } => {
+                if !c.qps.contains_key(&qpn) {
+                    return (errno(libc::EINVAL, "no such QP"), none);
+                }
+                match c.engine.destroy_qp(Qpn::new(qpn)) {
+                    Ok(()) => {
+                        c.qps.remove(&qpn);
+                        Response::Done
+                    }
+                    Err(e) => err(e),
+                }
+            }
+            Request::CreateSrq {
+                pd,
+                max_wr,
+                max_sge,
+                srq_limit,
+            } => return create_srq(c, pd, max_wr, max_sge, srq_limit),
+            Request::ModifySrq {
+                srq,
+                max_wr: _,
+                srq_limit,
+                mask,
+            } => {
+                // IBV_SRQ_MAX_WR (1): resizing is not supported; IBV_SRQ_LIMIT (2) arms.
+                if mask & 1 != 0 {
+                    errno(libc::EOPNOTSUPP, "SRQ resize")
+                } else if mask & 2 != 0 {
+                    match c.engine.arm_srq_limit(srq, srq_limit) {
+                        Ok(()) => {
+                            if let Some(s) = c.srqs.get_mut(&srq) {
+                                s.limit = srq_limit;
+                            }
+                            Response::Done
+                        }
+                        Err(e) => err(e),
+                    }
+                } else {
+                    Response::Done
+                }
+            }
+            Request::QuerySrq { srq } => match c.srqs.get(&srq) {
+                Some(s) => Response::SrqAttr {
+                    max_wr: s.max_wr,
+                    max_sge: s.max_sge,
+                    srq_limit: s.limit,
+                },
+                None => errno(libc::EINVAL, "no such SRQ"),
+            },
+            Request::DestroySrq { srq } => match c.engine.destroy_srq(srq) {
+                Ok(()) => {
+                    c.srqs.remove(&srq);
+                    Response::Done
+                }
+                Err(e) => err(e),
+            },
+            Request::CreateAh { pd, attr } => {
+                let Some(&epd) = c.pds.get(&pd) else {
+                    return (errno(libc::EINVAL, "no such PD"), none);
+                };
+                match c.engine.create_ah(epd, address_vector(&attr)) {
+                    Ok(ah) => {
+                        c.ahs.insert(ah, epd);
+                        Response::Ah { ah }
+                    }
+                    Err(e) => err(e),
+                }
+            }
+            Request::DestroyAh { ah } => match c.engine.destroy_ah(ah) {
+                Ok(()) => {
+                    c.ahs.remove(&ah);
+                    Response::Done
+                }
+                Err(e) => err(e),
+            },
+            Request::AttachMcast { qpn, gid } => {
+                match c.engine.attach_mcast(Qpn::new(qpn), gid_ip(gid)) {
+                    Ok(()) => Response::Done,
+                    Err(e) => err(e),
+                }
+            }
+            Request::DetachMcast { qpn, gid } => {
+                match c.engine.detach_mcast(Qpn::new(qpn), gid_ip(gid)) {
+                    Ok(()) => Response::Done,
+                    Err(e) => err(e),
+                }
+            }
+            Request::AllocMw { .. } | Request::DeallocMw { .. } => {
+                errno(libc::EOPNOTSUPP, "memory windows are not implemented yet")
+            }
+            Request::Hello { .. } | Request::QueryDevices | Request::ResShow => {
+                errno(libc::EINVAL, "not a device request")
+            }
+        };
+        (r, none)
+    }
+}
+
+/// Strips the device index from every handle in a request.
+fn untag(r: Request) -> Request {
+    let m = |h: u32| h & HANDLE_MASK;
+    match r {
+        Request::CloseContext { ctx } => Request::CloseContext { ctx: m(ctx) },
+        Request::AllocPd { ctx } => Request::AllocPd { ctx: m(ctx) },
+        Request::DeallocPd { pd } => Request::DeallocPd { pd: m(pd) },
+        Request::RegMr {
+            pd,
+            addr,
+            length,
+            iova,
+            access,
+        } => Request::RegMr {
+            pd: m(pd),
+            addr,
+            length,
+            iova,
+            access,
+        },
+        Request::DeregMr { mr } => Request::DeregMr { mr: m(mr) },
+        Request::CreateCompChannel { ctx } => Request::CreateCompChannel { ctx: m(ctx) },
+        Request::DestroyCompChannel { channel } => Request::DestroyCompChannel {
+            channel: m(channel),
+        },
+        Request::CreateCq {
+            ctx,
+            cqe,
+            channel,
+            comp_vector,
+        } => Request::CreateCq {
+            ctx: m(ctx),
+            cqe,
+            channel: channel.map(m),
+            comp_vector,
+        },
+        Request::DestroyCq { cq } => Request::DestroyCq { cq: m(cq) },
+        Request::CreateQp {
+            pd,
+            qp_type,
+            send_cq,
+            recv_cq,
+            srq,
+            cap,
+            sq_sig_all,
+        } => Request::CreateQp {
+            pd: m(pd),
+            qp_type,
+            send_cq: m(send_cq),
+            recv_cq: m(recv_cq),
+            srq: srq.map(m),
+            cap,
+            sq_sig_all,
+        },
+        Request::CreateSrq {
+            pd,
+            max_wr,
+            max_sge,
+            srq_limit,
+        } => Request::CreateSrq {
+            pd: m(pd),
+            max_wr,
+            max_sge,
+            srq_limit,
+        },
+        Request::ModifySrq {
+            srq,
+            max_wr,
+            srq_limit,
+            mask,
+        } => Request::ModifySrq {
+            srq: m(srq),
+            max_wr,
+            srq_limit,
+            mask,
+        },
+        Request::QuerySrq { srq } => Request::QuerySrq { srq: m(srq) },
+        Request::DestroySrq { srq } => Request::DestroySrq { srq: m(srq) },
+        Request::CreateAh { pd, attr } => Request::CreateAh { pd: m(pd), attr },
+        Request::DestroyAh { ah } => Request::DestroyAh { ah: m(ah) },
+        Request::AllocMw { pd, mw_type } => Request::AllocMw { pd: m(pd), mw_type },
+        Request::DeallocMw { mw } => Request::DeallocMw { mw: m(mw) },
+        other => other,
+    }
+}
+
+/// Adds the device index to every handle in a response.
+fn tag(r: Response, index: u32) -> Response {
+    let t = |h: u32| (index << HANDLE_DEVICE_SHIFT) | h;
+    match r {
+        Response::Context { ctx } => Response::Context { ctx: t(ctx) },
+        Response::Pd { pd } => Response::Pd { pd: t(pd) },
+        Response::Mr { mr, lkey, rkey } => Response::Mr {
+            mr: t(mr),
+            lkey,
+            rkey,
+        },
+        Response::CompChannel { channel } => Response::CompChannel {
+            channel: t(channel),
+        },
+        Response::Cq {
+            cq,
+            cqe,
+            ring,
+            region_len,
+        } => Response::Cq {
+            cq: t(cq),
+            cqe,
+            ring,
+            region_len,
+        },
+        Response::Srq {
+            srq,
+            max_wr,
+            max_sge,
+            ring,
+            region_len,
+        } => Response::Srq {
+            srq: t(srq),
+            max_wr,
+            max_sge,
+            ring,
+            region_len,
+        },
+        Response::Ah { ah } => Response::Ah { ah: t(ah) },
+        Response::Mw { mw, rkey } => Response::Mw { mw: t(mw), rkey },
+        other => other,
+    }
+}
+
+fn gid_ip(gid: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(gid);
+    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+}
+
+fn address_vector(a: &ctl::AhAttr) -> AddressVector {
+    AddressVector {
+        dgid: gid_ip(a.dgid),
+        sgid_index: a.sgid_index,
+        hop_limit: a.hop_limit,
+        traffic_class: a.traffic_class,
+        flow_label: a.flow_label,
+    }
+}
+
+/// Allocates a sealed memfd holding `geometries` back to back; returns it and where each ring
+/// is.
+fn rings(
+    name: &str,
+    geometries: &[RingGeometry],
+) -> anyhow::Result<(SharedRegion, Vec<(SharedRing, RingPlace)>)> {
+    let mut offsets = Vec::new();
+    let mut at = 0usize;
+    for g in geometries {
+        offsets.push(at);
+        at += g.byte_len().next_multiple_of(4096);
+    }
+    let region = SharedRegion::create(name, at.max(4096))?;
+    let mut out = Vec::new();
+    for (g, off) in geometries.iter().zip(offsets) {
+        let ring = region.init_ring(off, *g)?;
+        out.push((
+            ring,
+            RingPlace {
+                offset: off as u64,
+                slot_size: g.slot_size,
+                slot_count: g.slot_count,
+            },
+        ));
+    }
+    Ok((region, out))
+}
+
+fn dup(region: &SharedRegion) -> Vec<OwnedFd> {
+    region.fd().try_clone_to_owned().into_iter().collect()
+}
+
+fn create_cq(
+    c: &mut ClientDev,
+    ctx: u32,
+    cqe: u32,
+    channel: Option<u32>,
+) -> (Response, Vec<OwnedFd>) {
+    if !c.contexts.contains_key(&ctx) {
+        return (errno(libc::EINVAL, "no such context"), vec![]);
+    }
+    if channel.is_some_and(|ch| !c.channels.contains_key(&ch)) {
+        return (errno(libc::EINVAL, "no such completion channel"), vec![]);
+    }
+    if cqe == 0 || cqe > 1 << 20 {
+        return (errno(libc::EINVAL, "cqe out of range"), vec![]);
+    }
+    let Some(g) = RingGeometry::new(cqe + 1, wqe::CQE_SLOT_LEN as u32) else {
+        return (errno(libc::EINVAL, "cqe out of range"), vec![]);
+    };
+    let cq = match c.engine.create_cq(g.slot_count as usize) {
+        Ok(h) => h,
+        Err(e) => return (err(e), vec![]),
+    };
+    match rings("cq", &[g]) {
+        Ok((region, mut r)) => {
+            let (ring, place) = r.remove(0);
+            let fds = dup(&region);
+            let region_len = region.len() as u64;
+            c.cqs.insert(
+                cq,
+                CqState {
+                    _region: region,
+                    ring,
+                    channel,
+                    generation: 0,
+                    ctx,
+                },
+            );
+            (
+                Response::Cq {
+                    cq,
+                    cqe: g.slot_count - 1,
+                    ring: place,
+                    region_len,
+                },
+                fds,
+            )
+        }
+        Err(e) => {
+            let _ = c.engine.destroy_cq(cq);
+            (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn create_qp(
+    c: &mut ClientDev,
+    pd: u32,
+    qp_type: u32,
+    send_cq: u32,
+    recv_cq: u32,
+    srq: Option<u32>,
+    cap: ctl::QpCap,
+    sq_sig_all: bool,
+) -> (Response, Vec<OwnedFd>) {
+    let Some(&epd) = c.pds.get(&pd) else {
+        return (errno(libc::EINVAL, "no such PD"), vec![]);
+    };
+    let qp_type = match qp_type {
+        ctl::qp_type::RC => QpType::Rc,
+        ctl::qp_type::UC => QpType::Uc,
+        ctl::qp_type::UD => QpType::Ud,
+        _ => {
+            return (
+                errno(libc::EOPNOTSUPP, "QP type not supported (XRC, raw packet)"),
+                vec![],
+            )
+        }
+    };
+    let Some(ctx) = c.cqs.get(&send_cq).map(|q| q.ctx) else {
+        return (errno(libc::EINVAL, "no such send CQ"), vec![]);
+    };
+    if !c.cqs.contains_key(&recv_cq) || srq.is_some_and(|s| !c.srqs.contains_key(&s)) {
+        return (errno(libc::EINVAL, "no such CQ or SRQ"), vec![]);
+    }
+    // Grant at least what was asked, rounded to the rings' power-of-two depth.
+    let max_inline = cap.max_inline_data.max(64).min(512);
+    let send_slot = wqe::SEND_HEADER_LEN as u32 + (cap.max_send_sge.max(1) * 16).max(max_inline);
+    let recv_slot = wqe::RECV_HEADER_LEN as u32 + cap.max_recv_sge.max(1) * 16;
+    let (Some(sg), Some(rg)) = (
+        RingGeometry::new(cap.max_send_wr.max(1), send_slot),
+        RingGeometry::new(cap.max_recv_wr.max(1), recv_slot),
+    ) else {
+        return (errno(libc::EINVAL, "QP capacity"), vec![]);
+    };
+    let granted = ctl::QpCap {
+        max_send_wr: sg.slot_count,
+        max_recv_wr: if srq.is_some() { 0 } else { rg.slot_count },
+        max_send_sge: cap.max_send_sge.max(1),
+        max_recv_sge: cap.max_recv_sge.max(1),
+        max_inline_data: max_inline,
+    };
+    if granted.max_send_sge > wqe::MAX_SGE as u32 || granted.max_recv_sge > wqe::MAX_SGE as u32 {
+        return (errno(libc::EINVAL, "too many SGEs"), vec![]);
+    }
+    let init = QpInit {
+        pd: epd,
+        qp_type,
+        send_cq,
+        recv_cq,
+        srq,
+        cap: QpCap {
+            max_send_wr: granted.max_send_wr,
+            max_recv_wr: granted.max_recv_wr.max(1),
+            max_send_sge: granted.max_send_sge,
+            max_recv_sge: granted.max_recv_sge,
+            max_inline_data: granted.max_inline_data,
+        },
+        sq_sig_all,
+    };
+    let qpn = match c.engine.create_qp(init) {
+        Ok(q) => q,
+        Err(e) => return (err(e), vec![]),
+    };
+    let geometries: Vec<RingGeometry> = if srq.is_some() {
+        vec![sg]
+    } else {
+        vec![sg, rg]
+    };
+    match rings("qp", &geometries) {
+        Ok((region, mut r)) => {
+            let (sq, sq_place) = r.remove(0);
+            let (rq, rq_place) = match r.pop() {
+                Some((ring, place)) => (Some(ring), Some(place)),
+                None => (None, None),
+            };
+            let fds = dup(&region);
+            let region_len = region.len() as u64;
+            c.qps.insert(
+                qpn.value(),
+                QpHost {
+                    _region: region,
+                    sq,
+                    rq,
+                    cap: init.cap,
+                    send_cq,
+                    pending_send: VecDeque::new(),
+                    pending_recv: VecDeque::new(),
+                    ctx,
+                },
+            );
+            (
+                Response::Qp {
+                    qpn: qpn.value(),
+                    cap: granted,
+                    sq: sq_place,
+                    rq: rq_place,
+                    region_len,
+                },
+                fds,
+            )
+        }
+        Err(e) => {
+            let _ = c.engine.destroy_qp(qpn);
+            (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
+        }
+    }
+}
+
+fn create_srq(
+    c: &mut ClientDev,
+    pd: u32,
+    max_wr: u32,
+    max_sge: u32,
+    limit: u32,
+) -> (Response, Vec<OwnedFd>) {
+    let Some(&epd) = c.pds.get(&pd) else {
+        return (errno(libc::EINVAL, "no such PD"), vec![]);
+    };
+    let Some(ctx) = c.contexts.keys().next().copied() else {
+        return (errno(libc::EINVAL, "no context"), vec![]);
+    };
+    let max_sge = max_sge.max(1);
+    let Some(g) = RingGeometry::new(max_wr.max(1), wqe::RECV_HEADER_LEN as u32 + max_sge * 16)
+    else {
+        return (errno(libc::EINVAL, "SRQ capacity"), vec![]);
+    };
+    let srq = match c.engine.create_srq(epd, g.slot_count, max_sge) {
+        Ok(s) => s,
+        Err(e) => return (err(e), vec![]),
+    };
+    if limit > 0 {
+        let _ = c.engine.arm_srq_limit(srq, limit);
+    }
+    match rings("srq", &[g]) {
+        Ok((region, mut r)) => {
+            let (ring, place) = r.remove(0);
+            let fds = dup(&region);
+            let region_len = region.len() as u64;
+            c.srqs.insert(
+                srq,
+                SrqState {
+                    _region: region,
+                    ring,
+                    max_sge,
+                    pending: VecDeque::new(),
+                    limit,
+                    max_wr: g.slot_count,
+                    ctx,
+                },
+            );
+            (
+                Response::Srq {
+                    srq,
+                    max_wr: g.slot_count,
+                    max_sge,
+                    ring: place,
+                    region_len,
+                },
+                fds,
+            )
+        }
+        Err(e) => {
+            let _ = c.engine.destroy_srq(srq);
+            (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
+        }
+    }
+}
+
+fn modify_qp(c: &mut ClientDev, qpn: u32, a: &ctl::QpAttr, mask: u32) -> Response {
+    if !c.qps.contains_key(&qpn) {
+        return errno(libc::EINVAL, "no such QP");
+    }
+    let state = |v| to_qp_state(v).ok_or(VerbsError::Invalid("QP state"));
+    let m = AttrMask(mask);
+    let attr = (|| -> Result<tp::QpAttr, VerbsError> {
+        Ok(tp::QpAttr {
+            qp_state: if m.contains(AttrMask::STATE) {
+                state(a.qp_state)?
+            } else {
+                QpState::Reset
+            },
+            cur_qp_state: if m.contains(AttrMask::CUR_STATE) {
+                state(a.cur_qp_state)?
+            } else {
+                QpState::Reset
+            },
+            path_mtu: if m.contains(AttrMask::PATH_MTU) {
+                Mtu::from_enum(a.path_mtu).ok_or(VerbsError::Invalid("path MTU"))?
+            } else {
+                Mtu::Mtu1024
+            },
+            qkey: Qkey(a.qkey),
+            rq_psn: Psn::new(a.rq_psn),
+            sq_psn: Psn::new(a.sq_psn),
+            dest_qp_num: Qpn::new(a.dest_qp_num),
+            qp_access_flags: Access(a.qp_access_flags),
+            ah_attr: if m.contains(AttrMask::AV) {
+                if !a.ah_attr.is_global {
+                    // RoCE needs a GRH: the GID is the IP address (IBTA A17.4).
+                    return Err(VerbsError::Invalid(
+                        "RoCE address vectors need a GRH (is_global)",
+                    ));
+                }
+                Some(address_vector(&a.ah_attr))
+            } else {
+                None
+            },
+            pkey_index: a.pkey_index,
+            en_sqd_async_notify: a.en_sqd_async_notify != 0,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+        })
+    })();
+    match attr.and_then(|attr| c.engine.modify_qp(Qpn::new(qpn), &attr, m)) {
+        Ok(()) => Response::Done,
+        Err(e) => err(e),
+    }
+}
+
+fn query_qp(c: &mut ClientDev, qpn: u32) -> Response {
+    let Some(q) = c.qps.get(&qpn) else {
+        return errno(libc::EINVAL, "no such QP");
+    };
+    let cap = q.cap;
+    match c.engine.query_qp(Qpn::new(qpn)) {
+        Ok((state, a)) => {
+            let av = a
+                .ah_attr
+                .unwrap_or(AddressVector::new(IpAddr::V4([0, 0, 0, 0].into())));
+            Response::QpAttr {
+                attr: ctl::QpAttr {
+                    qp_state: state as u32,
+                    cur_qp_state: state as u32,
+                    path_mtu: a.path_mtu as u32,
+                    qkey: a.qkey.0,
+                    rq_psn: a.rq_psn.value(),
+                    sq_psn: a.sq_psn.value(),
+                    dest_qp_num: a.dest_qp_num.value(),
+                    qp_access_flags: a.qp_access_flags.0,
+                    ah_attr: ctl::AhAttr {
+                        dgid: ctl::gid_of(av.dgid),
+                        flow_label: av.flow_label,
+                        sgid_index: av.sgid_index,
+                        hop_limit: av.hop_limit,
+                        traffic_class: av.traffic_class,
+                        is_global: a.ah_attr.is_some(),
+                        port_num: 1,
+                        ..Default::default()
+                    },
+                    max_rd_atomic: a.max_rd_atomic,
+                    max_dest_rd_atomic: a.max_dest_rd_atomic,
+                    min_rnr_timer: a.min_rnr_timer,
+                    port_num: 1,
+                    timeout: a.timeout,
+                    retry_cnt: a.retry_cnt,
+                    rnr_retry: a.rnr_retry,
+                    ..Default::default()
+                },
+                cap: ctl::QpCap {
+                    max_send_wr: cap.max_send_wr,
+                    max_recv_wr: cap.max_recv_wr,
+                    max_send_sge: cap.max_send_sge,
+                    max_recv_sge: cap.max_recv_sge,
+                    max_inline_data: cap.max_inline_data,
+                },
+                sq_sig_all: false,
+            }
+        }
+        Err(e) => err(e),
+    }
+}
+
+/// Converts a decoded send WQE into the engine's work request.
+fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
+    let remote = RemoteAddr {
+        va: w.remote_addr,
+        rkey: w.rkey,
+    };
+    let op = match w.opcode {
+        WrOpcode::Send => SendOp::Send,
+        WrOpcode::SendWithImm => SendOp::SendWithImm(w.imm_or_inv),
+        WrOpcode::SendWithInv => SendOp::SendWithInv(Rkey(w.imm_or_inv)),
+        WrOpcode::RdmaWrite => SendOp::Write(remote),
+        WrOpcode::RdmaWriteWithImm => SendOp::WriteWithImm(remote, w.imm_or_inv),
+        WrOpcode::RdmaRead => SendOp::Read(remote),
+        WrOpcode::AtomicCmpAndSwp => SendOp::CompareSwap {
+            remote,
+            compare: w.compare_add,
+            swap: w.swap,
+        },
+        WrOpcode::AtomicFetchAndAdd => SendOp::FetchAdd {
+            remote,
+            add: w.compare_add,
+        },
+        WrOpcode::AtomicWrite => SendOp::AtomicWrite {
+            remote,
+            value: w.compare_add,
+        },
+        WrOpcode::Flush => SendOp::Flush {
+            remote,
+            len: w.compare_add as u32,
+            placement: w.swap as u8,
+        },
+        WrOpcode::LocalInv => SendOp::LocalInv(Rkey(w.imm_or_inv)),
+        WrOpcode::BindMw => return Err("memory windows are not implemented"),
+    };
+    let (sg_list, inline_data) = match w.data {
+        SendData::Sges(s) => (
+            s.iter()
+                .map(|g| tp::Sge {
+                    addr: g.addr,
+                    length: g.length,
+                    lkey: g.lkey,
+                })
+                .collect(),
+            Vec::new(),
+        ),
+        SendData::Inline(d) => (Vec::new(), d.to_vec()),
+    };
+    Ok(SendWr {
+        wr_id: w.wr_id,
+        op,
+        sg_list,
+        inline_data,
+        flags: SendFlags(w.flags & wqe::send_flags::ALL),
+        ud: w.ud.map(|u| UdDest {
+            ah: u.ah,
+            remote_qpn: u.remote_qpn,
+            remote_qkey: u.remote_qkey,
+        }),
+    })
+}
+
+fn recv_wr(w: &RecvWqe<'_>) -> RecvWr {
+    RecvWr {
+        wr_id: w.wr_id,
+        sg_list: w
+            .sges
+            .iter()
+            .map(|g| tp::Sge {
+                addr: g.addr,
+                length: g.length,
+                lkey: Lkey(g.lkey.0),
+            })
+            .collect(),
+    }
+}
+
+/// A completion with an error status for a work request the engine refused at post time.
+fn refused(wr_id: u64, qpn: u32, opcode: u32) -> Cqe {
+    Cqe {
+        wr_id,
+        status: tp::WcStatus::LocQpOpErr as u32,
+        opcode,
+        qp_num: qpn,
+        ..Cqe::default()
+    }
+}
+
+/// Moves posted work from the rings into the engine. Returns whether any was found.
+fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
+    let mut busy = false;
+    let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
+    let mut refusals: Vec<(u32, Cqe)> = Vec::new();
+    for (&qpn, q) in c.qps.iter_mut() {
+        // Stop taking from the ring while earlier work still waits for the engine.
+        while q.pending_send.is_empty() {
+            match q.sq.pop(slot) {
+                Ok(true) => {}
+                _ => break,
+            }
+            busy = true;
+            let decoded = SendWqe::decode(
+                slot,
+                q.cap.max_send_sge as usize,
+                q.cap.max_inline_data as usize,
+                &mut sges,
+            );
+            match decoded
+                .map_err(|_| "malformed")
+                .and_then(|w| send_wr(&w).map_err(|_| "unsupported"))
+            {
+                Ok(wr) => match c.engine.post_send(Qpn::new(qpn), wr.clone()) {
+                    Ok(()) => {}
+                    Err(VerbsError::NoResources(_)) => q.pending_send.push_back(wr),
+                    Err(e) => {
+                        debug!(qpn, "send refused: {e}");
+                        refusals
+                            .push((q.send_cq, refused(wr.wr_id, qpn, wr.op.wc_opcode() as u32)));
+                    }
+                },
+                Err(why) => {
+                    let wr_id = u64::from_ne_bytes(slot[..8].try_into().unwrap_or([0; 8]));
+                    debug!(qpn, "send WQE {why}");
+                    refusals.push((q.send_cq, refused(wr_id, qpn, 0)));
+                }
+            }
+        }
+        if let Some(rq) = &mut q.rq {
+            while q.pending_recv.is_empty() {
+                match rq.pop(slot) {
+                    Ok(true) => {}
+                    _ => break,
+                }
+                busy = true;
+                let Ok(w) = RecvWqe::decode(slot, q.cap.max_recv_sge as usize, &mut sges) else {
+                    continue;
+                };
+                let wr = recv_wr(&w);
+                match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {
+                    Ok(()) => {}
+                    Err(VerbsError::NoResources(_)) => q.pending_recv.push_back(wr),
+                    Err(e) => debug!(qpn, "receive refused: {e}"),
+                }
+            }
+        }
+    }
+    for (&h, s) in c.srqs.iter_mut() {
+        while s.pending.is_empty() {
+            match s.ring.pop(slot) {
+                Ok(true) => {}
+                _ => break,
+            }
+            busy = true;
+            let Ok(w) = RecvWqe::decode(slot, s.max_sge as usize, &mut sges) else {
+                continue;
+            };
+            let wr = recv_wr(&w);
+            match c.engine.post_srq_recv(h, wr.clone()) {
+                Ok(()) => {}
+                Err(VerbsError::NoResources(_)) => s.pending.push_back(wr),
+                Err(e) => debug!(srq = h, "SRQ receive refused: {e}"),
+            }
+        }
+    }
+    for (cq, cqe) in refusals {
+        if let Some(q) = c.cqs.get_mut(&cq) {
+            let mut b = [0u8; wqe::CQE_SLOT_LEN];
+            cqe.encode(&mut b);
+            let _ = q.ring.push(&b);
+        }
+    }
+    busy
+}
+
+fn retry_pending(c: &mut ClientDev) -> bool {
+    let mut busy = false;
+    for (&qpn, q) in c.qps.iter_mut() {
+        while let Some(wr) = q.pending_send.front() {
+            match c.engine.post_send(Qpn::new(qpn), wr.clone()) {
+                Err(VerbsError::NoResources(_)) => break,
+                _ => {
+                    q.pending_send.pop_front();
+                    busy = true;
+                }
+            }
+        }
+        while let Some(wr) = q.pending_recv.front() {
+            match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {
+                Err(VerbsError::NoResources(_)) => break,
+                _ => {
+                    q.pending_recv.pop_front();
+                    busy = true;
+                }
+            }
+        }
+    }
+    for (&h, s) in c.srqs.iter_mut() {
+        while let Some(wr) = s.pending.front() {
+            match c.engine.post_srq_recv(h, wr.clone()) {
+                Err(VerbsError::NoResources(_)) => break,
+                _ => {
+                    s.pending.pop_front();
+                    busy = true;
+                }
+            }
+        }
+    }
+    busy
+}
+
+fn cqe_of(wc: &WorkCompletion) -> Cqe {
+    Cqe {
+        wr_id: wc.wr_id,
+        status: wc.status as u32,
+        opcode: wc.opcode as u32,
+        vendor_err: 0,
+        byte_len: wc.byte_len,
+        imm_or_inv: if wc.wc_flags.contains(tp::WcFlags::WITH_INV) {
+            wc.invalidated_rkey
+        } else {
+            wc.imm_data
+        },
+        qp_num: wc.qp_num.value(),
+        src_qp: wc.src_qp.value(),
+        wc_flags: wc.wc_flags.0,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+/// Moves completions from the engine's CQs into the shared rings, fires completion events of
+/// armed CQs, and forwards async events. Returns whether anything moved.
+fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
+    let tag = |h: u32| (index << HANDLE_DEVICE_SHIFT) | h;
+    let mut busy = false;
+    let mut b = [0u8; wqe::CQE_SLOT_LEN];
+    for (&h, q) in c.cqs.iter_mut() {
+        let mut fire = false;
+        while q.ring.free().unwrap_or(0) > 0 {
+            let Some(wc) = c.engine.poll_cq(h) else { break };
+            busy = true;
+            cqe_of(&wc).encode(&mut b);
+            let _ = q.ring.push(&b);
+            fire |= q
+                .ring
+                .take_arm(wc.solicited || wc.status != tp::WcStatus::Success);
+        }
+        if fire {
+            if let Some(fd) = q.channel.and_then(|ch| c.channels.get(&ch)) {
+                q.generation = q.generation.wrapping_add(1);
+                let mut rec = [0u8; 8];
+                rec[..4].copy_from_slice(&tag(h).to_ne_bytes());
+                rec[4..].copy_from_slice(&q.generation.to_ne_bytes());
+                let _ = nix::unistd::write(fd, &rec);
+            }
+        }
+    }
+    while let Some(ev) = c.engine.poll_event() {
+        busy = true;
+        // `enum ibv_event_type` values.
+        let (element, ty, ctx) = match ev {
+            AsyncEvent::CqError { cq } => (u64::from(tag(cq)), 0u32, c.cqs.get(&cq).map(|q| q.ctx)),
+            AsyncEvent::QpFatal { qpn } => (
+                u64::from(qpn.value()),
+                1,
+                c.qps.get(&qpn.value()).map(|q| q.ctx),
+            ),
+            AsyncEvent::QpRequestError { qpn } => (
+                u64::from(qpn.value()),
+                2,
+                c.qps.get(&qpn.value()).map(|q| q.ctx),
+            ),
+            AsyncEvent::QpAccessError { qpn } => (
+                u64::from(qpn.value()),
+                3,
+                c.qps.get(&qpn.value()).map(|q| q.ctx),
+            ),
+            AsyncEvent::SqDrained { qpn } => (
+                u64::from(qpn.value()),
+                6,
+                c.qps.get(&qpn.value()).map(|q| q.ctx),
+            ),
+            AsyncEvent::LastWqeReached { qpn } => (
+                u64::from(qpn.value()),
+                15,
+                c.qps.get(&qpn.value()).map(|q| q.ctx),
+            ),
+            AsyncEvent::SrqLimitReached { srq } => {
+                (u64::from(tag(srq)), 14, c.srqs.get(&srq).map(|s| s.ctx))
+            }
+            // Completion notifications travel through the rings' arm word instead.
+            AsyncEvent::CqNotify { .. } => continue,
+        };
+        if let Some(fd) = ctx.and_then(|x| c.contexts.get(&x)) {
+            let mut rec = [0u8; 16];
+            rec[..8].copy_from_slice(&element.to_ne_bytes());
+            rec[8..12].copy_from_slice(&ty.to_ne_bytes());
+            let _ = nix::unistd::write(fd, &rec);
+        }
+    }
+    busy
+}
+
+/// Rebuilds the IPv4 or IPv6 and UDP headers of a verified datagram in front of its bytes, as
+/// they were on the wire (the ICRC covers them), into `out`. Returns the packet's length.
+fn rebuild_ip(d: &RxDatagram<'_>, out: &mut [u8]) -> Option<usize> {
+    use proto::wire::{Ipv4Repr, Ipv6Repr, UdpRepr};
+    let udp = UdpRepr {
+        src_port: d.src.port(),
+        dst_port: d.dst.port(),
+        checksum: 0,
+        payload_len: d.bytes.len(),
+    };
+    let (hl, total) = match (d.src.ip(), d.dst.ip()) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            let id = d.ipv4?;
+            let ip = Ipv4Repr {
+                src,
+                dst,
+                tos: d.tos,
+                ident: id.ident,
+                dont_frag: id.dont_frag,
+                ttl: 64,
+                protocol: 17,
+                payload_len: 8 + d.bytes.len(),
+            };
+            let total = 20 + 8 + d.bytes.len();
+            if out.len() < total {
+                return None;
+            }
+            ip.emit(&mut out[..20]);
+            (20, total)
+        }
+        (IpAddr::V6(src), IpAddr::V6(dst)) => {
+            let ip = Ipv6Repr {
+                src,
+                dst,
+                traffic_class: d.tos,
+                flow_label: 0,
+                next_header: 17,
+                hop_limit: 64,
+                payload_len: 8 + d.bytes.len(),
+            };
+            let total = 40 + 8 + d.bytes.len();
+            if out.len() < total {
+                return None;
+            }
+            ip.emit(&mut out[..40]);
+            (40, total)
+        }
+        _ => return None,
+    };
+    udp.emit(&mut out[hl..hl + 8]);
+    out[hl + 8..total].copy_from_slice(d.bytes);
+    Some(total)
+}
+
+/// Sends one engine frame through the UDP socket. The socket's source port is 4791 (rxe picks a
+/// per-QP port; receivers accept any), and the ICRC covers the ports, so it is recomputed for
+/// the headers the kernel will write.
+fn send_frame(net: &mut UdpTransport, buf: &mut [u8], t: &tp::Transmit) {
+    let Some(frame) = buf.get_mut(..t.len) else {
+        return;
+    };
+    let (tos, ttl) = match t.src {
+        IpAddr::V4(_) => (frame[1], frame[8]),
+        IpAddr::V6(_) => (
+            ((u16::from_be_bytes([frame[0], frame[1]]) >> 4) & 0xff) as u8,
+            frame[7],
+        ),
+    };
+    let local_port = match t.src {
+        IpAddr::V4(_) => net.local_addr_v4(),
+        IpAddr::V6(_) => net.local_addr_v6(),
+    }
+    .map_or(proto::wire::ROCE_V2_PORT, |a| a.port());
+    let transport = &mut frame[t.transport_offset..];
+    let builder = PacketBuilder::new(t.src, t.dst, local_port);
+    if builder.seal(0, transport).is_err() {
+        return;
+    }
+    let meta = TxMeta {
+        dst: SocketAddr::new(t.dst, proto::wire::ROCE_V2_PORT),
+        src: Some(t.src),
+        tos,
+        ttl: Some(ttl),
+        segment_size: None,
+    };
+    let _ = net.send(&meta, transport);
+}
