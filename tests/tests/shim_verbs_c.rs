@@ -5,9 +5,8 @@
 
 mod shim_support;
 
-use std::process::Command;
 
-use shim_support::{check_output, compile_c, shim_libs};
+use shim_support::{check_output, compile_c, Daemon};
 
 const PROGRAM: &str = r#"
 #define _GNU_SOURCE
@@ -244,8 +243,9 @@ int main(void)
 #[test]
 fn c_program_sees_working_and_failing_verbs_without_crashing() {
     let exe = compile_c("shim_verbs", PROGRAM, &["ibverbs", "dl"]);
-    let out = Command::new(&exe)
-        .env("LD_PRELOAD", &shim_libs().preload)
+    let daemon = Daemon::start("verbs-c", &[]);
+    let out = daemon
+        .command(&exe)
         .output()
         .expect("run shim_verbs");
     let stdout = check_output("shim_verbs (C) under LD_PRELOAD", out);
