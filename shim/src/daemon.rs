@@ -317,8 +317,7 @@ fn exchange(
     let (len, truncated) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
         let mut space = nix::cmsg_space!([RawFd; MAX_FDS_PER_MESSAGE]);
-        let msg = match recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-        {
+        let msg = match recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
             Ok(msg) => msg,
             Err(nix::Error::EINTR) => continue,
             Err(nix::Error::EAGAIN) => {
@@ -471,7 +470,13 @@ mod tests {
             // SAFETY: conn is a connected socket; buf is writable.
             let n = unsafe { libc::recv(conn.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
             let req: Request = ctl::decode(&buf[..n as usize]).unwrap();
-            assert!(matches!(req, Request::Hello { version: PROTOCOL_VERSION, .. }));
+            assert!(matches!(
+                req,
+                Request::Hello {
+                    version: PROTOCOL_VERSION,
+                    ..
+                }
+            ));
             send(&conn, &first);
             if let Some(second) = second {
                 // SAFETY: as above.

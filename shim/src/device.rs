@@ -390,8 +390,7 @@ mod tests {
             gids: vec![
                 GidEntry {
                     index: 0,
-                    gid: GidDescription::link_local_default([2, 0x53, 0x52, 0x58, 0x45, 7], 0)
-                        .gid,
+                    gid: GidDescription::link_local_default([2, 0x53, 0x52, 0x58, 0x45, 7], 0).gid,
                     roce: RoceVersion::V2,
                 },
                 GidEntry {
@@ -419,7 +418,10 @@ mod tests {
     fn daemon_device_is_rxe_with_the_daemons_identity() {
         let d = description_from_daemon(&daemon_info());
         assert_eq!(d.name, "srxe7");
-        assert_eq!(d.node_guid, [0x02, 0x53, 0x52, 0xff, 0xfe, 0x58, 0x45, 0x07]);
+        assert_eq!(
+            d.node_guid,
+            [0x02, 0x53, 0x52, 0xff, 0xfe, 0x58, 0x45, 0x07]
+        );
         assert_eq!(d.attr.orig_attr.node_guid, u64::from_ne_bytes(d.node_guid));
         assert_eq!(d.attr.orig_attr.device_cap_flags, 0x0122_3c76);
         assert_eq!(d.attr.orig_attr.vendor_id, 0xff_ffff);

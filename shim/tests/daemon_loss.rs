@@ -58,7 +58,11 @@ fn cmd_fd_fork_and_device_fatal_on_daemon_loss() {
         assert!(!a.is_null() && !b.is_null());
         (a, b)
     };
-    assert_eq!(fake.hellos.load(Ordering::SeqCst), 1, "one connection per process");
+    assert_eq!(
+        fake.hellos.load(Ordering::SeqCst),
+        1,
+        "one connection per process"
+    );
     let parent_client = daemon::connection().unwrap().client_id();
 
     // SAFETY: a and b are live contexts.
@@ -67,7 +71,11 @@ fn cmd_fd_fork_and_device_fatal_on_daemon_loss() {
     for fd in [cmd_a, cmd_b] {
         assert!(fd >= 0);
         // SAFETY: fcntl on a plain integer; fails with EBADF if it is not open.
-        assert_ne!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1, "cmd_fd must be open");
+        assert_ne!(
+            unsafe { libc::fcntl(fd, libc::F_GETFD) },
+            -1,
+            "cmd_fd must be open"
+        );
         // SAFETY: as above.
         let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
         assert_ne!(flags & libc::FD_CLOEXEC, 0, "cmd_fd must be close-on-exec");
@@ -94,8 +102,15 @@ fn cmd_fd_fork_and_device_fatal_on_daemon_loss() {
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "the fork child must get its own connection (status {status:#x})"
     );
-    assert_eq!(fake.hellos.load(Ordering::SeqCst), 2, "the child said hello itself");
-    assert!(!daemon::connection().unwrap().is_lost(), "the parent keeps its connection");
+    assert_eq!(
+        fake.hellos.load(Ordering::SeqCst),
+        2,
+        "the child said hello itself"
+    );
+    assert!(
+        !daemon::connection().unwrap().is_lost(),
+        "the parent keeps its connection"
+    );
 
     // The daemon dies: both contexts get DEVICE_FATAL.
     fake.hang_up();
@@ -124,5 +139,9 @@ fn cmd_fd_fork_and_device_fatal_on_daemon_loss() {
         assert_eq!(ibv_close_device(b), 0);
     }
     // SAFETY: fcntl on a plain integer.
-    assert_eq!(unsafe { libc::fcntl(cmd_a, libc::F_GETFD) }, -1, "closed with its context");
+    assert_eq!(
+        unsafe { libc::fcntl(cmd_a, libc::F_GETFD) },
+        -1,
+        "closed with its context"
+    );
 }

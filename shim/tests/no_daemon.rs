@@ -14,7 +14,10 @@ fn no_daemon_means_an_empty_non_null_list() {
         let list = ibv_get_device_list(&mut n);
         assert!(!list.is_null());
         assert_eq!(n, 0);
-        assert!((*list).is_null(), "NULL-terminated, with nothing before the NULL");
+        assert!(
+            (*list).is_null(),
+            "NULL-terminated, with nothing before the NULL"
+        );
         ibv_free_device_list(list);
     }
     assert!(softroce::runtime::devices().is_empty());

@@ -90,7 +90,9 @@ fn killing_the_daemon_delivers_device_fatal_to_open_contexts() {
         .expect("softroce res show");
     let shown = check_output("softroce res show", shown);
     assert!(
-        shown.lines().any(|l| l.split_whitespace().nth(3) == Some("shim_fatal")),
+        shown
+            .lines()
+            .any(|l| l.split_whitespace().nth(3) == Some("shim_fatal")),
         "shim_fatal is not a client of the daemon:\n{shown}"
     );
 

@@ -7,7 +7,9 @@ mod shim_support;
 
 use std::process::Command;
 
-use shim_support::{check_output, require_program, shim_libs, softroce_bin, workspace_root, Daemon};
+use shim_support::{
+    check_output, require_program, shim_libs, softroce_bin, workspace_root, Daemon,
+};
 
 /// `ibv_devinfo -v` of kernel rxe (rdma-core 44 on kernel 6.1), checked in by the research.
 fn rxe_capture() -> Option<String> {
@@ -21,7 +23,13 @@ fn rxe_capture() -> Option<String> {
 /// The node GUID as `ibv_devices` prints it (16 hex digits) and as `ibv_devinfo` does.
 fn guid_forms(guid: u64) -> (String, String) {
     let hex = format!("{guid:016x}");
-    let colons = format!("{}:{}:{}:{}", &hex[0..4], &hex[4..8], &hex[8..12], &hex[12..16]);
+    let colons = format!(
+        "{}:{}:{}:{}",
+        &hex[0..4],
+        &hex[4..8],
+        &hex[8..12],
+        &hex[12..16]
+    );
     (hex, colons)
 }
 
@@ -53,7 +61,16 @@ fn ibv_devices_lists_the_daemons_device_with_its_guid() {
 fn ibv_devinfo_verbose_shows_the_daemons_configuration() {
     let daemon = Daemon::start(
         "devinfo-srxe7",
-        &["--addr", "127.0.0.2", "--addr", "::1", "--name", "srxe7", "--mtu", "1024"],
+        &[
+            "--addr",
+            "127.0.0.2",
+            "--addr",
+            "::1",
+            "--name",
+            "srxe7",
+            "--mtu",
+            "1024",
+        ],
     );
     let truth = daemon.query_devices();
     let (_, guid) = guid_forms(truth[0].node_guid);
@@ -84,7 +101,10 @@ fn ibv_devinfo_verbose_shows_the_daemons_configuration() {
         ],
     );
     assert!(!out.contains("srxe0"), "only the daemon's device:\n{out}");
-    assert!(!out.contains("GID[  3]"), "only three GIDs expected:\n{out}");
+    assert!(
+        !out.contains("GID[  3]"),
+        "only three GIDs expected:\n{out}"
+    );
     assert!(!out.contains("board_id"), "rxe has no board_id:\n{out}");
 }
 
@@ -177,7 +197,11 @@ fn without_a_daemon_there_are_no_devices_and_one_clear_line() {
         .expect("run ibv_devinfo");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert_eq!(stderr.matches("softroce: no daemon at").count(), 1, "{stderr}");
+    assert_eq!(
+        stderr.matches("softroce: no daemon at").count(),
+        1,
+        "{stderr}"
+    );
     assert!(stderr.contains("No IB devices found"), "{stderr}");
 }
 

@@ -2,6 +2,7 @@
 
 use std::os::fd::AsRawFd;
 use std::ptr;
+use std::sync::atomic::AtomicBool;
 
 use libc::{c_char, c_int, c_void};
 
@@ -159,11 +160,18 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
             cmd_fd,
             async_tx,
             async_rx,
+            fatal_posted: AtomicBool::new(false),
         });
         let raw = Box::into_raw(shim);
         // SAFETY: `raw` is a fresh, valid allocation; take the address of its context member.
         let ctx = unsafe { ptr::addr_of_mut!((*raw).vctx.context) };
         CONTEXTS.insert(ctx);
+        // The daemon may have gone between the check above and the insert, after the monitor
+        // thread walked the registry: this context must still learn about it.
+        if control.is_lost() {
+            // SAFETY: `raw` is live; it was just registered and not yet returned to anyone.
+            unsafe { (*raw).post_device_fatal() };
+        }
         Ok(ctx)
     })
 }

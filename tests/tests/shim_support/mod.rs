@@ -156,7 +156,11 @@ impl Daemon {
         use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 panic!("softroce daemon exited ({status}):\n{}", self.log());
             }
             let fd = socket(
@@ -224,7 +228,12 @@ impl Daemon {
         connect(fd.as_raw_fd(), &UnixAddr::new(&self.socket).unwrap()).expect("connect");
         let mut buf = vec![0u8; ctl::MAX_MESSAGE];
         let mut ask = |req: Request| -> Response {
-            send(fd.as_raw_fd(), &ctl::encode(&req).unwrap(), MsgFlags::empty()).unwrap();
+            send(
+                fd.as_raw_fd(),
+                &ctl::encode(&req).unwrap(),
+                MsgFlags::empty(),
+            )
+            .unwrap();
             let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
             ctl::decode(&buf[..n]).unwrap()
         };
