@@ -290,7 +290,7 @@ pub fn compile_c(name: &str, source: &str, libs: &[&str]) -> PathBuf {
     let exe = dir.join(name);
     std::fs::write(&src, source).expect("write C source");
     let out = Command::new(cc)
-        .args(["-std=gnu11", "-Wall", "-O1", "-o"])
+        .args(["-std=gnu11", "-Wall", "-Werror", "-O1", "-o"])
         .arg(&exe)
         .arg(&src)
         .args(libs.iter().map(|l| format!("-l{l}")))
