@@ -2,7 +2,7 @@
 //! `softroce daemon`: it is a client of that daemon (`softroce res show` lists it by name),
 //! its contexts have real `cmd_fd`s, and when the daemon is killed every open context gets
 //! `IBV_EVENT_DEVICE_FATAL` on its async fd within a second, as on kernel device removal;
-//! opening the device again then fails with ENODEV.
+//! opening the device again then fails with ENODEV. A `fork()` child is a client of its own.
 
 mod shim_support;
 
@@ -113,4 +113,104 @@ fn killing_the_daemon_delivers_device_fatal_to_open_contexts() {
     ];
     let lines: Vec<&str> = rest.lines().collect();
     assert_eq!(lines, expect, "stderr:\n{stderr}");
+}
+
+const FORK_PROGRAM: &str = r#"
+#include <errno.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <infiniband/verbs.h>
+
+static int fail(const char *what) { printf("FAIL %s (errno %d)\n", what, errno); return 1; }
+
+int main(void) {
+    int n = 0;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    if (!list || n != 1) return fail("device list");
+    struct ibv_device *dev = list[0];
+    ibv_free_device_list(list);
+    struct ibv_context *parent_ctx = ibv_open_device(dev);
+    if (!parent_ctx) return fail("parent open");
+    int ready[2];
+    if (pipe(ready)) return fail("pipe");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return fail("fork");
+    if (pid == 0) {
+        /* The child's own context: a connection of its own, not the parent's. */
+        struct ibv_context *ctx = ibv_open_device(dev);
+        char ok = ctx && ctx->cmd_fd != parent_ctx->cmd_fd ? 'y' : 'n';
+        if (write(ready[1], &ok, 1) != 1) _exit(2);
+        char line[16];
+        if (!fgets(line, sizeof line, stdin)) _exit(3);
+        _exit(ctx && ibv_close_device(ctx) == 0 ? 0 : 4);
+    }
+    char ok = 0;
+    if (read(ready[0], &ok, 1) != 1 || ok != 'y') return fail("child open");
+    printf("ready %d %d\n", (int)getpid(), (int)pid);
+    fflush(stdout);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) return fail("waitpid");
+    printf("child exit %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    printf("parent close %d\n", ibv_close_device(parent_ctx));
+    return 0;
+}
+"#;
+
+/// After `fork()`, the child's verbs use a connection of its own: the daemon lists parent and
+/// child as two clients with their own pids.
+#[test]
+fn a_fork_child_is_its_own_client_of_the_daemon() {
+    let exe = compile_c("shim_fork", FORK_PROGRAM, &["ibverbs"]);
+    let daemon = Daemon::start("fork", &[]);
+    let mut child = daemon
+        .command(&exe)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start shim_fork");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    let pids: Vec<String> = first
+        .strip_prefix("ready ")
+        .unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!("shim_fork did not get ready: {first:?}")
+        })
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let shown = Command::new(softroce_bin())
+        .args(["res", "show", "--socket"])
+        .arg(&daemon.socket)
+        .output()
+        .expect("softroce res show");
+    let shown = check_output("softroce res show", shown);
+    // Rows: client pid uid program ...
+    let mut client_pids: Vec<String> = shown
+        .lines()
+        .filter(|l| l.split_whitespace().nth(3) == Some("shim_fork"))
+        .filter_map(|l| l.split_whitespace().nth(1).map(str::to_owned))
+        .collect();
+    client_pids.sort();
+    let mut expect = pids.clone();
+    expect.sort();
+    assert_eq!(
+        client_pids, expect,
+        "parent and child as two clients:\n{shown}"
+    );
+
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert!(
+        out.status.success(),
+        "{rest}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(rest, "child exit 0\nparent close 0\n");
 }
