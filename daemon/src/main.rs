@@ -1,12 +1,6 @@
 //! `softroce`: the user-space RoCE device and its tools.
 
-mod config;
-mod ctl;
-// The data path that calls it lands with the engine integration.
-#[allow(dead_code)]
-mod memory;
-mod pcap;
-mod server;
+use softroce_daemon::{config, ctl, pcap, server};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};

@@ -71,6 +71,11 @@ impl Core {
                     .cloned()
                     .collect(),
             },
+            // The data path (engine, rings, packet I/O) is not wired in yet.
+            _ => Response::Error {
+                errno: libc::EOPNOTSUPP,
+                message: "not implemented by this daemon yet".into(),
+            },
         }
     }
 

@@ -78,10 +78,82 @@ pub struct DeviceInfo {
     pub netdevs: Vec<String>,
 }
 
-/// A client's request.
+/// `struct ibv_qp_cap`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_ah_attr` with its `ibv_global_route`. RoCE always has a GRH.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AhAttr {
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub is_global: bool,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_qp_attr`, field for field (the alternate path is not supported on RoCE).
+/// Values are carried as the application gave them; the daemon validates every one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpAttr {
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    /// `enum ibv_mtu` (1 = 256 .. 5 = 4096).
+    pub path_mtu: u32,
+    pub path_mig_state: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: u32,
+    pub cap: QpCap,
+    pub ah_attr: AhAttr,
+    pub pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+}
+
+/// `enum ibv_qp_type` values the device supports.
+pub mod qp_type {
+    pub const RC: u32 = 2;
+    pub const UC: u32 = 3;
+    pub const UD: u32 = 4;
+}
+
+/// Where a queue's ring lies in the memfd that comes with the response.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RingPlace {
+    pub offset: u64,
+    pub slot_size: u32,
+    pub slot_count: u32,
+}
+
+/// A client's request. Handles (`pd`, `cq`, ...) are the ones the daemon returned; the daemon
+/// checks that each names a live object of the same client. Requests marked "+ fd" carry one
+/// file descriptor beside the message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    /// First message of every connection.
+    /// First message of every connection. The response carries the client's doorbell eventfd:
+    /// the shim writes to it after posting if the daemon said it sleeps.
     Hello {
         version: u32,
         program: String,
@@ -89,6 +161,113 @@ pub enum Request {
     QueryDevices,
     /// Resources of every client, for `softroce res show`.
     ResShow,
+    /// `ibv_open_device` + fd: the write end of the context's async event socket, on which the
+    /// daemon writes 16-byte `{u64 element, u32 type, u32 reserved}` records.
+    OpenContext {
+        device: String,
+    },
+    CloseContext {
+        ctx: u32,
+    },
+    AllocPd {
+        ctx: u32,
+    },
+    DeallocPd {
+        pd: u32,
+    },
+    /// `ibv_reg_mr`: the range must be mapped in the client (else EFAULT).
+    RegMr {
+        pd: u32,
+        addr: u64,
+        length: u64,
+        iova: u64,
+        access: u32,
+    },
+    DeregMr {
+        mr: u32,
+    },
+    /// `ibv_create_comp_channel` + fd: the write end of the channel's pipe, on which the
+    /// daemon writes one 8-byte `{u32 cq, u32 generation}` record per event.
+    CreateCompChannel {
+        ctx: u32,
+    },
+    DestroyCompChannel {
+        channel: u32,
+    },
+    /// Response `Cq` + fd (the memfd holding the completion ring).
+    CreateCq {
+        ctx: u32,
+        cqe: u32,
+        channel: Option<u32>,
+        comp_vector: u32,
+    },
+    DestroyCq {
+        cq: u32,
+    },
+    /// Response `Qp` + fd (the memfd holding the send and receive rings).
+    CreateQp {
+        pd: u32,
+        qp_type: u32,
+        send_cq: u32,
+        recv_cq: u32,
+        srq: Option<u32>,
+        cap: QpCap,
+        sq_sig_all: bool,
+    },
+    ModifyQp {
+        qpn: u32,
+        attr: QpAttr,
+        mask: u32,
+    },
+    QueryQp {
+        qpn: u32,
+        mask: u32,
+    },
+    DestroyQp {
+        qpn: u32,
+    },
+    /// Response `Srq` + fd (the memfd holding the SRQ's receive ring).
+    CreateSrq {
+        pd: u32,
+        max_wr: u32,
+        max_sge: u32,
+        srq_limit: u32,
+    },
+    ModifySrq {
+        srq: u32,
+        max_wr: u32,
+        srq_limit: u32,
+        mask: u32,
+    },
+    QuerySrq {
+        srq: u32,
+    },
+    DestroySrq {
+        srq: u32,
+    },
+    CreateAh {
+        pd: u32,
+        attr: AhAttr,
+    },
+    DestroyAh {
+        ah: u32,
+    },
+    /// `ibv_alloc_mw`: type 1 or 2.
+    AllocMw {
+        pd: u32,
+        mw_type: u32,
+    },
+    DeallocMw {
+        mw: u32,
+    },
+    AttachMcast {
+        qpn: u32,
+        gid: [u8; 16],
+    },
+    DetachMcast {
+        qpn: u32,
+        gid: [u8; 16],
+    },
 }
 
 /// Resources one client holds.
@@ -118,6 +297,62 @@ pub enum Response {
     Resources {
         devices: Vec<String>,
         clients: Vec<ClientResources>,
+    },
+    /// The request succeeded and has nothing to return.
+    Done,
+    Context {
+        ctx: u32,
+    },
+    Pd {
+        pd: u32,
+    },
+    Mr {
+        mr: u32,
+        lkey: u32,
+        rkey: u32,
+    },
+    CompChannel {
+        channel: u32,
+    },
+    /// + fd. `cqe` is the depth granted (at least the one asked for).
+    Cq {
+        cq: u32,
+        cqe: u32,
+        ring: RingPlace,
+        region_len: u64,
+    },
+    /// + fd. `cap` is what was granted.
+    Qp {
+        qpn: u32,
+        cap: QpCap,
+        sq: RingPlace,
+        rq: Option<RingPlace>,
+        region_len: u64,
+    },
+    QpAttr {
+        attr: QpAttr,
+        cap: QpCap,
+        sq_sig_all: bool,
+    },
+    /// + fd.
+    Srq {
+        srq: u32,
+        max_wr: u32,
+        max_sge: u32,
+        ring: RingPlace,
+        region_len: u64,
+    },
+    SrqAttr {
+        max_wr: u32,
+        max_sge: u32,
+        srq_limit: u32,
+    },
+    Ah {
+        ah: u32,
+    },
+    Mw {
+        mw: u32,
+        rkey: u32,
     },
     /// A failed request, with the errno the verb should return and a message for the log.
     Error {
@@ -203,6 +438,53 @@ mod tests {
             assert!(decode::<Response>(&bytes[..cut]).is_err());
         }
         assert!(decode::<Request>(&[0xff; 40]).is_err());
+    }
+
+    #[test]
+    fn resource_requests_round_trip() {
+        let reqs = [
+            Request::RegMr {
+                pd: 1,
+                addr: 0x7fff_0000_1000,
+                length: 1 << 20,
+                iova: 0x7fff_0000_1000,
+                access: 7,
+            },
+            Request::CreateQp {
+                pd: 1,
+                qp_type: qp_type::RC,
+                send_cq: 2,
+                recv_cq: 2,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 128,
+                    max_recv_wr: 128,
+                    max_send_sge: 4,
+                    max_recv_sge: 4,
+                    max_inline_data: 64,
+                },
+                sq_sig_all: false,
+            },
+            Request::ModifyQp {
+                qpn: 0x11,
+                attr: QpAttr {
+                    qp_state: 3,
+                    path_mtu: 5,
+                    dest_qp_num: 0x12,
+                    ah_attr: AhAttr {
+                        dgid: gid_of("::1".parse().unwrap()),
+                        is_global: true,
+                        hop_limit: 64,
+                        ..AhAttr::default()
+                    },
+                    ..QpAttr::default()
+                },
+                mask: 0x1 | 0x80 | 0x100 | 0x1000 | 0x10_0000,
+            },
+        ];
+        for r in reqs {
+            assert_eq!(decode::<Request>(&encode(&r).unwrap()).unwrap(), r);
+        }
     }
 
     #[test]

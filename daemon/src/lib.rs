@@ -1,0 +1,10 @@
+//! The softroce device: the daemon's control plane, client memory access, shared rings,
+//! packet I/O, and the capture tools. The `softroce` binary (`main.rs`) is a thin CLI over it.
+
+pub mod config;
+pub mod ctl;
+pub mod memory;
+pub mod net;
+pub mod pcap;
+pub mod server;
+pub mod shm;
