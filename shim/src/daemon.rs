@@ -109,6 +109,9 @@ pub fn report(err: &ConnectError) {
 pub struct ControlConnection {
     fd: OwnedFd,
     client_id: u64,
+    /// Descriptors that came with the `Hello` answer (the client's doorbell eventfd, once the
+    /// daemon sends it), kept open for the verbs that will use them.
+    hello_fds: Vec<OwnedFd>,
     path: PathBuf,
     /// One exchange at a time: SEQPACKET keeps each message whole, but two threads' requests
     /// would otherwise read each other's answers.
@@ -144,8 +147,10 @@ impl ControlConnection {
             version: PROTOCOL_VERSION,
             program: program.to_owned(),
         };
-        let client_id = match exchange(fd.as_raw_fd(), &hello, &[]) {
-            Ok((Response::Hello { version, client }, _)) if version == PROTOCOL_VERSION => client,
+        let (client_id, hello_fds) = match exchange(fd.as_raw_fd(), &hello, &[]) {
+            Ok((Response::Hello { version, client }, fds)) if version == PROTOCOL_VERSION => {
+                (client, fds)
+            }
             Ok((Response::Hello { version, .. }, _)) => {
                 return Err(ConnectError::Refused {
                     path: path.to_path_buf(),
@@ -170,6 +175,7 @@ impl ControlConnection {
         Ok(ControlConnection {
             fd,
             client_id,
+            hello_fds,
             path: path.to_path_buf(),
             exchange: Mutex::new(()),
             lost: AtomicBool::new(false),
@@ -179,6 +185,11 @@ impl ControlConnection {
     /// The id the daemon gave this process in its `Hello` answer.
     pub fn client_id(&self) -> u64 {
         self.client_id
+    }
+
+    /// The descriptors the daemon attached to its `Hello` answer, in order.
+    pub fn hello_fds(&self) -> &[OwnedFd] {
+        &self.hello_fds
     }
 
     pub fn path(&self) -> &Path {
@@ -445,6 +456,10 @@ extern "C" fn forget_connection_in_child() {
         let dead = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
         if dead >= 0 {
             libc::dup3(dead, conn.fd.as_raw_fd(), libc::O_CLOEXEC);
+            // The parent's doorbell too: the child must not wake the daemon for the parent.
+            for fd in &conn.hello_fds {
+                libc::dup3(dead, fd.as_raw_fd(), libc::O_CLOEXEC);
+            }
             libc::close(dead);
         }
     }
