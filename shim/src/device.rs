@@ -1,15 +1,18 @@
 //! What the shim knows about each device: a plain description ([`DeviceDescription`]) produced
 //! by a [`DeviceSource`].
 //!
-//! Today the only source is [`BuiltinSource`], a fixed `srxe0` that answers like kernel rxe
-//! (values from `ibv_devinfo -v` on rxe, shared/captures/devinfo/rxe1-ibv_devinfo-v.txt, and
-//! roce-rxe-facts.md §6.1) bound to loopback. The seam for the daemon is [`source_from_env`]:
-//! once the control protocol exists, a `DaemonSource` that asks the daemon at
-//! `$SOFTROCE_SOCKET` for its device list slots in there without touching the verbs code.
+//! The source is [`DaemonSource`]: the daemon at `$SOFTROCE_SOCKET` lists its devices (name,
+//! node GUID, GID table, MTUs, port state) and the shim fills in everything else the way kernel
+//! rxe answers (values from `ibv_devinfo -v` on rxe, shared/captures/devinfo/
+//! rxe1-ibv_devinfo-v.txt, and roce-rxe-facts.md §6.1). The trait stays a seam so the verbs code
+//! never depends on where descriptions come from.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use proto::ctl::DeviceInfo;
+
 use crate::abi::*;
+use crate::daemon;
 
 /// One GID table entry (IBTA 4.1; RoCE: roce-rxe-facts.md §7.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,26 +104,108 @@ pub trait DeviceSource: Send + Sync {
     fn devices(&self) -> Vec<DeviceDescription>;
 }
 
-/// Picks the device source for this process. This is the seam for the daemon: when
-/// `$SOFTROCE_SOCKET` names a control socket, devices will be read from the daemon there.
-/// Until that protocol exists every process gets the built-in loopback device.
+/// The device source of a process: the daemon at [`daemon::socket_path`].
 pub fn source_from_env() -> Box<dyn DeviceSource> {
-    Box::new(BuiltinSource)
+    Box::new(DaemonSource)
 }
 
-/// The built-in device: `srxe0`, a RoCE v2 port on loopback.
+/// Devices as the daemon describes them (`QueryDevices` on the process's control connection).
+///
+/// With no daemon reachable there are no devices: a built-in device that cannot carry traffic
+/// would only mislead. The reason is printed once on stderr (the device table is built once
+/// per process), e.g. `softroce: no daemon at PATH (start one with: softroce daemon)`.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct BuiltinSource;
+pub struct DaemonSource;
 
-/// Locally administered MAC the built-in device pretends to have ("SRXE" in the middle).
-pub const BUILTIN_MAC: [u8; 6] = [0x02, 0x53, 0x52, 0x58, 0x45, 0x00];
-/// ifindex of `lo`.
-const LOOPBACK_IFINDEX: u32 = 1;
-
-impl DeviceSource for BuiltinSource {
+impl DeviceSource for DaemonSource {
     fn devices(&self) -> Vec<DeviceDescription> {
-        vec![rxe_like_device("srxe0", BUILTIN_MAC, loopback_port())]
+        match daemon::connection().and_then(|c| c.query_devices()) {
+            Ok(infos) => infos.iter().map(description_from_daemon).collect(),
+            Err(e) => {
+                daemon::report(&e);
+                Vec::new()
+            }
+        }
     }
+}
+
+/// kernel rxe's `phys_state` values (IBTA 14.2.5.6 PortPhysicalState): rxe reports LINK_UP
+/// with netdev carrier and DISABLED without (rxe_verbs.c `rxe_query_port`).
+const PHYS_STATE_DISABLED: u8 = 3;
+const PHYS_STATE_LINK_UP: u8 = 5;
+
+/// A daemon `DeviceInfo` combined with the rxe constants the daemon does not send.
+pub fn description_from_daemon(info: &DeviceInfo) -> DeviceDescription {
+    let mut attr = rxe_port_attr();
+    // Anything outside the IB MTU enum (1..=5) from the daemon is treated as the smallest
+    // MTU rather than trusted: these values go straight to applications.
+    let mtu = |v: u8| match i32::from(v) {
+        m @ IBV_MTU_256..=IBV_MTU_4096 => m,
+        _ => IBV_MTU_256,
+    };
+    attr.max_mtu = mtu(info.max_mtu);
+    attr.active_mtu = mtu(info.active_mtu).min(attr.max_mtu);
+    if info.port_active {
+        attr.state = IBV_PORT_ACTIVE;
+        attr.phys_state = PHYS_STATE_LINK_UP;
+    } else {
+        attr.state = IBV_PORT_DOWN;
+        attr.phys_state = PHYS_STATE_DISABLED;
+    }
+    let ifindex = info
+        .netdevs
+        .first()
+        .map(|n| interface_index(n))
+        .unwrap_or(0);
+    let table_len = usize::try_from(attr.gid_tbl_len).unwrap_or(0);
+    let mut gids: Vec<Option<GidDescription>> = Vec::new();
+    for entry in &info.gids {
+        let Ok(index) = usize::try_from(entry.index) else {
+            continue;
+        };
+        if index >= table_len {
+            continue; // past the advertised table: unreachable by any query
+        }
+        if gids.len() <= index {
+            gids.resize(index + 1, None);
+        }
+        let addr = Ipv6Addr::from(entry.gid);
+        // Devices without a netdev (--addr only) serve loopback addresses: their GIDs belong
+        // to `lo`, as they would on an rxe device bound to it.
+        let ndev_ifindex = if ifindex == 0 && is_loopback_gid(&addr) {
+            interface_index("lo")
+        } else {
+            ifindex
+        };
+        gids[index] = Some(GidDescription {
+            gid: entry.gid,
+            gid_type: entry.roce.ibv_gid_type(),
+            ndev_ifindex,
+        });
+    }
+    rxe_like_device(
+        &info.name,
+        info.node_guid.to_be_bytes(),
+        PortDescription {
+            attr,
+            gids,
+            pkeys: vec![0xffff],
+        },
+    )
+}
+
+fn is_loopback_gid(addr: &Ipv6Addr) -> bool {
+    addr.is_loopback()
+        || addr.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        || addr.segments()[0] == 0xfe80
+}
+
+/// The kernel ifindex of a network interface, 0 if it does not exist.
+fn interface_index(name: &str) -> u32 {
+    std::ffi::CString::new(name)
+        // SAFETY: a valid NUL-terminated string; if_nametoindex only reads it.
+        .map(|c| unsafe { libc::if_nametoindex(c.as_ptr()) })
+        .unwrap_or(0)
 }
 
 /// kernel rxe's `active_mtu`: the IB MTU enum for (netdev MTU - RoCE headers), capped at 4096
@@ -135,30 +220,6 @@ pub fn rxe_active_mtu(netdev_mtu: u32) -> i32 {
         p if p >= 1024 => IBV_MTU_1024,
         p if p >= 512 => IBV_MTU_512,
         _ => IBV_MTU_256,
-    }
-}
-
-/// The loopback port: `lo` has MTU 65536 (so active_mtu 4096), addresses 127.0.0.1 and ::1.
-fn loopback_port() -> PortDescription {
-    let mut attr = rxe_port_attr();
-    attr.active_mtu = rxe_active_mtu(65536);
-    PortDescription {
-        attr,
-        gids: vec![
-            Some(GidDescription::link_local_default(
-                BUILTIN_MAC,
-                LOOPBACK_IFINDEX,
-            )),
-            Some(GidDescription::roce_v2_ipv4(
-                Ipv4Addr::LOCALHOST,
-                LOOPBACK_IFINDEX,
-            )),
-            Some(GidDescription::roce_v2_ipv6(
-                Ipv6Addr::LOCALHOST,
-                LOOPBACK_IFINDEX,
-            )),
-        ],
-        pkeys: vec![0xffff],
     }
 }
 
@@ -206,8 +267,7 @@ pub const RXE_DEVICE_CAP_FLAGS: u32 = IBV_DEVICE_BAD_PKEY_CNTR
     | IBV_DEVICE_MEM_WINDOW_TYPE_2B;
 
 /// A device with kernel rxe's limits (rxe_param.h; capture rxe1-ibv_devinfo-v.txt).
-pub fn rxe_like_device(name: &str, mac: [u8; 6], port: PortDescription) -> DeviceDescription {
-    let node_guid = eui64_from_mac(mac);
+pub fn rxe_like_device(name: &str, node_guid: [u8; 8], port: PortDescription) -> DeviceDescription {
     let mut fw_ver = [0 as libc::c_char; 64];
     for (dst, src) in fw_ver.iter_mut().zip(b"0.0.0") {
         *dst = *src as libc::c_char;
@@ -318,24 +378,81 @@ mod tests {
         assert_eq!(rxe_active_mtu(0), IBV_MTU_256);
     }
 
+    fn daemon_info() -> DeviceInfo {
+        use proto::ctl::{gid_of, GidEntry, RoceVersion};
+        DeviceInfo {
+            name: "srxe7".into(),
+            node_guid: 0x0253_52ff_fe58_4507,
+            roce: RoceVersion::V2,
+            max_mtu: 5,
+            active_mtu: 3,
+            port_active: true,
+            gids: vec![
+                GidEntry {
+                    index: 0,
+                    gid: GidDescription::link_local_default([2, 0x53, 0x52, 0x58, 0x45, 7], 0).gid,
+                    roce: RoceVersion::V2,
+                },
+                GidEntry {
+                    index: 1,
+                    gid: gid_of("127.0.0.2".parse().unwrap()),
+                    roce: RoceVersion::V2,
+                },
+                GidEntry {
+                    index: 3,
+                    gid: gid_of("::1".parse().unwrap()),
+                    roce: RoceVersion::V1,
+                },
+                // Past gid_tbl_len: dropped, never an out-of-bounds slot.
+                GidEntry {
+                    index: 5000,
+                    gid: [9; 16],
+                    roce: RoceVersion::V2,
+                },
+            ],
+            netdevs: vec![],
+        }
+    }
+
     #[test]
-    fn builtin_device_matches_rxe_capture() {
-        let devs = BuiltinSource.devices();
-        assert_eq!(devs.len(), 1);
-        let d = &devs[0];
-        assert_eq!(d.name, "srxe0");
+    fn daemon_device_is_rxe_with_the_daemons_identity() {
+        let d = description_from_daemon(&daemon_info());
+        assert_eq!(d.name, "srxe7");
+        assert_eq!(
+            d.node_guid,
+            [0x02, 0x53, 0x52, 0xff, 0xfe, 0x58, 0x45, 0x07]
+        );
+        assert_eq!(d.attr.orig_attr.node_guid, u64::from_ne_bytes(d.node_guid));
         assert_eq!(d.attr.orig_attr.device_cap_flags, 0x0122_3c76);
         assert_eq!(d.attr.orig_attr.vendor_id, 0xff_ffff);
         assert_eq!(d.attr.orig_attr.max_qp_rd_atom, 128);
         let p = &d.ports[0];
         assert_eq!(p.attr.state, IBV_PORT_ACTIVE);
-        assert_eq!(p.attr.active_mtu, IBV_MTU_4096);
+        assert_eq!(p.attr.phys_state, PHYS_STATE_LINK_UP);
+        assert_eq!(p.attr.active_mtu, IBV_MTU_1024);
+        assert_eq!(p.attr.max_mtu, IBV_MTU_4096);
         assert_eq!(p.attr.link_layer, IBV_LINK_LAYER_ETHERNET);
-        assert_eq!(p.gids.len(), 3);
-        assert!(p
-            .gids
-            .iter()
-            .flatten()
-            .all(|g| g.gid_type == IBV_GID_TYPE_ROCE_V2));
+        assert_eq!(p.gids.len(), 4, "slots up to the highest index, hole at 2");
+        assert!(p.gids[2].is_none());
+        let v4 = p.gids[1].unwrap();
+        assert_eq!(Ipv6Addr::from(v4.gid).to_string(), "::ffff:127.0.0.2");
+        assert_eq!(v4.gid_type, IBV_GID_TYPE_ROCE_V2);
+        assert_eq!(p.gids[3].unwrap().gid_type, IBV_GID_TYPE_ROCE_V1);
+        // Loopback GIDs of a device without netdev belong to `lo`.
+        assert_eq!(v4.ndev_ifindex, interface_index("lo"));
+        assert_ne!(v4.ndev_ifindex, 0);
+    }
+
+    #[test]
+    fn down_port_and_bad_mtus_from_the_daemon() {
+        let mut info = daemon_info();
+        info.port_active = false;
+        info.active_mtu = 9;
+        info.max_mtu = 0;
+        let p = &description_from_daemon(&info).ports[0];
+        assert_eq!(p.attr.state, IBV_PORT_DOWN);
+        assert_eq!(p.attr.phys_state, PHYS_STATE_DISABLED);
+        assert_eq!(p.attr.active_mtu, IBV_MTU_256);
+        assert_eq!(p.attr.max_mtu, IBV_MTU_256);
     }
 }

@@ -5,8 +5,10 @@
 //!   system `<infiniband/verbs.h>` by `tests/abi_layout.rs`.
 //! * [`ffi`]: the C boundary: panics never cross it, every failure becomes the verb's documented
 //!   errno convention.
-//! * [`device`]: where device descriptions come from ([`device::DeviceSource`]); today a
-//!   built-in rxe-like `srxe0` on loopback, later the daemon.
+//! * [`daemon`]: the process's control connection to `softroce daemon` (handshake, requests,
+//!   hang-up monitoring, fork handling).
+//! * [`device`]: device descriptions ([`device::DeviceSource`]): the daemon's device list
+//!   combined with kernel rxe's constants.
 //! * [`runtime`]: lazily built device table, live-object registries, async-event plumbing.
 //! * [`verbs`]: every exported libibverbs function (unimplemented ones fail with EOPNOTSUPP).
 //!
@@ -17,6 +19,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod daemon;
 pub mod device;
 pub mod ffi;
 pub mod runtime;

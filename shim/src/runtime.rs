@@ -7,11 +7,13 @@ use std::collections::BTreeSet;
 use std::ffi::c_char;
 use std::mem::offset_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use libc::c_int;
 
 use crate::abi::*;
+use crate::daemon::ControlConnection;
 use crate::device::{source_from_env, DeviceDescription, DeviceSource};
 use crate::ffi::Errno;
 
@@ -142,6 +144,14 @@ impl Registry {
         self.lock().len()
     }
 
+    /// Calls `f` with every live address while holding the registry lock, so none of them can
+    /// be unregistered (and then freed) meanwhile. `f` must not touch this registry.
+    pub fn for_each_live(&self, mut f: impl FnMut(usize)) {
+        for &p in self.lock().iter() {
+            f(p);
+        }
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -166,11 +176,20 @@ pub static COMP_CHANNELS: Registry = Registry::new();
 pub struct ShimContext {
     pub vctx: VerbsContext,
     pub device: &'static ShimDevice,
+    /// The process's daemon connection (shared by all contexts).
+    pub control: &'static ControlConnection,
+    /// `context.cmd_fd`: a duplicate of the control socket, owned here, so the app sees a real
+    /// descriptor as with `/dev/infiniband/uverbsN`.
+    pub cmd_fd: OwnedFd,
     /// Write end of the async event socket whose read end is `context.async_fd`. The daemon
-    /// will get a duplicate; the shim itself writes `IBV_EVENT_DEVICE_FATAL` here.
+    /// will get a duplicate; the shim itself writes `IBV_EVENT_DEVICE_FATAL` here when the
+    /// daemon goes away.
     pub async_tx: OwnedFd,
     /// Read end, owned here and lent to the app as `context.async_fd`.
     pub async_rx: OwnedFd,
+    /// Whether `IBV_EVENT_DEVICE_FATAL` was queued already: it is reported once per context,
+    /// even when the monitor thread and `ibv_open_device` both notice the loss.
+    pub fatal_posted: AtomicBool,
 }
 
 /// Offset of the `ibv_context` inside [`ShimContext`] (320 for rdma-core 44).
@@ -291,6 +310,52 @@ impl ShimContext {
     pub fn post_async_event(&self, record: AsyncEventRecord) -> Result<(), Errno> {
         write_record(self.async_tx.as_raw_fd(), &record.to_bytes())
     }
+
+    /// Like [`Self::post_async_event`] but never blocks: used from the shim's own threads,
+    /// which must not hang on an app that stopped reading its events (the event is dropped
+    /// then, as the kernel drops events past a full async event queue).
+    /// Queues `IBV_EVENT_DEVICE_FATAL` (element 0) unless this context already has it.
+    pub fn post_device_fatal(&self) {
+        if !self.fatal_posted.swap(true, Ordering::AcqRel) {
+            self.try_post_async_event(AsyncEventRecord {
+                element: 0,
+                event_type: IBV_EVENT_DEVICE_FATAL as u32,
+            });
+        }
+    }
+
+    fn try_post_async_event(&self, record: AsyncEventRecord) {
+        let bytes = record.to_bytes();
+        // SAFETY: bytes is a valid readable buffer; the fd is owned by this live context.
+        unsafe {
+            libc::send(
+                self.async_tx.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+    }
+}
+
+/// The daemon is gone: every open context gets `IBV_EVENT_DEVICE_FATAL` (element 0), what the
+/// kernel's `ib_uverbs_remove_one` queues on each uverbs file when a device disappears.
+///
+/// Called after the connection is marked lost; `ibv_open_device` checks that mark after
+/// registering its context, so a context opened concurrently is covered by one side or both
+/// (the registry lock orders them), and [`ShimContext::post_device_fatal`] posts only once.
+pub fn post_device_fatal_to_all_contexts() {
+    CONTEXTS.for_each_live(|addr| {
+        // SAFETY: `addr` is registered and the registry lock is held, so it is the context
+        // member of a live Box<ShimContext> that ibv_close_device cannot free meanwhile (it
+        // unregisters under the same lock first).
+        let ctx = unsafe {
+            &*(addr as *const u8)
+                .sub(CONTEXT_OFFSET)
+                .cast::<ShimContext>()
+        };
+        ctx.post_device_fatal();
+    });
 }
 
 #[cfg(test)]

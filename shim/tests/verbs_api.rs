@@ -3,6 +3,8 @@
 //! the extensible queries. The e2e tests in tests/tests/shim_*.rs cover the same library from
 //! C and from unmodified programs.
 
+mod fake_daemon;
+
 use std::mem::{size_of, MaybeUninit};
 use std::ptr;
 
@@ -26,8 +28,10 @@ fn errno() -> c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// Opens srxe0 and returns its context.
+/// Opens srxe0 (served by an in-process stand-in daemon) and returns its context.
 fn open() -> *mut IbvContext {
+    static DAEMON: std::sync::OnceLock<fake_daemon::FakeDaemon> = std::sync::OnceLock::new();
+    DAEMON.get_or_init(|| fake_daemon::FakeDaemon::start("verbs-api"));
     let mut n = 0;
     // SAFETY: `n` is writable; the list is freed below and the device outlives it.
     unsafe {

@@ -1,9 +1,15 @@
 //! Unmodified `ibv_devices` and `ibv_devinfo -v` (ibverbs-utils, rdma-core 44) under
-//! LD_PRELOAD=libsoftroce.so see the built-in device `srxe0` and describe it like kernel rxe.
+//! LD_PRELOAD=libsoftroce.so see exactly the devices of the `softroce daemon` at
+//! `$SOFTROCE_SOCKET`, described like kernel rxe; with no daemon they see none and are told why
+//! in one line. Also `softroce run -- ibv_devinfo`, end to end.
 
 mod shim_support;
 
-use shim_support::{require_program, run_preloaded, workspace_root};
+use std::process::Command;
+
+use shim_support::{
+    check_output, require_program, shim_libs, softroce_bin, workspace_root, Daemon,
+};
 
 /// `ibv_devinfo -v` of kernel rxe (rdma-core 44 on kernel 6.1), checked in by the research.
 fn rxe_capture() -> Option<String> {
@@ -14,63 +20,92 @@ fn rxe_capture() -> Option<String> {
         .ok()
 }
 
+/// The node GUID as `ibv_devices` prints it (16 hex digits) and as `ibv_devinfo` does.
+fn guid_forms(guid: u64) -> (String, String) {
+    let hex = format!("{guid:016x}");
+    let colons = format!(
+        "{}:{}:{}:{}",
+        &hex[0..4],
+        &hex[4..8],
+        &hex[8..12],
+        &hex[12..16]
+    );
+    (hex, colons)
+}
+
+fn assert_lines(out: &str, expect: &[&str]) {
+    let lines: Vec<&str> = out.lines().collect();
+    for e in expect {
+        assert!(lines.contains(e), "missing line {e:?} in:\n{out}");
+    }
+}
+
 #[test]
-fn ibv_devices_lists_srxe0() {
-    let out = run_preloaded(&require_program("ibv_devices"), &[]);
+fn ibv_devices_lists_the_daemons_device_with_its_guid() {
+    let daemon = Daemon::start("devices-default", &[]);
+    let truth = daemon.query_devices();
+    assert_eq!(truth.len(), 1);
+    let (hex, _) = guid_forms(truth[0].node_guid);
+    let out = daemon.run_preloaded(&require_program("ibv_devices"), &[]);
     let rows: Vec<Vec<&str>> = out
         .lines()
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert!(
-        rows.contains(&vec!["srxe0", "005352fffe584500"]),
-        "srxe0 with its node GUID missing from:\n{out}"
+        rows.contains(&vec!["srxe0", hex.as_str()]),
+        "srxe0 with the daemon's node GUID {hex} missing from:\n{out}"
     );
 }
 
 #[test]
-fn ibv_devinfo_verbose_reports_rxe_attributes() {
-    let out = run_preloaded(&require_program("ibv_devinfo"), &["-v"]);
-    let expect = [
-        "hca_id:\tsrxe0",
-        "\ttransport:\t\t\tInfiniBand (0)",
-        "\tfw_ver:\t\t\t\t0.0.0",
-        "\tnode_guid:\t\t\t0053:52ff:fe58:4500",
-        "\tvendor_id:\t\t\t0xffffff",
-        "\tphys_port_cnt:\t\t\t1",
-        "\tmax_mr_size:\t\t\t0xffffffffffffffff",
-        "\tmax_qp:\t\t\t\t1048560",
-        "\tdevice_cap_flags:\t\t0x01223c76",
-        "\tmax_qp_rd_atom:\t\t\t128",
-        "\tmax_qp_init_rd_atom:\t\t128",
-        "\tatomic_cap:\t\t\tATOMIC_HCA (1)",
-        "\tmax_pkeys:\t\t\t64",
-        "\tnum_comp_vectors:\t\t1",
-        "\t\t\tstate:\t\t\tPORT_ACTIVE (4)",
-        "\t\t\tmax_mtu:\t\t4096 (5)",
-        "\t\t\tactive_mtu:\t\t4096 (5)",
-        "\t\t\tlink_layer:\t\tEthernet",
-        "\t\t\tport_cap_flags:\t\t0x00010000",
-        "\t\t\tgid_tbl_len:\t\t1024",
-        "\t\t\tphys_state:\t\tLINK_UP (5)",
-        "\t\t\tGID[  0]:\t\tfe80::53:52ff:fe58:4500, RoCE v2",
-        "\t\t\tGID[  1]:\t\t::ffff:127.0.0.1, RoCE v2",
-        "\t\t\tGID[  2]:\t\t::1, RoCE v2",
-    ];
-    let lines: Vec<&str> = out.lines().collect();
-    for e in expect {
-        assert!(
-            lines.contains(&e),
-            "missing line {e:?} in ibv_devinfo -v output:\n{out}"
-        );
-    }
-    assert!(
-        !out.contains("board_id"),
-        "rxe has no board_id; the shim must not invent one"
+fn ibv_devinfo_verbose_shows_the_daemons_configuration() {
+    let daemon = Daemon::start(
+        "devinfo-srxe7",
+        &[
+            "--addr",
+            "127.0.0.2",
+            "--addr",
+            "::1",
+            "--name",
+            "srxe7",
+            "--mtu",
+            "1024",
+        ],
     );
+    let truth = daemon.query_devices();
+    let (_, guid) = guid_forms(truth[0].node_guid);
+    let gid0 = std::net::Ipv6Addr::from(truth[0].gids[0].gid).to_string();
+    let out = daemon.run_preloaded(&require_program("ibv_devinfo"), &["-v"]);
+    assert_lines(
+        &out,
+        &[
+            "hca_id:\tsrxe7",
+            "\ttransport:\t\t\tInfiniBand (0)",
+            "\tfw_ver:\t\t\t\t0.0.0",
+            &format!("\tnode_guid:\t\t\t{guid}"),
+            &format!("\tsys_image_guid:\t\t\t{guid}"),
+            "\tvendor_id:\t\t\t0xffffff",
+            "\tphys_port_cnt:\t\t\t1",
+            "\tmax_qp:\t\t\t\t1048560",
+            "\tdevice_cap_flags:\t\t0x01223c76",
+            "\tatomic_cap:\t\t\tATOMIC_HCA (1)",
+            "\t\t\tstate:\t\t\tPORT_ACTIVE (4)",
+            "\t\t\tmax_mtu:\t\t4096 (5)",
+            "\t\t\tactive_mtu:\t\t1024 (3)",
+            "\t\t\tlink_layer:\t\tEthernet",
+            "\t\t\tgid_tbl_len:\t\t1024",
+            "\t\t\tphys_state:\t\tLINK_UP (5)",
+            &format!("\t\t\tGID[  0]:\t\t{gid0}, RoCE v2"),
+            "\t\t\tGID[  1]:\t\t::ffff:127.0.0.2, RoCE v2",
+            "\t\t\tGID[  2]:\t\t::1, RoCE v2",
+        ],
+    );
+    assert!(!out.contains("srxe0"), "only the daemon's device:\n{out}");
     assert!(
         !out.contains("GID[  3]"),
         "only three GIDs expected:\n{out}"
     );
+    assert!(!out.contains("board_id"), "rxe has no board_id:\n{out}");
 }
 
 /// Line-by-line against the kernel rxe capture: only the lines that name the device, its
@@ -78,7 +113,8 @@ fn ibv_devinfo_verbose_reports_rxe_attributes() {
 #[test]
 fn ibv_devinfo_verbose_matches_kernel_rxe_capture() {
     let capture = rxe_capture().expect("shared/captures/devinfo/rxe1-ibv_devinfo-v.txt not found");
-    let out = run_preloaded(&require_program("ibv_devinfo"), &["-v"]);
+    let daemon = Daemon::start("devinfo-capture", &[]);
+    let out = daemon.run_preloaded(&require_program("ibv_devinfo"), &["-v"]);
     let may_differ = |l: &str| {
         [
             "hca_id:",
@@ -96,4 +132,100 @@ fn ibv_devinfo_verbose_matches_kernel_rxe_capture() {
     for (a, b) in ours.iter().zip(&theirs) {
         assert_eq!(a, b, "ibv_devinfo -v differs from kernel rxe");
     }
+}
+
+#[test]
+fn two_daemons_on_two_sockets_give_two_views() {
+    let a = Daemon::start("view-a", &["--name", "srxa", "--addr", "127.0.0.1"]);
+    let b = Daemon::start(
+        "view-b",
+        &["--name", "srxb", "--addr", "127.0.0.3", "--mtu", "512"],
+    );
+    let devinfo = require_program("ibv_devinfo");
+    let seen_a = a.run_preloaded(&devinfo, &["-v"]);
+    let seen_b = b.run_preloaded(&devinfo, &["-v"]);
+    assert_lines(
+        &seen_a,
+        &[
+            "hca_id:\tsrxa",
+            "\t\t\tGID[  1]:\t\t::ffff:127.0.0.1, RoCE v2",
+            "\t\t\tactive_mtu:\t\t4096 (5)",
+        ],
+    );
+    assert_lines(
+        &seen_b,
+        &[
+            "hca_id:\tsrxb",
+            "\t\t\tGID[  1]:\t\t::ffff:127.0.0.3, RoCE v2",
+            "\t\t\tactive_mtu:\t\t512 (2)",
+        ],
+    );
+    assert!(!seen_a.contains("srxb") && !seen_b.contains("srxa"));
+}
+
+#[test]
+fn without_a_daemon_there_are_no_devices_and_one_clear_line() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("daemons/none");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("ctl.sock");
+    let out = Command::new(require_program("ibv_devices"))
+        .env("LD_PRELOAD", &shim_libs().preload)
+        .env("SOFTROCE_SOCKET", &socket)
+        .output()
+        .expect("run ibv_devices");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    // Only ibv_devices' two header lines ("device / node GUID" and the dashes).
+    let rows: Vec<&str> = stdout.lines().collect();
+    assert_eq!(rows.len(), 2, "no device rows expected:\n{stdout}");
+    assert!(rows[1].trim_start().starts_with("------"), "{stdout}");
+    assert_eq!(
+        stderr,
+        format!(
+            "softroce: no daemon at {} (start one with: softroce daemon)\n",
+            socket.display()
+        )
+    );
+
+    // ibv_devinfo says what it says when a machine has no RDMA device at all.
+    let out = Command::new(require_program("ibv_devinfo"))
+        .env("LD_PRELOAD", &shim_libs().preload)
+        .env("SOFTROCE_SOCKET", &socket)
+        .output()
+        .expect("run ibv_devinfo");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(
+        stderr.matches("softroce: no daemon at").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(stderr.contains("No IB devices found"), "{stderr}");
+}
+
+#[test]
+fn softroce_run_preloads_the_shim_and_points_it_at_the_daemon() {
+    let daemon = Daemon::start("run", &["--name", "srxrun", "--addr", "127.0.0.4"]);
+    let out = Command::new(softroce_bin())
+        .arg("run")
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["--", "ibv_devinfo", "-v"])
+        // `softroce run` must find libsoftroce.so and set both variables itself.
+        .env_remove("LD_PRELOAD")
+        .env_remove("SOFTROCE_SOCKET")
+        .env_remove("SOFTROCE_SHIM")
+        .output()
+        .expect("run softroce run");
+    let stdout = check_output("softroce run -- ibv_devinfo -v", out);
+    assert_lines(
+        &stdout,
+        &[
+            "hca_id:\tsrxrun",
+            "\t\t\tstate:\t\t\tPORT_ACTIVE (4)",
+            "\t\t\tGID[  1]:\t\t::ffff:127.0.0.4, RoCE v2",
+        ],
+    );
 }

@@ -9,7 +9,7 @@ mod shim_support;
 
 use std::process::Command;
 
-use shim_support::{check_output, compile_c, require_program, shim_libs};
+use shim_support::{check_output, compile_c, require_program, shim_libs, Daemon};
 
 const PROGRAM: &str = r#"
 #define _GNU_SOURCE
@@ -52,9 +52,11 @@ int main(void)
 #[test]
 fn dlopen_user_reaches_replacement_library() {
     let libs = shim_libs();
+    let daemon = Daemon::start("dlopen", &[]);
     let exe = compile_c("shim_dlopen", PROGRAM, &["dl"]);
     let out = Command::new(&exe)
         .env("LD_LIBRARY_PATH", &libs.replacement_dir)
+        .env("SOFTROCE_SOCKET", &daemon.socket)
         .env_remove("LD_PRELOAD")
         .output()
         .expect("run shim_dlopen");
@@ -78,8 +80,10 @@ fn dlopen_user_reaches_replacement_library() {
 #[test]
 fn linked_program_uses_replacement_without_preload() {
     let libs = shim_libs();
+    let daemon = Daemon::start("dlopen-linked", &[]);
     let out = Command::new(require_program("ibv_devinfo"))
         .env("LD_LIBRARY_PATH", &libs.replacement_dir)
+        .env("SOFTROCE_SOCKET", &daemon.socket)
         .env_remove("LD_PRELOAD")
         .output()
         .expect("run ibv_devinfo");

@@ -1,5 +1,5 @@
-//! rdma-core's unmodified `ibv_*_pingpong` examples under LD_PRELOAD: they find and open
-//! srxe0, allocate a PD, and then stop at the first verb that is not implemented yet
+//! rdma-core's unmodified `ibv_*_pingpong` examples under LD_PRELOAD, against a private
+//! `softroce daemon`: they find and open srxe0, allocate a PD, and then stop at the first verb that is not implemented yet
 //! (`ibv_reg_mr`) with their own error message and exit status 1, never a crash. Without the
 //! shim they would stop earlier ("No IB devices found" / "IB device srxe0 not found").
 //! When memory registration lands, the expected message moves to the next missing verb.
@@ -7,13 +7,12 @@
 mod shim_support;
 
 use std::os::unix::process::ExitStatusExt;
-use std::process::Command;
 
-use shim_support::{require_program, shim_libs};
+use shim_support::{require_program, Daemon};
 
 #[test]
 fn pingpong_examples_fail_cleanly_at_the_first_missing_verb() {
-    let libs = shim_libs();
+    let daemon = Daemon::start("pingpong", &[]);
     for name in [
         "ibv_rc_pingpong",
         "ibv_uc_pingpong",
@@ -21,9 +20,9 @@ fn pingpong_examples_fail_cleanly_at_the_first_missing_verb() {
         "ibv_srq_pingpong",
     ] {
         // -d/-g select srxe0 and its IPv4 GID; the program fails before any socket is opened.
-        let out = Command::new(require_program(name))
+        let out = daemon
+            .command(&require_program(name))
             .args(["-d", "srxe0", "-g", "1"])
-            .env("LD_PRELOAD", &libs.preload)
             .output()
             .unwrap_or_else(|e| panic!("run {name}: {e}"));
         let text = format!(

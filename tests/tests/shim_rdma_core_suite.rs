@@ -7,7 +7,7 @@ mod shim_support;
 use std::path::Path;
 use std::process::Command;
 
-use shim_support::{check_output, require_program, shim_libs};
+use shim_support::{check_output, require_program, Daemon};
 
 const SUITE: &str = "/usr/share/doc/rdma-core/tests";
 
@@ -46,7 +46,9 @@ fn rdma_core_device_and_pd_tests_pass() {
         .expect("gzip");
     check_output("gunzip rdma-core tests", gz);
 
-    let out = Command::new(&python)
+    let daemon = Daemon::start("rdma-core-suite", &[]);
+    let out = daemon
+        .command(&python)
         .args([
             "tests/run_tests.py",
             "-v",
@@ -56,7 +58,6 @@ fn rdma_core_device_and_pd_tests_pass() {
             "test_pd",
         ])
         .current_dir(&dir)
-        .env("LD_PRELOAD", &shim_libs().preload)
         .output()
         .expect("run rdma-core tests");
     // unittest reports on stderr; pyverbs prints harmless interpreter-shutdown noise there too.

@@ -2,10 +2,12 @@
 
 use std::os::fd::AsRawFd;
 use std::ptr;
+use std::sync::atomic::AtomicBool;
 
 use libc::{c_char, c_int, c_void};
 
 use crate::abi::*;
+use crate::daemon;
 use crate::ffi::{self, Errno};
 use crate::runtime::{self, ShimContext, CONTEXTS};
 use crate::verbs::{ops, query};
@@ -91,6 +93,13 @@ pub unsafe extern "C" fn ibv_get_device_index(device: *mut IbvDevice) -> c_int {
 pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvContext {
     ffi::ptr_or_null(|| {
         let dev = runtime::device_from_ptr(device)?;
+        // A device in the table implies the daemon answered once; after it went away (or in a
+        // fork child that cannot reach it) the device is gone, as after a kernel hot-unplug.
+        let control = daemon::connection().map_err(|e| e.errno())?;
+        if control.is_lost() {
+            return Err(Errno(libc::ENODEV));
+        }
+        let cmd_fd = control.dup_fd()?;
         let (async_rx, async_tx) = runtime::seqpacket_pair()?;
         let shim = Box::new(ShimContext {
             vctx: VerbsContext {
@@ -139,8 +148,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
                 context: IbvContext {
                     device,
                     ops: ops::context_ops(),
-                    // The daemon control socket will go here; until then there is none.
-                    cmd_fd: -1,
+                    cmd_fd: cmd_fd.as_raw_fd(),
                     async_fd: async_rx.as_raw_fd(),
                     num_comp_vectors: dev.desc.num_comp_vectors,
                     mutex: libc::PTHREAD_MUTEX_INITIALIZER,
@@ -148,13 +156,22 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
                 },
             },
             device: dev,
+            control,
+            cmd_fd,
             async_tx,
             async_rx,
+            fatal_posted: AtomicBool::new(false),
         });
         let raw = Box::into_raw(shim);
         // SAFETY: `raw` is a fresh, valid allocation; take the address of its context member.
         let ctx = unsafe { ptr::addr_of_mut!((*raw).vctx.context) };
         CONTEXTS.insert(ctx);
+        // The daemon may have gone between the check above and the insert, after the monitor
+        // thread walked the registry: this context must still learn about it.
+        if control.is_lost() {
+            // SAFETY: `raw` is live; it was just registered and not yet returned to anyone.
+            unsafe { (*raw).post_device_fatal() };
+        }
         Ok(ctx)
     })
 }
@@ -179,7 +196,7 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut IbvContext) -> c_int {
                     .cast::<ShimContext>(),
             )
         };
-        drop(shim); // closes both ends of the async socket
+        drop(shim); // closes cmd_fd and both ends of the async socket
         Ok(())
     })
 }

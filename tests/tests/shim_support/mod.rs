@@ -1,14 +1,20 @@
 //! Helpers shared by the `shim_*` end-to-end tests: build the shim (both forms) through
-//! scripts/shim-build.sh, find the real programs, compile small C programs.
+//! scripts/shim-build.sh and the daemon beside it, start a private `softroce daemon` per test
+//! ([`Daemon`], stopped by its `Drop` even when the test fails), find the real programs,
+//! compile small C programs.
 //!
 //! Missing programs or headers fail the test with a message to run scripts/test, which installs
 //! them (scripts/install-deps); they never make a test pass silently.
 
 #![allow(dead_code)]
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use proto::ctl::{self, DeviceInfo, Request, Response};
 
 pub struct ShimLibs {
     /// The LD_PRELOAD library.
@@ -81,18 +87,194 @@ pub fn check_output(what: &str, out: Output) -> String {
     stdout
 }
 
-/// Runs `program args` with the shim preloaded and returns its stdout (asserting success).
-pub fn run_preloaded(program: &Path, args: &[&str]) -> String {
-    let libs = shim_libs();
-    let out = Command::new(program)
-        .args(args)
-        .env("LD_PRELOAD", &libs.preload)
-        .output()
-        .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
-    check_output(
-        &format!("LD_PRELOAD=libsoftroce.so {}", program.display()),
-        out,
-    )
+/// The `softroce` binary, built once per test binary into the shim's preload target dir (its
+/// own cargo target dir, so no lock is shared with the running `cargo test`; the shim's
+/// dependencies are reused, and `softroce run` finds the `libsoftroce.so` beside it).
+pub fn softroce_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let libs = shim_libs();
+        let target = libs
+            .preload
+            .parent()
+            .expect("shim output dir")
+            .join("build-preload");
+        let built = Command::new(env!("CARGO"))
+            .args(["build", "-q", "-p", "softroce-daemon", "--bin", "softroce"])
+            .arg("--manifest-path")
+            .arg(workspace_root().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target)
+            .output()
+            .expect("run cargo build -p softroce-daemon");
+        check_output("cargo build -p softroce-daemon", built);
+        let bin = target.join("debug/softroce");
+        assert!(bin.is_file(), "{} was not built", bin.display());
+        bin
+    })
+}
+
+/// A private `softroce daemon` on its own socket. Dropping it stops it (SIGTERM, then SIGKILL
+/// if it does not exit), so a failing test never leaves a daemon behind.
+pub struct Daemon {
+    child: Option<Child>,
+    pub socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts `softroce daemon --socket <scratch>/<name>/ctl.sock ARGS` and returns once the
+    /// socket accepts connections.
+    pub fn start(name: &str, args: &[&str]) -> Daemon {
+        let dir = scratch_root().join("daemons").join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("daemon scratch dir");
+        let socket = dir.join("ctl.sock");
+        let log = dir.join("daemon.log");
+        let child = Command::new(softroce_bin())
+            .arg("daemon")
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("daemon log"))
+            .spawn()
+            .expect("start softroce daemon");
+        let mut d = Daemon {
+            child: Some(child),
+            socket,
+            log,
+        };
+        d.wait_until_serving();
+        d
+    }
+
+    /// The daemon binds before it listens, so the socket file alone does not mean it serves:
+    /// wait until a connection is accepted (or the daemon exits, which fails the test).
+    fn wait_until_serving(&mut self) {
+        use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("softroce daemon exited ({status}):\n{}", self.log());
+            }
+            let fd = socket(
+                AddressFamily::Unix,
+                SockType::SeqPacket,
+                SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .expect("socket");
+            if let Ok(addr) = UnixAddr::new(&self.socket) {
+                if connect(fd.as_raw_fd(), &addr).is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "softroce daemon never served {}:\n{}",
+                self.socket.display(),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(-1)
+    }
+
+    /// What the daemon logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `signal` and waits for the daemon to exit; returns its exit status.
+    pub fn stop_with(&mut self, signal: libc::c_int) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The daemon's own answer to `QueryDevices`, straight from the control protocol: the
+    /// truth the shim's view is compared with.
+    pub fn query_devices(&self) -> Vec<DeviceInfo> {
+        use nix::sys::socket::{
+            connect, recv, send, socket, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr,
+        };
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .expect("socket");
+        connect(fd.as_raw_fd(), &UnixAddr::new(&self.socket).unwrap()).expect("connect");
+        let mut buf = vec![0u8; ctl::MAX_MESSAGE];
+        let mut ask = |req: Request| -> Response {
+            send(
+                fd.as_raw_fd(),
+                &ctl::encode(&req).unwrap(),
+                MsgFlags::empty(),
+            )
+            .unwrap();
+            let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+            ctl::decode(&buf[..n]).unwrap()
+        };
+        let hello = ask(Request::Hello {
+            version: ctl::PROTOCOL_VERSION,
+            program: "shim-e2e".into(),
+        });
+        assert!(matches!(hello, Response::Hello { .. }), "{hello:?}");
+        match ask(Request::QueryDevices) {
+            Response::Devices(d) => d,
+            other => panic!("QueryDevices answered {other:?}"),
+        }
+    }
+
+    /// A command for `program` with the shim preloaded and pointed at this daemon.
+    pub fn command(&self, program: &Path) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.env("LD_PRELOAD", &shim_libs().preload)
+            .env("SOFTROCE_SOCKET", &self.socket);
+        cmd
+    }
+
+    /// Runs `program args` with the shim preloaded against this daemon; returns its stdout
+    /// (asserting success).
+    pub fn run_preloaded(&self, program: &Path, args: &[&str]) -> String {
+        let out = self
+            .command(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
+        check_output(
+            &format!("LD_PRELOAD=libsoftroce.so {}", program.display()),
+            out,
+        )
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop_with(libc::SIGTERM);
+    }
 }
 
 /// Compiles a C test program against the system headers; `libs` are extra `-l` flags.
@@ -108,7 +290,7 @@ pub fn compile_c(name: &str, source: &str, libs: &[&str]) -> PathBuf {
     let exe = dir.join(name);
     std::fs::write(&src, source).expect("write C source");
     let out = Command::new(cc)
-        .args(["-std=gnu11", "-Wall", "-O1", "-o"])
+        .args(["-std=gnu11", "-Wall", "-Werror", "-O1", "-o"])
         .arg(&exe)
         .arg(&src)
         .args(libs.iter().map(|l| format!("-l{l}")))

@@ -1,0 +1,125 @@
+//! A stand-in for `softroce daemon` inside the test process, speaking the real control
+//! protocol (`proto::ctl`) on a real SEQPACKET socket, so the shim's daemon path runs
+//! unchanged without building the daemon. It serves one device, `srxe0` on loopback, and can
+//! hang up on every client to simulate the daemon dying.
+
+#![allow(dead_code)]
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use nix::sys::socket::{
+    accept, bind, listen, recv, send, socket, AddressFamily, Backlog, MsgFlags, SockFlag, SockType,
+    UnixAddr,
+};
+use proto::ctl::{self, gid_of, DeviceInfo, GidEntry, Request, Response, RoceVersion};
+
+pub struct FakeDaemon {
+    pub path: PathBuf,
+    /// Every accepted client connection, so [`FakeDaemon::hang_up`] can close them.
+    clients: Arc<Mutex<Vec<OwnedFd>>>,
+    pub hellos: Arc<AtomicU64>,
+}
+
+/// The device the stand-in serves: like the real daemon's default `srxe0`.
+pub fn srxe0() -> DeviceInfo {
+    let guid = [0x00, 0x53, 0x52, 0xff, 0xfe, 0x58, 0x45, 0x00];
+    let mut gid0 = [0u8; 16];
+    gid0[0] = 0xfe;
+    gid0[1] = 0x80;
+    gid0[8..].copy_from_slice(&guid);
+    let entry = |index, gid| GidEntry {
+        index,
+        gid,
+        roce: RoceVersion::V2,
+    };
+    DeviceInfo {
+        name: "srxe0".into(),
+        node_guid: u64::from_be_bytes(guid),
+        roce: RoceVersion::V2,
+        max_mtu: 5,
+        active_mtu: 5,
+        port_active: true,
+        gids: vec![
+            entry(0, gid0),
+            entry(1, gid_of("127.0.0.1".parse().unwrap())),
+            entry(2, gid_of("::1".parse().unwrap())),
+        ],
+        netdevs: vec![],
+    }
+}
+
+impl FakeDaemon {
+    /// Listens on a fresh socket and points `$SOFTROCE_SOCKET` at it. Call before the first
+    /// verb of the process (the shim reads the variable once).
+    pub fn start(name: &str) -> FakeDaemon {
+        let dir = std::env::temp_dir().join(format!("softroce-fake-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ctl.sock");
+        let listener = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        bind(listener.as_raw_fd(), &UnixAddr::new(&path).unwrap()).unwrap();
+        listen(&listener, Backlog::new(16).unwrap()).unwrap();
+        std::env::set_var("SOFTROCE_SOCKET", &path);
+        let clients = Arc::new(Mutex::new(Vec::new()));
+        let hellos = Arc::new(AtomicU64::new(0));
+        let (c, h) = (clients.clone(), hellos.clone());
+        std::thread::spawn(move || loop {
+            let Ok(fd) = accept(listener.as_raw_fd()) else {
+                return;
+            };
+            // SAFETY: accept returned a new descriptor.
+            let conn = unsafe { OwnedFd::from_raw_fd(fd) };
+            let raw = conn.as_raw_fd();
+            c.lock().unwrap().push(conn);
+            let h = h.clone();
+            std::thread::spawn(move || serve(raw, &h));
+        });
+        FakeDaemon {
+            path,
+            clients,
+            hellos,
+        }
+    }
+
+    /// Closes every client connection, as the kernel does when the daemon process dies.
+    pub fn hang_up(&self) {
+        for conn in self.clients.lock().unwrap().drain(..) {
+            // shutdown, not just close: a serving thread blocked in recv keeps the socket
+            // alive past close(), and the client would never see the hang-up.
+            let _ = nix::sys::socket::shutdown(conn.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        }
+    }
+}
+
+fn serve(fd: RawFd, hellos: &AtomicU64) {
+    let mut buf = vec![0u8; ctl::MAX_MESSAGE];
+    loop {
+        let n = match recv(fd, &mut buf, MsgFlags::empty()) {
+            Ok(n) if n > 0 => n,
+            _ => return, // EOF, or the descriptor was closed by hang_up
+        };
+        let response = match ctl::decode::<Request>(&buf[..n]) {
+            Ok(Request::Hello { .. }) => Response::Hello {
+                version: ctl::PROTOCOL_VERSION,
+                client: hellos.fetch_add(1, Ordering::SeqCst) + 1,
+            },
+            Ok(Request::QueryDevices) => Response::Devices(vec![srxe0()]),
+            _ => Response::Error {
+                errno: libc::EPROTO,
+                message: "unexpected".into(),
+            },
+        };
+        if send(fd, &ctl::encode(&response).unwrap(), MsgFlags::MSG_NOSIGNAL).is_err() {
+            return;
+        }
+    }
+}
