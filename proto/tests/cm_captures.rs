@@ -135,3 +135,132 @@ fn captured_replies_carry_the_documented_values() {
     assert_eq!(j.reason, RejReason::CONSUMER_DEFINED);
     assert_eq!(j.message_rejected, msg_kind::OTHER);
 }
+
+mod replay {
+    //! The kernel's exchanges replayed through two `CmEndpoint`s configured like the lab
+    //! hosts: every MAD our endpoints produce equals the captured one, byte for byte.
+
+    use super::*;
+    use proto::cm::conn::{
+        AcceptParams, CmEndpoint, CmEvent, ConnectParams, EndpointConfig, SidrParams,
+    };
+    use proto::cm::rdma_cm::{QpType, RdmaConnParam};
+
+    const A_ADDR: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 11));
+    const B_ADDR: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 12));
+
+    /// Guest 1 (the active side): node GUID …ab01, hi_tid 2, IDs 0x8ec2ba7x.
+    fn host_a(random_id_operand: u32) -> CmEndpoint {
+        CmEndpoint::new(EndpointConfig::new(0x5054_00ff_fe4c_ab01, 2, random_id_operand))
+    }
+    /// Guest 2 (the passive side): node GUID …ab02, hi_tid 2, IDs 0x3cdef99x.
+    fn host_b(random_id_operand: u32) -> CmEndpoint {
+        CmEndpoint::new(EndpointConfig::new(0x5054_00ff_fe4c_ab02, 2, random_id_operand))
+    }
+
+    fn sent(ep: &mut CmEndpoint) -> [u8; 256] {
+        let t = ep.poll_transmit().expect("a MAD to send");
+        assert!(ep.poll_transmit().is_none());
+        t.mad
+    }
+
+    #[test]
+    fn rping_exchange_is_reproduced_byte_for_byte() {
+        let cap = cm_mads("rping"); // REQ, REP, RTU, DREQ, DREP
+        let mut a = host_a(0x8ec2_ba74);
+        let mut b = host_b(0x3cde_f995);
+        let route = RoceRoute {
+            src_addr: A_ADDR,
+            dst_addr: B_ADDR,
+            src_port: 0x8228,
+            dst_port: 7174,
+            hop_limit: 64,
+            traffic_class: 0,
+            sl: 0,
+            path_mtu: 3,
+            packet_life_time: 18,
+            rate: 0,
+        };
+        let param = RdmaConnParam {
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            qp_num: 0x21,
+            ..RdmaConnParam::default()
+        };
+        let p = ConnectParams::rdma_cm(&route, &param, QpType::Rc, 0xc455a2, RXE_ACK_DELAY).unwrap();
+        let a_id = a.connect(0, p).unwrap();
+        assert_eq!(sent(&mut a)[..], cap[0][..], "REQ");
+
+        b.listen(rdma_cm::service_id(PortSpace::Tcp, 7174)).unwrap();
+        b.handle_mad(0, A_ADDR, &cap[0]).unwrap();
+        let Some(CmEvent::ConnectRequest { id: b_id, .. }) = b.poll_event() else { panic!() };
+        let accept = AcceptParams {
+            local_qpn: 0x21,
+            starting_psn: 0x26124f,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            ..AcceptParams::default()
+        };
+        b.accept(0, b_id, accept).unwrap();
+        assert_eq!(sent(&mut b)[..], cap[1][..], "REP");
+
+        a.handle_mad(0, B_ADDR, &cap[1]).unwrap();
+        assert!(matches!(a.poll_event(), Some(CmEvent::ConnectResponse { .. })));
+        a.send_rtu(0, a_id, &[]).unwrap();
+        assert_eq!(sent(&mut a)[..], cap[2][..], "RTU");
+        b.handle_mad(0, A_ADDR, &cap[2]).unwrap();
+        assert_eq!(b.poll_event(), Some(CmEvent::Established { id: b_id }));
+
+        a.disconnect(0, a_id, &[]).unwrap();
+        assert_eq!(sent(&mut a)[..], cap[3][..], "DREQ");
+        b.handle_mad(0, A_ADDR, &cap[3]).unwrap();
+        assert!(matches!(b.poll_event(), Some(CmEvent::Disconnected { .. })));
+        b.disconnect(0, b_id, &[]).unwrap();
+        assert_eq!(sent(&mut b)[..], cap[4][..], "DREP");
+    }
+
+    #[test]
+    fn udaddy_sidr_is_reproduced_byte_for_byte() {
+        let cap = cm_mads("udaddy"); // SIDR_REQ, SIDR_REP
+        let mut a = host_a(0x8ec2_ba72);
+        let mut b = host_b(0x3cde_f990);
+        let hdr = CmaHdr {
+            src_port: 0xdf81,
+            src_addr: A_ADDR,
+            dst_addr: B_ADDR,
+        };
+        let sid = rdma_cm::service_id(PortSpace::Udp, 7174);
+        let p = SidrParams {
+            peer: B_ADDR,
+            service_id: sid,
+            pkey: 0xffff,
+            private_data: hdr.emit().unwrap().to_vec(),
+            timeout_ms: 1 << (rdma_cm::CMA_CM_RESPONSE_TIMEOUT - 8),
+            max_cm_retries: rdma_cm::CMA_MAX_CM_RETRIES,
+        };
+        let a_id = a.sidr_resolve(0, p).unwrap();
+        assert_eq!(sent(&mut a)[..], cap[0][..], "SIDR_REQ");
+        b.listen(sid).unwrap();
+        b.handle_mad(0, A_ADDR, &cap[0]).unwrap();
+        let Some(CmEvent::SidrRequest { id: b_id, .. }) = b.poll_event() else { panic!() };
+        b.sidr_reply(0, b_id, sidr_status::SUCCESS, 0x23, rdma_cm::RDMA_UDP_QKEY, &[])
+            .unwrap();
+        assert_eq!(sent(&mut b)[..], cap[1][..], "SIDR_REP");
+        a.handle_mad(0, B_ADDR, &cap[1]).unwrap();
+        assert!(matches!(a.poll_event(), Some(CmEvent::SidrResponse { id, .. }) if id == a_id));
+    }
+
+    #[test]
+    fn no_listener_rej_is_reproduced_byte_for_byte() {
+        let cap = cm_mads("host_probe_cm_rej"); // REQ from the host probe, REJ from guest 1
+        let mut guest = host_a(0x1234_5678);
+        guest
+            .handle_mad(0, IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1)), &cap[0])
+            .unwrap();
+        assert_eq!(sent(&mut guest)[..], cap[1][..], "REJ");
+        assert!(guest.is_empty());
+    }
+}
