@@ -50,7 +50,12 @@ fn every_captured_cm_mad_round_trips_byte_exactly() {
         for (i, bytes) in mads.iter().enumerate() {
             let parsed = CmMad::parse(bytes).unwrap_or_else(|e| panic!("{name} #{i}: {e}"));
             let again = parsed.emit().unwrap();
-            assert_eq!(&again[..], &bytes[..], "{name} #{i} {}", parsed.message.name());
+            assert_eq!(
+                &again[..],
+                &bytes[..],
+                "{name} #{i} {}",
+                parsed.message.name()
+            );
             total += 1;
         }
     }
@@ -74,8 +79,14 @@ fn rping_req_fields_are_what_rdma_cm_sends() {
     assert_eq!(req.local_comm_id, 0x74ba_c28e);
     assert_eq!(req.service_id, rdma_cm::service_id(PortSpace::Tcp, 7174));
     assert_eq!(req.transport_type, transport::RC);
-    assert_eq!(req.remote_cm_response_timeout, rdma_cm::CMA_CM_RESPONSE_TIMEOUT);
-    assert_eq!(req.local_cm_response_timeout, rdma_cm::CMA_CM_RESPONSE_TIMEOUT);
+    assert_eq!(
+        req.remote_cm_response_timeout,
+        rdma_cm::CMA_CM_RESPONSE_TIMEOUT
+    );
+    assert_eq!(
+        req.local_cm_response_timeout,
+        rdma_cm::CMA_CM_RESPONSE_TIMEOUT
+    );
     assert_eq!(req.max_cm_retries, rdma_cm::CMA_MAX_CM_RETRIES);
     assert_eq!((req.retry_count, req.rnr_retry_count), (7, 7));
     assert_eq!(req.pkey, 0xffff);
@@ -105,26 +116,40 @@ fn captured_replies_carry_the_documented_values() {
     let rping = cm_mads("rping");
     let rep = CmMad::parse(&rping[1]).unwrap();
     let req = CmMad::parse(&rping[0]).unwrap();
-    assert_eq!(rep.header.transaction_id, req.header.transaction_id, "REP reuses the REQ TID");
-    let CmMessage::Rep(r) = rep.message else { panic!() };
+    assert_eq!(
+        rep.header.transaction_id, req.header.transaction_id,
+        "REP reuses the REQ TID"
+    );
+    let CmMessage::Rep(r) = rep.message else {
+        panic!()
+    };
     assert_eq!(r.remote_comm_id, req.message.local_comm_id());
     assert_eq!(r.target_ack_delay, RXE_ACK_DELAY);
-    assert_eq!((r.local_qpn, r.starting_psn, r.rnr_retry_count), (0x21, 0x26124f, 7));
+    assert_eq!(
+        (r.local_qpn, r.starting_psn, r.rnr_retry_count),
+        (0x21, 0x26124f, 7)
+    );
 
     // udaddy: SIDR resolves UDP port 7174 to QPN 0x23 with rdma_cm's UD Q_Key.
     let udaddy = cm_mads("udaddy");
-    let CmMessage::SidrReq(sreq) = CmMad::parse(&udaddy[0]).unwrap().message else { panic!() };
+    let CmMessage::SidrReq(sreq) = CmMad::parse(&udaddy[0]).unwrap().message else {
+        panic!()
+    };
     assert_eq!(sreq.service_id, rdma_cm::service_id(PortSpace::Udp, 7174));
     assert_eq!(sreq.pkey, 0xffff);
     assert!(CmaHdr::parse(&sreq.private_data).is_ok());
-    let CmMessage::SidrRep(srep) = CmMad::parse(&udaddy[1]).unwrap().message else { panic!() };
+    let CmMessage::SidrRep(srep) = CmMad::parse(&udaddy[1]).unwrap().message else {
+        panic!()
+    };
     assert_eq!(srep.request_id, sreq.request_id);
     assert_eq!(srep.status, sidr_status::SUCCESS);
     assert_eq!((srep.qpn, srep.qkey), (0x23, rdma_cm::RDMA_UDP_QKEY));
 
     // No listener: REJ "invalid service ID" (8) answering the REQ, local comm ID 0.
     let rej = cm_mads("host_probe_cm_rej");
-    let CmMessage::Rej(j) = CmMad::parse(&rej[1]).unwrap().message else { panic!() };
+    let CmMessage::Rej(j) = CmMad::parse(&rej[1]).unwrap().message else {
+        panic!()
+    };
     assert_eq!(j.reason, RejReason::INVALID_SERVICE_ID);
     assert_eq!((j.local_comm_id, j.message_rejected), (0, msg_kind::REQ));
     // A listener destroyed while its REP is outstanding: REJ "consumer defined", "other".
@@ -151,11 +176,19 @@ mod replay {
 
     /// Guest 1 (the active side): node GUID …ab01, hi_tid 2, IDs 0x8ec2ba7x.
     fn host_a(random_id_operand: u32) -> CmEndpoint {
-        CmEndpoint::new(EndpointConfig::new(0x5054_00ff_fe4c_ab01, 2, random_id_operand))
+        CmEndpoint::new(EndpointConfig::new(
+            0x5054_00ff_fe4c_ab01,
+            2,
+            random_id_operand,
+        ))
     }
     /// Guest 2 (the passive side): node GUID …ab02, hi_tid 2, IDs 0x3cdef99x.
     fn host_b(random_id_operand: u32) -> CmEndpoint {
-        CmEndpoint::new(EndpointConfig::new(0x5054_00ff_fe4c_ab02, 2, random_id_operand))
+        CmEndpoint::new(EndpointConfig::new(
+            0x5054_00ff_fe4c_ab02,
+            2,
+            random_id_operand,
+        ))
     }
 
     fn sent(ep: &mut CmEndpoint) -> [u8; 256] {
@@ -189,13 +222,16 @@ mod replay {
             qp_num: 0x21,
             ..RdmaConnParam::default()
         };
-        let p = ConnectParams::rdma_cm(&route, &param, QpType::Rc, 0xc455a2, RXE_ACK_DELAY).unwrap();
+        let p =
+            ConnectParams::rdma_cm(&route, &param, QpType::Rc, 0xc455a2, RXE_ACK_DELAY).unwrap();
         let a_id = a.connect(0, p).unwrap();
         assert_eq!(sent(&mut a)[..], cap[0][..], "REQ");
 
         b.listen(rdma_cm::service_id(PortSpace::Tcp, 7174)).unwrap();
         b.handle_mad(0, A_ADDR, &cap[0]).unwrap();
-        let Some(CmEvent::ConnectRequest { id: b_id, .. }) = b.poll_event() else { panic!() };
+        let Some(CmEvent::ConnectRequest { id: b_id, .. }) = b.poll_event() else {
+            panic!()
+        };
         let accept = AcceptParams {
             local_qpn: 0x21,
             starting_psn: 0x26124f,
@@ -208,7 +244,10 @@ mod replay {
         assert_eq!(sent(&mut b)[..], cap[1][..], "REP");
 
         a.handle_mad(0, B_ADDR, &cap[1]).unwrap();
-        assert!(matches!(a.poll_event(), Some(CmEvent::ConnectResponse { .. })));
+        assert!(matches!(
+            a.poll_event(),
+            Some(CmEvent::ConnectResponse { .. })
+        ));
         a.send_rtu(0, a_id, &[]).unwrap();
         assert_eq!(sent(&mut a)[..], cap[2][..], "RTU");
         b.handle_mad(0, A_ADDR, &cap[2]).unwrap();
@@ -245,9 +284,18 @@ mod replay {
         assert_eq!(sent(&mut a)[..], cap[0][..], "SIDR_REQ");
         b.listen(sid).unwrap();
         b.handle_mad(0, A_ADDR, &cap[0]).unwrap();
-        let Some(CmEvent::SidrRequest { id: b_id, .. }) = b.poll_event() else { panic!() };
-        b.sidr_reply(0, b_id, sidr_status::SUCCESS, 0x23, rdma_cm::RDMA_UDP_QKEY, &[])
-            .unwrap();
+        let Some(CmEvent::SidrRequest { id: b_id, .. }) = b.poll_event() else {
+            panic!()
+        };
+        b.sidr_reply(
+            0,
+            b_id,
+            sidr_status::SUCCESS,
+            0x23,
+            rdma_cm::RDMA_UDP_QKEY,
+            &[],
+        )
+        .unwrap();
         assert_eq!(sent(&mut b)[..], cap[1][..], "SIDR_REP");
         a.handle_mad(0, B_ADDR, &cap[1]).unwrap();
         assert!(matches!(a.poll_event(), Some(CmEvent::SidrResponse { id, .. }) if id == a_id));

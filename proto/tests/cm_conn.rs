@@ -75,7 +75,8 @@ impl Net {
         let mad = CmMad::parse(&t.mad).expect("endpoints send well-formed MADs");
         let attr = mad.header.attribute_id;
         let nth = self.sent_count(from, attr);
-        let dropped = self.drops.contains(&(from, attr, nth)) || self.drop_all.contains(&(from, attr));
+        let dropped =
+            self.drops.contains(&(from, attr, nth)) || self.drop_all.contains(&(from, attr));
         self.log.push(Sent {
             from,
             at: self.now,
@@ -198,7 +199,12 @@ fn start(net: &mut Net) -> (ConnId, ConnId) {
     let a = net.a.connect(net.now, connect_params()).unwrap();
     net.pump();
     let b = match net.ev_b.last() {
-        Some(CmEvent::ConnectRequest { id, service_id, peer, req }) => {
+        Some(CmEvent::ConnectRequest {
+            id,
+            service_id,
+            peer,
+            req,
+        }) => {
             assert_eq!((*service_id, *peer), (SID, A_ADDR));
             assert_eq!(req.local_qpn, 0x11);
             assert_eq!(req.private_data[..40], [0x55; 40]);
@@ -249,9 +255,13 @@ fn connect_accept_establish() {
     assert_eq!(tid as u32, a.0.swap_bytes());
     assert!(net.log.iter().all(|s| s.tid == tid));
     // Comm IDs cross-referenced.
-    let CmMessage::Rep(rep) = &net.log[1].msg else { panic!() };
+    let CmMessage::Rep(rep) = &net.log[1].msg else {
+        panic!()
+    };
     assert_eq!((rep.local_comm_id, rep.remote_comm_id), (b.0, a.0));
-    let CmMessage::Rtu(rtu) = &net.log[2].msg else { panic!() };
+    let CmMessage::Rtu(rtu) = &net.log[2].msg else {
+        panic!()
+    };
     assert_eq!((rtu.local_comm_id, rtu.remote_comm_id), (a.0, b.0));
     // Nothing is left armed while established.
     assert_eq!(net.a.poll_timeout(), None);
@@ -267,17 +277,27 @@ fn consumer_reject() {
         .unwrap();
     net.pump();
     match net.ev_a.last() {
-        Some(CmEvent::Rejected { id, reason, private_data, .. }) => {
+        Some(CmEvent::Rejected {
+            id,
+            reason,
+            private_data,
+            ..
+        }) => {
             assert_eq!((*id, *reason), (a, RejReason::CONSUMER_DEFINED));
             assert_eq!(&private_data[..7], b"go away");
         }
         other => panic!("{other:?}"),
     }
-    let CmMessage::Rej(rej) = &net.log[1].msg else { panic!() };
+    let CmMessage::Rej(rej) = &net.log[1].msg else {
+        panic!()
+    };
     assert_eq!(rej.message_rejected, msg_kind::REQ);
     assert_eq!((rej.local_comm_id, rej.remote_comm_id), (b.0, a.0));
     assert!(net.a.is_empty() && net.b.is_empty());
-    assert_eq!(net.b.accept(net.now, b, accept_params()), Err(CmApiError::UnknownConn(b.0)));
+    assert_eq!(
+        net.b.accept(net.now, b, accept_params()),
+        Err(CmApiError::UnknownConn(b.0))
+    );
 }
 
 #[test]
@@ -286,13 +306,18 @@ fn no_listener_is_rejected_with_invalid_service_id() {
     let a = net.a.connect(net.now, connect_params()).unwrap();
     net.pump();
     assert_eq!(net.sequence(), vec![(Side::A, "REQ"), (Side::B, "REJ")]);
-    let CmMessage::Rej(rej) = &net.log[1].msg else { panic!() };
+    let CmMessage::Rej(rej) = &net.log[1].msg else {
+        panic!()
+    };
     assert_eq!(rej.reason, RejReason::INVALID_SERVICE_ID);
     assert_eq!((rej.local_comm_id, rej.remote_comm_id), (0, a.0));
     assert_eq!(net.log[1].tid, net.log[0].tid);
     assert!(matches!(
         net.ev_a.last(),
-        Some(CmEvent::Rejected { reason: RejReason::INVALID_SERVICE_ID, .. })
+        Some(CmEvent::Rejected {
+            reason: RejReason::INVALID_SERVICE_ID,
+            ..
+        })
     ));
     assert!(net.a.is_empty() && net.b.is_empty());
     assert!(net.ev_b.is_empty());
@@ -314,7 +339,10 @@ fn lost_req_is_retransmitted_after_the_ib_cm_timeout() {
     assert_eq!(reqs.len(), 2);
     assert_eq!(reqs[1].at, t0 + REQ_PERIOD_MS * MS);
     assert!(reqs[0].dropped && !reqs[1].dropped);
-    assert_eq!(reqs[0].msg, reqs[1].msg, "the retransmission is the same REQ");
+    assert_eq!(
+        reqs[0].msg, reqs[1].msg,
+        "the retransmission is the same REQ"
+    );
     let Some(CmEvent::ConnectRequest { id: b, .. }) = net.ev_b.last().cloned() else {
         panic!("{:?}", net.ev_b)
     };
@@ -355,10 +383,7 @@ fn lost_rtu_is_recovered_by_rep_retransmission() {
     assert_eq!(net.b.state(b), Some(State::RepSent));
     net.advance();
     // B resent its REP; A, established, answered with the RTU again; B is established.
-    assert_eq!(
-        net.sequence()[3..],
-        [(Side::B, "REP"), (Side::A, "RTU")]
-    );
+    assert_eq!(net.sequence()[3..], [(Side::B, "REP"), (Side::A, "RTU")]);
     assert_eq!(net.ev_b.last(), Some(&CmEvent::Established { id: b }));
     assert_eq!(net.b.poll_timeout(), None);
 }
@@ -407,7 +432,9 @@ fn duplicate_req_before_accept_gets_an_mra() {
         net.sequence(),
         vec![(Side::A, "REQ"), (Side::A, "REQ"), (Side::B, "MRA")]
     );
-    let CmMessage::Mra(mra) = &net.log[2].msg else { panic!() };
+    let CmMessage::Mra(mra) = &net.log[2].msg else {
+        panic!()
+    };
     assert_eq!(mra.message_mraed, msg_kind::REQ);
     assert_eq!(mra.service_timeout, rdma_cm::CMA_CM_MRA_SETTING);
     assert_eq!((mra.local_comm_id, mra.remote_comm_id), (b.0, a.0));
@@ -434,12 +461,17 @@ fn duplicate_rep_before_rtu_gets_an_mra_and_after_rtu_the_rtu() {
     // A has the REP but its consumer has not sent the RTU yet; B's REP timer fires.
     net.advance();
     assert_eq!(net.sequence()[2..], [(Side::B, "REP"), (Side::A, "MRA")]);
-    let CmMessage::Mra(mra) = &net.log[3].msg else { panic!() };
+    let CmMessage::Mra(mra) = &net.log[3].msg else {
+        panic!()
+    };
     assert_eq!(mra.message_mraed, msg_kind::REP);
     assert_eq!(net.b.state(b), Some(State::MraRepRcvd));
     assert_eq!(net.a.state(a), Some(State::MraRepSent));
     assert_eq!(
-        net.ev_a.iter().filter(|e| matches!(e, CmEvent::ConnectResponse { .. })).count(),
+        net.ev_a
+            .iter()
+            .filter(|e| matches!(e, CmEvent::ConnectResponse { .. }))
+            .count(),
         1
     );
     net.a.send_rtu(net.now, a, &[]).unwrap();
@@ -460,14 +492,22 @@ fn disconnect_from_the_active_side() {
     let (a, b) = establish(&mut net);
     net.a.disconnect(net.now, a, b"bye").unwrap();
     net.pump();
-    assert_eq!(disconnected(net.ev_b.last()), Some((b, DisconnectCause::DreqReceived)));
+    assert_eq!(
+        disconnected(net.ev_b.last()),
+        Some((b, DisconnectCause::DreqReceived))
+    );
     net.b.disconnect(net.now, b, &[]).unwrap();
     net.pump();
-    assert_eq!(disconnected(net.ev_a.last()), Some((a, DisconnectCause::DrepReceived)));
+    assert_eq!(
+        disconnected(net.ev_a.last()),
+        Some((a, DisconnectCause::DrepReceived))
+    );
     assert_eq!(net.sequence()[3..], [(Side::A, "DREQ"), (Side::B, "DREP")]);
     let (dreq, drep) = (&net.log[3], &net.log[4]);
     assert_eq!(dreq.tid, drep.tid, "DREP reuses the DREQ's TID");
-    let CmMessage::Dreq(d) = &dreq.msg else { panic!() };
+    let CmMessage::Dreq(d) = &dreq.msg else {
+        panic!()
+    };
     assert_eq!(d.remote_qpn_eecn, 0x12);
     assert_eq!(&d.private_data[..3], b"bye");
     assert_eq!(net.a.state(a), Some(State::Timewait));
@@ -488,10 +528,16 @@ fn disconnect_from_the_passive_side_uses_its_own_tid() {
     let (a, b) = establish(&mut net);
     net.b.disconnect(net.now, b, &[]).unwrap();
     net.pump();
-    assert_eq!(disconnected(net.ev_a.last()), Some((a, DisconnectCause::DreqReceived)));
+    assert_eq!(
+        disconnected(net.ev_a.last()),
+        Some((a, DisconnectCause::DreqReceived))
+    );
     net.a.disconnect(net.now, a, &[]).unwrap();
     net.pump();
-    assert_eq!(disconnected(net.ev_b.last()), Some((b, DisconnectCause::DrepReceived)));
+    assert_eq!(
+        disconnected(net.ev_b.last()),
+        Some((b, DisconnectCause::DrepReceived))
+    );
     let dreq = &net.log[3];
     assert_eq!((dreq.from, dreq.attr), (Side::B, attr::DREQ));
     // B's hi_tid is 3; its comm ID in CPU order is the low half.
@@ -515,7 +561,12 @@ fn lost_drep_is_recovered_from_timewait() {
     net.run_until_idle();
     assert_eq!(
         net.sequence()[3..],
-        [(Side::A, "DREQ"), (Side::B, "DREP"), (Side::A, "DREQ"), (Side::B, "DREP")]
+        [
+            (Side::A, "DREQ"),
+            (Side::B, "DREP"),
+            (Side::A, "DREQ"),
+            (Side::B, "DREP")
+        ]
     );
     assert!(net
         .ev_a
@@ -523,7 +574,9 @@ fn lost_drep_is_recovered_from_timewait() {
         .any(|e| disconnected(Some(e)) == Some((a, DisconnectCause::DrepReceived))));
     let (d1, d2) = (&net.log[5], &net.log[6]);
     assert_eq!(d1.tid, d2.tid);
-    let CmMessage::Drep(r) = &d2.msg else { panic!() };
+    let CmMessage::Drep(r) = &d2.msg else {
+        panic!()
+    };
     assert_eq!((r.local_comm_id, r.remote_comm_id), (b.0, a.0));
     assert!(net.a.is_empty() && net.b.is_empty());
 }
@@ -537,7 +590,9 @@ fn dreq_retransmitted_within_timewait_is_answered_from_timewait() {
     net.b.listen(SID).unwrap();
     let a = net.a.connect(net.now, p).unwrap();
     net.pump();
-    let Some(CmEvent::ConnectRequest { id: b, .. }) = net.ev_b.last().cloned() else { panic!() };
+    let Some(CmEvent::ConnectRequest { id: b, .. }) = net.ev_b.last().cloned() else {
+        panic!()
+    };
     net.b.accept(net.now, b, accept_params()).unwrap();
     net.pump();
     complete_on_rep(&mut net, a);
@@ -565,7 +620,10 @@ fn unanswered_dreq_times_out_into_timewait() {
     }
     assert_eq!(net.sent(Side::A, attr::DREQ).len(), 16);
     assert_eq!(net.now, t0 + 16 * REQ_PERIOD_MS * MS);
-    assert_eq!(disconnected(net.ev_a.last()), Some((a, DisconnectCause::DreqTimeout)));
+    assert_eq!(
+        disconnected(net.ev_a.last()),
+        Some((a, DisconnectCause::DreqTimeout))
+    );
     assert_eq!(net.a.state(a), Some(State::Timewait));
 }
 
@@ -583,7 +641,9 @@ fn duplicate_req_in_timewait_is_rejected_as_stale() {
     let mad = CmMad::new(old_req.tid, old_req.msg).emit().unwrap();
     net.b.handle_mad(net.now, A_ADDR, &mad).unwrap();
     let t = net.b.poll_transmit().unwrap();
-    let CmMessage::Rej(rej) = CmMad::parse(&t.mad).unwrap().message else { panic!() };
+    let CmMessage::Rej(rej) = CmMad::parse(&t.mad).unwrap().message else {
+        panic!()
+    };
     assert_eq!(rej.reason, RejReason::STALE_CONN);
     assert_eq!((rej.local_comm_id, rej.remote_comm_id), (b.0, a.0));
 }
@@ -599,16 +659,26 @@ fn req_from_a_still_connected_qp_is_stale() {
     net.pump();
     assert_eq!(
         net.sequence()[3..],
-        [(Side::A, "REQ"), (Side::B, "REJ"), (Side::B, "DREQ"), (Side::A, "DREP")]
+        [
+            (Side::A, "REQ"),
+            (Side::B, "REJ"),
+            (Side::B, "DREQ"),
+            (Side::A, "DREP")
+        ]
     );
-    let CmMessage::Rej(rej) = &net.log[4].msg else { panic!() };
+    let CmMessage::Rej(rej) = &net.log[4].msg else {
+        panic!()
+    };
     assert_eq!(rej.reason, RejReason::STALE_CONN);
     assert!(matches!(
         net.ev_a.last(),
         Some(CmEvent::Rejected { id, reason: RejReason::STALE_CONN, .. }) if *id == a2
     ));
     // The old connection on B learns its peer answered the DREQ.
-    assert_eq!(disconnected(net.ev_b.last()), Some((b, DisconnectCause::DrepReceived)));
+    assert_eq!(
+        disconnected(net.ev_b.last()),
+        Some((b, DisconnectCause::DrepReceived))
+    );
 }
 
 #[test]
@@ -638,10 +708,15 @@ fn messages_for_unknown_ids_get_the_ib_cm_answers() {
     let t = net.a.poll_transmit().unwrap();
     let m = CmMad::parse(&t.mad).unwrap();
     assert_eq!(m.header.transaction_id, 77);
-    let CmMessage::Rej(rej) = m.message else { panic!() };
+    let CmMessage::Rej(rej) = m.message else {
+        panic!()
+    };
     assert_eq!(rej.reason, RejReason::INVALID_COMM_ID);
     assert_eq!(rej.message_rejected, msg_kind::REP);
-    assert_eq!((rej.local_comm_id, rej.remote_comm_id), (0x0a0b_0c0d, 0x0102_0304));
+    assert_eq!(
+        (rej.local_comm_id, rej.remote_comm_id),
+        (0x0a0b_0c0d, 0x0102_0304)
+    );
     // Unknown RTU / DREP / MRA / REJ: silence.
     for msg in [
         CmMessage::Rtu(proto::cm::msg::RtuRepr {
@@ -655,7 +730,9 @@ fn messages_for_unknown_ids_get_the_ib_cm_answers() {
             private_data: vec![],
         }),
     ] {
-        net.a.handle_mad(net.now, B_ADDR, &CmMad::new(1, msg).emit().unwrap()).unwrap();
+        net.a
+            .handle_mad(net.now, B_ADDR, &CmMad::new(1, msg).emit().unwrap())
+            .unwrap();
         assert_eq!(net.a.poll_transmit(), None);
     }
     // Malformed input is an error, not a panic, and changes nothing.
@@ -680,14 +757,26 @@ fn sidr_resolves_a_service_to_qpn_and_qkey() {
     net.b.listen(UDP_SID).unwrap();
     let a = net.a.sidr_resolve(net.now, sidr_params()).unwrap();
     net.pump();
-    let Some(CmEvent::SidrRequest { id: b, service_id, req, .. }) = net.ev_b.last().cloned()
+    let Some(CmEvent::SidrRequest {
+        id: b,
+        service_id,
+        req,
+        ..
+    }) = net.ev_b.last().cloned()
     else {
         panic!("{:?}", net.ev_b)
     };
     assert_eq!(service_id, UDP_SID);
     assert_eq!(req.request_id, a.0);
     net.b
-        .sidr_reply(net.now, b, sidr_status::SUCCESS, 0x23, rdma_cm::RDMA_UDP_QKEY, &[])
+        .sidr_reply(
+            net.now,
+            b,
+            sidr_status::SUCCESS,
+            0x23,
+            rdma_cm::RDMA_UDP_QKEY,
+            &[],
+        )
         .unwrap();
     net.pump();
     match net.ev_a.last() {
@@ -752,7 +841,11 @@ fn api_misuse_is_an_error() {
         net.a.disconnect(net.now, a, &[0; 221]),
         Err(CmApiError::Encode(_))
     ));
-    assert_eq!(net.a.state(a), Some(State::Established), "a failed call changes nothing");
+    assert_eq!(
+        net.a.state(a),
+        Some(State::Established),
+        "a failed call changes nothing"
+    );
     assert_eq!(
         net.a.disconnect(net.now, ConnId(1), &[]),
         Err(CmApiError::UnknownConn(1))
@@ -771,15 +864,26 @@ fn destroy_tells_the_peer_like_ib_cm() {
     net.b.destroy(net.now, b);
     net.pump();
     let rej = net.sent(Side::B, attr::REJ);
-    let CmMessage::Rej(r) = &rej[0].msg else { panic!() };
-    assert_eq!((r.reason, r.message_rejected), (RejReason::CONSUMER_DEFINED, msg_kind::OTHER));
+    let CmMessage::Rej(r) = &rej[0].msg else {
+        panic!()
+    };
+    assert_eq!(
+        (r.reason, r.message_rejected),
+        (RejReason::CONSUMER_DEFINED, msg_kind::OTHER)
+    );
     // A never saw the REP, so it does not know B's comm ID and, like ib_cm
     // (cm_acquire_id(local, remote) with remote 0), ignores a REJ naming it: its REQ retries
     // run out instead.
-    assert!(!net.ev_a.iter().any(|e| matches!(e, CmEvent::Rejected { .. })));
+    assert!(!net
+        .ev_a
+        .iter()
+        .any(|e| matches!(e, CmEvent::Rejected { .. })));
     net.run_until_idle();
     assert_eq!(net.sent(Side::B, attr::REP).len(), 1);
-    assert!(!net.ev_b.iter().any(|e| matches!(e, CmEvent::TimewaitExit { .. })));
+    assert!(!net
+        .ev_b
+        .iter()
+        .any(|e| matches!(e, CmEvent::TimewaitExit { .. })));
     assert_eq!(net.ev_a.last(), Some(&CmEvent::Unreachable { id: a }));
 
     // Destroyed after the peer saw the REP: the REJ reaches it.
@@ -801,6 +905,9 @@ fn destroy_tells_the_peer_like_ib_cm() {
     let (a, b) = establish(&mut net);
     net.a.destroy(net.now, a);
     net.pump();
-    assert_eq!(disconnected(net.ev_b.last()), Some((b, DisconnectCause::DreqReceived)));
+    assert_eq!(
+        disconnected(net.ev_b.last()),
+        Some((b, DisconnectCause::DreqReceived))
+    );
     assert_eq!(net.a.state(a), Some(State::Timewait));
 }

@@ -93,10 +93,8 @@ pub struct Transmit {
 
 impl core::fmt::Debug for Transmit {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        let name = crate::wire::mad::cm_attribute_name(u16::from_be_bytes([
-            self.mad[16],
-            self.mad[17],
-        ]));
+        let name =
+            crate::wire::mad::cm_attribute_name(u16::from_be_bytes([self.mad[16], self.mad[17]]));
         write!(f, "Transmit({name} to {})", self.peer)
     }
 }
@@ -123,8 +121,13 @@ pub enum CmEvent {
         req: Box<ReqRepr>,
     },
     /// A REP for our REQ: move the QP to RTR/RTS, then `send_rtu`.
-    ConnectResponse { id: ConnId, rep: Box<RepRepr> },
-    Established { id: ConnId },
+    ConnectResponse {
+        id: ConnId,
+        rep: Box<RepRepr>,
+    },
+    Established {
+        id: ConnId,
+    },
     /// The peer rejected (REJ), or answered a request we never made.
     Rejected {
         id: ConnId,
@@ -133,14 +136,18 @@ pub enum CmEvent {
         private_data: Vec<u8>,
     },
     /// REQ, REP or SIDR_REQ went unanswered through all retries (`-ETIMEDOUT`).
-    Unreachable { id: ConnId },
+    Unreachable {
+        id: ConnId,
+    },
     Disconnected {
         id: ConnId,
         cause: DisconnectCause,
         private_data: Vec<u8>,
     },
     /// Timewait is over; the comm ID and the QP may be reused.
-    TimewaitExit { id: ConnId },
+    TimewaitExit {
+        id: ConnId,
+    },
     /// A SIDR_REQ for a service we listen on: answer with `sidr_reply`.
     SidrRequest {
         id: ConnId,
@@ -149,7 +156,10 @@ pub enum CmEvent {
         req: Box<SidrReqRepr>,
     },
     /// The SIDR_REP for our SIDR_REQ (its status may be a failure).
-    SidrResponse { id: ConnId, rep: Box<SidrRepRepr> },
+    SidrResponse {
+        id: ConnId,
+        rep: Box<SidrRepRepr>,
+    },
 }
 
 /// Misuse of the consumer API.
@@ -453,7 +463,8 @@ impl CmEndpoint {
     fn remove(&mut self, id: u32) {
         if let Some(c) = self.conns.remove(&id) {
             if self.remote_ids.get(&(c.remote_ca_guid, c.remote_comm_id)) == Some(&id) {
-                self.remote_ids.remove(&(c.remote_ca_guid, c.remote_comm_id));
+                self.remote_ids
+                    .remove(&(c.remote_ca_guid, c.remote_comm_id));
             }
             if self.remote_qpns.get(&(c.remote_ca_guid, c.remote_qpn)) == Some(&id) {
                 self.remote_qpns.remove(&(c.remote_ca_guid, c.remote_qpn));
@@ -584,7 +595,12 @@ impl CmEndpoint {
 
     /// `ib_send_cm_rtu`: completes an active connection after the consumer moved its QP to
     /// RTS; raises ESTABLISHED.
-    pub fn send_rtu(&mut self, _now: u64, id: ConnId, private_data: &[u8]) -> Result<(), CmApiError> {
+    pub fn send_rtu(
+        &mut self,
+        _now: u64,
+        id: ConnId,
+        private_data: &[u8],
+    ) -> Result<(), CmApiError> {
         let c = self.conn_mut(id)?;
         if !matches!(c.state, State::RepRcvd | State::MraRepSent) {
             return Err(CmApiError::InvalidState(c.state));
@@ -658,7 +674,12 @@ impl CmEndpoint {
     }
 
     /// `rdma_disconnect`: DREQ from ESTABLISHED, or DREP when the peer's DREQ came first.
-    pub fn disconnect(&mut self, now: u64, id: ConnId, private_data: &[u8]) -> Result<(), CmApiError> {
+    pub fn disconnect(
+        &mut self,
+        now: u64,
+        id: ConnId,
+        private_data: &[u8],
+    ) -> Result<(), CmApiError> {
         let own_tid = self.own_tid(id.0);
         let c = self.conn_mut(id)?;
         match c.state {
@@ -923,7 +944,13 @@ impl CmEndpoint {
             return;
         }
         if !self.listeners.contains(&req.service_id) {
-            self.issue_rej(peer, tid, bytes, RejReason::INVALID_SERVICE_ID, msg_kind::REQ);
+            self.issue_rej(
+                peer,
+                tid,
+                bytes,
+                RejReason::INVALID_SERVICE_ID,
+                msg_kind::REQ,
+            );
             return;
         }
         let id = self.alloc_id();
@@ -955,7 +982,8 @@ impl CmEndpoint {
         );
         self.remote_ids
             .insert((req.local_ca_guid, req.local_comm_id), id);
-        self.remote_qpns.insert((req.local_ca_guid, req.local_qpn), id);
+        self.remote_qpns
+            .insert((req.local_ca_guid, req.local_qpn), id);
         self.events.push_back(CmEvent::ConnectRequest {
             id: ConnId(id),
             service_id: req.service_id,
@@ -1015,7 +1043,8 @@ impl CmEndpoint {
                 }
                 self.remote_ids
                     .insert((rep.local_ca_guid, rep.local_comm_id), id);
-                self.remote_qpns.insert((rep.local_ca_guid, rep.local_qpn), id);
+                self.remote_qpns
+                    .insert((rep.local_ca_guid, rep.local_qpn), id);
                 self.event(
                     id,
                     CmEvent::ConnectResponse {

@@ -426,14 +426,26 @@ impl ReqRepr {
         fits("local EECN", self.local_eecn.into(), 24)?;
         fits("remote EECN", self.remote_eecn.into(), 24)?;
         fits("starting PSN", self.starting_psn.into(), 24)?;
-        fits("remote CM response timeout", self.remote_cm_response_timeout.into(), 5)?;
-        fits("local CM response timeout", self.local_cm_response_timeout.into(), 5)?;
+        fits(
+            "remote CM response timeout",
+            self.remote_cm_response_timeout.into(),
+            5,
+        )?;
+        fits(
+            "local CM response timeout",
+            self.local_cm_response_timeout.into(),
+            5,
+        )?;
         fits("transport type", self.transport_type.into(), 2)?;
         fits("retry count", self.retry_count.into(), 3)?;
         fits("path MTU", self.path_mtu.into(), 4)?;
         fits("RNR retry count", self.rnr_retry_count.into(), 3)?;
         fits("max CM retries", self.max_cm_retries.into(), 4)?;
-        fits("extended transport type", self.extended_transport_type.into(), 3)?;
+        fits(
+            "extended transport type",
+            self.extended_transport_type.into(),
+            3,
+        )?;
         put32(m, 0, self.local_comm_id);
         put24(m, 5, self.vendor_id);
         put64(m, 8, self.service_id);
@@ -460,7 +472,13 @@ impl ReqRepr {
         self.primary_path.emit_req(m, 52)?;
         self.alternate_path.emit_req(m, 96)?;
         put_bits(m, 139, 5, 1, self.sap_supported as u8);
-        put_private(m, 140, private_data_len::REQ, "REQ private data", &self.private_data)
+        put_private(
+            m,
+            140,
+            private_data_len::REQ,
+            "REQ private data",
+            &self.private_data,
+        )
     }
 }
 
@@ -493,7 +511,13 @@ impl MraRepr {
         put32(m, 4, self.remote_comm_id);
         put_bits(m, 8, 0, 2, self.message_mraed);
         put_bits(m, 9, 0, 5, self.service_timeout);
-        put_private(m, 10, private_data_len::MRA, "MRA private data", &self.private_data)
+        put_private(
+            m,
+            10,
+            private_data_len::MRA,
+            "MRA private data",
+            &self.private_data,
+        )
     }
 }
 
@@ -537,7 +561,13 @@ impl RejRepr {
         put_private(m, 12, ARI_LEN, "REJ ARI", &self.ari)?;
         put_bits(m, 9, 0, 7, self.ari.len() as u8);
         put16(m, 10, self.reason.0);
-        put_private(m, 84, private_data_len::REJ, "REJ private data", &self.private_data)
+        put_private(
+            m,
+            84,
+            private_data_len::REJ,
+            "REJ private data",
+            &self.private_data,
+        )
     }
 }
 
@@ -616,7 +646,13 @@ impl RepRepr {
         put_bits(m, 27, 0, 3, self.rnr_retry_count);
         put_bits(m, 27, 3, 1, self.srq as u8);
         put64(m, 28, self.local_ca_guid);
-        put_private(m, 36, private_data_len::REP, "REP private data", &self.private_data)
+        put_private(
+            m,
+            36,
+            private_data_len::REP,
+            "REP private data",
+            &self.private_data,
+        )
     }
 }
 
@@ -670,7 +706,13 @@ impl DreqRepr {
         put32(m, 0, self.local_comm_id);
         put32(m, 4, self.remote_comm_id);
         put24(m, 8, self.remote_qpn_eecn);
-        put_private(m, 12, private_data_len::DREQ, "DREQ private data", &self.private_data)
+        put_private(
+            m,
+            12,
+            private_data_len::DREQ,
+            "DREQ private data",
+            &self.private_data,
+        )
     }
 }
 
@@ -696,7 +738,13 @@ impl SidrReqRepr {
         put32(m, 0, self.request_id);
         put16(m, 4, self.pkey);
         put64(m, 8, self.service_id);
-        put_private(m, 16, private_data_len::SIDR_REQ, "SIDR_REQ private data", &self.private_data)
+        put_private(
+            m,
+            16,
+            private_data_len::SIDR_REQ,
+            "SIDR_REQ private data",
+            &self.private_data,
+        )
     }
 }
 
@@ -743,7 +791,13 @@ impl SidrRepRepr {
         fits("vendor ID", self.vendor_id.into(), 24)?;
         put32(m, 0, self.request_id);
         m[4] = self.status;
-        put_private(m, 24, ARI_LEN, "SIDR_REP additional information", &self.additional_info)?;
+        put_private(
+            m,
+            24,
+            ARI_LEN,
+            "SIDR_REP additional information",
+            &self.additional_info,
+        )?;
         m[5] = self.additional_info.len() as u8;
         put24(m, 8, self.qpn);
         let v = self.vendor_id.to_be_bytes();
@@ -752,7 +806,13 @@ impl SidrRepRepr {
         m[11] = v[3];
         put64(m, 12, self.service_id);
         put32(m, 20, self.qkey);
-        put_private(m, 96, private_data_len::SIDR_REP, "SIDR_REP private data", &self.private_data)
+        put_private(
+            m,
+            96,
+            private_data_len::SIDR_REP,
+            "SIDR_REP private data",
+            &self.private_data,
+        )
     }
 }
 
@@ -783,13 +843,23 @@ impl LapRepr {
     }
     fn emit(&self, m: &mut [u8]) -> Result<(), CmError> {
         fits("remote QPN/EECN", self.remote_qpn_eecn.into(), 24)?;
-        fits("remote CM response timeout", self.remote_cm_response_timeout.into(), 5)?;
+        fits(
+            "remote CM response timeout",
+            self.remote_cm_response_timeout.into(),
+            5,
+        )?;
         put32(m, 0, self.local_comm_id);
         put32(m, 4, self.remote_comm_id);
         put24(m, 12, self.remote_qpn_eecn);
         put_bits(m, 15, 0, 5, self.remote_cm_response_timeout);
         self.alternate_path.emit_lap(m, 20)?;
-        put_private(m, 64, private_data_len::LAP, "LAP private data", &self.private_data)
+        put_private(
+            m,
+            64,
+            private_data_len::LAP,
+            "LAP private data",
+            &self.private_data,
+        )
     }
 }
 
@@ -824,10 +894,22 @@ impl AprRepr {
     fn emit(&self, m: &mut [u8]) -> Result<(), CmError> {
         put32(m, 0, self.local_comm_id);
         put32(m, 4, self.remote_comm_id);
-        put_private(m, 12, ARI_LEN, "APR additional information", &self.additional_info)?;
+        put_private(
+            m,
+            12,
+            ARI_LEN,
+            "APR additional information",
+            &self.additional_info,
+        )?;
         m[8] = self.additional_info.len() as u8;
         m[9] = self.ap_status;
-        put_private(m, 84, private_data_len::APR, "APR private data", &self.private_data)
+        put_private(
+            m,
+            84,
+            private_data_len::APR,
+            "APR private data",
+            &self.private_data,
+        )
     }
 }
 
@@ -1140,7 +1222,10 @@ mod tests {
         let good = CmMad::new(1, CmMessage::Req(sample_req())).emit().unwrap();
         assert_eq!(
             CmMad::parse(&good[..255]),
-            Err(CmError::Truncated { need: 256, have: 255 })
+            Err(CmError::Truncated {
+                need: 256,
+                have: 255
+            })
         );
         let mut b = good;
         b[1] = 0x04;
@@ -1176,13 +1261,20 @@ mod tests {
         req.starting_psn = 1 << 24;
         assert!(matches!(
             CmMad::new(1, CmMessage::Req(req)).emit(),
-            Err(CmError::FieldRange { field: "starting PSN", .. })
+            Err(CmError::FieldRange {
+                field: "starting PSN",
+                ..
+            })
         ));
         let mut req = sample_req();
         req.private_data = vec![0; 93];
         assert!(matches!(
             CmMad::new(1, CmMessage::Req(req)).emit(),
-            Err(CmError::LengthField { value: 93, max: 92, .. })
+            Err(CmError::LengthField {
+                value: 93,
+                max: 92,
+                ..
+            })
         ));
     }
 

@@ -168,7 +168,11 @@ impl CmaHdr {
 }
 
 /// REQ (or SIDR_REQ) private data: the header followed by the user's bytes.
-pub fn req_private_data(hdr: &CmaHdr, user: &[u8], max_user: usize) -> Result<Vec<u8>, CmaHdrError> {
+pub fn req_private_data(
+    hdr: &CmaHdr,
+    user: &[u8],
+    max_user: usize,
+) -> Result<Vec<u8>, CmaHdrError> {
     if user.len() > max_user {
         return Err(CmaHdrError::TooLong {
             len: user.len(),
