@@ -703,7 +703,7 @@ fn messages_for_unknown_ids_get_the_ib_cm_answers() {
         local_ca_guid: 7,
         private_data: vec![],
     });
-    let mad = CmMad::new(77, rep).emit().unwrap();
+    let mad = CmMad::new(77, rep.clone()).emit().unwrap();
     net.a.handle_mad(net.now, B_ADDR, &mad).unwrap();
     let t = net.a.poll_transmit().unwrap();
     let m = CmMad::parse(&t.mad).unwrap();
@@ -735,6 +735,14 @@ fn messages_for_unknown_ids_get_the_ib_cm_answers() {
             .unwrap();
         assert_eq!(net.a.poll_transmit(), None);
     }
+    // Another class version is dropped, as ib_mad does for an unregistered version.
+    let mut v3 = CmMad::new(5, rep).emit().unwrap();
+    v3[2] = 3;
+    assert_eq!(
+        net.a.handle_mad(net.now, B_ADDR, &v3),
+        Err(proto::cm::CmError::BadClassVersion(3))
+    );
+    assert_eq!(net.a.poll_transmit(), None);
     // Malformed input is an error, not a panic, and changes nothing.
     assert!(net.a.handle_mad(net.now, B_ADDR, &mad[..100]).is_err());
     assert!(net.a.poll_event().is_none());

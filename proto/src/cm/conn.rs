@@ -884,6 +884,10 @@ impl CmEndpoint {
     /// Malformed MADs are returned as errors and otherwise ignored, as ib_mad drops them.
     pub fn handle_mad(&mut self, now: u64, peer: IpAddr, bytes: &[u8]) -> Result<(), CmError> {
         let mad = CmMad::parse(bytes)?;
+        // ib_cm registers its MAD agent for class version 2 only; ib_mad drops the rest.
+        if mad.header.class_version != super::msg::CM_CLASS_VERSION {
+            return Err(CmError::BadClassVersion(mad.header.class_version));
+        }
         let tid = mad.header.transaction_id;
         match mad.message {
             CmMessage::Req(req) => self.on_req(now, peer, tid, bytes, req),

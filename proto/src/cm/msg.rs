@@ -66,6 +66,8 @@ pub enum CmError {
     NotCm(u8),
     #[error("CM method {0:#04x} is not Send")]
     BadMethod(u8),
+    #[error("CM class version {0} is not 2")]
+    BadClassVersion(u8),
     #[error("unknown CM attribute {0:#06x}")]
     UnknownAttribute(u16),
     #[error("{field} = {value} exceeds its {max}-byte area")]
