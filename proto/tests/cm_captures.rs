@@ -222,8 +222,15 @@ mod replay {
             qp_num: 0x21,
             ..RdmaConnParam::default()
         };
-        let p =
-            ConnectParams::rdma_cm(&route, &param, QpType::Rc, 0xc455a2, RXE_ACK_DELAY).unwrap();
+        let p = ConnectParams::rdma_cm(
+            &route,
+            PortSpace::Tcp,
+            &param,
+            QpType::Rc,
+            0xc455a2,
+            RXE_ACK_DELAY,
+        )
+        .unwrap();
         let a_id = a.connect(0, p).unwrap();
         assert_eq!(sent(&mut a)[..], cap[0][..], "REQ");
 

@@ -919,3 +919,41 @@ fn destroy_tells_the_peer_like_ib_cm() {
     );
     assert_eq!(net.a.state(a), Some(State::Timewait));
 }
+
+#[test]
+fn rep_from_a_qp_still_connected_under_another_id_is_stale() {
+    let mut net = Net::new();
+    let (a, b) = establish(&mut net);
+    // B's node restarts and, listening again, answers a new REQ of A from the same QPN (0x12)
+    // that A's old connection still names: A refuses the REP as stale.
+    net.b = CmEndpoint::new(EndpointConfig::new(0xb0b0, 7, 0x7777_8888));
+    net.b.listen(SID).unwrap();
+    let mut p = connect_params();
+    p.local_qpn = 0x13;
+    let a2 = net.a.connect(net.now, p).unwrap();
+    net.pump();
+    let Some(CmEvent::ConnectRequest { id: b2, .. }) = net.ev_b.last().cloned() else {
+        panic!()
+    };
+    net.b.accept(net.now, b2, accept_params()).unwrap();
+    net.pump();
+    assert_eq!(
+        net.sequence()[3..],
+        [(Side::A, "REQ"), (Side::B, "REP"), (Side::A, "REJ")]
+    );
+    let CmMessage::Rej(rej) = &net.log[5].msg else {
+        panic!()
+    };
+    assert_eq!(
+        (rej.reason, rej.message_rejected),
+        (RejReason::STALE_CONN, msg_kind::REP)
+    );
+    assert_eq!(net.a.state(a2), Some(State::ReqSent));
+    assert_eq!(net.a.state(a), Some(State::Established));
+    let info = net.a.conn_info(a).unwrap();
+    assert_eq!(
+        (info.remote_comm_id, info.remote_qpn, info.local_qpn),
+        (b.0, 0x12, 0x11)
+    );
+    assert!(matches!(net.ev_b.last(), Some(CmEvent::Rejected { id, .. }) if *id == b2));
+}

@@ -197,6 +197,19 @@ pub enum State {
     SidrReqRcvd,
 }
 
+/// A snapshot of one connection, for the consumer and for `softroce res show`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnInfo {
+    pub state: State,
+    pub peer: IpAddr,
+    pub service_id: u64,
+    /// 0 until the peer's REQ/REP named it.
+    pub remote_comm_id: u32,
+    pub remote_ca_guid: u64,
+    pub remote_qpn: u32,
+    pub local_qpn: u32,
+}
+
 /// What parameters `connect` sends in the REQ.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectParams {
@@ -228,6 +241,7 @@ impl ConnectParams {
     /// What `rdma_connect` sends over a resolved RoCE route (`cma_connect_ib`).
     pub fn rdma_cm(
         route: &rdma_cm::RoceRoute,
+        port_space: rdma_cm::PortSpace,
         param: &rdma_cm::RdmaConnParam,
         qp_type: rdma_cm::QpType,
         starting_psn: u32,
@@ -240,7 +254,7 @@ impl ConnectParams {
         };
         Ok(ConnectParams {
             peer: route.dst_addr,
-            service_id: rdma_cm::service_id(rdma_cm::PortSpace::Tcp, route.dst_port),
+            service_id: rdma_cm::service_id(port_space, route.dst_port),
             transport_type: qp_type.cm_transport(),
             local_qpn: param.qp_num,
             starting_psn: starting_psn & 0xff_ffff,
@@ -377,6 +391,19 @@ impl CmEndpoint {
 
     pub fn state(&self, id: ConnId) -> Option<State> {
         self.conns.get(&id.0).map(|c| c.state)
+    }
+
+    /// What the endpoint knows of a connection.
+    pub fn conn_info(&self, id: ConnId) -> Option<ConnInfo> {
+        self.conns.get(&id.0).map(|c| ConnInfo {
+            state: c.state,
+            peer: c.peer,
+            service_id: c.service_id,
+            remote_comm_id: c.remote_comm_id,
+            remote_ca_guid: c.remote_ca_guid,
+            remote_qpn: c.remote_qpn,
+            local_qpn: c.local_qpn,
+        })
     }
 
     /// Number of connections the endpoint tracks (timewait included).
@@ -893,9 +920,9 @@ impl CmEndpoint {
             CmMessage::Req(req) => self.on_req(now, peer, tid, bytes, req),
             CmMessage::Mra(mra) => self.on_mra(now, mra),
             CmMessage::Rej(rej) => self.on_rej(now, rej),
-            CmMessage::Rep(rep) => self.on_rep(now, peer, tid, bytes, rep),
+            CmMessage::Rep(rep) => self.on_rep(peer, tid, bytes, rep),
             CmMessage::Rtu(rtu) => self.on_rtu(rtu),
-            CmMessage::Dreq(dreq) => self.on_dreq(now, peer, tid, dreq),
+            CmMessage::Dreq(dreq) => self.on_dreq(peer, tid, dreq),
             CmMessage::Drep(drep) => self.on_drep(now, drep),
             CmMessage::SidrReq(req) => self.on_sidr_req(peer, tid, req),
             CmMessage::SidrRep(rep) => self.on_sidr_rep(rep),
@@ -1030,7 +1057,7 @@ impl CmEndpoint {
         }
     }
 
-    fn on_rep(&mut self, _now: u64, peer: IpAddr, tid: u64, bytes: &[u8], rep: RepRepr) {
+    fn on_rep(&mut self, peer: IpAddr, tid: u64, bytes: &[u8], rep: RepRepr) {
         let Some(c) = self.conns.get(&rep.remote_comm_id) else {
             self.issue_rej(peer, tid, bytes, RejReason::INVALID_COMM_ID, msg_kind::REP);
             return;
@@ -1038,6 +1065,16 @@ impl CmEndpoint {
         let id = c.id;
         match c.state {
             State::ReqSent | State::MraReqRcvd => {
+                // cm_rep_handler: the replying QP is still connected to us under another ID.
+                // Tell the peer; our REQ stays outstanding.
+                if self
+                    .remote_qpns
+                    .get(&(rep.local_ca_guid, rep.local_qpn))
+                    .is_some_and(|&other| other != id)
+                {
+                    self.issue_rej(peer, tid, bytes, RejReason::STALE_CONN, msg_kind::REP);
+                    return;
+                }
                 self.cancel(id);
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.state = State::RepRcvd;
@@ -1159,7 +1196,7 @@ impl CmEndpoint {
         }
     }
 
-    fn on_dreq(&mut self, now: u64, peer: IpAddr, tid: u64, dreq: DreqRepr) {
+    fn on_dreq(&mut self, peer: IpAddr, tid: u64, dreq: DreqRepr) {
         let Some(id) = self.acquire(dreq.remote_comm_id, dreq.local_comm_id) else {
             // cm_issue_drep: answer a DREQ for a connection we forgot.
             let drep = RtuRepr {
@@ -1206,7 +1243,6 @@ impl CmEndpoint {
             }
             _ => {}
         }
-        let _ = now;
     }
 
     fn on_drep(&mut self, now: u64, drep: RtuRepr) {

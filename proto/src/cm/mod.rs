@@ -11,5 +11,8 @@ pub mod conn;
 pub mod msg;
 pub mod rdma_cm;
 
-pub use conn::{CmEndpoint, CmEvent, ConnId, EndpointConfig, Transmit};
+pub use conn::{
+    AcceptParams, CmEndpoint, CmEvent, ConnId, ConnInfo, ConnectParams, DisconnectCause,
+    EndpointConfig, SidrParams, State, Transmit,
+};
 pub use msg::{CmError, CmMad, CmMessage, RejReason};
