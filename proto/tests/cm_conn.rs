@@ -957,3 +957,52 @@ fn rep_from_a_qp_still_connected_under_another_id_is_stale() {
     );
     assert!(matches!(net.ev_b.last(), Some(CmEvent::Rejected { id, .. }) if *id == b2));
 }
+
+#[test]
+fn both_sides_derive_matching_qp_attributes() {
+    use proto::cm::conn::{negotiated_active, negotiated_passive};
+    let mut net = Net::new();
+    let (_a, _b) = start(&mut net);
+    let Some(CmEvent::ConnectRequest { id: b, req, .. }) = net.ev_b.last().cloned() else {
+        panic!()
+    };
+    let mut acc = accept_params();
+    acc.responder_resources = 4;
+    acc.initiator_depth = 2;
+    net.b.accept(net.now, b, acc.clone()).unwrap();
+    net.pump();
+    let Some(CmEvent::ConnectResponse { rep, .. }) = net.ev_a.last().cloned() else {
+        panic!()
+    };
+    let act = rdma_cm::qp_attrs(&negotiated_active(&connect_params(), &rep));
+    let pas = rdma_cm::qp_attrs(&negotiated_passive(&req, &acc));
+    assert_eq!((act.dest_qpn, pas.dest_qpn), (0x12, 0x11));
+    assert_eq!((act.sq_psn, act.rq_psn), (pas.rq_psn, pas.sq_psn));
+    // Reads A issues are bounded by B's responder resources and the other way round.
+    assert_eq!((act.max_rd_atomic, pas.max_dest_rd_atomic), (4, 4));
+    assert_eq!((act.max_dest_rd_atomic, pas.max_rd_atomic), (2, 2));
+    // PLT 16 on A: timeout 17; B sees ACK timeout 17 in the REQ and arrives at 17 too.
+    assert_eq!((act.timeout, pas.timeout), (17, 17));
+    assert_eq!((act.min_rnr_timer, pas.min_rnr_timer), (0, 0));
+    assert_eq!(act.path_mtu, pas.path_mtu);
+}
+
+#[test]
+fn events_map_to_rdma_cm_events() {
+    use proto::cm::rdma_cm::RdmaCmEventType as T;
+    let id = ConnId(1);
+    let rej = CmEvent::Rejected {
+        id,
+        reason: RejReason::CONSUMER_DEFINED,
+        ari: vec![],
+        private_data: vec![],
+    };
+    assert_eq!(rej.rdma_cm_event(), (T::Rejected, 28));
+    assert_eq!(
+        CmEvent::Unreachable { id }.rdma_cm_event(),
+        (T::Unreachable, -110)
+    );
+    assert_eq!(CmEvent::TimewaitExit { id }.rdma_cm_event().0 as u32, 15);
+    assert_eq!(CmEvent::Established { id }.rdma_cm_event().0 as u32, 9);
+    assert_eq!(rej.id(), id);
+}

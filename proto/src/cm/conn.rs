@@ -162,6 +162,81 @@ pub enum CmEvent {
     },
 }
 
+impl CmEvent {
+    /// The connection the event is about.
+    pub fn id(&self) -> ConnId {
+        match self {
+            CmEvent::ConnectRequest { id, .. }
+            | CmEvent::ConnectResponse { id, .. }
+            | CmEvent::Established { id }
+            | CmEvent::Rejected { id, .. }
+            | CmEvent::Unreachable { id }
+            | CmEvent::Disconnected { id, .. }
+            | CmEvent::TimewaitExit { id }
+            | CmEvent::SidrRequest { id, .. }
+            | CmEvent::SidrResponse { id, .. } => *id,
+        }
+    }
+
+    /// The rdma_cm event and status `cma_ib_handler` / `cma_sidr_rep_handler` derive from it.
+    /// A REP maps to CONNECT_RESPONSE, which rdma_cm only shows to ids without a QP; with a
+    /// QP it moves the QP to RTS, sends the RTU and reports the ESTABLISHED that follows.
+    pub fn rdma_cm_event(&self) -> (rdma_cm::RdmaCmEventType, i32) {
+        use rdma_cm::RdmaCmEventType as T;
+        match self {
+            CmEvent::ConnectRequest { .. } | CmEvent::SidrRequest { .. } => (T::ConnectRequest, 0),
+            CmEvent::ConnectResponse { .. } => (T::ConnectResponse, 0),
+            CmEvent::Established { .. } => (T::Established, 0),
+            CmEvent::Rejected { reason, .. } => (T::Rejected, i32::from(reason.0)),
+            CmEvent::Unreachable { .. } => (T::Unreachable, rdma_cm::ETIMEDOUT_STATUS),
+            CmEvent::Disconnected { .. } => (T::Disconnected, 0),
+            CmEvent::TimewaitExit { .. } => (T::TimewaitExit, 0),
+            CmEvent::SidrResponse { rep, .. } if rep.status == sidr_status::SUCCESS => {
+                (T::Established, 0)
+            }
+            CmEvent::SidrResponse { rep, .. } => (T::Unreachable, i32::from(rep.status)),
+        }
+    }
+}
+
+/// The QP attributes of the active side once the REP arrived (`ib_cm_init_qp_attr` after
+/// `cm_rep_handler`: the peer's responder resources bound our initiator depth and vice
+/// versa; its RNR retry count is ours to use).
+pub fn negotiated_active(p: &ConnectParams, rep: &RepRepr) -> rdma_cm::Negotiated {
+    rdma_cm::Negotiated {
+        path_mtu: p.path_mtu,
+        packet_life_time: p.packet_life_time,
+        remote_qpn: rep.local_qpn,
+        remote_starting_psn: rep.starting_psn,
+        local_starting_psn: p.starting_psn,
+        responder_resources: rep.initiator_depth,
+        initiator_depth: rep.responder_resources,
+        retry_count: p.retry_count,
+        rnr_retry_count: rep.rnr_retry_count,
+        ack_timeout_override: None,
+        min_rnr_timer: None,
+    }
+}
+
+/// The QP attributes of the passive side from the REQ and its own accept parameters
+/// (`cm_req_handler` + `ib_send_cm_rep`). The path lifetime is the REQ's ACK timeout − 1
+/// (`cm_format_paths_from_req`), so the QP timeout equals that ACK timeout.
+pub fn negotiated_passive(req: &ReqRepr, a: &AcceptParams) -> rdma_cm::Negotiated {
+    rdma_cm::Negotiated {
+        path_mtu: req.path_mtu,
+        packet_life_time: req.primary_path.local_ack_timeout.saturating_sub(1),
+        remote_qpn: req.local_qpn,
+        remote_starting_psn: req.starting_psn,
+        local_starting_psn: a.starting_psn,
+        responder_resources: a.responder_resources,
+        initiator_depth: a.initiator_depth,
+        retry_count: req.retry_count,
+        rnr_retry_count: req.rnr_retry_count,
+        ack_timeout_override: None,
+        min_rnr_timer: None,
+    }
+}
+
 /// Misuse of the consumer API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum CmApiError {

@@ -16,3 +16,24 @@ pub use conn::{
     EndpointConfig, SidrParams, State, Transmit,
 };
 pub use msg::{CmError, CmMad, CmMessage, RejReason};
+
+/// CM MADs travel on the GSI QP (QP1) of both nodes (facts §8.1).
+pub const GSI_QPN: u32 = 1;
+/// The well-known GSI Q_Key in every CM MAD's DETH.
+pub const GSI_QKEY: u32 = 0x8001_0000;
+/// rxe's UDP source port for QP1: `0xC000 + hash_32(1, 14)` (facts §1.3 step 1).
+pub const GSI_UDP_SPORT: u16 = 0xD872;
+/// Receive buffers for MADs hold the 40-byte GRH slot and the 256-byte MAD.
+pub const GSI_RECV_LEN: usize = 40 + crate::wire::mad::MAD_LEN;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn gsi_source_port_is_rxe_hash_of_qp1() {
+        let hash_32 = |v: u32| v.wrapping_mul(0x61C8_8647) >> 18;
+        assert_eq!(
+            0xC000 + (hash_32(super::GSI_QPN) & 0x3FFF),
+            u32::from(super::GSI_UDP_SPORT)
+        );
+    }
+}

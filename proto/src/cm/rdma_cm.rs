@@ -496,3 +496,28 @@ mod tests {
         assert!(!b.access_remote_read_atomic);
     }
 }
+
+/// `enum rdma_cm_event_type` (librdmacm `rdma_cma.h`), what the shim hands to programs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum RdmaCmEventType {
+    AddrResolved = 0,
+    AddrError = 1,
+    RouteResolved = 2,
+    RouteError = 3,
+    ConnectRequest = 4,
+    ConnectResponse = 5,
+    ConnectError = 6,
+    Unreachable = 7,
+    Rejected = 8,
+    Established = 9,
+    Disconnected = 10,
+    DeviceRemoval = 11,
+    MulticastJoin = 12,
+    MulticastError = 13,
+    AddrChange = 14,
+    TimewaitExit = 15,
+}
+
+/// `-ETIMEDOUT`, the status of UNREACHABLE after CM timeouts.
+pub const ETIMEDOUT_STATUS: i32 = -110;
