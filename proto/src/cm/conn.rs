@@ -21,7 +21,11 @@
 //! - A lost RTU: the passive side keeps resending REP; the active side, ESTABLISHED, answers
 //!   each duplicate REP with the RTU. The passive side also becomes ESTABLISHED when the
 //!   daemon sees the first data on the QP (`notify_comm_established`, ib_cm's
-//!   `IB_EVENT_COMM_EST` path) or when a DREQ arrives.
+//!   `IB_EVENT_COMM_EST` path). A DREQ arriving before either is accepted (DREQ_RCVD, no
+//!   ESTABLISHED event), as in `cm_dreq_handler`.
+//! - MRA received: the outstanding REQ/REP waits `2^(service_timeout−8) + 2^(av.timeout−8)`
+//!   ms before its next retry (`cm_mra_handler`). A REJ naming a remote comm ID other than
+//!   the one we know (e.g. for a REP we never received) is ignored (`cm_acquire_id`).
 //! - No listener: REJ reason 8 "invalid service ID" with local comm ID 0 (as captured in
 //!   `host_probe_cm_rej.pcap`); a REQ from a (CA GUID, QPN) already connected: REJ 10 "stale
 //!   connection" and a DREQ on the old connection; an unknown DREQ: a DREP; a REP for an

@@ -6,6 +6,13 @@
 //!   IDs, the private-data header, QP attributes, the RoCE v2 flow label);
 //! - [`conn`]: the ib_cm state machine for many connections and listeners, driven by MADs
 //!   and virtual time (quinn-proto style: `handle_*` in, `poll_*` out).
+//!
+//! Driving it (the daemon): one [`CmEndpoint`] per port. Every UD SEND_ONLY to QP1 whose
+//! 256-byte payload is a CM MAD (class 0x07) goes to `handle_mad(now, source IP, payload)`;
+//! every [`Transmit`] goes out as a UD SEND_ONLY from QP1 to QP1 of `peer` with Q_Key
+//! [`GSI_QKEY`]; `handle_timeout(now)` runs at `poll_timeout()`. Events map to rdma_cm
+//! events with [`CmEvent::rdma_cm_event`]; QP attributes come from
+//! [`conn::negotiated_active`] / [`conn::negotiated_passive`] and [`rdma_cm::qp_attrs`].
 
 pub mod conn;
 pub mod msg;
