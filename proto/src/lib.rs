@@ -11,6 +11,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
+pub mod cm;
 pub mod ctl;
 pub mod ring;
 #[cfg(any(test, feature = "testing"))]
