@@ -131,10 +131,18 @@ impl Daemon {
         std::fs::create_dir_all(&dir).expect("daemon scratch dir");
         let socket = dir.join("ctl.sock");
         let log = dir.join("daemon.log");
+        // These daemons serve the control plane to one test each and run side by side: unless
+        // the test picks a port, let each bind ephemeral UDP ports instead of 4791.
+        let port: &[&str] = if args.contains(&"--port") {
+            &[]
+        } else {
+            &["--port", "0"]
+        };
         let child = Command::new(softroce_bin())
             .arg("daemon")
             .arg("--socket")
             .arg(&socket)
+            .args(port)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
