@@ -217,23 +217,19 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
         [0x02, b[3], b[4], b[5], b[6], b[7]]
     });
     let guid = eui64(mac);
-    // Index 0 is the link-local default GID, as on every RoCE device.
-    let mut gid0 = [0u8; 16];
-    gid0[0] = 0xfe;
-    gid0[1] = 0x80;
-    gid0[8..].copy_from_slice(&guid);
-    let mut gids = vec![GidEntry {
-        index: 0,
-        gid: gid0,
-        roce: d.roce,
-    }];
-    for (i, a) in addrs.iter().enumerate() {
-        gids.push(GidEntry {
-            index: i as u32 + 1,
+    // One RoCE GID per address. Link-local IPv6 addresses come first, so a device on a real
+    // NIC looks like rxe's (index 0 = fe80::EUI-64, then the IPv4 and other addresses); on
+    // loopback, which has no link-local address, index 0 is 127.0.0.1 and `-g 0` works.
+    addrs.sort_by_key(|a| !matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()));
+    let gids = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| GidEntry {
+            index: i as u32,
             gid: ctl::gid_of(*a),
             roce: d.roce,
-        });
-    }
+        })
+        .collect();
     let mtu = ctl::mtu_enum(d.mtu).unwrap_or(5);
     Ok(DeviceInfo {
         name: d.name.clone(),
@@ -286,13 +282,12 @@ mod tests {
     #[test]
     fn default_device_has_rxe_like_gids() {
         let info = device_info(&DeviceConfig::loopback_default()).unwrap();
-        assert_eq!(info.gids.len(), 3);
-        assert_eq!(&info.gids[0].gid[..2], &[0xfe, 0x80]);
+        assert_eq!(info.gids.len(), 2);
         assert_eq!(
-            info.gids[1].gid,
+            info.gids[0].gid,
             [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1]
         );
-        assert_eq!(info.gids[2].gid, std::net::Ipv6Addr::LOCALHOST.octets());
+        assert_eq!(info.gids[1].gid, std::net::Ipv6Addr::LOCALHOST.octets());
         assert_eq!(info.active_mtu, 5);
         assert_eq!(info.node_guid.to_be_bytes()[3..5], [0xff, 0xfe]);
     }
