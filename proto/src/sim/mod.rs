@@ -67,6 +67,8 @@ pub struct PacketInfo {
     pub len: usize,
     /// How many packets the simulator carried before this one.
     pub index: u64,
+    /// Virtual time it was sent.
+    pub time: Nanos,
 }
 
 /// What a scenario rule does to the packet it matches.
@@ -504,6 +506,7 @@ impl Sim {
                 syndrome: t.aeth.map(|a| a.syndrome.to_byte()),
                 len: bytes.len(),
                 index: self.carried,
+                time: self.now,
             };
             self.carried += 1;
             self.trace.push(pi);
@@ -556,6 +559,15 @@ impl Sim {
                 self.in_flight.push(Reverse((at, seq)));
             }
         }
+    }
+
+    /// Delivers a hand-made IP packet to node `to` after `delay` (bypassing links and rules):
+    /// for scenarios that need a packet no correct engine would send.
+    pub fn inject(&mut self, to: usize, delay: Nanos, ip_packet: Vec<u8>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.payloads.insert(seq, (to, ip_packet));
+        self.in_flight.push(Reverse((self.now + delay, seq)));
     }
 
     /// Lets every node transmit what it has, at the current time.

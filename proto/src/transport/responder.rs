@@ -23,13 +23,9 @@ enum Fail {
     Nak(NakCode, WcStatus),
 }
 
+/// Queues an answer. Every AckReq packet gets its own ACK, as in rxe (no merging of queued
+/// ACKs), so the wire looks the same.
 fn queue(qp: &mut Qp, ctx_ready: &mut std::collections::VecDeque<Qpn>, out: RespOut) {
-    // ACK coalescing: a newer plain ACK supersedes one not yet sent (it acknowledges more).
-    if let RespOut::Ack { syndrome: AethSyndrome::Ack { .. }, .. } = out {
-        if let Some(RespOut::Ack { syndrome: AethSyndrome::Ack { .. }, .. }) = qp.resp_out.back() {
-            qp.resp_out.pop_back();
-        }
-    }
     qp.resp_out.push_back(out);
     schedule(qp, ctx_ready);
 }
