@@ -31,16 +31,44 @@ fn side(ip: &str, buf_len: usize) -> Side {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(4096).unwrap();
     let qpn = dev
-        .create_qp(QpInit { pd, qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false })
+        .create_qp(QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
         .unwrap();
     let addr = dev.memory_mut().alloc(buf_len);
-    let keys = dev.reg_mr(pd, addr, buf_len as u64, Access::ALL_REMOTE.union(Access::LOCAL_WRITE)).unwrap();
-    Side { dev, qpn, cq, addr, keys }
+    let keys = dev
+        .reg_mr(
+            pd,
+            addr,
+            buf_len as u64,
+            Access::ALL_REMOTE.union(Access::LOCAL_WRITE),
+        )
+        .unwrap();
+    Side {
+        dev,
+        qpn,
+        cq,
+        addr,
+        keys,
+    }
 }
 
 fn connect(s: &mut Side, remote_ip: &str, remote_qpn: proto::types::Qpn, mtu: Mtu) {
-    let mut a = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::ALL_REMOTE.union(Access::LOCAL_WRITE), ..Default::default() };
-    let m = AttrMask::STATE.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT).union(AttrMask::ACCESS_FLAGS);
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: Access::ALL_REMOTE.union(Access::LOCAL_WRITE),
+        ..Default::default()
+    };
+    let m = AttrMask::STATE
+        .union(AttrMask::PKEY_INDEX)
+        .union(AttrMask::PORT)
+        .union(AttrMask::ACCESS_FLAGS);
     s.dev.modify_qp(s.qpn, &a, m).unwrap();
     a.qp_state = QpState::Rtr;
     a.ah_attr = Some(AddressVector::new(remote_ip.parse().unwrap()));
@@ -89,8 +117,15 @@ fn run_engine(mtu: Mtu, total: u64) -> (f64, f64) {
         while posted < msgs && posted - done < 8 {
             let wr = SendWr::new(
                 posted,
-                SendOp::Write(RemoteAddr { va: b.addr, rkey: b.keys.rkey }),
-                Some(Sge { addr: a.addr, length: MSG, lkey: a.keys.lkey }),
+                SendOp::Write(RemoteAddr {
+                    va: b.addr,
+                    rkey: b.keys.rkey,
+                }),
+                Some(Sge {
+                    addr: a.addr,
+                    length: MSG,
+                    lkey: a.keys.lkey,
+                }),
             );
             a.dev.post_send(qa, wr).unwrap();
             posted += 1;
@@ -109,7 +144,10 @@ fn run_engine(mtu: Mtu, total: u64) -> (f64, f64) {
     }
     let secs = start.elapsed().as_secs_f64();
     assert!(b.dev.poll_cq(b.cq).is_none());
-    assert_eq!(b.dev.memory().slice(b.addr + u64::from(MSG) - 1, 1), Some(&[0x5a][..]));
+    assert_eq!(
+        b.dev.memory().slice(b.addr + u64::from(MSG) - 1, 1),
+        Some(&[0x5a][..])
+    );
     ((msgs * u64::from(MSG)) as f64 / secs, pkts as f64 / secs)
 }
 
@@ -132,7 +170,10 @@ fn run_baseline(mtu: usize, total: u64) -> f64 {
 }
 
 fn main() {
-    let mib: u64 = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(2048);
+    let mib: u64 = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2048);
     let total = mib << 20;
     println!("RDMA WRITE, {mib} MiB in 1 MiB messages, two engines in one thread");
     for mtu in [Mtu::Mtu4096, Mtu::Mtu1024] {

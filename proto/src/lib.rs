@@ -8,9 +8,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]
 
-pub mod transport;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;
+pub mod transport;
 pub mod types;
 pub mod wire;
 

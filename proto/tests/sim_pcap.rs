@@ -7,19 +7,52 @@ use proto::wire::{FrameRepr, Opcode};
 use std::path::PathBuf;
 
 fn traffic(sim: &mut Sim) {
-    let o = QpOptions { mtu: Mtu::Mtu256, timeout: 8, ..Default::default() };
+    let o = QpOptions {
+        mtu: Mtu::Mtu256,
+        timeout: 8,
+        ..Default::default()
+    };
     let (qa, qb) = sim.connect(0, 1, &o);
     let acc = Access::ALL_REMOTE.union(Access::LOCAL_WRITE);
     let (a, ka) = sim.alloc_mr(0, 8192, acc);
     let (b, kb) = sim.alloc_mr(1, 8192, acc);
     sim.write_mem(0, a, &[7u8; 1000]);
-    let sge = |len| Some(Sge { addr: a, length: len, lkey: ka.lkey });
-    let remote = RemoteAddr { va: b, rkey: kb.rkey };
-    sim.post_recv(1, qb, RecvWr { wr_id: 9, sg_list: vec![Sge { addr: b + 4096, length: 4096, lkey: kb.lkey }] }).unwrap();
-    sim.post_send(0, qa, SendWr::new(1, SendOp::SendWithImm(5), sge(1000))).unwrap();
-    sim.post_send(0, qa, SendWr::new(2, SendOp::Write(remote), sge(999))).unwrap();
-    sim.post_send(0, qa, SendWr::new(3, SendOp::Read(remote), sge(700))).unwrap();
-    sim.post_send(0, qa, SendWr::new(4, SendOp::FetchAdd { remote, add: 1 }, sge(8))).unwrap();
+    let sge = |len| {
+        Some(Sge {
+            addr: a,
+            length: len,
+            lkey: ka.lkey,
+        })
+    };
+    let remote = RemoteAddr {
+        va: b,
+        rkey: kb.rkey,
+    };
+    sim.post_recv(
+        1,
+        qb,
+        RecvWr {
+            wr_id: 9,
+            sg_list: vec![Sge {
+                addr: b + 4096,
+                length: 4096,
+                lkey: kb.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    sim.post_send(0, qa, SendWr::new(1, SendOp::SendWithImm(5), sge(1000)))
+        .unwrap();
+    sim.post_send(0, qa, SendWr::new(2, SendOp::Write(remote), sge(999)))
+        .unwrap();
+    sim.post_send(0, qa, SendWr::new(3, SendOp::Read(remote), sge(700)))
+        .unwrap();
+    sim.post_send(
+        0,
+        qa,
+        SendWr::new(4, SendOp::FetchAdd { remote, add: 1 }, sge(8)),
+    )
+    .unwrap();
     // A lost packet adds a NAK and retransmissions to the capture.
     sim.drop_once(|i| i.opcode == Opcode::RC_RDMA_WRITE_MIDDLE);
     sim.run(1_000_000_000);
@@ -40,14 +73,26 @@ fn check_file(sim: &Sim, name: &str) -> usize {
         n += 1;
     }
     assert_eq!(at, bytes.len());
-    let path: PathBuf = std::env::temp_dir().join(format!("softroce-{name}-{}.pcap", std::process::id()));
+    let path: PathBuf =
+        std::env::temp_dir().join(format!("softroce-{name}-{}.pcap", std::process::id()));
     std::fs::write(&path, &bytes).unwrap();
     let tool = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-pcap-check");
-    let tool = if tool.exists() { tool } else { PathBuf::from("/work/shared/tools/roce-pcap-check") };
+    let tool = if tool.exists() {
+        tool
+    } else {
+        PathBuf::from("/work/shared/tools/roce-pcap-check")
+    };
     if tool.exists() {
-        let out = std::process::Command::new(&tool).arg(&path).output().expect("run roce-pcap-check");
+        let out = std::process::Command::new(&tool)
+            .arg(&path)
+            .output()
+            .expect("run roce-pcap-check");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "roce-pcap-check failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "roce-pcap-check failed: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(text.contains(&format!("{n}")), "{text}");
     } else {
         eprintln!("roce-pcap-check not found; checked with the Rust parser only");

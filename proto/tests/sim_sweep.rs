@@ -20,11 +20,16 @@ enum Op {
 }
 
 fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn pattern(seed: u64, i: u64, len: u32) -> Vec<u8> {
-    (0..len as u64).map(|k| (seed.wrapping_mul(31) ^ (i * 131 + k * 7)) as u8).collect()
+    (0..len as u64)
+        .map(|k| (seed.wrapping_mul(31) ^ (i * 131 + k * 7)) as u8)
+        .collect()
 }
 
 /// One random run; returns the virtual time it took.
@@ -46,7 +51,11 @@ pub fn run_seed(seed: u64) -> u64 {
         timeout: 8,
         max_rd_atomic: 1 << r.below(4),
         // Start near the top of the PSN space now and then, to cross the wrap.
-        sq_psn: if r.chance(0.3) { 0xff_fff0 } else { r.below(1 << 24) as u32 },
+        sq_psn: if r.chance(0.3) {
+            0xff_fff0
+        } else {
+            r.below(1 << 24) as u32
+        },
         rq_psn: r.below(1 << 24) as u32,
         min_rnr_timer: 1,
         ..Default::default()
@@ -63,13 +72,18 @@ pub fn run_seed(seed: u64) -> u64 {
         let len = r.below(REGION) as u32;
         let op = match r.below(8) {
             0..=2 => {
-                let op = Op::Send { len, recv_region: i };
+                let op = Op::Send {
+                    len,
+                    recv_region: i,
+                };
                 recvs += 1;
                 op
             }
             3..=4 => Op::Write { len },
             5..=6 => Op::Read { len },
-            _ => Op::FetchAdd { add: 1 + r.below(1000) },
+            _ => Op::FetchAdd {
+                add: 1 + r.below(1000),
+            },
         };
         ops.push(op);
     }
@@ -79,8 +93,19 @@ pub fn run_seed(seed: u64) -> u64 {
         for (i, op) in ops.iter().enumerate() {
             if let Op::Send { recv_region, .. } = op {
                 let addr = b_mem + recv_region * REGION;
-                sim.post_recv(1, qb, RecvWr { wr_id: 1000 + i as u64, sg_list: vec![Sge { addr, length: REGION as u32, lkey: kb.lkey }] })
-                    .expect("post_recv");
+                sim.post_recv(
+                    1,
+                    qb,
+                    RecvWr {
+                        wr_id: 1000 + i as u64,
+                        sg_list: vec![Sge {
+                            addr,
+                            length: REGION as u32,
+                            lkey: kb.lkey,
+                        }],
+                    },
+                )
+                .expect("post_recv");
             }
         }
     };
@@ -98,15 +123,44 @@ pub fn run_seed(seed: u64) -> u64 {
             }
             Op::Write { len } => {
                 sim.write_mem(0, local, &pattern(seed, i, len));
-                (SendOp::Write(RemoteAddr { va: region_b, rkey: kb.rkey }), len)
+                (
+                    SendOp::Write(RemoteAddr {
+                        va: region_b,
+                        rkey: kb.rkey,
+                    }),
+                    len,
+                )
             }
             Op::Read { len } => {
                 sim.write_mem(1, region_b, &pattern(seed, i, len));
-                (SendOp::Read(RemoteAddr { va: region_b, rkey: kb.rkey }), len)
+                (
+                    SendOp::Read(RemoteAddr {
+                        va: region_b,
+                        rkey: kb.rkey,
+                    }),
+                    len,
+                )
             }
-            Op::FetchAdd { add } => (SendOp::FetchAdd { remote: RemoteAddr { va: counter, rkey: kb.rkey }, add }, 8),
+            Op::FetchAdd { add } => (
+                SendOp::FetchAdd {
+                    remote: RemoteAddr {
+                        va: counter,
+                        rkey: kb.rkey,
+                    },
+                    add,
+                },
+                8,
+            ),
         };
-        let mut wr = SendWr::new(i, sop, Some(Sge { addr: local, length: len, lkey: ka.lkey }));
+        let mut wr = SendWr::new(
+            i,
+            sop,
+            Some(Sge {
+                addr: local,
+                length: len,
+                lkey: ka.lkey,
+            }),
+        );
         if i + 1 < nops && r.chance(0.2) {
             wr.flags = SendFlags::NONE;
         }
@@ -118,7 +172,10 @@ pub fn run_seed(seed: u64) -> u64 {
     }
     sim.run(60_000_000_000);
     let fail = |sim: &Sim, msg: String| -> ! {
-        panic!("seed {seed}: {msg}\n(link {link:?}, options {o:?}, ops {ops:?})\nviolations: {:?}", sim.violations)
+        panic!(
+            "seed {seed}: {msg}\n(link {link:?}, options {o:?}, ops {ops:?})\nviolations: {:?}",
+            sim.violations
+        )
     };
     sim.check_all_sends_completed();
     for (node, wc) in &sim.completions {
@@ -128,7 +185,10 @@ pub fn run_seed(seed: u64) -> u64 {
     }
     let recv_done = sim.completions_of(1, qb).len() as u64;
     if recv_done != recvs {
-        fail(&sim, format!("{recv_done} receives completed, {recvs} expected"));
+        fail(
+            &sim,
+            format!("{recv_done} receives completed, {recvs} expected"),
+        );
     }
     let mut sum = 0u64;
     for (i, op) in ops.iter().enumerate() {
@@ -139,7 +199,10 @@ pub fn run_seed(seed: u64) -> u64 {
                 if got != pattern(seed, iu, len) {
                     fail(&sim, format!("SEND {i} landed wrong"));
                 }
-                let wc = sim.completions_of(1, qb).into_iter().find(|w| w.wr_id == 1000 + iu);
+                let wc = sim
+                    .completions_of(1, qb)
+                    .into_iter()
+                    .find(|w| w.wr_id == 1000 + iu);
                 if wc.map(|w| w.byte_len) != Some(len) {
                     fail(&sim, format!("receive {i} has {wc:?}"));
                 }
@@ -159,18 +222,27 @@ pub fn run_seed(seed: u64) -> u64 {
                 // which also proves none ran twice.
                 let got = sim.read_mem(0, a_mem + iu * REGION, 8);
                 if got != sum.to_ne_bytes() {
-                    fail(&sim, format!("FETCH_ADD {i} returned {got:?}, expected {sum}"));
+                    fail(
+                        &sim,
+                        format!("FETCH_ADD {i} returned {got:?}, expected {sum}"),
+                    );
                 }
                 sum += add;
             }
         }
     }
     if sim.read_mem(1, counter, 8) != sum.to_ne_bytes() {
-        fail(&sim, "atomic counter is wrong: an atomic ran twice or never".into());
+        fail(
+            &sim,
+            "atomic counter is wrong: an atomic ran twice or never".into(),
+        );
     }
     let (req, comp, _) = sim.dev(0).qp_psns(qa).expect("qp");
     if req != comp {
-        fail(&sim, format!("requester ended with unacked PSNs {comp}..{req}"));
+        fail(
+            &sim,
+            format!("requester ended with unacked PSNs {comp}..{req}"),
+        );
     }
     let _ = Psn::new(0);
     sim.check();

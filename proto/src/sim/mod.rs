@@ -173,7 +173,10 @@ pub struct Sim {
 
 impl core::fmt::Debug for Sim {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Sim").field("seed", &self.seed).field("now", &self.now).finish()
+        f.debug_struct("Sim")
+            .field("seed", &self.seed)
+            .field("now", &self.now)
+            .finish()
     }
 }
 
@@ -204,7 +207,10 @@ impl Sim {
     /// Adds a node with address `ip` (its GID 0); every link to and from it gets `link`.
     pub fn add_node(&mut self, ip: IpAddr, link: LinkModel) -> usize {
         let idx = self.nodes.len();
-        let mut dev = Device::new(DeviceConfig::new(ip, self.seed ^ (idx as u64 + 1) * 0x1234_5678), VecMemory::new());
+        let mut dev = Device::new(
+            DeviceConfig::new(ip, self.seed ^ ((idx as u64 + 1) * 0x1234_5678)),
+            VecMemory::new(),
+        );
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(4096).expect("create CQ");
         self.nodes.push(Node { dev, pd, cq, ip });
@@ -241,8 +247,17 @@ impl Sim {
     }
 
     /// Applies `action` to the next `count` packets `matcher` accepts.
-    pub fn on_packet(&mut self, count: usize, action: Action, matcher: impl FnMut(&PacketInfo) -> bool + 'static) {
-        self.rules.push(Rule { matcher: Box::new(matcher), action, remaining: count });
+    pub fn on_packet(
+        &mut self,
+        count: usize,
+        action: Action,
+        matcher: impl FnMut(&PacketInfo) -> bool + 'static,
+    ) {
+        self.rules.push(Rule {
+            matcher: Box::new(matcher),
+            action,
+            remaining: count,
+        });
     }
 
     /// Drops the next packet `matcher` accepts.
@@ -258,7 +273,10 @@ impl Sim {
     pub fn alloc_mr(&mut self, node: usize, len: usize, access: Access) -> (u64, MrKeys) {
         let n = &mut self.nodes[node];
         let addr = n.dev.memory_mut().alloc(len);
-        let keys = n.dev.reg_mr(n.pd, addr, len as u64, access).expect("reg_mr");
+        let keys = n
+            .dev
+            .reg_mr(n.pd, addr, len as u64, access)
+            .expect("reg_mr");
         (addr, keys)
     }
 
@@ -267,7 +285,12 @@ impl Sim {
     }
 
     pub fn read_mem(&self, node: usize, addr: u64, len: usize) -> Vec<u8> {
-        self.nodes[node].dev.memory().slice(addr, len).map(<[u8]>::to_vec).unwrap_or_default()
+        self.nodes[node]
+            .dev
+            .memory()
+            .slice(addr, len)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
     }
 
     /// Creates a QP on `node` with the node's PD and CQ.
@@ -288,15 +311,33 @@ impl Sim {
 
     /// Brings a QP through INIT, RTR and RTS towards `remote` (RC/UC) with the attributes
     /// rdma_cm would use.
-    pub fn bring_up(&mut self, node: usize, qpn: Qpn, remote_node: usize, remote_qpn: Qpn, o: &QpOptions) {
+    pub fn bring_up(
+        &mut self,
+        node: usize,
+        qpn: Qpn,
+        remote_node: usize,
+        remote_qpn: Qpn,
+        o: &QpOptions,
+    ) {
         let ip = self.nodes[remote_node].ip;
         let dev = &mut self.nodes[node].dev;
-        let mut a = QpAttr { qp_state: QpState::Init, qp_access_flags: o.access, qkey: crate::types::Qkey(0x1111_1111), ..Default::default() };
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: o.access,
+            qkey: crate::types::Qkey(0x1111_1111),
+            ..Default::default()
+        };
         let ud = o.qp_type == QpType::Ud;
         let init_mask = if ud {
-            AttrMask::STATE.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT).union(AttrMask::QKEY)
+            AttrMask::STATE
+                .union(AttrMask::PKEY_INDEX)
+                .union(AttrMask::PORT)
+                .union(AttrMask::QKEY)
         } else {
-            AttrMask::STATE.union(AttrMask::PKEY_INDEX).union(AttrMask::PORT).union(AttrMask::ACCESS_FLAGS)
+            AttrMask::STATE
+                .union(AttrMask::PKEY_INDEX)
+                .union(AttrMask::PORT)
+                .union(AttrMask::ACCESS_FLAGS)
         };
         dev.modify_qp(qpn, &a, init_mask).expect("to INIT");
         a.qp_state = QpState::Rtr;
@@ -310,7 +351,11 @@ impl Sim {
         a.ah_attr = Some(av);
         let rtr = match o.qp_type {
             QpType::Ud | QpType::Gsi => AttrMask::STATE,
-            QpType::Uc => AttrMask::STATE.union(AttrMask::AV).union(AttrMask::PATH_MTU).union(AttrMask::DEST_QPN).union(AttrMask::RQ_PSN),
+            QpType::Uc => AttrMask::STATE
+                .union(AttrMask::AV)
+                .union(AttrMask::PATH_MTU)
+                .union(AttrMask::DEST_QPN)
+                .union(AttrMask::RQ_PSN),
             QpType::Rc => AttrMask::STATE
                 .union(AttrMask::AV)
                 .union(AttrMask::PATH_MTU)
@@ -343,7 +388,11 @@ impl Sim {
     pub fn connect(&mut self, a: usize, b: usize, o: &QpOptions) -> (Qpn, Qpn) {
         let qa = self.create_qp(a, o);
         let qb = self.create_qp(b, o);
-        let ob = QpOptions { sq_psn: o.rq_psn, rq_psn: o.sq_psn, ..*o };
+        let ob = QpOptions {
+            sq_psn: o.rq_psn,
+            rq_psn: o.sq_psn,
+            ..*o
+        };
         self.bring_up(a, qa, b, qb, o);
         self.bring_up(b, qb, a, qa, &ob);
         (qa, qb)
@@ -354,7 +403,13 @@ impl Sim {
         let signaled = wr.flags.contains(SendFlags::SIGNALED);
         let id = wr.wr_id;
         self.nodes[node].dev.post_send(qpn, wr)?;
-        self.posted.entry((node, qpn, false)).or_default().push_back(Posted { wr_id: id, signaled });
+        self.posted
+            .entry((node, qpn, false))
+            .or_default()
+            .push_back(Posted {
+                wr_id: id,
+                signaled,
+            });
         Ok(())
     }
 
@@ -362,7 +417,13 @@ impl Sim {
     pub fn post_recv(&mut self, node: usize, qpn: Qpn, wr: RecvWr) -> VerbsResult<()> {
         let id = wr.wr_id;
         self.nodes[node].dev.post_recv(qpn, wr)?;
-        self.posted.entry((node, qpn, true)).or_default().push_back(Posted { wr_id: id, signaled: true });
+        self.posted
+            .entry((node, qpn, true))
+            .or_default()
+            .push_back(Posted {
+                wr_id: id,
+                signaled: true,
+            });
         Ok(())
     }
 
@@ -422,13 +483,19 @@ impl Sim {
 
     /// Send WRs still waiting for a completion on `node`/`qpn` (signaled ones).
     pub fn outstanding(&self, node: usize, qpn: Qpn) -> usize {
-        self.posted.get(&(node, qpn, false)).map_or(0, |q| q.iter().filter(|p| p.signaled).count())
+        self.posted
+            .get(&(node, qpn, false))
+            .map_or(0, |q| q.iter().filter(|p| p.signaled).count())
     }
 
     /// Panics, with the seed, if any invariant was violated.
     pub fn check(&self) {
         if !self.violations.is_empty() {
-            panic!("simulation seed {} violated invariants:\n{}", self.seed, self.violations.join("\n"));
+            panic!(
+                "simulation seed {} violated invariants:\n{}",
+                self.seed,
+                self.violations.join("\n")
+            );
         }
     }
 
@@ -438,7 +505,10 @@ impl Sim {
         let mut missing = Vec::new();
         for ((node, qpn, recv), q) in &self.posted {
             if !recv && q.iter().any(|p| p.signaled) {
-                missing.push(format!("node {node} QP {qpn}: {} send WRs never completed", q.len()));
+                missing.push(format!(
+                    "node {node} QP {qpn}: {} send WRs never completed",
+                    q.len()
+                ));
             }
         }
         self.violations.extend(missing);
@@ -551,7 +621,11 @@ impl Sim {
                         mark_ce(&mut b);
                     }
                 }
-                let jitter = if link.jitter > 0 { self.rng.below(link.jitter) } else { 0 };
+                let jitter = if link.jitter > 0 {
+                    self.rng.below(link.jitter)
+                } else {
+                    0
+                };
                 at += link.delay + jitter + extra_delay;
                 let seq = self.next_seq;
                 self.next_seq += 1;
@@ -605,7 +679,11 @@ impl Sim {
             }
         }
         for i in 0..self.nodes.len() {
-            if self.nodes[i].dev.poll_timeout().is_some_and(|t| t <= self.now) {
+            if self.nodes[i]
+                .dev
+                .poll_timeout()
+                .is_some_and(|t| t <= self.now)
+            {
                 let now = self.now;
                 self.nodes[i].dev.handle_timeout(now);
             }
@@ -625,7 +703,11 @@ impl Sim {
 
     /// Completions of `node` with the given QP.
     pub fn completions_of(&self, node: usize, qpn: Qpn) -> Vec<WorkCompletion> {
-        self.completions.iter().filter(|(n, wc)| *n == node && wc.qp_num == qpn).map(|(_, wc)| *wc).collect()
+        self.completions
+            .iter()
+            .filter(|(n, wc)| *n == node && wc.qp_num == qpn)
+            .map(|(_, wc)| *wc)
+            .collect()
     }
 }
 

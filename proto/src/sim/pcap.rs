@@ -28,10 +28,16 @@ impl PcapWriter {
 
     /// Appends `ip_packet`, sent by node `from` at virtual time `now_ns`.
     pub fn record(&mut self, now_ns: u64, from: usize, ip_packet: &[u8]) {
-        let ethertype: u16 = if ip_packet.first().map(|b| b >> 4) == Some(6) { 0x86dd } else { 0x0800 };
+        let ethertype: u16 = if ip_packet.first().map(|b| b >> 4) == Some(6) {
+            0x86dd
+        } else {
+            0x0800
+        };
         let len = (14 + ip_packet.len()) as u32;
-        self.buf.extend_from_slice(&((now_ns / 1_000_000_000) as u32).to_le_bytes());
-        self.buf.extend_from_slice(&(((now_ns / 1_000) % 1_000_000) as u32).to_le_bytes());
+        self.buf
+            .extend_from_slice(&((now_ns / 1_000_000_000) as u32).to_le_bytes());
+        self.buf
+            .extend_from_slice(&(((now_ns / 1_000) % 1_000_000) as u32).to_le_bytes());
         self.buf.extend_from_slice(&len.to_le_bytes());
         self.buf.extend_from_slice(&len.to_le_bytes());
         // Locally administered MACs that name the nodes: 02:00:00:00:00:<node+1>.

@@ -14,7 +14,14 @@ impl<M: MemoryAccess> Ctx<M> {
     }
 
     /// An SGE's memory: a valid L_Key of the same PD, in bounds, with `need` access.
-    fn check_local(&self, pd: u32, sge: &Sge, at: u64, len: u64, need: Access) -> Result<(), WcStatus> {
+    fn check_local(
+        &self,
+        pd: u32,
+        sge: &Sge,
+        at: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<(), WcStatus> {
         let mr = self.mr_by_key(sge.lkey.0).ok_or(WcStatus::LocProtErr)?;
         if mr.lkey != sge.lkey.0 || !mr.valid || mr.pd != pd || !mr.access.contains(need) {
             return Err(WcStatus::LocProtErr);
@@ -27,7 +34,13 @@ impl<M: MemoryAccess> Ctx<M> {
 
     /// Copies `out.len()` bytes of the message described by `sges`, starting `offset` bytes
     /// into it, into `out`.
-    pub(crate) fn gather(&self, pd: u32, sges: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), WcStatus> {
+    pub(crate) fn gather(
+        &self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), WcStatus> {
         let mut skip = offset;
         let mut done = 0usize;
         for sge in sges {
@@ -57,7 +70,13 @@ impl<M: MemoryAccess> Ctx<M> {
 
     /// Places `data` into the buffer described by `sges`, `offset` bytes into it. The
     /// buffers need LOCAL_WRITE. Too little room is a length error.
-    pub(crate) fn scatter(&mut self, pd: u32, sges: &[Sge], offset: u64, data: &[u8]) -> Result<(), WcStatus> {
+    pub(crate) fn scatter(
+        &mut self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), WcStatus> {
         let mut skip = offset;
         let mut done = 0usize;
         for sge in sges {
@@ -87,11 +106,22 @@ impl<M: MemoryAccess> Ctx<M> {
 
     /// An R_Key check at the responder: valid key of the QP's PD, `need` access, and
     /// `[va, va+len)` inside the region.
-    pub(crate) fn check_remote(&self, pd: u32, rkey: Rkey, va: u64, len: u64, need: Access) -> bool {
+    pub(crate) fn check_remote(
+        &self,
+        pd: u32,
+        rkey: Rkey,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> bool {
         let Some(mr) = self.mr_by_key(rkey.0) else {
             return false;
         };
-        mr.rkey == rkey.0 && mr.valid && mr.pd == pd && mr.access.contains(need) && mr.contains(va, len)
+        mr.rkey == rkey.0
+            && mr.valid
+            && mr.pd == pd
+            && mr.access.contains(need)
+            && mr.contains(va, len)
     }
 
     /// Invalidates an MR by key (LOCAL_INV, SEND_WITH_INV). Fails for an unknown key, a key of

@@ -58,7 +58,12 @@ fn progress(qp: &mut Qp) {
 }
 
 /// Handles one response packet (ACK, NAK, read response, atomic ACK).
-pub(crate) fn on_response<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos, rx: &RxPacket<'_>) {
+pub(crate) fn on_response<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Nanos,
+    rx: &RxPacket<'_>,
+) {
     if qp.ty != QpType::Rc || !qp.state.sends() {
         return;
     }
@@ -67,8 +72,7 @@ pub(crate) fn on_response<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, now: N
     let op = t.bth.opcode;
     let Some(info) = op.info() else { return };
     let mut progressed = false;
-    loop {
-        let Some(w) = qp.sq.front() else { break };
+    while let Some(w) = qp.sq.front() {
         if !w.started || w.wr.op.is_local() {
             break;
         }
@@ -145,7 +149,10 @@ fn check_ack<M: MemoryAccess>(
                 SendOp::Read(_) => {}
                 SendOp::Flush { .. } | SendOp::AtomicWrite { .. } => {
                     // Their answer is an empty READ_RESPONSE_ONLY with the request PSN.
-                    if op == Opcode::RC_RDMA_READ_RESPONSE_ONLY && rx.payload.is_empty() && psn == w.first_psn {
+                    if op == Opcode::RC_RDMA_READ_RESPONSE_ONLY
+                        && rx.payload.is_empty()
+                        && psn == w.first_psn
+                    {
                         qp.comp_psn = psn.next();
                         complete_head(qp, ctx, WcStatus::Success);
                         *progressed = true;
@@ -189,7 +196,9 @@ fn check_ack<M: MemoryAccess>(
             if !matches!(syndrome, Some(AethSyndrome::Ack { .. })) {
                 return;
             }
-            let Some(orig) = t.atomic_ack_eth.map(|a| a.orig) else { return };
+            let Some(orig) = t.atomic_ack_eth.map(|a| a.orig) else {
+                return;
+            };
             let sges = w.wr.sg_list.clone();
             if let Err(status) = ctx.scatter(qp.init.pd, &sges, 0, &orig.to_ne_bytes()) {
                 fail_head(qp, ctx, status);

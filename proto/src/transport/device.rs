@@ -200,14 +200,24 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     fn pd_use(&mut self, pd: u32, delta: i32) -> VerbsResult<()> {
-        let p = self.ctx.pds.get_mut(&pd).ok_or(VerbsError::NotFound("PD"))?;
+        let p = self
+            .ctx
+            .pds
+            .get_mut(&pd)
+            .ok_or(VerbsError::NotFound("PD"))?;
         p.users = p.users.saturating_add_signed(delta);
         Ok(())
     }
 
     /// `ibv_reg_mr`. Remote write or atomic access needs local write too (IBTA C10-... ,
     /// checked by ib_core).
-    pub fn reg_mr(&mut self, pd: u32, addr: u64, length: u64, access: Access) -> VerbsResult<MrKeys> {
+    pub fn reg_mr(
+        &mut self,
+        pd: u32,
+        addr: u64,
+        length: u64,
+        access: Access,
+    ) -> VerbsResult<MrKeys> {
         let needs_local_write = Access::REMOTE_WRITE.union(Access::REMOTE_ATOMIC);
         if access.0 & needs_local_write.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
             return Err(VerbsError::Invalid("remote write/atomic needs LOCAL_WRITE"));
@@ -243,7 +253,11 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     pub fn dereg_mr(&mut self, handle: u32) -> VerbsResult<()> {
-        let mr = self.ctx.mrs.remove(&handle).ok_or(VerbsError::NotFound("MR"))?;
+        let mr = self
+            .ctx
+            .mrs
+            .remove(&handle)
+            .ok_or(VerbsError::NotFound("MR"))?;
         self.pd_use(mr.pd, -1)
     }
 
@@ -277,7 +291,11 @@ impl<M: MemoryAccess> Device<M> {
     /// `ibv_req_notify_cq`: the next completion (or next solicited one) raises
     /// [`AsyncEvent::CqNotify`].
     pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) -> VerbsResult<()> {
-        let c = self.ctx.cqs.get_mut(&cq).ok_or(VerbsError::NotFound("CQ"))?;
+        let c = self
+            .ctx
+            .cqs
+            .get_mut(&cq)
+            .ok_or(VerbsError::NotFound("CQ"))?;
         c.armed = Some(solicited_only);
         Ok(())
     }
@@ -306,7 +324,11 @@ impl<M: MemoryAccess> Device<M> {
 
     /// `ibv_modify_srq` with IBV_SRQ_LIMIT: arm the limit event (0 disarms).
     pub fn arm_srq_limit(&mut self, srq: u32, limit: u32) -> VerbsResult<()> {
-        let s = self.ctx.srqs.get_mut(&srq).ok_or(VerbsError::NotFound("SRQ"))?;
+        let s = self
+            .ctx
+            .srqs
+            .get_mut(&srq)
+            .ok_or(VerbsError::NotFound("SRQ"))?;
         if limit > s.max_wr {
             return Err(VerbsError::Invalid("SRQ limit above max_wr"));
         }
@@ -315,7 +337,11 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     pub fn post_srq_recv(&mut self, srq: u32, wr: RecvWr) -> VerbsResult<()> {
-        let s = self.ctx.srqs.get_mut(&srq).ok_or(VerbsError::NotFound("SRQ"))?;
+        let s = self
+            .ctx
+            .srqs
+            .get_mut(&srq)
+            .ok_or(VerbsError::NotFound("SRQ"))?;
         if wr.sg_list.len() > s.max_sge as usize {
             return Err(VerbsError::Invalid("too many SGEs"));
         }
@@ -432,7 +458,10 @@ impl<M: MemoryAccess> Device<M> {
         let gids = self.ctx.config.gids.len();
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
         let next = check_modify(qp.state, qp.ty, attr, mask)?;
-        if qp.state == QpState::Sqd && next != QpState::Err && next != QpState::Reset && qp.has_unacked()
+        if qp.state == QpState::Sqd
+            && next != QpState::Err
+            && next != QpState::Reset
+            && qp.has_unacked()
         {
             // rxe refuses to leave SQD (except to ERR/RESET) while still draining.
             return Err(VerbsError::Busy("SQ still draining"));
@@ -534,7 +563,10 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     pub fn detach_mcast(&mut self, qpn: Qpn, group: IpAddr) -> VerbsResult<()> {
-        let members = self.mcast.get_mut(&group).ok_or(VerbsError::NotFound("group"))?;
+        let members = self
+            .mcast
+            .get_mut(&group)
+            .ok_or(VerbsError::NotFound("group"))?;
         let before = members.len();
         members.retain(|q| *q != qpn);
         if members.len() == before {
@@ -594,7 +626,12 @@ impl<M: MemoryAccess> Device<M> {
             return;
         }
         let (src, dst, ecn, net_len) = match parsed.repr.net {
-            NetRepr::Ipv4(ip) => (IpAddr::V4(ip.src), IpAddr::V4(ip.dst), ip.tos & 3, ipv4::HEADER_LEN),
+            NetRepr::Ipv4(ip) => (
+                IpAddr::V4(ip.src),
+                IpAddr::V4(ip.dst),
+                ip.tos & 3,
+                ipv4::HEADER_LEN,
+            ),
             NetRepr::Ipv6(ip) => (
                 IpAddr::V6(ip.src),
                 IpAddr::V6(ip.dst),
@@ -665,7 +702,12 @@ impl<M: MemoryAccess> Device<M> {
                 self.ctx.counters.dropped_pkts += 1;
                 return;
             };
-            let local = self.ctx.config.gids.get(usize::from(av.sgid_index)).copied();
+            let local = self
+                .ctx
+                .config
+                .gids
+                .get(usize::from(av.sgid_index))
+                .copied();
             if rx.src != av.dgid || Some(rx.dst) != local {
                 self.ctx.counters.dropped_pkts += 1;
                 return;
@@ -755,7 +797,9 @@ impl<M: MemoryAccess> Device<M> {
     /// Test and simulator view of a QP's sequence numbers: (next request PSN, oldest unacked
     /// PSN, expected request PSN at the responder).
     pub fn qp_psns(&self, qpn: Qpn) -> Option<(Psn, Psn, Psn)> {
-        self.qps.get(&qpn).map(|q| (q.req_psn, q.comp_psn, q.resp_psn))
+        self.qps
+            .get(&qpn)
+            .map(|q| (q.req_psn, q.comp_psn, q.resp_psn))
     }
 
     /// Number of receive WQEs still posted on a QP's own RQ.
@@ -827,7 +871,12 @@ pub(crate) fn flush_qp<M>(qp: &mut Qp, ctx: &mut Ctx<M>, drop_output: bool) {
     qp.paced_until = None;
     qp.need_retry = false;
     while let Some(w) = qp.sq.pop_front() {
-        let mut wc = WorkCompletion::new(w.wr.wr_id, WcStatus::WrFlushErr, w.wr.op.wc_opcode(), qp.qpn);
+        let mut wc = WorkCompletion::new(
+            w.wr.wr_id,
+            WcStatus::WrFlushErr,
+            w.wr.op.wc_opcode(),
+            qp.qpn,
+        );
         wc.byte_len = 0;
         complete(ctx, qp.init.send_cq, wc, false);
     }
@@ -844,7 +893,8 @@ pub(crate) fn flush_qp<M>(qp: &mut Qp, ctx: &mut Ctx<M>, drop_output: bool) {
         complete(ctx, qp.init.recv_cq, wc, false);
     }
     if qp.init.srq.is_some() {
-        ctx.events.push_back(AsyncEvent::LastWqeReached { qpn: qp.qpn });
+        ctx.events
+            .push_back(AsyncEvent::LastWqeReached { qpn: qp.qpn });
     }
     if drop_output {
         qp.resp_out.clear();

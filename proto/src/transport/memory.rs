@@ -93,7 +93,8 @@ impl VecMemory {
 
     /// Test helper: fills memory, panicking on a bad address (test code only).
     pub fn fill(&mut self, addr: u64, data: &[u8]) {
-        self.write(addr, data).expect("VecMemory::fill outside an allocation");
+        self.write(addr, data)
+            .expect("VecMemory::fill outside an allocation");
     }
 }
 

@@ -35,6 +35,8 @@ pub use counters::Counters;
 pub use device::{Device, DeviceConfig, MrKeys, Transmit, MAX_FRAME_LEN};
 pub use memory::{MemoryAccess, MemoryError, VecMemory};
 pub use qp::{QpCap, QpInit};
-pub use qp_attr::{check_modify, transition_attrs, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
+pub use qp_attr::{
+    check_modify, transition_attrs, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType,
+};
 pub use timers::Nanos;
 pub use verbs::*;

@@ -69,8 +69,14 @@ pub(crate) struct SendWqe {
 /// rxe's `resp_res`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ResourceKind {
-    Read { va: u64, rkey: Rkey, len: u32 },
-    Atomic { orig: u64 },
+    Read {
+        va: u64,
+        rkey: Rkey,
+        len: u32,
+    },
+    Atomic {
+        orig: u64,
+    },
     /// FLUSH and ATOMIC_WRITE answer with an empty read response.
     EmptyRead,
 }
@@ -213,10 +219,11 @@ impl Qp {
         self.attr.ah_attr
     }
 
-
     /// Something is sent and not yet acknowledged (rxe: `req.psn > comp.psn`).
     pub fn has_unacked(&self) -> bool {
-        self.sq.front().is_some_and(|w| w.started && !w.wr.op.is_local())
+        self.sq
+            .front()
+            .is_some_and(|w| w.started && !w.wr.op.is_local())
     }
 
     /// Clears requester, completer and responder state (the transition to RESET).
@@ -228,7 +235,9 @@ impl Qp {
     /// Sizes the responder resource ring: max_dest_rd_atomic rounded up to a power of two
     /// (rxe), at least one entry.
     pub fn resize_resources(&mut self) {
-        let n = u32::from(self.attr.max_dest_rd_atomic).max(1).next_power_of_two() as usize;
+        let n = u32::from(self.attr.max_dest_rd_atomic)
+            .max(1)
+            .next_power_of_two() as usize;
         self.resources = vec![None; n];
         self.next_resource = 0;
     }
@@ -241,9 +250,11 @@ impl Qp {
     }
 
     pub fn find_resource(&self, psn: Psn) -> Option<Resource> {
-        self.resources.iter().flatten().copied().find(|r| {
-            !psn.is_before(r.first_psn) && !psn.is_after(r.last_psn)
-        })
+        self.resources
+            .iter()
+            .flatten()
+            .copied()
+            .find(|r| !psn.is_before(r.first_psn) && !psn.is_after(r.last_psn))
     }
 }
 
@@ -281,7 +292,10 @@ mod tests {
         assert_eq!(udp_sport_at_create(Qpn::new(1)), 0xd872);
         assert_eq!(udp_sport_at_create(Qpn::new(17)), 0xdf94);
         assert_eq!(udp_sport_for_flow(0, Qpn::new(17), Qpn::new(18)), 0xc132);
-        assert_eq!(udp_sport_for_flow(0x308ef, Qpn::new(17), Qpn::new(18)), 0xc8e3);
+        assert_eq!(
+            udp_sport_for_flow(0x308ef, Qpn::new(17), Qpn::new(18)),
+            0xc8e3
+        );
     }
 
     #[test]

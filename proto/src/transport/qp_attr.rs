@@ -203,7 +203,12 @@ pub fn transition_attrs(cur: QpState, next: QpState, ty: QpType) -> Option<(Attr
     let uc_rc_init_opt = M::of(&[M::PKEY_INDEX, M::PORT, M::ACCESS_FLAGS]);
     let ud_init_opt = M::of(&[M::PKEY_INDEX, M::PORT, M::QKEY]);
     let gsi_init_opt = M::of(&[M::PKEY_INDEX, M::QKEY]);
-    let uc_rts_opt = M::of(&[M::CUR_STATE, M::ALT_PATH, M::ACCESS_FLAGS, M::PATH_MIG_STATE]);
+    let uc_rts_opt = M::of(&[
+        M::CUR_STATE,
+        M::ALT_PATH,
+        M::ACCESS_FLAGS,
+        M::PATH_MIG_STATE,
+    ]);
     let ud_rts_opt = M::of(&[M::CUR_STATE, M::QKEY]);
     Some(match (cur, next) {
         (_, Reset) | (_, Err) => (none, none),
@@ -331,7 +336,9 @@ pub fn check_modify(
     }
     let allowed = req.union(opt).union(M::STATE);
     if mask.minus(allowed) != M::NONE {
-        return Err(VerbsError::Invalid("an attribute not allowed in this transition"));
+        return Err(VerbsError::Invalid(
+            "an attribute not allowed in this transition",
+        ));
     }
     if mask.contains(M::PORT) && attr.port_num != 1 {
         return Err(VerbsError::Invalid("port must be 1"));
@@ -385,7 +392,13 @@ mod tests {
         let missing = rc_init_mask().minus(M::ACCESS_FLAGS);
         assert!(check_modify(QpState::Reset, QpType::Rc, &attr, missing).is_err());
         // QKEY is a UD attribute: extra bits are refused.
-        assert!(check_modify(QpState::Reset, QpType::Rc, &attr, rc_init_mask().union(M::QKEY)).is_err());
+        assert!(check_modify(
+            QpState::Reset,
+            QpType::Rc,
+            &attr,
+            rc_init_mask().union(M::QKEY)
+        )
+        .is_err());
         // UD needs QKEY instead of ACCESS_FLAGS.
         let ud = M::of(&[M::STATE, M::PKEY_INDEX, M::PORT, M::QKEY]);
         assert!(check_modify(QpState::Reset, QpType::Ud, &attr, ud).is_ok());
@@ -417,16 +430,35 @@ mod tests {
         assert!(check_modify(QpState::Reset, QpType::Rc, &attr, M::STATE).is_err());
         // Anything -> ERR / RESET needs nothing.
         attr.qp_state = QpState::Err;
-        assert_eq!(check_modify(QpState::Rts, QpType::Rc, &attr, M::STATE), Ok(QpState::Err));
+        assert_eq!(
+            check_modify(QpState::Rts, QpType::Rc, &attr, M::STATE),
+            Ok(QpState::Err)
+        );
         attr.qp_state = QpState::Reset;
-        assert_eq!(check_modify(QpState::Err, QpType::Uc, &attr, M::STATE), Ok(QpState::Reset));
+        assert_eq!(
+            check_modify(QpState::Err, QpType::Uc, &attr, M::STATE),
+            Ok(QpState::Reset)
+        );
         // CUR_STATE is refused from INIT.
         attr.qp_state = QpState::Init;
-        assert!(check_modify(QpState::Init, QpType::Rc, &attr, M::STATE.union(M::CUR_STATE)).is_err());
+        assert!(check_modify(
+            QpState::Init,
+            QpType::Rc,
+            &attr,
+            M::STATE.union(M::CUR_STATE)
+        )
+        .is_err());
         // timeout 32 is out of range.
         attr.qp_state = QpState::Rts;
         attr.timeout = 32;
-        let rts = M::of(&[M::STATE, M::TIMEOUT, M::RETRY_CNT, M::RNR_RETRY, M::SQ_PSN, M::MAX_QP_RD_ATOMIC]);
+        let rts = M::of(&[
+            M::STATE,
+            M::TIMEOUT,
+            M::RETRY_CNT,
+            M::RNR_RETRY,
+            M::SQ_PSN,
+            M::MAX_QP_RD_ATOMIC,
+        ]);
         assert!(check_modify(QpState::Rtr, QpType::Rc, &attr, rts).is_err());
         attr.timeout = 14;
         assert!(check_modify(QpState::Rtr, QpType::Rc, &attr, rts).is_ok());

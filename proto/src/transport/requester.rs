@@ -18,7 +18,11 @@ pub const MAX_UNACKED_PSNS: i32 = 128;
 pub const MAX_PKT_PER_ACK: u32 = 64;
 
 /// Validates and queues a send WR (rxe `rxe_post_send` + `validate_send_wr`).
-pub(crate) fn post_send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, mut wr: SendWr) -> VerbsResult<()> {
+pub(crate) fn post_send<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    mut wr: SendWr,
+) -> VerbsResult<()> {
     if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
         return Err(VerbsError::Invalid("QP not ready to send"));
     }
@@ -54,16 +58,17 @@ pub(crate) fn post_send<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, mut wr: 
     if len > 0x8000_0000 {
         return Err(VerbsError::Invalid("message above max_msg_sz"));
     }
+    let aligned = |va: u64| va.is_multiple_of(8);
     match wr.op {
-        SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => {
-            if len != 8 || remote.va % 8 != 0 {
-                return Err(VerbsError::Invalid("atomics need 8 bytes at an aligned address"));
-            }
+        SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. }
+            if len != 8 || !aligned(remote.va) =>
+        {
+            return Err(VerbsError::Invalid(
+                "atomics need 8 bytes at an aligned address",
+            ));
         }
-        SendOp::AtomicWrite { remote, .. } => {
-            if remote.va % 8 != 0 {
-                return Err(VerbsError::Invalid("ATOMIC_WRITE needs an aligned address"));
-            }
+        SendOp::AtomicWrite { remote, .. } if !aligned(remote.va) => {
+            return Err(VerbsError::Invalid("ATOMIC_WRITE needs an aligned address"));
         }
         _ => {}
     }
@@ -115,7 +120,11 @@ pub(crate) fn complete_head<M>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) 
     let signaled = qp.init.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED);
     if signaled || status != WcStatus::Success {
         let mut wc = WorkCompletion::new(w.wr.wr_id, status, w.wr.op.wc_opcode(), qp.qpn);
-        wc.byte_len = if status == WcStatus::Success { w.len } else { 0 };
+        wc.byte_len = if status == WcStatus::Success {
+            w.len
+        } else {
+            0
+        };
         return complete(ctx, qp.init.send_cq, wc, false);
     }
     true
@@ -142,8 +151,13 @@ fn go_back_n(qp: &mut Qp) {
             break;
         }
         let skip = comp.diff(w.first_psn).clamp(0, w.npkts as i32 - 1) as u32;
-        let multi = !w.wr.op.is_atomic() && !matches!(w.wr.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. });
-        w.next_psn = if multi { w.first_psn.add(skip) } else { w.first_psn };
+        let multi = !w.wr.op.is_atomic()
+            && !matches!(w.wr.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. });
+        w.next_psn = if multi {
+            w.first_psn.add(skip)
+        } else {
+            w.first_psn
+        };
         w.sent_all = false;
         w.holds_rd_atomic = false;
     }
@@ -294,9 +308,10 @@ pub(crate) fn poll_request<M: MemoryAccess>(
 
     let first = index == 0;
     let (last, payload_len) = match w.wr.op {
-        SendOp::Read(_) | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::Flush { .. } => {
-            (true, 0)
-        }
+        SendOp::Read(_)
+        | SendOp::CompareSwap { .. }
+        | SendOp::FetchAdd { .. }
+        | SendOp::Flush { .. } => (true, 0),
         SendOp::AtomicWrite { .. } => (true, 8),
         _ => {
             let rem = u64::from(w.len) - offset.min(u64::from(w.len));
@@ -319,7 +334,13 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     let w = qp.sq.get_mut(idx)?;
     let solicited = last
         && w.wr.flags.contains(SendFlags::SOLICITED)
-        && matches!(w.wr.op, SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) | SendOp::WriteWithImm(..));
+        && matches!(
+            w.wr.op,
+            SendOp::Send
+                | SendOp::SendWithImm(_)
+                | SendOp::SendWithInv(_)
+                | SendOp::WriteWithImm(..)
+        );
     let mut t = TransportRepr::new(BthRepr {
         opcode,
         solicited,
@@ -341,7 +362,11 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     }
     match w.wr.op {
         SendOp::Write(r) | SendOp::WriteWithImm(r, _) if first => {
-            t.reth = Some(RethRepr { va: r.va, rkey: r.rkey, len: w.len });
+            t.reth = Some(RethRepr {
+                va: r.va,
+                rkey: r.rkey,
+                len: w.len,
+            });
         }
         SendOp::Read(r) => {
             // A partial retry asks only for the bytes not yet received (facts §4.3).
@@ -351,18 +376,47 @@ pub(crate) fn poll_request<M: MemoryAccess>(
                 len: (u64::from(w.len) - offset.min(u64::from(w.len))) as u32,
             });
         }
-        SendOp::CompareSwap { remote, compare, swap } => {
-            t.atomic_eth = Some(AtomicEthRepr { va: remote.va, rkey: remote.rkey, swap_add: swap, compare });
+        SendOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => {
+            t.atomic_eth = Some(AtomicEthRepr {
+                va: remote.va,
+                rkey: remote.rkey,
+                swap_add: swap,
+                compare,
+            });
         }
         SendOp::FetchAdd { remote, add } => {
-            t.atomic_eth = Some(AtomicEthRepr { va: remote.va, rkey: remote.rkey, swap_add: add, compare: 0 });
+            t.atomic_eth = Some(AtomicEthRepr {
+                va: remote.va,
+                rkey: remote.rkey,
+                swap_add: add,
+                compare: 0,
+            });
         }
         SendOp::AtomicWrite { remote, .. } => {
-            t.reth = Some(RethRepr { va: remote.va, rkey: remote.rkey, len: 8 });
+            t.reth = Some(RethRepr {
+                va: remote.va,
+                rkey: remote.rkey,
+                len: 8,
+            });
         }
-        SendOp::Flush { remote, len, placement } => {
-            t.feth = Some(FethRepr { selectivity: 0, placement });
-            t.reth = Some(RethRepr { va: remote.va, rkey: remote.rkey, len });
+        SendOp::Flush {
+            remote,
+            len,
+            placement,
+        } => {
+            t.feth = Some(FethRepr {
+                selectivity: 0,
+                placement,
+            });
+            t.reth = Some(RethRepr {
+                va: remote.va,
+                rkey: remote.rkey,
+                len,
+            });
         }
         _ => {}
     }

@@ -11,7 +11,9 @@ use super::timers::Nanos;
 use super::verbs::*;
 use crate::types::{Psn, Qpn};
 use crate::wire::bth::DEFAULT_PKEY;
-use crate::wire::{AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, OpInfo, Opcode, TransportRepr};
+use crate::wire::{
+    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, OpInfo, Opcode, TransportRepr,
+};
 
 /// Why a request is not executed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +53,8 @@ fn take_recv<M>(qp: &mut Qp, ctx: &mut Ctx<M>) -> Option<(RecvWr, bool)> {
             let wr = s.queue.pop_front()?;
             if s.limit > 0 && (s.queue.len() as u32) < s.limit {
                 s.limit = 0;
-                ctx.events.push_back(AsyncEvent::SrqLimitReached { srq: id });
+                ctx.events
+                    .push_back(AsyncEvent::SrqLimitReached { srq: id });
             }
             Some((wr, true))
         }
@@ -91,12 +94,19 @@ fn recv_complete<M>(qp: &mut Qp, ctx: &mut Ctx<M>, wc: WorkCompletion, solicited
 }
 
 /// An RC or UC request.
-pub(crate) fn on_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, _now: Nanos, rx: &RxPacket<'_>) {
+pub(crate) fn on_request<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    _now: Nanos,
+    rx: &RxPacket<'_>,
+) {
     if !qp.state.receives() {
         return;
     }
     let psn = rx.t.bth.psn;
-    let Some(info) = rx.t.bth.opcode.info() else { return };
+    let Some(info) = rx.t.bth.opcode.info() else {
+        return;
+    };
     if qp.ty == QpType::Uc {
         if psn != qp.resp_psn {
             // UC: a lost packet drops the rest of its message; resynchronise on the next
@@ -121,7 +131,12 @@ pub(crate) fn on_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, _now: N
             qp.sent_psn_nak = true;
             ctx.counters.out_of_seq_request += 1;
             let epsn = qp.resp_psn;
-            ack(qp, &mut ctx.ready, AethSyndrome::Nak(NakCode::PsnSequenceError), epsn);
+            ack(
+                qp,
+                &mut ctx.ready,
+                AethSyndrome::Nak(NakCode::PsnSequenceError),
+                epsn,
+            );
         }
         return;
     }
@@ -176,14 +191,24 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, 
         (ResourceKind::Read { va, rkey, len }, Some(reth), Opcode::RC_RDMA_READ_REQUEST) => {
             let inside = reth.rkey == rkey
                 && reth.va >= va
-                && reth.va.checked_add(u64::from(reth.len)).is_some_and(|e| e <= va + u64::from(len));
+                && reth
+                    .va
+                    .checked_add(u64::from(reth.len))
+                    .is_some_and(|e| e <= va + u64::from(len));
             if !inside {
                 return; // rxe drops a duplicate READ with other parameters
             }
             queue(
                 qp,
                 &mut ctx.ready,
-                RespOut::Read { psn, va: reth.va, rkey, remaining: reth.len, first: true, msn },
+                RespOut::Read {
+                    psn,
+                    va: reth.va,
+                    rkey,
+                    remaining: reth.len,
+                    first: true,
+                    msn,
+                },
             );
         }
         (ResourceKind::Atomic { orig }, _, _) if res.first_psn == psn => {
@@ -196,7 +221,12 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, 
     }
 }
 
-fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, info: &OpInfo) -> Result<(), Fail> {
+fn execute<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    rx: &RxPacket<'_>,
+    info: &OpInfo,
+) -> Result<(), Fail> {
     let t = &rx.t;
     let psn = t.bth.psn;
     let inv_req = Fail::Nak(NakCode::InvalidRequest, WcStatus::RemInvReqErr);
@@ -239,7 +269,10 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
     if needs_recv && !have_recv && !has_recv(qp, ctx) {
         return Err(Fail::Rnr);
     }
-    let rd_atomic = info.has(OpInfo::READ) || info.has(OpInfo::ATOMIC) || info.has(OpInfo::ATOMIC_WRITE) || info.has(OpInfo::FLUSH);
+    let rd_atomic = info.has(OpInfo::READ)
+        || info.has(OpInfo::ATOMIC)
+        || info.has(OpInfo::ATOMIC_WRITE)
+        || info.has(OpInfo::FLUSH);
     if rd_atomic && qp.attr.max_dest_rd_atomic == 0 {
         return Err(inv_req);
     }
@@ -254,7 +287,14 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
     if is_send {
         if starts {
             let (recv, from_srq) = take_recv(qp, ctx).ok_or(Fail::Rnr)?;
-            qp.in_msg = Some(InMessage { is_send: true, recv: Some(recv), recv_from_srq: from_srq, offset: 0, va: 0, resid: 0 });
+            qp.in_msg = Some(InMessage {
+                is_send: true,
+                recv: Some(recv),
+                recv_from_srq: from_srq,
+                offset: 0,
+                va: 0,
+                resid: 0,
+            });
         }
         let m = qp.in_msg.as_mut().ok_or(inv_req)?;
         let recv = m.recv.as_ref().ok_or(inv_req)?;
@@ -262,7 +302,9 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
         let sges = recv.sg_list.clone();
         match ctx.scatter(pd, &sges, u64::from(offset), rx.payload) {
             Ok(()) => {}
-            Err(WcStatus::LocLenErr) => return Err(Fail::Nak(NakCode::InvalidRequest, WcStatus::LocLenErr)),
+            Err(WcStatus::LocLenErr) => {
+                return Err(Fail::Nak(NakCode::InvalidRequest, WcStatus::LocLenErr))
+            }
             Err(s) => return Err(Fail::Nak(NakCode::RemoteOperationalError, s)),
         }
         let m = qp.in_msg.as_mut().ok_or(inv_req)?;
@@ -281,7 +323,10 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
             if let Some(key) = t.ieth {
                 if !ctx.invalidate(pd, key) {
                     // Class J: the bad R_Key fails the receive; the QP goes to ERR.
-                    qp.in_msg = Some(InMessage { recv: Some(recv), ..m });
+                    qp.in_msg = Some(InMessage {
+                        recv: Some(recv),
+                        ..m
+                    });
                     return Err(inv_req);
                 }
                 wc.invalidated_rkey = key.0;
@@ -296,10 +341,25 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
             if reth.len > 0x8000_0000 {
                 return Err(inv_req);
             }
-            if reth.len > 0 && !ctx.check_remote(pd, reth.rkey, reth.va, u64::from(reth.len), Access::REMOTE_WRITE) {
+            if reth.len > 0
+                && !ctx.check_remote(
+                    pd,
+                    reth.rkey,
+                    reth.va,
+                    u64::from(reth.len),
+                    Access::REMOTE_WRITE,
+                )
+            {
                 return Err(access_err);
             }
-            qp.in_msg = Some(InMessage { is_send: false, recv: None, recv_from_srq: false, offset: 0, va: reth.va, resid: reth.len });
+            qp.in_msg = Some(InMessage {
+                is_send: false,
+                recv: None,
+                recv_from_srq: false,
+                offset: 0,
+                va: reth.va,
+                resid: reth.len,
+            });
         }
         let m = qp.in_msg.as_mut().ok_or(inv_req)?;
         if plen as u32 > m.resid || (ends && plen as u32 != m.resid) {
@@ -307,7 +367,9 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
         }
         let at = m.va.wrapping_add(u64::from(m.offset));
         if plen > 0 {
-            ctx.mem.write(at, rx.payload).map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
+            ctx.mem
+                .write(at, rx.payload)
+                .map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
         }
         let m = qp.in_msg.as_mut().ok_or(inv_req)?;
         m.offset += plen as u32;
@@ -317,7 +379,12 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
             qp.msn = (qp.msn + 1) & 0xff_ffff;
             if info.has(OpInfo::RWR) {
                 let (recv, _) = take_recv(qp, ctx).ok_or(Fail::Rnr)?;
-                let mut wc = WorkCompletion::new(recv.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, qp.qpn);
+                let mut wc = WorkCompletion::new(
+                    recv.wr_id,
+                    WcStatus::Success,
+                    WcOpcode::RecvRdmaWithImm,
+                    qp.qpn,
+                );
                 wc.byte_len = m.offset;
                 wc.src_qp = qp.attr.dest_qp_num;
                 wc.imm_data = t.imm.unwrap_or(0);
@@ -331,20 +398,43 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
         if reth.len > 0x8000_0000 {
             return Err(inv_req);
         }
-        if reth.len > 0 && !ctx.check_remote(pd, reth.rkey, reth.va, u64::from(reth.len), Access::REMOTE_READ) {
+        if reth.len > 0
+            && !ctx.check_remote(
+                pd,
+                reth.rkey,
+                reth.va,
+                u64::from(reth.len),
+                Access::REMOTE_READ,
+            )
+        {
             return Err(access_err);
         }
         // A read consumes one PSN per response packet (facts §4.1).
         let n = npkts(reth.len, qp.attr.path_mtu);
         qp.push_resource(Resource {
-            kind: ResourceKind::Read { va: reth.va, rkey: reth.rkey, len: reth.len },
+            kind: ResourceKind::Read {
+                va: reth.va,
+                rkey: reth.rkey,
+                len: reth.len,
+            },
             first_psn: psn,
             last_psn: psn.add(n - 1),
         });
         qp.msn = (qp.msn + 1) & 0xff_ffff;
         qp.resp_psn = psn.add(n);
         let msn = qp.msn;
-        queue(qp, &mut ctx.ready, RespOut::Read { psn, va: reth.va, rkey: reth.rkey, remaining: reth.len, first: true, msn });
+        queue(
+            qp,
+            &mut ctx.ready,
+            RespOut::Read {
+                psn,
+                va: reth.va,
+                rkey: reth.rkey,
+                remaining: reth.len,
+                first: true,
+                msn,
+            },
+        );
         return Ok(());
     } else if info.has(OpInfo::ATOMIC) {
         let a = t.atomic_eth.ok_or(inv_req)?;
@@ -359,8 +449,13 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
         } else {
             ctx.mem.fetch_add(a.va, a.swap_add)
         };
-        let orig = r.map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
-        qp.push_resource(Resource { kind: ResourceKind::Atomic { orig }, first_psn: psn, last_psn: psn });
+        let orig =
+            r.map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
+        qp.push_resource(Resource {
+            kind: ResourceKind::Atomic { orig },
+            first_psn: psn,
+            last_psn: psn,
+        });
         qp.msn = (qp.msn + 1) & 0xff_ffff;
         let msn = qp.msn;
         queue(qp, &mut ctx.ready, RespOut::AtomicAck { psn, orig, msn });
@@ -373,11 +468,19 @@ fn execute<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, in
             if !ctx.check_remote(pd, reth.rkey, reth.va, 8, Access::REMOTE_WRITE) {
                 return Err(access_err);
             }
-            ctx.mem.write(reth.va, rx.payload).map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
-        } else if reth.len > 0 && !ctx.check_remote(pd, reth.rkey, reth.va, u64::from(reth.len), Access::NONE) {
+            ctx.mem
+                .write(reth.va, rx.payload)
+                .map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
+        } else if reth.len > 0
+            && !ctx.check_remote(pd, reth.rkey, reth.va, u64::from(reth.len), Access::NONE)
+        {
             return Err(access_err);
         }
-        qp.push_resource(Resource { kind: ResourceKind::EmptyRead, first_psn: psn, last_psn: psn });
+        qp.push_resource(Resource {
+            kind: ResourceKind::EmptyRead,
+            first_psn: psn,
+            last_psn: psn,
+        });
         qp.msn = (qp.msn + 1) & 0xff_ffff;
         let msn = qp.msn;
         queue(qp, &mut ctx.ready, RespOut::EmptyRead { psn, msn });
@@ -419,11 +522,18 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
         grh.copy_from_slice(rx.net_header);
     }
     let pd = qp.init.pd;
-    let mut status = ctx.scatter(pd, &recv.sg_list, 0, &grh).and_then(|_| ctx.scatter(pd, &recv.sg_list, 40, rx.payload));
+    let mut status = ctx
+        .scatter(pd, &recv.sg_list, 0, &grh)
+        .and_then(|_| ctx.scatter(pd, &recv.sg_list, 40, rx.payload));
     if status == Err(WcStatus::LocLenErr) {
         status = Err(WcStatus::LocLenErr);
     }
-    let mut wc = WorkCompletion::new(recv.wr_id, status.err().unwrap_or(WcStatus::Success), WcOpcode::Recv, qp.qpn);
+    let mut wc = WorkCompletion::new(
+        recv.wr_id,
+        status.err().unwrap_or(WcStatus::Success),
+        WcOpcode::Recv,
+        qp.qpn,
+    );
     if wc.status == WcStatus::Success {
         wc.byte_len = 40 + rx.payload.len() as u32;
         wc.src_qp = deth.src_qpn;
@@ -439,7 +549,11 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
 }
 
 /// Builds the next packet the responder owes (or a CNP), if any.
-pub(crate) fn poll_response<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, buf: &mut [u8]) -> Option<Transmit> {
+pub(crate) fn poll_response<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    buf: &mut [u8],
+) -> Option<Transmit> {
     loop {
         let item = *qp.resp_out.front()?;
         let Some(av) = qp.attr.ah_attr else {
@@ -480,7 +594,14 @@ pub(crate) fn poll_response<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, buf:
                 b.becn = true;
                 (TransportRepr::new(b), None)
             }
-            RespOut::Read { psn, va, rkey, remaining, first, msn } => {
+            RespOut::Read {
+                psn,
+                va,
+                rkey,
+                remaining,
+                first,
+                msn,
+            } => {
                 let plen = remaining.min(qp.mtu());
                 let last = plen == remaining;
                 let opcode = match (first, last) {
@@ -531,7 +652,16 @@ pub(crate) fn poll_response<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, buf:
                     ctx.counters.cnp_sent += 1;
                 }
                 match (qp.resp_out.front_mut(), read) {
-                    (Some(RespOut::Read { psn, va, remaining, first, .. }), Some((_, _, plen, false))) => {
+                    (
+                        Some(RespOut::Read {
+                            psn,
+                            va,
+                            remaining,
+                            first,
+                            ..
+                        }),
+                        Some((_, _, plen, false)),
+                    ) => {
                         *psn = psn.next();
                         *va = va.wrapping_add(u64::from(plen));
                         *remaining -= plen;

@@ -16,9 +16,9 @@ pub fn ack_timeout(timeout: u8) -> Option<Nanos> {
 /// The RNR NAK timer table in microseconds, code 0..31, including rxe's typo for code 25
 /// (61410 instead of 61440; roce-rxe-facts.md §4.6), which the wire peer cannot see anyway.
 const RNR_TIMER_US: [u32; 32] = [
-    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560,
-    3_840, 5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_410, 81_920, 122_880,
-    163_840, 245_760, 327_680, 491_520,
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
+    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_410, 81_920, 122_880, 163_840,
+    245_760, 327_680, 491_520,
 ];
 
 /// How long a requester waits after an RNR NAK carrying `code`.

@@ -369,7 +369,7 @@ mod tests {
             Error::BadPad { .. }
         ));
         // A READ request must carry no payload.
-        let mut read = vec![0u8; 12 + 16 + 4 + 4];
+        let mut read = [0u8; 12 + 16 + 4 + 4];
         read[0] = 0x0c;
         assert!(matches!(
             RocePacket::new_checked(&read[..]).unwrap_err(),
