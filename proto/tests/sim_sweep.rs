@@ -96,7 +96,7 @@ fn build_flow(sim: &mut Sim, r: &mut SimRng, o: &QpOptions) -> Flow {
             }
         })
         .collect();
-    let flow = Flow {
+    Flow {
         qa,
         qb,
         ops,
@@ -107,8 +107,7 @@ fn build_flow(sim: &mut Sim, r: &mut SimRng, o: &QpOptions) -> Flow {
         kb,
         kr,
         late_recvs: r.chance(0.2),
-    };
-    flow
+    }
 }
 
 fn post_recvs(sim: &mut Sim, f: &Flow) {
