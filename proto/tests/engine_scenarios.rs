@@ -1268,3 +1268,142 @@ fn without_congestion_control_nothing_is_marked_ect_and_no_cnp_is_sent() {
     );
     assert!(sim.trace.iter().all(|i| i.opcode != Opcode::CNP));
 }
+
+#[test]
+fn memory_windows_bind_grant_a_range_and_type2_is_invalidated_by_send_with_invalidate() {
+    let mut p = setup(QpOptions::default());
+    let acc = Access::ALL_REMOTE
+        .union(Access::LOCAL_WRITE)
+        .union(Access::MW_BIND);
+    let (w, kw) = p.sim.alloc_mr(1, 8192, acc);
+    let pd = p.sim.nodes[1].pd;
+    let (_, mw2) = p.sim.dev(1).alloc_mw(pd, MwType::Type2).unwrap();
+    let (_, mw1) = p.sim.dev(1).alloc_mw(pd, MwType::Type1).unwrap();
+    assert!(
+        mw2.0 >> 8 > 1 << 19,
+        "window keys have their own index range"
+    );
+    let bind = |mw: Rkey, key: u8, access: Access| SendOp::BindMw {
+        mw_rkey: mw,
+        mr_lkey: kw.lkey,
+        addr: w + 1024,
+        length: 1024,
+        access,
+        key,
+    };
+    let rw = Access::REMOTE_WRITE.union(Access::REMOTE_READ);
+    p.sim
+        .post_send(1, p.qb, SendWr::new(20, bind(mw2, 0x42, rw), None))
+        .unwrap();
+    p.sim
+        .post_send(
+            1,
+            p.qb,
+            SendWr::new(21, bind(mw1, 0x43, Access::REMOTE_READ), None),
+        )
+        .unwrap();
+    // Binding a type 2 window that is already bound fails.
+    p.sim.run(MS);
+    assert_eq!(
+        p.statuses_b(),
+        vec![(20, WcStatus::Success), (21, WcStatus::Success)]
+    );
+    let mw2 = Rkey((mw2.0 & !0xff) | 0x42);
+    let mw1 = Rkey((mw1.0 & !0xff) | 0x43);
+    p.fill_a(0, &data(64, 11));
+    // Inside the window: allowed. Through the type 1 window (read only), a READ works.
+    p.send(
+        1,
+        SendOp::Write(RemoteAddr {
+            va: w + 1024,
+            rkey: mw2,
+        }),
+        0,
+        64,
+    );
+    p.send(
+        2,
+        SendOp::Read(RemoteAddr {
+            va: w + 1024,
+            rkey: mw1,
+        }),
+        4096,
+        64,
+    );
+    p.sim.run(MS);
+    assert_eq!(
+        p.statuses_a(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(p.sim.read_mem(1, w + 1024, 64), data(64, 11));
+    assert_eq!(p.sim.read_mem(0, p.a + 4096, 64), data(64, 11));
+    assert!(
+        p.sim.dev(1).dereg_mr(kw.handle).is_err(),
+        "a window is bound to it"
+    );
+    // SEND_WITH_INV of the type 2 window, then the window no longer grants anything.
+    p.recv(10, 0, 64);
+    p.send(3, SendOp::SendWithInv(mw2), 0, 8);
+    p.sim.run(MS);
+    p.send(
+        4,
+        SendOp::Write(RemoteAddr {
+            va: w + 1024,
+            rkey: mw2,
+        }),
+        0,
+        8,
+    );
+    p.sim.run(MS);
+    assert_eq!(
+        &p.statuses_a()[2..],
+        &[(3, WcStatus::Success), (4, WcStatus::RemAccessErr)]
+    );
+
+    // Outside the window (but inside the MR) is an access error, and so is the old key.
+    let mut p = setup(QpOptions::default());
+    let (w, kw) = p.sim.alloc_mr(1, 8192, acc);
+    let pd = p.sim.nodes[1].pd;
+    let (_, mw) = p.sim.dev(1).alloc_mw(pd, MwType::Type2).unwrap();
+    let op = SendOp::BindMw {
+        mw_rkey: mw,
+        mr_lkey: kw.lkey,
+        addr: w,
+        length: 1024,
+        access: rw,
+        key: 7,
+    };
+    p.sim.post_send(1, p.qb, SendWr::new(20, op, None)).unwrap();
+    p.sim.run(MS);
+    let new = Rkey((mw.0 & !0xff) | 7);
+    p.send(
+        1,
+        SendOp::Write(RemoteAddr {
+            va: w + 1000,
+            rkey: new,
+        }),
+        0,
+        64,
+    );
+    p.sim.run(MS);
+    assert_eq!(p.statuses_a(), vec![(1, WcStatus::RemAccessErr)]);
+}
+
+#[test]
+fn binding_a_window_needs_mw_bind_access_on_the_mr() {
+    let mut p = setup(QpOptions::default());
+    let pd = p.sim.nodes[1].pd;
+    let (_, mw) = p.sim.dev(1).alloc_mw(pd, MwType::Type2).unwrap();
+    // kb has no MW_BIND.
+    let op = SendOp::BindMw {
+        mw_rkey: mw,
+        mr_lkey: p.kb.lkey,
+        addr: p.b,
+        length: 64,
+        access: Access::REMOTE_READ,
+        key: 1,
+    };
+    p.sim.post_send(1, p.qb, SendWr::new(20, op, None)).unwrap();
+    p.sim.run(MS);
+    assert_eq!(p.statuses_b(), vec![(20, WcStatus::MwBindErr)]);
+}

@@ -3,9 +3,9 @@
 
 use super::device::Ctx;
 use super::memory::MemoryAccess;
-use super::resources::Mr;
+use super::resources::{Mr, MwBinding, MwType, MW_INDEX_BASE};
 use super::verbs::{Access, Sge, WcStatus};
-use crate::types::Rkey;
+use crate::types::{Lkey, Qpn, Rkey};
 
 impl<M: MemoryAccess> Ctx<M> {
     /// The MR an L_Key or R_Key names (the pool index is the key without its random byte).
@@ -104,16 +104,35 @@ impl<M: MemoryAccess> Ctx<M> {
         }
     }
 
-    /// An R_Key check at the responder: valid key of the QP's PD, `need` access, and
-    /// `[va, va+len)` inside the region.
+    /// An R_Key check at the responder: a valid key of the QP's PD (or a window bound
+    /// through this QP, for type 2), `need` access, and `[va, va+len)` inside the region.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_remote(
         &self,
         pd: u32,
+        qpn: Qpn,
         rkey: Rkey,
         va: u64,
         len: u64,
         need: Access,
     ) -> bool {
+        let index = rkey.0 >> 8;
+        if index >= MW_INDEX_BASE {
+            let Some(mw) = self.mws.get(&index) else {
+                return false;
+            };
+            let Some(b) = mw.binding else {
+                return false;
+            };
+            let owner_ok = match mw.mw_type {
+                MwType::Type1 => mw.pd == pd,
+                MwType::Type2 => mw.qpn == Some(qpn),
+            };
+            let in_range =
+                va >= b.addr && va.checked_add(len).is_some_and(|e| e <= b.addr + b.length);
+            let mr_ok = self.mrs.get(&b.mr).is_some_and(|m| m.valid);
+            return mw.rkey == rkey.0 && owner_ok && mr_ok && b.access.contains(need) && in_range;
+        }
         let Some(mr) = self.mr_by_key(rkey.0) else {
             return false;
         };
@@ -124,15 +143,80 @@ impl<M: MemoryAccess> Ctx<M> {
             && mr.contains(va, len)
     }
 
-    /// Invalidates an MR by key (LOCAL_INV, SEND_WITH_INV). Fails for an unknown key, a key of
-    /// another PD, or an MR already invalid.
-    pub(crate) fn invalidate(&mut self, pd: u32, key: Rkey) -> bool {
-        match self.mrs.get_mut(&(key.0 >> 8)) {
+    /// Invalidates an MR or a type 2 MW by key (LOCAL_INV, SEND_WITH_INV). Fails for an
+    /// unknown key, a key of another PD, an MR already invalid, a type 1 window (those are
+    /// only unbound by binding again), or a window bound through another QP.
+    pub(crate) fn invalidate(&mut self, pd: u32, qpn: Qpn, key: Rkey) -> bool {
+        let index = key.0 >> 8;
+        if index >= MW_INDEX_BASE {
+            return match self.mws.get_mut(&index) {
+                Some(mw)
+                    if mw.rkey == key.0
+                        && mw.mw_type == MwType::Type2
+                        && mw.binding.is_some()
+                        && (mw.qpn == Some(qpn) || mw.pd == pd) =>
+                {
+                    mw.binding = None;
+                    mw.qpn = None;
+                    true
+                }
+                _ => false,
+            };
+        }
+        match self.mrs.get_mut(&index) {
             Some(mr) if mr.rkey == key.0 && mr.pd == pd && mr.valid => {
                 mr.valid = false;
                 true
             }
             _ => false,
         }
+    }
+
+    /// Executes a BIND_MW (IBTA §10.6.7.2, rxe `rxe_bind_mw`): the window must belong to the
+    /// QP's PD (and a type 2 one must be free), the MR must allow binding, be of the same PD
+    /// and contain the range; remote write or atomic access needs local write on the MR.
+    pub(crate) fn bind_mw(
+        &mut self,
+        pd: u32,
+        qpn: Qpn,
+        mw_rkey: Rkey,
+        mr_lkey: Lkey,
+        range: (u64, u64),
+        access: Access,
+        key: u8,
+    ) -> Result<(), WcStatus> {
+        let (addr, length) = range;
+        let mr_index = mr_lkey.0 >> 8;
+        let mr = self.mrs.get(&mr_index).ok_or(WcStatus::MwBindErr)?;
+        let needs_lw =
+            access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        if mr.lkey != mr_lkey.0
+            || !mr.valid
+            || mr.pd != pd
+            || !mr.access.contains(Access::MW_BIND)
+            || (needs_lw && !mr.access.contains(Access::LOCAL_WRITE))
+            || !mr.contains(addr, length)
+        {
+            return Err(WcStatus::MwBindErr);
+        }
+        let mw = self
+            .mws
+            .get_mut(&(mw_rkey.0 >> 8))
+            .ok_or(WcStatus::MwBindErr)?;
+        if mw.rkey != mw_rkey.0 || mw.pd != pd {
+            return Err(WcStatus::MwBindErr);
+        }
+        if mw.mw_type == MwType::Type2 && mw.binding.is_some() {
+            return Err(WcStatus::MwBindErr);
+        }
+        mw.rkey = (mw.rkey & !0xff) | u32::from(key);
+        mw.binding = Some(MwBinding {
+            mr: mr_index,
+            addr,
+            length,
+            access,
+        });
+        mw.qpn = (mw.mw_type == MwType::Type2).then_some(qpn);
+        Ok(())
     }
 }

@@ -7,7 +7,7 @@ use super::counters::Counters;
 use super::memory::MemoryAccess;
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, QpAttr, QpState, QpType};
-use super::resources::{Ah, Cq, KeyGen, Mr, Pd, Srq};
+use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
 use super::timers::Nanos;
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
@@ -108,6 +108,7 @@ pub(crate) struct Ctx<M> {
     pub config: DeviceConfig,
     pub pds: IntMap<u32, Pd>,
     pub mrs: IntMap<u32, Mr>,
+    pub mws: IntMap<u32, Mw>,
     pub cqs: IntMap<u32, Cq>,
     pub srqs: IntMap<u32, Srq>,
     pub ahs: IntMap<u32, Ah>,
@@ -118,6 +119,7 @@ pub(crate) struct Ctx<M> {
     pub ready: VecDeque<Qpn>,
     pub next_handle: u32,
     pub next_mr_index: u32,
+    pub next_mw_index: u32,
 }
 
 /// One softroce device (port 1): its resources and its transport engine.
@@ -139,6 +141,7 @@ impl<M: MemoryAccess> Device<M> {
                 config,
                 pds: IntMap::default(),
                 mrs: IntMap::default(),
+                mws: IntMap::default(),
                 cqs: IntMap::default(),
                 srqs: IntMap::default(),
                 ahs: IntMap::default(),
@@ -148,6 +151,7 @@ impl<M: MemoryAccess> Device<M> {
                 ready: VecDeque::new(),
                 next_handle: 1,
                 next_mr_index: 1,
+                next_mw_index: MW_INDEX_BASE,
             },
             qps: IntMap::default(),
             // rxe numbers QPs from 16 (roce-rxe-facts.md §6.1); 1 is the GSI QP.
@@ -252,13 +256,55 @@ impl<M: MemoryAccess> Device<M> {
         })
     }
 
+    /// `ibv_dereg_mr`; refused while a memory window is bound to the MR.
     pub fn dereg_mr(&mut self, handle: u32) -> VerbsResult<()> {
+        if self
+            .ctx
+            .mws
+            .values()
+            .any(|w| w.binding.is_some_and(|b| b.mr == handle))
+        {
+            return Err(VerbsError::Busy("a memory window is bound to the MR"));
+        }
         let mr = self
             .ctx
             .mrs
             .remove(&handle)
             .ok_or(VerbsError::NotFound("MR"))?;
         self.pd_use(mr.pd, -1)
+    }
+
+    /// `ibv_alloc_mw`: an unbound window; returns its handle and initial R_Key. Bind it with a
+    /// [`SendOp::BindMw`] work request (the shim's `ibv_bind_mw` posts one for type 1).
+    pub fn alloc_mw(&mut self, pd: u32, mw_type: MwType) -> VerbsResult<(u32, crate::types::Rkey)> {
+        let index = self.ctx.next_mw_index;
+        if index >= MW_INDEX_BASE + 524_287 {
+            return Err(VerbsError::NoResources("MW table full"));
+        }
+        self.pd_use(pd, 1)?;
+        self.ctx.next_mw_index += 1;
+        let rkey = self.ctx.keys.key(index);
+        self.ctx.mws.insert(
+            index,
+            Mw {
+                pd,
+                mw_type,
+                rkey,
+                binding: None,
+                qpn: None,
+            },
+        );
+        Ok((index, crate::types::Rkey(rkey)))
+    }
+
+    /// `ibv_dealloc_mw`.
+    pub fn dealloc_mw(&mut self, handle: u32) -> VerbsResult<()> {
+        let mw = self
+            .ctx
+            .mws
+            .remove(&handle)
+            .ok_or(VerbsError::NotFound("MW"))?;
+        self.pd_use(mw.pd, -1)
     }
 
     // ----- completion queues --------------------------------------------------------------

@@ -38,5 +38,6 @@ pub use qp::{QpCap, QpInit};
 pub use qp_attr::{
     check_modify, transition_attrs, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType,
 };
+pub use resources::MwType;
 pub use timers::Nanos;
 pub use verbs::*;

@@ -78,7 +78,7 @@ pub(crate) fn post_send<M: MemoryAccess>(
     let len = match wr.op {
         SendOp::AtomicWrite { .. } => 8,
         SendOp::Flush { len, .. } => len,
-        SendOp::LocalInv(_) => 0,
+        SendOp::LocalInv(_) | SendOp::BindMw { .. } => 0,
         _ => len as u32,
     };
     let qpn = qp.qpn;
@@ -181,7 +181,7 @@ fn opcode_for(ty: QpType, op: &SendOp, first: bool, last: bool) -> Option<Opcode
         SendOp::FetchAdd { .. } => 0x14,
         SendOp::Flush { .. } => 0x1c,
         SendOp::AtomicWrite { .. } => 0x1d,
-        SendOp::LocalInv(_) => return None,
+        SendOp::LocalInv(_) | SendOp::BindMw { .. } => return None,
     };
     match ty {
         QpType::Rc => Some(Opcode(rc)),
@@ -232,12 +232,44 @@ pub(crate) fn poll_request<M: MemoryAccess>(
             if idx != 0 {
                 return None;
             }
-            if ctx.invalidate(qp.init.pd, key) {
+            if ctx.invalidate(qp.init.pd, qp.qpn, key) {
                 complete_head(qp, ctx, WcStatus::Success);
                 continue;
             }
             fail_head(qp, ctx, WcStatus::MwBindErr);
             return None;
+        }
+        if let SendOp::BindMw {
+            mw_rkey,
+            mr_lkey,
+            addr,
+            length,
+            access,
+            key,
+        } = w.wr.op
+        {
+            if idx != 0 {
+                return None;
+            }
+            let r = ctx.bind_mw(
+                qp.init.pd,
+                qp.qpn,
+                mw_rkey,
+                mr_lkey,
+                (addr, length),
+                access,
+                key,
+            );
+            match r {
+                Ok(()) => {
+                    complete_head(qp, ctx, WcStatus::Success);
+                    continue;
+                }
+                Err(status) => {
+                    fail_head(qp, ctx, status);
+                    return None;
+                }
+            }
         }
         if !w.started && qp.state == QpState::Sqd {
             // SQD finishes what was started and takes nothing new.

@@ -283,6 +283,7 @@ fn execute<M: MemoryAccess>(
         return Err(inv_req);
     }
     let pd = qp.init.pd;
+    let qpn = qp.qpn;
 
     if is_send {
         if starts {
@@ -321,7 +322,7 @@ fn execute<M: MemoryAccess>(
                 wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
             }
             if let Some(key) = t.ieth {
-                if !ctx.invalidate(pd, key) {
+                if !ctx.invalidate(pd, qpn, key) {
                     // Class J: the bad R_Key fails the receive; the QP goes to ERR.
                     qp.in_msg = Some(InMessage {
                         recv: Some(recv),
@@ -344,6 +345,7 @@ fn execute<M: MemoryAccess>(
             if reth.len > 0
                 && !ctx.check_remote(
                     pd,
+                    qpn,
                     reth.rkey,
                     reth.va,
                     u64::from(reth.len),
@@ -401,6 +403,7 @@ fn execute<M: MemoryAccess>(
         if reth.len > 0
             && !ctx.check_remote(
                 pd,
+                qpn,
                 reth.rkey,
                 reth.va,
                 u64::from(reth.len),
@@ -441,7 +444,7 @@ fn execute<M: MemoryAccess>(
         if a.va % 8 != 0 {
             return Err(inv_req);
         }
-        if !ctx.check_remote(pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
+        if !ctx.check_remote(pd, qpn, a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
             return Err(access_err);
         }
         let r = if t.bth.opcode == Opcode::RC_COMPARE_SWAP {
@@ -465,14 +468,21 @@ fn execute<M: MemoryAccess>(
             if reth.va % 8 != 0 {
                 return Err(inv_req);
             }
-            if !ctx.check_remote(pd, reth.rkey, reth.va, 8, Access::REMOTE_WRITE) {
+            if !ctx.check_remote(pd, qpn, reth.rkey, reth.va, 8, Access::REMOTE_WRITE) {
                 return Err(access_err);
             }
             ctx.mem
                 .write(reth.va, rx.payload)
                 .map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
         } else if reth.len > 0
-            && !ctx.check_remote(pd, reth.rkey, reth.va, u64::from(reth.len), Access::NONE)
+            && !ctx.check_remote(
+                pd,
+                qpn,
+                reth.rkey,
+                reth.va,
+                u64::from(reth.len),
+                Access::NONE,
+            )
         {
             return Err(access_err);
         }
@@ -619,12 +629,12 @@ pub(crate) fn poll_response<M: MemoryAccess>(
             }
         };
         let frame = frame_for(ctx, qp.qpn, &av, qp.src_port, t, read.is_some())?;
-        let pd = qp.init.pd;
+        let (pd, qpn) = (qp.init.pd, qp.qpn);
         let res = emit_frame(&frame, buf, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
                 // The MR is validated again for each packet: it may have been invalidated
                 // since the request (and replays re-check it, facts §4.5).
-                if !ctx.check_remote(pd, rkey, va, u64::from(plen), Access::REMOTE_READ) {
+                if !ctx.check_remote(pd, qpn, rkey, va, u64::from(plen), Access::REMOTE_READ) {
                     return Err(());
                 }
                 ctx.mem.read(va, out).map_err(|_| ())
