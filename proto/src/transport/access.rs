@@ -106,7 +106,6 @@ impl<M: MemoryAccess> Ctx<M> {
 
     /// An R_Key check at the responder: a valid key of the QP's PD (or a window bound
     /// through this QP, for type 2), `need` access, and `[va, va+len)` inside the region.
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_remote(
         &self,
         pd: u32,
@@ -175,6 +174,7 @@ impl<M: MemoryAccess> Ctx<M> {
     /// Executes a BIND_MW (IBTA §10.6.7.2, rxe `rxe_bind_mw`): the window must belong to the
     /// QP's PD (and a type 2 one must be free), the MR must allow binding, be of the same PD
     /// and contain the range; remote write or atomic access needs local write on the MR.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn bind_mw(
         &mut self,
         pd: u32,
