@@ -306,3 +306,38 @@ mod tests {
         assert_eq!(npkts(4096 * 3, Mtu::Mtu4096), 3);
     }
 }
+
+#[cfg(test)]
+mod resource_tests {
+    use super::*;
+    use crate::transport::qp_attr::QpType;
+
+    #[test]
+    fn responder_resources_are_a_power_of_two_ring_found_by_psn() {
+        let init = QpInit {
+            pd: 1,
+            qp_type: QpType::Rc,
+            send_cq: 1,
+            recv_cq: 1,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        };
+        let mut qp = Qp::new(Qpn::new(17), init);
+        qp.attr.max_dest_rd_atomic = 3;
+        qp.resize_resources();
+        assert_eq!(qp.resources.len(), 4);
+        for i in 0..5u32 {
+            qp.push_resource(Resource {
+                kind: ResourceKind::Atomic { orig: u64::from(i) },
+                first_psn: Psn::new(i * 10),
+                last_psn: Psn::new(i * 10 + 2),
+            });
+        }
+        // The oldest was recycled; the others are found anywhere in their PSN range.
+        assert!(qp.find_resource(Psn::new(1)).is_none());
+        let r = qp.find_resource(Psn::new(12)).unwrap();
+        assert_eq!(r.kind, ResourceKind::Atomic { orig: 1 });
+        assert!(qp.find_resource(Psn::new(43)).is_none());
+    }
+}

@@ -527,3 +527,37 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     }
     Some(tx)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Rkey;
+
+    #[test]
+    fn opcode_selection_follows_rxe() {
+        let r = RemoteAddr {
+            va: 0,
+            rkey: Rkey(1),
+        };
+        let rc = |op: SendOp, f, l| opcode_for(QpType::Rc, &op, f, l).map(|o| o.0);
+        assert_eq!(rc(SendOp::Send, true, true), Some(0x04));
+        assert_eq!(rc(SendOp::Send, true, false), Some(0x00));
+        assert_eq!(rc(SendOp::Send, false, false), Some(0x01));
+        assert_eq!(rc(SendOp::SendWithImm(1), false, true), Some(0x03));
+        assert_eq!(rc(SendOp::SendWithInv(Rkey(1)), true, true), Some(0x17));
+        assert_eq!(rc(SendOp::Write(r), true, false), Some(0x06));
+        assert_eq!(rc(SendOp::WriteWithImm(r, 1), false, true), Some(0x09));
+        assert_eq!(rc(SendOp::Read(r), true, true), Some(0x0c));
+        assert_eq!(
+            rc(SendOp::FetchAdd { remote: r, add: 1 }, true, true),
+            Some(0x14)
+        );
+        // UC: the RC opcodes plus 0x20, no invalidate; UD: SEND_ONLY (with immediate) only.
+        let uc = |op: SendOp| opcode_for(QpType::Uc, &op, true, true).map(|o| o.0);
+        assert_eq!(uc(SendOp::WriteWithImm(r, 1)), Some(0x2b));
+        assert_eq!(uc(SendOp::SendWithInv(Rkey(1))), None);
+        let ud = |op: SendOp| opcode_for(QpType::Ud, &op, true, true).map(|o| o.0);
+        assert_eq!(ud(SendOp::SendWithImm(1)), Some(0x65));
+        assert_eq!(ud(SendOp::Write(r)), None);
+    }
+}
