@@ -1407,3 +1407,172 @@ fn binding_a_window_needs_mw_bind_access_on_the_mr() {
     p.sim.run(MS);
     assert_eq!(p.statuses_b(), vec![(20, WcStatus::MwBindErr)]);
 }
+
+#[test]
+fn fence_holds_a_request_until_earlier_reads_complete() {
+    let mut p = setup(QpOptions::default());
+    p.recv(10, 0, 64);
+    p.send(1, SendOp::Read(p.remote_b(0)), 0, 64);
+    let mut wr = SendWr::new(2, SendOp::Send, p.sge_a(0, 8));
+    wr.flags = SendFlags::SIGNALED.union(SendFlags::FENCE);
+    p.sim.post_send(0, p.qa, wr).unwrap();
+    p.send(3, SendOp::Read(p.remote_b(64)), 64, 8);
+    p.sim.run(MS);
+    assert_eq!(p.statuses_a().len(), 3);
+    let resp = p.sent(Opcode::RC_RDMA_READ_RESPONSE_ONLY)[0];
+    let send = p.sent(Opcode::RC_SEND_ONLY)[0];
+    assert!(
+        send.time > resp.time,
+        "the fenced SEND waited for the READ response"
+    );
+    // Without a fence the SEND goes straight behind the READ request.
+    let mut p = setup(QpOptions::default());
+    p.recv(10, 0, 64);
+    p.send(1, SendOp::Read(p.remote_b(0)), 0, 64);
+    p.send(2, SendOp::Send, 0, 8);
+    p.sim.run(MS);
+    let resp = p.sent(Opcode::RC_RDMA_READ_RESPONSE_ONLY)[0];
+    let send = p.sent(Opcode::RC_SEND_ONLY)[0];
+    assert!(send.time < resp.time);
+}
+
+#[test]
+fn inline_data_and_scatter_gather_lists() {
+    let mut p = setup(QpOptions {
+        mtu: Mtu::Mtu256,
+        ..Default::default()
+    });
+    // Receive into three SGEs; send from two SGEs plus an inline message.
+    let sg = vec![p.sge_b(0, 100), p.sge_b(1000, 200), p.sge_b(2000, 300)];
+    p.sim
+        .post_recv(
+            1,
+            p.qb,
+            RecvWr {
+                wr_id: 10,
+                sg_list: sg,
+            },
+        )
+        .unwrap();
+    p.recv(11, 4000, 64);
+    let d = data(550, 12);
+    p.fill_a(0, &d[..300]);
+    p.fill_a(5000, &d[300..]);
+    let wr = SendWr {
+        sg_list: vec![
+            Sge {
+                addr: p.a,
+                length: 300,
+                lkey: p.ka.lkey,
+            },
+            Sge {
+                addr: p.a + 5000,
+                length: 250,
+                lkey: p.ka.lkey,
+            },
+        ],
+        ..SendWr::new(1, SendOp::Send, None)
+    };
+    p.sim.post_send(0, p.qa, wr).unwrap();
+    let inline = SendWr {
+        inline_data: b"inline bytes".to_vec(),
+        flags: SendFlags::SIGNALED.union(SendFlags::INLINE),
+        ..SendWr::new(2, SendOp::Send, None)
+    };
+    p.sim.post_send(0, p.qa, inline).unwrap();
+    p.sim.run(MS);
+    assert_eq!(
+        p.statuses_a(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    let got = [
+        p.sim.read_mem(1, p.b, 100),
+        p.sim.read_mem(1, p.b + 1000, 200),
+        p.sim.read_mem(1, p.b + 2000, 250),
+    ]
+    .concat();
+    assert_eq!(got, d);
+    assert_eq!(p.sim.read_mem(1, p.b + 4000, 12), b"inline bytes");
+    let b = p.sim.completions_of(1, p.qb);
+    assert_eq!((b[0].byte_len, b[1].byte_len), (550, 12));
+}
+
+#[test]
+fn gsi_qp_is_qp1_and_uses_the_well_known_qkey() {
+    let mut sim = Sim::pair(4, LinkModel::default());
+    let o = QpOptions {
+        qp_type: QpType::Gsi,
+        ..Default::default()
+    };
+    let g0 = sim.create_qp(0, &o);
+    let g1 = sim.create_qp(1, &o);
+    assert_eq!((g0, g1), (Qpn::GSI, Qpn::GSI));
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        ..Default::default()
+    };
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ..Default::default()
+    };
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..Default::default()
+    };
+    for n in 0..2 {
+        let d = sim.dev(n);
+        d.modify_qp(
+            Qpn::GSI,
+            &init,
+            AttrMask::STATE
+                .union(AttrMask::PKEY_INDEX)
+                .union(AttrMask::QKEY),
+        )
+        .unwrap();
+        d.modify_qp(Qpn::GSI, &rtr, AttrMask::STATE).unwrap();
+        d.modify_qp(Qpn::GSI, &rts, AttrMask::STATE.union(AttrMask::SQ_PSN))
+            .unwrap();
+    }
+    let (a, ka) = sim.alloc_mr(0, 4096, Access::LOCAL_WRITE);
+    let (b, kb) = sim.alloc_mr(1, 4096, Access::LOCAL_WRITE);
+    sim.post_recv(
+        1,
+        Qpn::GSI,
+        RecvWr {
+            wr_id: 5,
+            sg_list: vec![Sge {
+                addr: b,
+                length: 4096,
+                lkey: kb.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    let pd = sim.nodes[0].pd;
+    let ah = sim
+        .dev(0)
+        .create_ah(pd, AddressVector::new("10.0.0.2".parse().unwrap()))
+        .unwrap();
+    let wr = SendWr {
+        // The WR's Q_Key is ignored: QP1 always sends 0x80010000.
+        ud: Some(UdDest {
+            ah,
+            remote_qpn: Qpn::GSI,
+            remote_qkey: Qkey(7),
+        }),
+        ..SendWr::new(
+            1,
+            SendOp::Send,
+            Some(Sge {
+                addr: a,
+                length: 256,
+                lkey: ka.lkey,
+            }),
+        )
+    };
+    sim.post_send(0, Qpn::GSI, wr).unwrap();
+    sim.run(MS);
+    let got = sim.completions_of(1, Qpn::GSI);
+    assert_eq!(got.len(), 1);
+    assert_eq!((got[0].byte_len, got[0].src_qp), (296, Qpn::GSI));
+}
