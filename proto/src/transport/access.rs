@@ -1,5 +1,5 @@
 //! Key, protection-domain, access-flag and bounds checks in front of every memory access
-//! (IBTA Vol. 1 §10.6.3 for L_Keys, §9.7.4.1.4 / C9-... for R_Keys), then the copy itself.
+//! (IBTA Vol. 1 §10.6.3 for L_Keys, §9.7.4.1.4 for R_Keys), then the copy itself.
 
 use super::device::Ctx;
 use super::memory::MemoryAccess;

@@ -213,7 +213,7 @@ impl<M: MemoryAccess> Device<M> {
         Ok(())
     }
 
-    /// `ibv_reg_mr`. Remote write or atomic access needs local write too (IBTA C10-... ,
+    /// `ibv_reg_mr`. Remote write or atomic access needs local write too (IBTA §10.6.3.1,
     /// checked by ib_core).
     pub fn reg_mr(
         &mut self,
@@ -645,9 +645,8 @@ impl<M: MemoryAccess> Device<M> {
             return Err(VerbsError::NoResources("RQ full"));
         }
         if qp.state == QpState::Err {
-            // Posting to a QP in error flushes at once (IBTA C10-... , rxe flushes in its task).
-            let mut wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
-            wc.qp_num = qpn;
+            // Posting to a QP in ERR completes at once with a flush status (rxe flushes it too).
+            let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
             complete(&mut self.ctx, qp.init.recv_cq, wc, false);
             return Ok(());
         }

@@ -517,12 +517,23 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
         ctx.counters.qkey_violation();
         return;
     }
-    let cap: u64 = match qp.init.srq {
-        Some(_) | None => 0,
+    // Too small a buffer: rxe drops the datagram and keeps the WQE, except on an SRQ, where
+    // the WQE completes in error (roce-rxe-facts.md §4.8).
+    let fits = |r: &RecvWr| {
+        let room: u64 = r.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        room >= 40 + rx.payload.len() as u64
     };
-    let _ = cap;
+    let next_fits = match qp.init.srq {
+        Some(id) => ctx.srqs.get(&id).and_then(|s| s.queue.front()).map(fits),
+        None => qp.rq.front().map(fits),
+    };
+    match next_fits {
+        None => return, // UD drops when no receive WQE is posted
+        Some(false) if qp.init.srq.is_none() => return,
+        _ => {}
+    }
     let Some((recv, _)) = take_recv(qp, ctx) else {
-        return; // UD drops when no receive WQE is posted
+        return;
     };
     let mut grh = [0u8; 40];
     if rx.net_header.len() == 20 {
@@ -532,12 +543,12 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
         grh.copy_from_slice(rx.net_header);
     }
     let pd = qp.init.pd;
-    let mut status = ctx
-        .scatter(pd, &recv.sg_list, 0, &grh)
-        .and_then(|_| ctx.scatter(pd, &recv.sg_list, 40, rx.payload));
-    if status == Err(WcStatus::LocLenErr) {
-        status = Err(WcStatus::LocLenErr);
-    }
+    let status = if fits(&recv) {
+        ctx.scatter(pd, &recv.sg_list, 0, &grh)
+            .and_then(|_| ctx.scatter(pd, &recv.sg_list, 40, rx.payload))
+    } else {
+        Err(WcStatus::RemInvReqErr)
+    };
     let mut wc = WorkCompletion::new(
         recv.wr_id,
         status.err().unwrap_or(WcStatus::Success),
