@@ -165,6 +165,9 @@ fn check_ack<M: MemoryAccess>(
                     return;
                 }
             }
+            if psn.is_before(w.first_psn) {
+                return;
+            }
             let starts = info.has(OpInfo::START);
             let ends = info.has(OpInfo::END);
             // Sequence: FIRST/ONLY only where the current read request started, LAST/ONLY only
