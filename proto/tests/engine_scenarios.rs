@@ -357,11 +357,22 @@ fn partial_retry_of_a_long_read_asks_only_for_the_missing_bytes() {
 
 /// A hand-made RC packet from node 0 to node 1.
 fn craft(opcode: Opcode, dest: Qpn, psn: Psn, payload: &[u8]) -> Vec<u8> {
+    craft_from("10.0.0.1", 0xffff, opcode, dest, psn, payload)
+}
+
+fn craft_from(
+    src: &str,
+    pkey: u16,
+    opcode: Opcode,
+    dest: Qpn,
+    psn: Psn,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut t = wire::TransportRepr::new(wire::BthRepr {
         opcode,
         solicited: false,
         mig_req: false,
-        pkey: 0xffff,
+        pkey,
         fecn: false,
         becn: false,
         dest_qpn: dest,
@@ -372,7 +383,7 @@ fn craft(opcode: Opcode, dest: Qpn, psn: Psn, payload: &[u8]) -> Vec<u8> {
     let mut f = wire::FrameRepr {
         link: wire::LinkRepr::None,
         net: wire::NetRepr::Ipv4(wire::Ipv4Repr {
-            src: "10.0.0.1".parse().unwrap(),
+            src: src.parse().unwrap(),
             dst: "10.0.0.2".parse().unwrap(),
             tos: 0,
             ident: 0,
@@ -1575,4 +1586,161 @@ fn gsi_qp_is_qp1_and_uses_the_well_known_qkey() {
     let got = sim.completions_of(1, Qpn::GSI);
     assert_eq!(got.len(), 1);
     assert_eq!((got[0].byte_len, got[0].src_qp), (296, Qpn::GSI));
+}
+
+#[test]
+fn packets_from_outside_the_qp_path_or_with_a_foreign_pkey_are_dropped() {
+    let mut p = setup(QpOptions::default());
+    p.recv(10, 0, 64);
+    // Right QP and PSN, wrong source address (rxe checks the AV) or wrong P_Key.
+    p.sim.inject(
+        1,
+        100,
+        craft_from(
+            "10.0.0.9",
+            0xffff,
+            Opcode::RC_SEND_ONLY,
+            p.qb,
+            Psn::new(0),
+            b"evil",
+        ),
+    );
+    p.sim.inject(
+        1,
+        100,
+        craft_from(
+            "10.0.0.1",
+            0x1234,
+            Opcode::RC_SEND_ONLY,
+            p.qb,
+            Psn::new(0),
+            b"evil",
+        ),
+    );
+    // No such QP.
+    p.sim.inject(
+        1,
+        100,
+        craft(Opcode::RC_SEND_ONLY, Qpn::new(0x999), Psn::new(0), b"evil"),
+    );
+    p.sim.run(MS);
+    assert!(p.statuses_b().is_empty());
+    let c = p.counters(1);
+    assert_eq!(c.dropped_pkts, 2);
+    assert_eq!(c.bad_pkey_cntr, 1);
+    assert_eq!(c.rcvd_pkts, 0);
+    assert!(p.sim.trace.is_empty(), "nothing answered");
+    // A good copy is then accepted at the same PSN.
+    p.sim.inject(
+        1,
+        100,
+        craft(Opcode::RC_SEND_ONLY, p.qb, Psn::new(0), b"good"),
+    );
+    p.sim.run(MS);
+    assert_eq!(p.statuses_b(), vec![(10, WcStatus::Success)]);
+    assert_eq!(p.sim.read_mem(1, p.b, 4), b"good");
+}
+
+#[test]
+fn reordered_packets_cause_one_sequence_nak_and_a_go_back_n() {
+    let mut p = setup(QpOptions {
+        mtu: Mtu::Mtu256,
+        timeout: 20,
+        ..Default::default()
+    });
+    let d = data(1024, 13);
+    p.fill_a(0, &d);
+    p.send(1, SendOp::Write(p.remote_b(0)), 0, 1024);
+    // The FIRST packet is overtaken by the three after it.
+    p.sim.on_packet(1, Action::Delay(50_000), |i| {
+        i.opcode == Opcode::RC_RDMA_WRITE_FIRST
+    });
+    p.sim.run(100 * MS);
+    assert_eq!(p.statuses_a(), vec![(1, WcStatus::Success)]);
+    assert_eq!(p.sim.read_mem(1, p.b, 1024), d);
+    assert_eq!(p.counters(1).out_of_seq_request, 1, "one NAK per gap");
+    let naks = p
+        .sim
+        .trace
+        .iter()
+        .filter(|i| i.syndrome == Some(0x60))
+        .count();
+    assert_eq!(naks, 1);
+    assert!(
+        p.counters(1).duplicate_request >= 1,
+        "the late FIRST is a duplicate"
+    );
+}
+
+#[test]
+fn the_requester_stops_128_psns_ahead_of_the_oldest_unacknowledged() {
+    let mut p = setup(QpOptions {
+        mtu: Mtu::Mtu256,
+        timeout: 14,
+        ..Default::default()
+    });
+    p.send(1, SendOp::Write(p.remote_b(0)), 0, 256 * 200);
+    // Lose every ACK for a while: only the window's worth of packets goes out.
+    p.sim.on_packet(usize::MAX, Action::Drop, |i| {
+        i.opcode == Opcode::RC_ACKNOWLEDGE
+    });
+    p.sim.run(MS);
+    let sent =
+        p.sent(Opcode::RC_RDMA_WRITE_FIRST).len() + p.sent(Opcode::RC_RDMA_WRITE_MIDDLE).len();
+    assert_eq!(sent, 128);
+}
+
+#[test]
+fn three_nodes_one_requester_two_responders() {
+    let mut sim = Sim::new(21);
+    for ip in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+        sim.add_node(
+            ip.parse().unwrap(),
+            LinkModel {
+                loss: 0.05,
+                jitter: 3_000,
+                ..Default::default()
+            },
+        );
+    }
+    let o = QpOptions {
+        timeout: 8,
+        ..Default::default()
+    };
+    let (q1, _) = sim.connect(0, 1, &o);
+    let (q2, _) = sim.connect(0, 2, &o);
+    let acc = Access::ALL_REMOTE.union(Access::LOCAL_WRITE);
+    let (a, ka) = sim.alloc_mr(0, 8192, acc);
+    let (b1, k1) = sim.alloc_mr(1, 8192, acc);
+    let (b2, k2) = sim.alloc_mr(2, 8192, acc);
+    sim.write_mem(0, a, &data(8192, 14));
+    for i in 0..8u64 {
+        let sge = Some(Sge {
+            addr: a + i * 1024,
+            length: 1024,
+            lkey: ka.lkey,
+        });
+        let w1 = SendOp::Write(RemoteAddr {
+            va: b1 + i * 1024,
+            rkey: k1.rkey,
+        });
+        let w2 = SendOp::Write(RemoteAddr {
+            va: b2 + (7 - i) * 1024,
+            rkey: k2.rkey,
+        });
+        sim.post_send(0, q1, SendWr::new(i, w1, sge)).unwrap();
+        sim.post_send(0, q2, SendWr::new(100 + i, w2, sge)).unwrap();
+    }
+    sim.run(1_000 * MS);
+    sim.check_all_sends_completed();
+    assert_eq!(sim.read_mem(1, b1, 8192), data(8192, 14));
+    let mut mirrored = Vec::new();
+    for i in (0..8).rev() {
+        mirrored.extend_from_slice(&data(8192, 14)[i * 1024..(i + 1) * 1024]);
+    }
+    assert_eq!(sim.read_mem(2, b2, 8192), mirrored);
+    assert!(sim
+        .completions
+        .iter()
+        .all(|(_, w)| w.status == WcStatus::Success));
 }
