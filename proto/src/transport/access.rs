@@ -21,7 +21,7 @@ impl<M: MemoryAccess> Ctx<M> {
         at: u64,
         len: u64,
         need: Access,
-    ) -> Result<(), WcStatus> {
+    ) -> Result<u64, WcStatus> {
         let mr = self.mr_by_key(sge.lkey.0).ok_or(WcStatus::LocProtErr)?;
         if mr.lkey != sge.lkey.0 || !mr.valid || mr.pd != pd || !mr.access.contains(need) {
             return Err(WcStatus::LocProtErr);
@@ -29,7 +29,7 @@ impl<M: MemoryAccess> Ctx<M> {
         if !mr.contains(at, len) {
             return Err(WcStatus::LocProtErr);
         }
-        Ok(())
+        Ok(mr.space)
     }
 
     /// Copies `out.len()` bytes of the message described by `sges`, starting `offset` bytes
@@ -54,9 +54,9 @@ impl<M: MemoryAccess> Ctx<M> {
             }
             let n = ((len - skip) as usize).min(out.len() - done);
             let at = sge.addr.wrapping_add(skip);
-            self.check_local(pd, sge, at, n as u64, Access::NONE)?;
+            let space = self.check_local(pd, sge, at, n as u64, Access::NONE)?;
             self.mem
-                .read(at, &mut out[done..done + n])
+                .read(space, at, &mut out[done..done + n])
                 .map_err(|_| WcStatus::LocProtErr)?;
             done += n;
             skip = 0;
@@ -90,9 +90,9 @@ impl<M: MemoryAccess> Ctx<M> {
             }
             let n = ((len - skip) as usize).min(data.len() - done);
             let at = sge.addr.wrapping_add(skip);
-            self.check_local(pd, sge, at, n as u64, Access::LOCAL_WRITE)?;
+            let space = self.check_local(pd, sge, at, n as u64, Access::LOCAL_WRITE)?;
             self.mem
-                .write(at, &data[done..done + n])
+                .write(space, at, &data[done..done + n])
                 .map_err(|_| WcStatus::LocProtErr)?;
             done += n;
             skip = 0;
@@ -106,6 +106,42 @@ impl<M: MemoryAccess> Ctx<M> {
 
     /// An R_Key check at the responder: a valid key of the QP's PD (or a window bound
     /// through this QP, for type 2), `need` access, and `[va, va+len)` inside the region.
+    /// Returns the address space of the memory, or None when access is refused.
+    pub(crate) fn remote_space(
+        &self,
+        pd: u32,
+        qpn: Qpn,
+        rkey: Rkey,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<u64> {
+        let index = rkey.0 >> 8;
+        if index >= MW_INDEX_BASE {
+            let mw = self.mws.get(&index)?;
+            let b = mw.binding?;
+            let owner_ok = match mw.mw_type {
+                MwType::Type1 => mw.pd == pd,
+                MwType::Type2 => mw.qpn == Some(qpn),
+            };
+            let in_range = va >= b.addr
+                && va
+                    .checked_add(len)
+                    .is_some_and(|e| e <= b.addr.saturating_add(b.length));
+            let mr = self.mrs.get(&b.mr).filter(|m| m.valid)?;
+            let ok = mw.rkey == rkey.0 && owner_ok && b.access.contains(need) && in_range;
+            return ok.then_some(mr.space);
+        }
+        let mr = self.mr_by_key(rkey.0)?;
+        let ok = mr.rkey == rkey.0
+            && mr.valid
+            && mr.pd == pd
+            && mr.access.contains(need)
+            && mr.contains(va, len);
+        ok.then_some(mr.space)
+    }
+
+    /// [`Ctx::remote_space`] as a yes/no.
     pub(crate) fn check_remote(
         &self,
         pd: u32,
@@ -115,31 +151,7 @@ impl<M: MemoryAccess> Ctx<M> {
         len: u64,
         need: Access,
     ) -> bool {
-        let index = rkey.0 >> 8;
-        if index >= MW_INDEX_BASE {
-            let Some(mw) = self.mws.get(&index) else {
-                return false;
-            };
-            let Some(b) = mw.binding else {
-                return false;
-            };
-            let owner_ok = match mw.mw_type {
-                MwType::Type1 => mw.pd == pd,
-                MwType::Type2 => mw.qpn == Some(qpn),
-            };
-            let in_range =
-                va >= b.addr && va.checked_add(len).is_some_and(|e| e <= b.addr + b.length);
-            let mr_ok = self.mrs.get(&b.mr).is_some_and(|m| m.valid);
-            return mw.rkey == rkey.0 && owner_ok && mr_ok && b.access.contains(need) && in_range;
-        }
-        let Some(mr) = self.mr_by_key(rkey.0) else {
-            return false;
-        };
-        mr.rkey == rkey.0
-            && mr.valid
-            && mr.pd == pd
-            && mr.access.contains(need)
-            && mr.contains(va, len)
+        self.remote_space(pd, qpn, rkey, va, len, need).is_some()
     }
 
     /// Invalidates an MR or a type 2 MW by key (LOCAL_INV, SEND_WITH_INV). Fails for an

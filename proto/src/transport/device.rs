@@ -186,9 +186,16 @@ impl<M: MemoryAccess> Device<M> {
 
     // ----- protection domains, memory regions -------------------------------------------
 
+    /// `ibv_alloc_pd` in address space 0 (one-process use, tests).
     pub fn alloc_pd(&mut self) -> u32 {
+        self.alloc_pd_in(0)
+    }
+
+    /// `ibv_alloc_pd` for a client whose memory is address space `space`: every memory access
+    /// through an MR of this PD passes `space` to [`MemoryAccess`].
+    pub fn alloc_pd_in(&mut self, space: u64) -> u32 {
         let h = self.handle();
-        self.ctx.pds.insert(h, Pd::default());
+        self.ctx.pds.insert(h, Pd { users: 0, space });
         h
     }
 
@@ -230,6 +237,7 @@ impl<M: MemoryAccess> Device<M> {
             return Err(VerbsError::Invalid("MR wraps around the address space"));
         }
         self.pd_use(pd, 1)?;
+        let space = self.ctx.pds.get(&pd).map_or(0, |p| p.space);
         let index = self.ctx.next_mr_index;
         if index >= 1 << 19 {
             return Err(VerbsError::NoResources("MR table full"));
@@ -241,6 +249,7 @@ impl<M: MemoryAccess> Device<M> {
             index,
             Mr {
                 pd,
+                space,
                 addr,
                 length,
                 access,

@@ -128,8 +128,9 @@ pub(crate) struct InMessage {
     pub recv_from_srq: bool,
     /// Bytes placed so far.
     pub offset: u32,
-    /// WRITE target, validated on the FIRST/ONLY packet.
+    /// WRITE target, validated on the FIRST/ONLY packet, and its address space.
     pub va: u64,
+    pub space: u64,
     pub resid: u32,
 }
 

@@ -36,12 +36,16 @@ impl KeyGen {
 pub struct Pd {
     /// MRs, MWs, AHs, QPs and SRQs that use it (destroy is refused while non-zero).
     pub users: u32,
+    /// The address space its MRs live in (see [`super::memory::MemoryAccess`]).
+    pub space: u64,
 }
 
 /// A memory region (`ibv_reg_mr`).
 #[derive(Debug, Clone)]
 pub struct Mr {
     pub pd: u32,
+    /// The address space of `addr`, from the PD.
+    pub space: u64,
     pub addr: u64,
     pub length: u64,
     pub access: Access,
@@ -159,6 +163,7 @@ mod tests {
     fn mr_bounds() {
         let mr = Mr {
             pd: 1,
+            space: 0,
             addr: 0x1000,
             length: 0x100,
             access: Access::LOCAL_WRITE,

@@ -294,6 +294,7 @@ fn execute<M: MemoryAccess>(
                 recv_from_srq: from_srq,
                 offset: 0,
                 va: 0,
+                space: 0,
                 resid: 0,
             });
         }
@@ -342,24 +343,27 @@ fn execute<M: MemoryAccess>(
             if reth.len > 0x8000_0000 {
                 return Err(inv_req);
             }
-            if reth.len > 0
-                && !ctx.check_remote(
+            // A zero-length WRITE checks nothing (IBTA C9-88).
+            let space = if reth.len > 0 {
+                let access = ctx.remote_space(
                     pd,
                     qpn,
                     reth.rkey,
                     reth.va,
                     u64::from(reth.len),
                     Access::REMOTE_WRITE,
-                )
-            {
-                return Err(access_err);
-            }
+                );
+                access.ok_or(access_err)?
+            } else {
+                0
+            };
             qp.in_msg = Some(InMessage {
                 is_send: false,
                 recv: None,
                 recv_from_srq: false,
                 offset: 0,
                 va: reth.va,
+                space,
                 resid: reth.len,
             });
         }
@@ -370,7 +374,7 @@ fn execute<M: MemoryAccess>(
         let at = m.va.wrapping_add(u64::from(m.offset));
         if plen > 0 {
             ctx.mem
-                .write(at, rx.payload)
+                .write(m.space, at, rx.payload)
                 .map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
         }
         let m = qp.in_msg.as_mut().ok_or(inv_req)?;
@@ -444,13 +448,13 @@ fn execute<M: MemoryAccess>(
         if a.va % 8 != 0 {
             return Err(inv_req);
         }
-        if !ctx.check_remote(pd, qpn, a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
-            return Err(access_err);
-        }
+        let space = ctx
+            .remote_space(pd, qpn, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+            .ok_or(access_err)?;
         let r = if t.bth.opcode == Opcode::RC_COMPARE_SWAP {
-            ctx.mem.compare_swap(a.va, a.compare, a.swap_add)
+            ctx.mem.compare_swap(space, a.va, a.compare, a.swap_add)
         } else {
-            ctx.mem.fetch_add(a.va, a.swap_add)
+            ctx.mem.fetch_add(space, a.va, a.swap_add)
         };
         let orig =
             r.map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
@@ -468,11 +472,11 @@ fn execute<M: MemoryAccess>(
             if reth.va % 8 != 0 {
                 return Err(inv_req);
             }
-            if !ctx.check_remote(pd, qpn, reth.rkey, reth.va, 8, Access::REMOTE_WRITE) {
-                return Err(access_err);
-            }
+            let space = ctx
+                .remote_space(pd, qpn, reth.rkey, reth.va, 8, Access::REMOTE_WRITE)
+                .ok_or(access_err)?;
             ctx.mem
-                .write(reth.va, rx.payload)
+                .write(space, reth.va, rx.payload)
                 .map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
         } else if reth.len > 0
             && !ctx.check_remote(
@@ -645,10 +649,10 @@ pub(crate) fn poll_response<M: MemoryAccess>(
             Some((va, rkey, plen, _)) if plen > 0 => {
                 // The MR is validated again for each packet: it may have been invalidated
                 // since the request (and replays re-check it, facts §4.5).
-                if !ctx.check_remote(pd, qpn, rkey, va, u64::from(plen), Access::REMOTE_READ) {
-                    return Err(());
-                }
-                ctx.mem.read(va, out).map_err(|_| ())
+                let space = ctx
+                    .remote_space(pd, qpn, rkey, va, u64::from(plen), Access::REMOTE_READ)
+                    .ok_or(())?;
+                ctx.mem.read(space, va, out).map_err(|_| ())
             }
             _ => Ok(()),
         });
