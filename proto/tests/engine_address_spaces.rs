@@ -11,7 +11,7 @@ struct Spaces(HashMap<u64, VecMemory>);
 
 impl Spaces {
     fn space(&mut self, s: u64) -> &mut VecMemory {
-        self.0.entry(s).or_insert_with(VecMemory::new)
+        self.0.entry(s).or_default()
     }
 }
 
