@@ -60,11 +60,17 @@ pub trait MemoryAccess {
 
 /// Memory made of separate `Vec<u8>` allocations at made-up, non-overlapping addresses: the
 /// memory of a test or of a simulated host. One address space: `space` is ignored.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub struct VecMemory {
     /// Allocation base -> bytes.
     regions: BTreeMap<u64, Vec<u8>>,
     next_base: u64,
+}
+
+impl Default for VecMemory {
+    fn default() -> Self {
+        VecMemory::new()
+    }
 }
 
 impl VecMemory {
