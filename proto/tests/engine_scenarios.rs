@@ -1744,3 +1744,68 @@ fn three_nodes_one_requester_two_responders() {
         .iter()
         .all(|(_, w)| w.status == WcStatus::Success));
 }
+
+#[test]
+fn read_without_responder_resources_is_an_invalid_request() {
+    let mut p = setup(QpOptions {
+        max_rd_atomic: 0,
+        ..Default::default()
+    });
+    p.send(1, SendOp::Read(p.remote_b(0)), 0, 8);
+    p.sim.run(MS);
+    assert_eq!(p.statuses_a(), vec![(1, WcStatus::RemInvReqErr)]);
+}
+
+#[test]
+fn cq_overflow_raises_cq_error_and_moves_the_qp_to_err() {
+    let mut sim = Sim::pair(2, LinkModel::default());
+    let o = QpOptions::default();
+    let (qa, qb) = sim.connect(0, 1, &o);
+    // A tiny receive CQ on node 1 for a second QP pair.
+    let small = sim.dev(1).create_cq(2).unwrap();
+    let pd1 = sim.nodes[1].pd;
+    let init = QpInit {
+        pd: pd1,
+        qp_type: QpType::Rc,
+        send_cq: small,
+        recv_cq: small,
+        srq: None,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    };
+    let qc = sim.dev(1).create_qp(init).unwrap();
+    let qd = sim.create_qp(0, &o);
+    sim.bring_up(1, qc, 0, qd, &o);
+    sim.bring_up(0, qd, 1, qc, &o);
+    let (b, kb) = sim.alloc_mr(1, 4096, Access::LOCAL_WRITE);
+    let (a, ka) = sim.alloc_mr(0, 4096, Access::LOCAL_WRITE);
+    for i in 0..4u64 {
+        let sg = Sge {
+            addr: b + i * 64,
+            length: 64,
+            lkey: kb.lkey,
+        };
+        sim.dev(1)
+            .post_recv(
+                qc,
+                RecvWr {
+                    wr_id: i,
+                    sg_list: vec![sg],
+                },
+            )
+            .unwrap();
+    }
+    for i in 0..3u64 {
+        let sge = Some(Sge {
+            addr: a,
+            length: 8,
+            lkey: ka.lkey,
+        });
+        sim.post_send(0, qd, SendWr::new(i, SendOp::Send, sge))
+            .unwrap();
+    }
+    sim.run(100 * MS);
+    assert!(events(&mut sim, 1).contains(&AsyncEvent::CqError { cq: small }));
+    assert_eq!(sim.dev(1).query_qp(qc).unwrap().0, QpState::Err);
+    let _ = (qa, qb);
+}
