@@ -1809,3 +1809,35 @@ fn cq_overflow_raises_cq_error_and_moves_the_qp_to_err() {
     assert_eq!(sim.dev(1).query_qp(qc).unwrap().0, QpState::Err);
     let _ = (qa, qb);
 }
+
+#[test]
+fn sim_psn_invariant_flags_a_psn_that_moves_back_without_a_retry() {
+    let mut p = setup(QpOptions::default());
+    p.send(1, SendOp::Write(p.remote_b(0)), 0, 8);
+    p.send(2, SendOp::Write(p.remote_b(0)), 0, 8);
+    p.sim.run(MS);
+    assert!(p.sim.violations.is_empty());
+    // Reconnect both QPs from PSN 0: the requester's PSN goes back with no NAK or timeout
+    // behind it, which the simulator must notice.
+    let reset = QpAttr {
+        qp_state: QpState::Reset,
+        ..Default::default()
+    };
+    p.sim
+        .dev(0)
+        .modify_qp(p.qa, &reset, AttrMask::STATE)
+        .unwrap();
+    p.sim
+        .dev(1)
+        .modify_qp(p.qb, &reset, AttrMask::STATE)
+        .unwrap();
+    let o = QpOptions::default();
+    let (qa, qb) = (p.qa, p.qb);
+    p.sim.bring_up(0, qa, 1, qb, &o);
+    p.sim.bring_up(1, qb, 0, qa, &o);
+    p.send(3, SendOp::Write(p.remote_b(0)), 0, 8);
+    p.sim.run(MS);
+    assert_eq!(p.statuses_a().last(), Some(&(3, WcStatus::Success)));
+    assert_eq!(p.sim.violations.len(), 1, "{:?}", p.sim.violations);
+    assert!(p.sim.violations[0].contains("PSN moved back"));
+}

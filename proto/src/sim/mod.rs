@@ -544,10 +544,13 @@ impl Sim {
         // PSN invariant: an RC request PSN moves backward only after a retry was started.
         let info = t.bth.opcode.info();
         if t.bth.opcode.0 < 0x20 && info.is_some_and(|i| i.has(OpInfo::REQUEST)) {
-            let retries = {
-                let c = self.nodes[from].dev.counters();
-                c.completer_retry_err + c.rcvd_rnr_err
-            };
+            // Retries of the sending QP itself (found by its path), so that one QP's retry
+            // cannot excuse another's PSN going backward.
+            let dev = &self.nodes[from].dev;
+            let retries = dev
+                .qp_towards(dst, t.bth.dest_qpn)
+                .and_then(|q| dev.qp_retry_events(q))
+                .unwrap_or(0);
             let flow = self.flows.entry((from, dst, t.bth.dest_qpn)).or_default();
             if let Some(last) = flow.last {
                 if !t.bth.psn.is_after(last) {

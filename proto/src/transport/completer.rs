@@ -32,6 +32,7 @@ fn start_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>, timeout: bool) {
         qp.retry_left -= 1;
     }
     ctx.counters.completer_retry_err += 1;
+    qp.retry_events += 1;
     qp.need_retry = true;
     qp.started_retry = true;
     schedule(qp, &mut ctx.ready);
@@ -235,6 +236,7 @@ fn check_ack<M: MemoryAccess>(
                 }
                 // Everything before the refused request was accepted.
                 qp.comp_psn = psn;
+                qp.retry_events += 1;
                 qp.need_retry = true;
                 qp.rnr_wait_until = Some(now + rnr_delay(timer).max(1));
                 qp.retrans_deadline = None;

@@ -856,6 +856,24 @@ impl<M: MemoryAccess> Device<M> {
             .map(|q| (q.req_psn, q.comp_psn, q.resp_psn))
     }
 
+    /// Go-back-N retries the requester of `qpn` has started (simulator invariant: a PSN moves
+    /// backward only after one).
+    pub fn qp_retry_events(&self, qpn: Qpn) -> Option<u64> {
+        self.qps.get(&qpn).map(|q| q.retry_events)
+    }
+
+    /// The connected QP whose path leads to `dgid` and remote QP `dest` (RC/UC).
+    pub fn qp_towards(&self, dgid: IpAddr, dest: Qpn) -> Option<Qpn> {
+        self.qps
+            .values()
+            .find(|q| {
+                !q.ty.is_ud()
+                    && q.attr.dest_qp_num == dest
+                    && q.av().is_some_and(|a| a.dgid == dgid)
+            })
+            .map(|q| q.qpn)
+    }
+
     /// Number of receive WQEs still posted on a QP's own RQ.
     pub fn rq_len(&self, qpn: Qpn) -> Option<usize> {
         self.qps.get(&qpn).map(|q| q.rq.len())

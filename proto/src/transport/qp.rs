@@ -153,6 +153,8 @@ pub(crate) struct Qp {
     pub need_retry: bool,
     /// A retry is under way and no response has made progress since (rxe `started_retry`).
     pub started_retry: bool,
+    /// Go-back-N retries this QP started (timeouts, sequence NAKs, implied NAKs, RNR NAKs).
+    pub retry_events: u64,
     pub rnr_wait_until: Option<Nanos>,
     pub paced_until: Option<Nanos>,
 
@@ -193,6 +195,7 @@ impl Qp {
             rd_atomic_in_flight: 0,
             need_retry: false,
             started_retry: false,
+            retry_events: 0,
             rnr_wait_until: None,
             paced_until: None,
             comp_psn: Psn::new(0),
