@@ -360,3 +360,83 @@ fn sim_seed_sweep_rc_under_loss_duplication_reordering() {
         run_seed(seed);
     }
 }
+
+/// Error paths under the same random workloads: the requester QP is moved to ERR at a random
+/// moment, or runs out of retries on a very lossy link, or is destroyed mid-flight. Every WR
+/// still completes exactly once and in order: successes, then at most one error, then
+/// flushes; and nothing completes after a destroy (checked by the simulator).
+pub fn run_error_seed(seed: u64) {
+    let mut r = SimRng::new(seed ^ 0xe880);
+    let mode = r.below(3);
+    let link = LinkModel {
+        delay: 1_000 + r.below(5_000),
+        jitter: r.below(10_000),
+        loss: if mode == 1 {
+            0.2 + r.below(30) as f64 / 100.0
+        } else {
+            r.below(11) as f64 / 100.0
+        },
+        duplicate: r.below(11) as f64 / 100.0,
+        ..Default::default()
+    };
+    let mut sim = Sim::pair(seed, link);
+    let o = QpOptions {
+        mtu: Mtu::Mtu256,
+        timeout: 6,
+        retry_cnt: if mode == 1 { 1 } else { 7 },
+        rnr_retry: if mode == 1 { 1 } else { 7 },
+        max_rd_atomic: 1 << r.below(3),
+        ..Default::default()
+    };
+    let f = build_flow(&mut sim, &mut r, &o);
+    post_recvs(&mut sim, &f);
+    post_sends(&mut sim, &mut r, seed, &f);
+    let at = r.below(300_000);
+    sim.run(at);
+    match mode {
+        0 => {
+            let err = QpAttr {
+                qp_state: QpState::Err,
+                ..Default::default()
+            };
+            sim.dev(0)
+                .modify_qp(f.qa, &err, AttrMask::STATE)
+                .expect("to ERR");
+        }
+        2 => sim.destroy_qp(0, f.qa),
+        _ => {}
+    }
+    sim.run(60_000_000_000);
+    sim.drain_completions();
+    let statuses: Vec<WcStatus> = sim
+        .completions_of(0, f.qa)
+        .iter()
+        .map(|w| w.status)
+        .collect();
+    let first_bad = statuses
+        .iter()
+        .position(|s| *s != WcStatus::Success)
+        .unwrap_or(statuses.len());
+    let rest = &statuses[first_bad..];
+    let allowed_error = matches!(
+        rest.first(),
+        None | Some(WcStatus::WrFlushErr | WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr)
+    );
+    let ok = allowed_error && rest.iter().skip(1).all(|s| *s == WcStatus::WrFlushErr);
+    if !ok || (mode == 0 && rest.first().is_some_and(|s| *s != WcStatus::WrFlushErr)) {
+        panic!("seed {seed} (mode {mode}): statuses {statuses:?}");
+    }
+    if mode != 2 {
+        sim.check_all_sends_completed();
+    }
+    sim.check();
+}
+
+#[test]
+fn sim_seed_sweep_rc_error_paths_complete_every_wr_once_in_order() {
+    let start = env("SOFTROCE_SEED_START", 1);
+    let n = env("SOFTROCE_SEEDS", 1000);
+    for seed in start..start + n {
+        run_error_seed(seed);
+    }
+}
