@@ -1841,3 +1841,30 @@ fn sim_psn_invariant_flags_a_psn_that_moves_back_without_a_retry() {
     assert_eq!(p.sim.violations.len(), 1, "{:?}", p.sim.violations);
     assert!(p.sim.violations[0].contains("PSN moved back"));
 }
+
+#[test]
+fn a_link_mtu_below_the_path_mtu_drops_full_packets_until_retries_run_out() {
+    let mut p = setup(QpOptions {
+        mtu: Mtu::Mtu1024,
+        retry_cnt: 1,
+        timeout: 6,
+        ..Default::default()
+    });
+    p.sim.set_link(
+        0,
+        1,
+        LinkModel {
+            mtu: 600,
+            ..Default::default()
+        },
+    );
+    // Small messages pass, a full 1024-byte packet never does (rxe checks path_mtu only
+    // against 4096, facts §10.1.6).
+    p.send(1, SendOp::Write(p.remote_b(0)), 0, 500);
+    p.send(2, SendOp::Write(p.remote_b(0)), 0, 1024);
+    p.sim.run(100 * MS);
+    assert_eq!(
+        p.statuses_a(),
+        vec![(1, WcStatus::Success), (2, WcStatus::RetryExcErr)]
+    );
+}
