@@ -297,7 +297,12 @@ pub fn run_seed(seed: u64) -> u64 {
         corrupt: if r.chance(0.3) { 0.02 } else { 0.0 },
         ..Default::default()
     };
-    let mut sim = Sim::pair(seed, link);
+    // A quarter of the runs over IPv6.
+    let mut sim = if r.chance(0.25) {
+        Sim::pair_v6(seed, link)
+    } else {
+        Sim::pair(seed, link)
+    };
     let mtu = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024][r.below(3) as usize];
     let o = QpOptions {
         mtu,

@@ -38,7 +38,12 @@ fn lossy(r: &mut SimRng) -> LinkModel {
 
 fn run(seed: u64, ty: QpType) {
     let mut r = SimRng::new(seed ^ 0x0c0d);
-    let mut sim = Sim::pair(seed, lossy(&mut r));
+    let link = lossy(&mut r);
+    let mut sim = if r.chance(0.25) {
+        Sim::pair_v6(seed, link)
+    } else {
+        Sim::pair(seed, link)
+    };
     let o = QpOptions {
         qp_type: ty,
         mtu: [Mtu::Mtu256, Mtu::Mtu1024][r.below(2) as usize],

@@ -233,6 +233,14 @@ impl Sim {
         s
     }
 
+    /// Two nodes at fd00::1 and fd00::2 (RoCE v2 over IPv6) joined by `link` both ways.
+    pub fn pair_v6(seed: u64, link: LinkModel) -> Sim {
+        let mut s = Sim::new(seed);
+        s.add_node("fd00::1".parse().expect("ip"), link);
+        s.add_node("fd00::2".parse().expect("ip"), link);
+        s
+    }
+
     pub fn set_link(&mut self, from: usize, to: usize, link: LinkModel) {
         self.links[from][to] = link;
     }
