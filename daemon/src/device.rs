@@ -71,15 +71,16 @@ impl std::fmt::Debug for ProcMem {
     }
 }
 
+/// One engine serves one client process, so the engine's address space tag is always 0.
 impl MemoryAccess for ProcMem {
-    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+    fn read(&self, _space: u64, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
         let len = out.len();
         self.0
             .borrow_mut()
             .read(addr, out)
             .map_err(|_| MemoryError { addr, len })
     }
-    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+    fn write(&mut self, _space: u64, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
         self.0.get_mut().write(addr, data).map_err(|_| MemoryError {
             addr,
             len: data.len(),
@@ -133,6 +134,7 @@ struct ClientDev {
     qps: HashMap<u32, QpHost>,
     srqs: HashMap<u32, SrqState>,
     ahs: HashMap<u32, u32>,
+    mws: std::collections::HashSet<u32>,
     next_handle: u32,
 }
 
@@ -151,6 +153,7 @@ impl ClientDev {
             qps: self.qps.len() as u32,
             srqs: self.srqs.len() as u32,
             ahs: self.ahs.len() as u32,
+            mws: self.mws.len() as u32,
             ..Default::default()
         }
     }
@@ -471,6 +474,7 @@ impl DeviceThread {
                     qps: HashMap::new(),
                     srqs: HashMap::new(),
                     ahs: HashMap::new(),
+                    mws: Default::default(),
                     next_handle: 0,
                 },
             );
@@ -725,9 +729,30 @@ impl DeviceThread {
                     Err(e) => err(e),
                 }
             }
-            Request::AllocMw { .. } | Request::DeallocMw { .. } => {
-                errno(libc::EOPNOTSUPP, "memory windows are not implemented yet")
+            Request::AllocMw { pd, mw_type } => {
+                let Some(&epd) = c.pds.get(&pd) else {
+                    return (errno(libc::EINVAL, "no such PD"), none);
+                };
+                let ty = match mw_type {
+                    1 => tp::MwType::Type1,
+                    2 => tp::MwType::Type2,
+                    _ => return (errno(libc::EINVAL, "memory window type"), none),
+                };
+                match c.engine.alloc_mw(epd, ty) {
+                    Ok((mw, rkey)) => {
+                        c.mws.insert(mw);
+                        Response::Mw { mw, rkey: rkey.0 }
+                    }
+                    Err(e) => err(e),
+                }
             }
+            Request::DeallocMw { mw } => match c.engine.dealloc_mw(mw) {
+                Ok(()) => {
+                    c.mws.remove(&mw);
+                    Response::Done
+                }
+                Err(e) => err(e),
+            },
             Request::Hello { .. } | Request::QueryDevices | Request::ResShow => {
                 errno(libc::EINVAL, "not a device request")
             }
@@ -999,7 +1024,10 @@ fn create_qp(
         return (errno(libc::EINVAL, "no such CQ or SRQ"), vec![]);
     }
     // Grant at least what was asked, rounded to the rings' power-of-two depth.
-    let max_inline = cap.max_inline_data.max(64).min(512);
+    if cap.max_inline_data > 512 {
+        return (errno(libc::EINVAL, "max_inline_data above 512"), vec![]);
+    }
+    let max_inline = cap.max_inline_data.clamp(64, 512);
     let send_slot = wqe::SEND_HEADER_LEN as u32 + (cap.max_send_sge.max(1) * 16).max(max_inline);
     let recv_slot = wqe::RECV_HEADER_LEN as u32 + cap.max_recv_sge.max(1) * 16;
     let (Some(sg), Some(rg)) = (
@@ -1283,7 +1311,18 @@ fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
             placement: w.swap as u8,
         },
         WrOpcode::LocalInv => SendOp::LocalInv(Rkey(w.imm_or_inv)),
-        WrOpcode::BindMw => return Err("memory windows are not implemented"),
+        WrOpcode::BindMw => {
+            let b = w.bind.ok_or("bind without its arguments")?;
+            SendOp::BindMw {
+                mw_rkey: b.mw_rkey,
+                mr_lkey: b.mr_lkey,
+                addr: b.addr,
+                length: b.length,
+                access: Access(b.access),
+                // The low byte of the new R_Key is the consumer's key (ibv_inc_rkey).
+                key: b.new_rkey.0 as u8,
+            }
+        }
     };
     let (sg_list, inline_data) = match w.data {
         SendData::Sges(s) => (

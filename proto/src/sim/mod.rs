@@ -67,6 +67,8 @@ pub struct PacketInfo {
     pub len: usize,
     /// How many packets the simulator carried before this one.
     pub index: u64,
+    /// Virtual time it was sent.
+    pub time: Nanos,
 }
 
 /// What a scenario rule does to the packet it matches.
@@ -206,7 +208,7 @@ impl Sim {
     pub fn add_node(&mut self, ip: IpAddr, link: LinkModel) -> usize {
         let idx = self.nodes.len();
         let mut dev = Device::new(
-            DeviceConfig::new(ip, self.seed ^ (idx as u64 + 1) * 0x1234_5678),
+            DeviceConfig::new(ip, self.seed ^ ((idx as u64 + 1) * 0x1234_5678)),
             VecMemory::new(),
         );
         let pd = dev.alloc_pd();
@@ -228,6 +230,14 @@ impl Sim {
         let mut s = Sim::new(seed);
         s.add_node("10.0.0.1".parse().expect("ip"), link);
         s.add_node("10.0.0.2".parse().expect("ip"), link);
+        s
+    }
+
+    /// Two nodes at fd00::1 and fd00::2 (RoCE v2 over IPv6) joined by `link` both ways.
+    pub fn pair_v6(seed: u64, link: LinkModel) -> Sim {
+        let mut s = Sim::new(seed);
+        s.add_node("fd00::1".parse().expect("ip"), link);
+        s.add_node("fd00::2".parse().expect("ip"), link);
         s
     }
 
@@ -542,10 +552,13 @@ impl Sim {
         // PSN invariant: an RC request PSN moves backward only after a retry was started.
         let info = t.bth.opcode.info();
         if t.bth.opcode.0 < 0x20 && info.is_some_and(|i| i.has(OpInfo::REQUEST)) {
-            let retries = {
-                let c = self.nodes[from].dev.counters();
-                c.completer_retry_err + c.rcvd_rnr_err
-            };
+            // Retries of the sending QP itself (found by its path), so that one QP's retry
+            // cannot excuse another's PSN going backward.
+            let dev = &self.nodes[from].dev;
+            let retries = dev
+                .qp_towards(dst, t.bth.dest_qpn)
+                .and_then(|q| dev.qp_retry_events(q))
+                .unwrap_or(0);
             let flow = self.flows.entry((from, dst, t.bth.dest_qpn)).or_default();
             if let Some(last) = flow.last {
                 if !t.bth.psn.is_after(last) {
@@ -574,6 +587,7 @@ impl Sim {
                 syndrome: t.aeth.map(|a| a.syndrome.to_byte()),
                 len: bytes.len(),
                 index: self.carried,
+                time: self.now,
             };
             self.carried += 1;
             self.trace.push(pi);
@@ -630,6 +644,15 @@ impl Sim {
                 self.in_flight.push(Reverse((at, seq)));
             }
         }
+    }
+
+    /// Delivers a hand-made IP packet to node `to` after `delay` (bypassing links and rules):
+    /// for scenarios that need a packet no correct engine would send.
+    pub fn inject(&mut self, to: usize, delay: Nanos, ip_packet: Vec<u8>) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.payloads.insert(seq, (to, ip_packet));
+        self.in_flight.push(Reverse((self.now + delay, seq)));
     }
 
     /// Lets every node transmit what it has, at the current time.

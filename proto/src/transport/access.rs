@@ -1,11 +1,11 @@
 //! Key, protection-domain, access-flag and bounds checks in front of every memory access
-//! (IBTA Vol. 1 §10.6.3 for L_Keys, §9.7.4.1.4 / C9-... for R_Keys), then the copy itself.
+//! (IBTA Vol. 1 §10.6.3 for L_Keys, §9.7.4.1.4 for R_Keys), then the copy itself.
 
 use super::device::Ctx;
 use super::memory::MemoryAccess;
-use super::resources::Mr;
+use super::resources::{Mr, MwBinding, MwType, MW_INDEX_BASE};
 use super::verbs::{Access, Sge, WcStatus};
-use crate::types::Rkey;
+use crate::types::{Lkey, Qpn, Rkey};
 
 impl<M: MemoryAccess> Ctx<M> {
     /// The MR an L_Key or R_Key names (the pool index is the key without its random byte).
@@ -21,7 +21,7 @@ impl<M: MemoryAccess> Ctx<M> {
         at: u64,
         len: u64,
         need: Access,
-    ) -> Result<(), WcStatus> {
+    ) -> Result<u64, WcStatus> {
         let mr = self.mr_by_key(sge.lkey.0).ok_or(WcStatus::LocProtErr)?;
         if mr.lkey != sge.lkey.0 || !mr.valid || mr.pd != pd || !mr.access.contains(need) {
             return Err(WcStatus::LocProtErr);
@@ -29,7 +29,7 @@ impl<M: MemoryAccess> Ctx<M> {
         if !mr.contains(at, len) {
             return Err(WcStatus::LocProtErr);
         }
-        Ok(())
+        Ok(mr.space)
     }
 
     /// Copies `out.len()` bytes of the message described by `sges`, starting `offset` bytes
@@ -54,9 +54,9 @@ impl<M: MemoryAccess> Ctx<M> {
             }
             let n = ((len - skip) as usize).min(out.len() - done);
             let at = sge.addr.wrapping_add(skip);
-            self.check_local(pd, sge, at, n as u64, Access::NONE)?;
+            let space = self.check_local(pd, sge, at, n as u64, Access::NONE)?;
             self.mem
-                .read(at, &mut out[done..done + n])
+                .read(space, at, &mut out[done..done + n])
                 .map_err(|_| WcStatus::LocProtErr)?;
             done += n;
             skip = 0;
@@ -90,9 +90,9 @@ impl<M: MemoryAccess> Ctx<M> {
             }
             let n = ((len - skip) as usize).min(data.len() - done);
             let at = sge.addr.wrapping_add(skip);
-            self.check_local(pd, sge, at, n as u64, Access::LOCAL_WRITE)?;
+            let space = self.check_local(pd, sge, at, n as u64, Access::LOCAL_WRITE)?;
             self.mem
-                .write(at, &data[done..done + n])
+                .write(space, at, &data[done..done + n])
                 .map_err(|_| WcStatus::LocProtErr)?;
             done += n;
             skip = 0;
@@ -104,35 +104,131 @@ impl<M: MemoryAccess> Ctx<M> {
         }
     }
 
-    /// An R_Key check at the responder: valid key of the QP's PD, `need` access, and
-    /// `[va, va+len)` inside the region.
+    /// An R_Key check at the responder: a valid key of the QP's PD (or a window bound
+    /// through this QP, for type 2), `need` access, and `[va, va+len)` inside the region.
+    /// Returns the address space of the memory, or None when access is refused.
+    pub(crate) fn remote_space(
+        &self,
+        pd: u32,
+        qpn: Qpn,
+        rkey: Rkey,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Option<u64> {
+        let index = rkey.0 >> 8;
+        if index >= MW_INDEX_BASE {
+            let mw = self.mws.get(&index)?;
+            let b = mw.binding?;
+            let owner_ok = match mw.mw_type {
+                MwType::Type1 => mw.pd == pd,
+                MwType::Type2 => mw.qpn == Some(qpn),
+            };
+            let in_range = va >= b.addr
+                && va
+                    .checked_add(len)
+                    .is_some_and(|e| e <= b.addr.saturating_add(b.length));
+            let mr = self.mrs.get(&b.mr).filter(|m| m.valid)?;
+            let ok = mw.rkey == rkey.0 && owner_ok && b.access.contains(need) && in_range;
+            return ok.then_some(mr.space);
+        }
+        let mr = self.mr_by_key(rkey.0)?;
+        let ok = mr.rkey == rkey.0
+            && mr.valid
+            && mr.pd == pd
+            && mr.access.contains(need)
+            && mr.contains(va, len);
+        ok.then_some(mr.space)
+    }
+
+    /// [`Ctx::remote_space`] as a yes/no.
     pub(crate) fn check_remote(
         &self,
         pd: u32,
+        qpn: Qpn,
         rkey: Rkey,
         va: u64,
         len: u64,
         need: Access,
     ) -> bool {
-        let Some(mr) = self.mr_by_key(rkey.0) else {
-            return false;
-        };
-        mr.rkey == rkey.0
-            && mr.valid
-            && mr.pd == pd
-            && mr.access.contains(need)
-            && mr.contains(va, len)
+        self.remote_space(pd, qpn, rkey, va, len, need).is_some()
     }
 
-    /// Invalidates an MR by key (LOCAL_INV, SEND_WITH_INV). Fails for an unknown key, a key of
-    /// another PD, or an MR already invalid.
-    pub(crate) fn invalidate(&mut self, pd: u32, key: Rkey) -> bool {
-        match self.mrs.get_mut(&(key.0 >> 8)) {
+    /// Invalidates an MR or a type 2 MW by key (LOCAL_INV, SEND_WITH_INV). Fails for an
+    /// unknown key, a key of another PD, an MR already invalid, a type 1 window (those are
+    /// only unbound by binding again), or a window bound through another QP.
+    pub(crate) fn invalidate(&mut self, pd: u32, qpn: Qpn, key: Rkey) -> bool {
+        let index = key.0 >> 8;
+        if index >= MW_INDEX_BASE {
+            return match self.mws.get_mut(&index) {
+                Some(mw)
+                    if mw.rkey == key.0
+                        && mw.mw_type == MwType::Type2
+                        && mw.binding.is_some()
+                        && (mw.qpn == Some(qpn) || mw.pd == pd) =>
+                {
+                    mw.binding = None;
+                    mw.qpn = None;
+                    true
+                }
+                _ => false,
+            };
+        }
+        match self.mrs.get_mut(&index) {
             Some(mr) if mr.rkey == key.0 && mr.pd == pd && mr.valid => {
                 mr.valid = false;
                 true
             }
             _ => false,
         }
+    }
+
+    /// Executes a BIND_MW (IBTA §10.6.7.2, rxe `rxe_bind_mw`): the window must belong to the
+    /// QP's PD (and a type 2 one must be free), the MR must allow binding, be of the same PD
+    /// and contain the range; remote write or atomic access needs local write on the MR.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn bind_mw(
+        &mut self,
+        pd: u32,
+        qpn: Qpn,
+        mw_rkey: Rkey,
+        mr_lkey: Lkey,
+        range: (u64, u64),
+        access: Access,
+        key: u8,
+    ) -> Result<(), WcStatus> {
+        let (addr, length) = range;
+        let mr_index = mr_lkey.0 >> 8;
+        let mr = self.mrs.get(&mr_index).ok_or(WcStatus::MwBindErr)?;
+        let needs_lw =
+            access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
+        if mr.lkey != mr_lkey.0
+            || !mr.valid
+            || mr.pd != pd
+            || !mr.access.contains(Access::MW_BIND)
+            || (needs_lw && !mr.access.contains(Access::LOCAL_WRITE))
+            || !mr.contains(addr, length)
+        {
+            return Err(WcStatus::MwBindErr);
+        }
+        let mw = self
+            .mws
+            .get_mut(&(mw_rkey.0 >> 8))
+            .ok_or(WcStatus::MwBindErr)?;
+        if mw.rkey != mw_rkey.0 || mw.pd != pd {
+            return Err(WcStatus::MwBindErr);
+        }
+        if mw.mw_type == MwType::Type2 && mw.binding.is_some() {
+            return Err(WcStatus::MwBindErr);
+        }
+        mw.rkey = (mw.rkey & !0xff) | u32::from(key);
+        mw.binding = Some(MwBinding {
+            mr: mr_index,
+            addr,
+            length,
+            access,
+        });
+        mw.qpn = (mw.mw_type == MwType::Type2).then_some(qpn);
+        Ok(())
     }
 }

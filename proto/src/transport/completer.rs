@@ -32,6 +32,7 @@ fn start_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>, timeout: bool) {
         qp.retry_left -= 1;
     }
     ctx.counters.completer_retry_err += 1;
+    qp.retry_events += 1;
     qp.need_retry = true;
     qp.started_retry = true;
     schedule(qp, &mut ctx.ready);
@@ -72,8 +73,7 @@ pub(crate) fn on_response<M: MemoryAccess>(
     let op = t.bth.opcode;
     let Some(info) = op.info() else { return };
     let mut progressed = false;
-    loop {
-        let Some(w) = qp.sq.front() else { break };
+    while let Some(w) = qp.sq.front() {
         if !w.started || w.wr.op.is_local() {
             break;
         }
@@ -166,6 +166,9 @@ fn check_ack<M: MemoryAccess>(
                     return;
                 }
             }
+            if psn.is_before(w.first_psn) {
+                return;
+            }
             let starts = info.has(OpInfo::START);
             let ends = info.has(OpInfo::END);
             // Sequence: FIRST/ONLY only where the current read request started, LAST/ONLY only
@@ -233,6 +236,7 @@ fn check_ack<M: MemoryAccess>(
                 }
                 // Everything before the refused request was accepted.
                 qp.comp_psn = psn;
+                qp.retry_events += 1;
                 qp.need_retry = true;
                 qp.rnr_wait_until = Some(now + rnr_delay(timer).max(1));
                 qp.retrans_deadline = None;

@@ -7,7 +7,7 @@ use super::counters::Counters;
 use super::memory::MemoryAccess;
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, QpAttr, QpState, QpType};
-use super::resources::{Ah, Cq, KeyGen, Mr, Pd, Srq};
+use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
 use super::timers::Nanos;
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
@@ -16,6 +16,7 @@ use crate::wire::{
     ROCE_V2_PORT,
 };
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
 
 /// Largest frame `poll_transmit` writes: IPv6 + UDP + BTH + the largest header set + 4096
@@ -74,17 +75,43 @@ pub struct MrKeys {
     pub rkey: crate::types::Rkey,
 }
 
+/// A multiplicative hash for the small integer keys of the device's tables (QPNs, key
+/// indexes, handles): SipHash showed up in the per-packet profile. Lookups by a key from the
+/// wire never insert, so a chosen key cannot grow a table.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IntHasher(u64);
+
+impl Hasher for IntHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+
 /// Everything but the QPs, so a QP can be borrowed mutably next to it.
 #[derive(Debug)]
 pub(crate) struct Ctx<M> {
     pub mem: M,
     pub keys: KeyGen,
     pub config: DeviceConfig,
-    pub pds: HashMap<u32, Pd>,
-    pub mrs: HashMap<u32, Mr>,
-    pub cqs: HashMap<u32, Cq>,
-    pub srqs: HashMap<u32, Srq>,
-    pub ahs: HashMap<u32, Ah>,
+    pub pds: IntMap<u32, Pd>,
+    pub mrs: IntMap<u32, Mr>,
+    pub mws: IntMap<u32, Mw>,
+    pub cqs: IntMap<u32, Cq>,
+    pub srqs: IntMap<u32, Srq>,
+    pub ahs: IntMap<u32, Ah>,
     pub counters: Counters,
     pub events: VecDeque<AsyncEvent>,
     pub cc: Box<dyn CongestionControl + Send>,
@@ -92,13 +119,14 @@ pub(crate) struct Ctx<M> {
     pub ready: VecDeque<Qpn>,
     pub next_handle: u32,
     pub next_mr_index: u32,
+    pub next_mw_index: u32,
 }
 
 /// One softroce device (port 1): its resources and its transport engine.
 #[derive(Debug)]
 pub struct Device<M: MemoryAccess> {
     pub(crate) ctx: Ctx<M>,
-    pub(crate) qps: HashMap<Qpn, Qp>,
+    pub(crate) qps: IntMap<Qpn, Qp>,
     next_qpn: u32,
     /// QPNs this device may hand out are `next_qpn..qpn_end` (a daemon gives each client
     /// process its own block, see [`Device::set_qpn_range`]).
@@ -114,31 +142,26 @@ impl<M: MemoryAccess> Device<M> {
                 mem,
                 keys: KeyGen::new(config.key_seed),
                 config,
-                pds: HashMap::new(),
-                mrs: HashMap::new(),
-                cqs: HashMap::new(),
-                srqs: HashMap::new(),
-                ahs: HashMap::new(),
+                pds: IntMap::default(),
+                mrs: IntMap::default(),
+                mws: IntMap::default(),
+                cqs: IntMap::default(),
+                srqs: IntMap::default(),
+                ahs: IntMap::default(),
                 counters: Counters::default(),
                 events: VecDeque::new(),
                 cc: Box::new(NoCongestionControl),
                 ready: VecDeque::new(),
                 next_handle: 1,
                 next_mr_index: 1,
+                next_mw_index: MW_INDEX_BASE,
             },
-            qps: HashMap::new(),
+            qps: IntMap::default(),
             // rxe numbers QPs from 16 (roce-rxe-facts.md §6.1); 1 is the GSI QP.
             next_qpn: 17,
             qpn_end: Qpn::MULTICAST.value(),
             mcast: HashMap::new(),
         }
-    }
-
-    /// Restricts the QPNs this device hands out to `first..end`, so that several devices
-    /// (one per client process in the daemon) can share one QPN space without collisions.
-    pub fn set_qpn_range(&mut self, first: u32, end: u32) {
-        self.next_qpn = first.max(2);
-        self.qpn_end = end.min(Qpn::MULTICAST.value());
     }
 
     /// Plugs in a congestion controller (the default behaves like rxe: none).
@@ -167,9 +190,23 @@ impl<M: MemoryAccess> Device<M> {
 
     // ----- protection domains, memory regions -------------------------------------------
 
+    /// `ibv_alloc_pd` in address space 0 (one-process use, tests).
+    /// Restricts the QPNs this device hands out to `first..end`, so that several devices
+    /// (one per client process in the daemon) can share one QPN space without collisions.
+    pub fn set_qpn_range(&mut self, first: u32, end: u32) {
+        self.next_qpn = first.max(2);
+        self.qpn_end = end.min(Qpn::MULTICAST.value());
+    }
+
     pub fn alloc_pd(&mut self) -> u32 {
+        self.alloc_pd_in(0)
+    }
+
+    /// `ibv_alloc_pd` for a client whose memory is address space `space`: every memory access
+    /// through an MR of this PD passes `space` to [`MemoryAccess`].
+    pub fn alloc_pd_in(&mut self, space: u64) -> u32 {
         let h = self.handle();
-        self.ctx.pds.insert(h, Pd::default());
+        self.ctx.pds.insert(h, Pd { users: 0, space });
         h
     }
 
@@ -194,7 +231,7 @@ impl<M: MemoryAccess> Device<M> {
         Ok(())
     }
 
-    /// `ibv_reg_mr`. Remote write or atomic access needs local write too (IBTA C10-... ,
+    /// `ibv_reg_mr`. Remote write or atomic access needs local write too (IBTA §10.6.3.1,
     /// checked by ib_core).
     pub fn reg_mr(
         &mut self,
@@ -211,6 +248,7 @@ impl<M: MemoryAccess> Device<M> {
             return Err(VerbsError::Invalid("MR wraps around the address space"));
         }
         self.pd_use(pd, 1)?;
+        let space = self.ctx.pds.get(&pd).map_or(0, |p| p.space);
         let index = self.ctx.next_mr_index;
         if index >= 1 << 19 {
             return Err(VerbsError::NoResources("MR table full"));
@@ -222,6 +260,7 @@ impl<M: MemoryAccess> Device<M> {
             index,
             Mr {
                 pd,
+                space,
                 addr,
                 length,
                 access,
@@ -237,13 +276,55 @@ impl<M: MemoryAccess> Device<M> {
         })
     }
 
+    /// `ibv_dereg_mr`; refused while a memory window is bound to the MR.
     pub fn dereg_mr(&mut self, handle: u32) -> VerbsResult<()> {
+        if self
+            .ctx
+            .mws
+            .values()
+            .any(|w| w.binding.is_some_and(|b| b.mr == handle))
+        {
+            return Err(VerbsError::Busy("a memory window is bound to the MR"));
+        }
         let mr = self
             .ctx
             .mrs
             .remove(&handle)
             .ok_or(VerbsError::NotFound("MR"))?;
         self.pd_use(mr.pd, -1)
+    }
+
+    /// `ibv_alloc_mw`: an unbound window; returns its handle and initial R_Key. Bind it with a
+    /// [`SendOp::BindMw`] work request (the shim's `ibv_bind_mw` posts one for type 1).
+    pub fn alloc_mw(&mut self, pd: u32, mw_type: MwType) -> VerbsResult<(u32, crate::types::Rkey)> {
+        let index = self.ctx.next_mw_index;
+        if index >= MW_INDEX_BASE + 524_287 {
+            return Err(VerbsError::NoResources("MW table full"));
+        }
+        self.pd_use(pd, 1)?;
+        self.ctx.next_mw_index += 1;
+        let rkey = self.ctx.keys.key(index);
+        self.ctx.mws.insert(
+            index,
+            Mw {
+                pd,
+                mw_type,
+                rkey,
+                binding: None,
+                qpn: None,
+            },
+        );
+        Ok((index, crate::types::Rkey(rkey)))
+    }
+
+    /// `ibv_dealloc_mw`.
+    pub fn dealloc_mw(&mut self, handle: u32) -> VerbsResult<()> {
+        let mw = self
+            .ctx
+            .mws
+            .remove(&handle)
+            .ok_or(VerbsError::NotFound("MW"))?;
+        self.pd_use(mw.pd, -1)
     }
 
     // ----- completion queues --------------------------------------------------------------
@@ -588,9 +669,8 @@ impl<M: MemoryAccess> Device<M> {
             return Err(VerbsError::NoResources("RQ full"));
         }
         if qp.state == QpState::Err {
-            // Posting to a QP in error flushes at once (IBTA C10-... , rxe flushes in its task).
-            let mut wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
-            wc.qp_num = qpn;
+            // Posting to a QP in ERR completes at once with a flush status (rxe flushes it too).
+            let wc = WorkCompletion::new(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn);
             complete(&mut self.ctx, qp.init.recv_cq, wc, false);
             return Ok(());
         }
@@ -789,6 +869,24 @@ impl<M: MemoryAccess> Device<M> {
         self.qps
             .get(&qpn)
             .map(|q| (q.req_psn, q.comp_psn, q.resp_psn))
+    }
+
+    /// Go-back-N retries the requester of `qpn` has started (simulator invariant: a PSN moves
+    /// backward only after one).
+    pub fn qp_retry_events(&self, qpn: Qpn) -> Option<u64> {
+        self.qps.get(&qpn).map(|q| q.retry_events)
+    }
+
+    /// The connected QP whose path leads to `dgid` and remote QP `dest` (RC/UC).
+    pub fn qp_towards(&self, dgid: IpAddr, dest: Qpn) -> Option<Qpn> {
+        self.qps
+            .values()
+            .find(|q| {
+                !q.ty.is_ud()
+                    && q.attr.dest_qp_num == dest
+                    && q.av().is_some_and(|a| a.dgid == dgid)
+            })
+            .map(|q| q.qpn)
     }
 
     /// Number of receive WQEs still posted on a QP's own RQ.

@@ -2,7 +2,9 @@
 //! backs this trait with `process_vm_readv`/`process_vm_writev` on the client process, tests
 //! and the simulator with [`VecMemory`].
 //!
-//! Addresses are the virtual addresses the application registered (`ibv_reg_mr`'s `addr`).
+//! Addresses are the virtual addresses the application registered (`ibv_reg_mr`'s `addr`),
+//! in the address space `space` of the PD the MR belongs to ([`super::Device::alloc_pd_in`]):
+//! a daemon serving several processes keys its `process_vm_*` calls by it (a pid, say).
 //! The engine has already checked keys, access flags and bounds before it calls the trait, so
 //! an implementation only reports what the host itself refuses (an unmapped page).
 
@@ -19,44 +21,56 @@ pub struct MemoryError {
 /// Reads, writes and atomics on registered memory, by virtual address.
 pub trait MemoryAccess {
     /// Copies `out.len()` bytes starting at `addr` into `out`.
-    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryError>;
+    fn read(&self, space: u64, addr: u64, out: &mut [u8]) -> Result<(), MemoryError>;
     /// Copies `data` to `addr`.
-    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
+    fn write(&mut self, space: u64, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
 
     /// 64-bit compare-and-swap in host byte order (IBTA §9.4.5: the responder operates on the
     /// 8-byte aligned word); returns the original value. The default reads then writes, which is
     /// atomic because the engine runs one operation at a time; a daemon sharing memory with a
     /// running process overrides it with a real atomic.
-    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryError> {
-        let orig = self.read_u64(addr)?;
+    fn compare_swap(
+        &mut self,
+        space: u64,
+        addr: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemoryError> {
+        let orig = self.read_u64(space, addr)?;
         if orig == compare {
-            self.write(addr, &swap.to_ne_bytes())?;
+            self.write(space, addr, &swap.to_ne_bytes())?;
         }
         Ok(orig)
     }
 
     /// 64-bit fetch-and-add (wrapping); returns the original value.
-    fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryError> {
-        let orig = self.read_u64(addr)?;
-        self.write(addr, &orig.wrapping_add(add).to_ne_bytes())?;
+    fn fetch_add(&mut self, space: u64, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        let orig = self.read_u64(space, addr)?;
+        self.write(space, addr, &orig.wrapping_add(add).to_ne_bytes())?;
         Ok(orig)
     }
 
     /// Reads one 64-bit word in host byte order.
-    fn read_u64(&self, addr: u64) -> Result<u64, MemoryError> {
+    fn read_u64(&self, space: u64, addr: u64) -> Result<u64, MemoryError> {
         let mut b = [0u8; 8];
-        self.read(addr, &mut b)?;
+        self.read(space, addr, &mut b)?;
         Ok(u64::from_ne_bytes(b))
     }
 }
 
 /// Memory made of separate `Vec<u8>` allocations at made-up, non-overlapping addresses: the
-/// memory of a test or of a simulated host.
-#[derive(Debug, Default, Clone)]
+/// memory of a test or of a simulated host. One address space: `space` is ignored.
+#[derive(Debug, Clone)]
 pub struct VecMemory {
     /// Allocation base -> bytes.
     regions: BTreeMap<u64, Vec<u8>>,
     next_base: u64,
+}
+
+impl Default for VecMemory {
+    fn default() -> Self {
+        VecMemory::new()
+    }
 }
 
 impl VecMemory {
@@ -93,13 +107,13 @@ impl VecMemory {
 
     /// Test helper: fills memory, panicking on a bad address (test code only).
     pub fn fill(&mut self, addr: u64, data: &[u8]) {
-        self.write(addr, data)
+        self.write(0, addr, data)
             .expect("VecMemory::fill outside an allocation");
     }
 }
 
 impl MemoryAccess for VecMemory {
-    fn read(&self, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+    fn read(&self, _space: u64, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
         let src = self.slice(addr, out.len()).ok_or(MemoryError {
             addr,
             len: out.len(),
@@ -108,7 +122,7 @@ impl MemoryAccess for VecMemory {
         Ok(())
     }
 
-    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+    fn write(&mut self, _space: u64, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
         let dst = self.slice_mut(addr, data.len()).ok_or(MemoryError {
             addr,
             len: data.len(),
@@ -128,14 +142,14 @@ mod tests {
         let a = m.alloc(16);
         let b = m.alloc(8);
         assert!(b > a + 16, "allocations keep a gap");
-        m.write(a + 8, &5u64.to_ne_bytes()).unwrap();
-        assert_eq!(m.fetch_add(a + 8, 3).unwrap(), 5);
-        assert_eq!(m.compare_swap(a + 8, 8, 42).unwrap(), 8);
-        assert_eq!(m.read_u64(a + 8).unwrap(), 42);
-        assert_eq!(m.compare_swap(a + 8, 1, 7).unwrap(), 42);
-        assert_eq!(m.read_u64(a + 8).unwrap(), 42);
+        m.write(0, a + 8, &5u64.to_ne_bytes()).unwrap();
+        assert_eq!(m.fetch_add(0, a + 8, 3).unwrap(), 5);
+        assert_eq!(m.compare_swap(0, a + 8, 8, 42).unwrap(), 8);
+        assert_eq!(m.read_u64(0, a + 8).unwrap(), 42);
+        assert_eq!(m.compare_swap(0, a + 8, 1, 7).unwrap(), 42);
+        assert_eq!(m.read_u64(0, a + 8).unwrap(), 42);
         let mut out = [0u8; 4];
-        assert!(m.read(a + 14, &mut out).is_err());
-        assert!(m.read(0, &mut out).is_err());
+        assert!(m.read(0, a + 14, &mut out).is_err());
+        assert!(m.read(0, 0, &mut out).is_err());
     }
 }

@@ -128,8 +128,9 @@ pub(crate) struct InMessage {
     pub recv_from_srq: bool,
     /// Bytes placed so far.
     pub offset: u32,
-    /// WRITE target, validated on the FIRST/ONLY packet.
+    /// WRITE target, validated on the FIRST/ONLY packet, and its address space.
     pub va: u64,
+    pub space: u64,
     pub resid: u32,
 }
 
@@ -152,6 +153,8 @@ pub(crate) struct Qp {
     pub need_retry: bool,
     /// A retry is under way and no response has made progress since (rxe `started_retry`).
     pub started_retry: bool,
+    /// Go-back-N retries this QP started (timeouts, sequence NAKs, implied NAKs, RNR NAKs).
+    pub retry_events: u64,
     pub rnr_wait_until: Option<Nanos>,
     pub paced_until: Option<Nanos>,
 
@@ -192,6 +195,7 @@ impl Qp {
             rd_atomic_in_flight: 0,
             need_retry: false,
             started_retry: false,
+            retry_events: 0,
             rnr_wait_until: None,
             paced_until: None,
             comp_psn: Psn::new(0),
@@ -304,5 +308,40 @@ mod tests {
         assert_eq!(npkts(1024, Mtu::Mtu1024), 1);
         assert_eq!(npkts(1025, Mtu::Mtu1024), 2);
         assert_eq!(npkts(4096 * 3, Mtu::Mtu4096), 3);
+    }
+}
+
+#[cfg(test)]
+mod resource_tests {
+    use super::*;
+    use crate::transport::qp_attr::QpType;
+
+    #[test]
+    fn responder_resources_are_a_power_of_two_ring_found_by_psn() {
+        let init = QpInit {
+            pd: 1,
+            qp_type: QpType::Rc,
+            send_cq: 1,
+            recv_cq: 1,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        };
+        let mut qp = Qp::new(Qpn::new(17), init);
+        qp.attr.max_dest_rd_atomic = 3;
+        qp.resize_resources();
+        assert_eq!(qp.resources.len(), 4);
+        for i in 0..5u32 {
+            qp.push_resource(Resource {
+                kind: ResourceKind::Atomic { orig: u64::from(i) },
+                first_psn: Psn::new(i * 10),
+                last_psn: Psn::new(i * 10 + 2),
+            });
+        }
+        // The oldest was recycled; the others are found anywhere in their PSN range.
+        assert!(qp.find_resource(Psn::new(1)).is_none());
+        let r = qp.find_resource(Psn::new(12)).unwrap();
+        assert_eq!(r.kind, ResourceKind::Atomic { orig: 1 });
+        assert!(qp.find_resource(Psn::new(43)).is_none());
     }
 }

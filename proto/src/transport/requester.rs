@@ -58,18 +58,17 @@ pub(crate) fn post_send<M: MemoryAccess>(
     if len > 0x8000_0000 {
         return Err(VerbsError::Invalid("message above max_msg_sz"));
     }
+    let aligned = |va: u64| va.is_multiple_of(8);
     match wr.op {
-        SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } => {
-            if len != 8 || remote.va % 8 != 0 {
-                return Err(VerbsError::Invalid(
-                    "atomics need 8 bytes at an aligned address",
-                ));
-            }
+        SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. }
+            if len != 8 || !aligned(remote.va) =>
+        {
+            return Err(VerbsError::Invalid(
+                "atomics need 8 bytes at an aligned address",
+            ));
         }
-        SendOp::AtomicWrite { remote, .. } => {
-            if remote.va % 8 != 0 {
-                return Err(VerbsError::Invalid("ATOMIC_WRITE needs an aligned address"));
-            }
+        SendOp::AtomicWrite { remote, .. } if !aligned(remote.va) => {
+            return Err(VerbsError::Invalid("ATOMIC_WRITE needs an aligned address"));
         }
         _ => {}
     }
@@ -79,7 +78,7 @@ pub(crate) fn post_send<M: MemoryAccess>(
     let len = match wr.op {
         SendOp::AtomicWrite { .. } => 8,
         SendOp::Flush { len, .. } => len,
-        SendOp::LocalInv(_) => 0,
+        SendOp::LocalInv(_) | SendOp::BindMw { .. } => 0,
         _ => len as u32,
     };
     let qpn = qp.qpn;
@@ -182,7 +181,7 @@ fn opcode_for(ty: QpType, op: &SendOp, first: bool, last: bool) -> Option<Opcode
         SendOp::FetchAdd { .. } => 0x14,
         SendOp::Flush { .. } => 0x1c,
         SendOp::AtomicWrite { .. } => 0x1d,
-        SendOp::LocalInv(_) => return None,
+        SendOp::LocalInv(_) | SendOp::BindMw { .. } => return None,
     };
     match ty {
         QpType::Rc => Some(Opcode(rc)),
@@ -233,12 +232,44 @@ pub(crate) fn poll_request<M: MemoryAccess>(
             if idx != 0 {
                 return None;
             }
-            if ctx.invalidate(qp.init.pd, key) {
+            if ctx.invalidate(qp.init.pd, qp.qpn, key) {
                 complete_head(qp, ctx, WcStatus::Success);
                 continue;
             }
             fail_head(qp, ctx, WcStatus::MwBindErr);
             return None;
+        }
+        if let SendOp::BindMw {
+            mw_rkey,
+            mr_lkey,
+            addr,
+            length,
+            access,
+            key,
+        } = w.wr.op
+        {
+            if idx != 0 {
+                return None;
+            }
+            let r = ctx.bind_mw(
+                qp.init.pd,
+                qp.qpn,
+                mw_rkey,
+                mr_lkey,
+                (addr, length),
+                access,
+                key,
+            );
+            match r {
+                Ok(()) => {
+                    complete_head(qp, ctx, WcStatus::Success);
+                    continue;
+                }
+                Err(status) => {
+                    fail_head(qp, ctx, status);
+                    return None;
+                }
+            }
         }
         if !w.started && qp.state == QpState::Sqd {
             // SQD finishes what was started and takes nothing new.
@@ -495,4 +526,38 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
     }
     Some(tx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Rkey;
+
+    #[test]
+    fn opcode_selection_follows_rxe() {
+        let r = RemoteAddr {
+            va: 0,
+            rkey: Rkey(1),
+        };
+        let rc = |op: SendOp, f, l| opcode_for(QpType::Rc, &op, f, l).map(|o| o.0);
+        assert_eq!(rc(SendOp::Send, true, true), Some(0x04));
+        assert_eq!(rc(SendOp::Send, true, false), Some(0x00));
+        assert_eq!(rc(SendOp::Send, false, false), Some(0x01));
+        assert_eq!(rc(SendOp::SendWithImm(1), false, true), Some(0x03));
+        assert_eq!(rc(SendOp::SendWithInv(Rkey(1)), true, true), Some(0x17));
+        assert_eq!(rc(SendOp::Write(r), true, false), Some(0x06));
+        assert_eq!(rc(SendOp::WriteWithImm(r, 1), false, true), Some(0x09));
+        assert_eq!(rc(SendOp::Read(r), true, true), Some(0x0c));
+        assert_eq!(
+            rc(SendOp::FetchAdd { remote: r, add: 1 }, true, true),
+            Some(0x14)
+        );
+        // UC: the RC opcodes plus 0x20, no invalidate; UD: SEND_ONLY (with immediate) only.
+        let uc = |op: SendOp| opcode_for(QpType::Uc, &op, true, true).map(|o| o.0);
+        assert_eq!(uc(SendOp::WriteWithImm(r, 1)), Some(0x2b));
+        assert_eq!(uc(SendOp::SendWithInv(Rkey(1))), None);
+        let ud = |op: SendOp| opcode_for(QpType::Ud, &op, true, true).map(|o| o.0);
+        assert_eq!(ud(SendOp::SendWithImm(1)), Some(0x65));
+        assert_eq!(ud(SendOp::Write(r)), None);
+    }
 }

@@ -36,12 +36,16 @@ impl KeyGen {
 pub struct Pd {
     /// MRs, MWs, AHs, QPs and SRQs that use it (destroy is refused while non-zero).
     pub users: u32,
+    /// The address space its MRs live in (see [`super::memory::MemoryAccess`]).
+    pub space: u64,
 }
 
 /// A memory region (`ibv_reg_mr`).
 #[derive(Debug, Clone)]
 pub struct Mr {
     pub pd: u32,
+    /// The address space of `addr`, from the PD.
+    pub space: u64,
     pub addr: u64,
     pub length: u64,
     pub access: Access,
@@ -61,6 +65,40 @@ impl Mr {
                 .is_some_and(|end| end <= self.addr.saturating_add(self.length))
     }
 }
+
+/// Memory window types (IBTA §10.6.7): type 1 is bound by `ibv_bind_mw` and lives in its
+/// PD; type 2 (rxe implements 2B) is bound by a BIND_MW work request to one QP and can be
+/// invalidated (LOCAL_INV, SEND_WITH_INV).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MwType {
+    Type1,
+    Type2,
+}
+
+/// What a bound window grants: a range of one MR with remote access flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MwBinding {
+    /// Pool index of the MR it windows.
+    pub mr: u32,
+    pub addr: u64,
+    pub length: u64,
+    pub access: Access,
+}
+
+/// A memory window.
+#[derive(Debug, Clone)]
+pub struct Mw {
+    pub pd: u32,
+    pub mw_type: MwType,
+    pub rkey: u32,
+    pub binding: Option<MwBinding>,
+    /// The QP a type 2 window is bound through: only that QP may use it (type 2B).
+    pub qpn: Option<crate::types::Qpn>,
+}
+
+/// Pool indexes of MWs start here, so a key's index says whether it names an MR or an MW
+/// (rxe, roce-rxe-facts.md §6.1).
+pub const MW_INDEX_BASE: u32 = (1 << 19) + 1;
 
 /// A completion queue.
 #[derive(Debug, Clone)]
@@ -125,6 +163,7 @@ mod tests {
     fn mr_bounds() {
         let mr = Mr {
             pd: 1,
+            space: 0,
             addr: 0x1000,
             length: 0x100,
             access: Access::LOCAL_WRITE,

@@ -25,21 +25,9 @@ enum Fail {
     Nak(NakCode, WcStatus),
 }
 
+/// Queues an answer. Every AckReq packet gets its own ACK, as in rxe (no merging of queued
+/// ACKs), so the wire looks the same.
 fn queue(qp: &mut Qp, ctx_ready: &mut std::collections::VecDeque<Qpn>, out: RespOut) {
-    // ACK coalescing: a newer plain ACK supersedes one not yet sent (it acknowledges more).
-    if let RespOut::Ack {
-        syndrome: AethSyndrome::Ack { .. },
-        ..
-    } = out
-    {
-        if let Some(RespOut::Ack {
-            syndrome: AethSyndrome::Ack { .. },
-            ..
-        }) = qp.resp_out.back()
-        {
-            qp.resp_out.pop_back();
-        }
-    }
     qp.resp_out.push_back(out);
     schedule(qp, ctx_ready);
 }
@@ -295,6 +283,7 @@ fn execute<M: MemoryAccess>(
         return Err(inv_req);
     }
     let pd = qp.init.pd;
+    let qpn = qp.qpn;
 
     if is_send {
         if starts {
@@ -305,6 +294,7 @@ fn execute<M: MemoryAccess>(
                 recv_from_srq: from_srq,
                 offset: 0,
                 va: 0,
+                space: 0,
                 resid: 0,
             });
         }
@@ -333,7 +323,7 @@ fn execute<M: MemoryAccess>(
                 wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
             }
             if let Some(key) = t.ieth {
-                if !ctx.invalidate(pd, key) {
+                if !ctx.invalidate(pd, qpn, key) {
                     // Class J: the bad R_Key fails the receive; the QP goes to ERR.
                     qp.in_msg = Some(InMessage {
                         recv: Some(recv),
@@ -353,23 +343,27 @@ fn execute<M: MemoryAccess>(
             if reth.len > 0x8000_0000 {
                 return Err(inv_req);
             }
-            if reth.len > 0
-                && !ctx.check_remote(
+            // A zero-length WRITE checks nothing (IBTA C9-88).
+            let space = if reth.len > 0 {
+                let access = ctx.remote_space(
                     pd,
+                    qpn,
                     reth.rkey,
                     reth.va,
                     u64::from(reth.len),
                     Access::REMOTE_WRITE,
-                )
-            {
-                return Err(access_err);
-            }
+                );
+                access.ok_or(access_err)?
+            } else {
+                0
+            };
             qp.in_msg = Some(InMessage {
                 is_send: false,
                 recv: None,
                 recv_from_srq: false,
                 offset: 0,
                 va: reth.va,
+                space,
                 resid: reth.len,
             });
         }
@@ -380,7 +374,7 @@ fn execute<M: MemoryAccess>(
         let at = m.va.wrapping_add(u64::from(m.offset));
         if plen > 0 {
             ctx.mem
-                .write(at, rx.payload)
+                .write(m.space, at, rx.payload)
                 .map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
         }
         let m = qp.in_msg.as_mut().ok_or(inv_req)?;
@@ -413,6 +407,7 @@ fn execute<M: MemoryAccess>(
         if reth.len > 0
             && !ctx.check_remote(
                 pd,
+                qpn,
                 reth.rkey,
                 reth.va,
                 u64::from(reth.len),
@@ -453,13 +448,13 @@ fn execute<M: MemoryAccess>(
         if a.va % 8 != 0 {
             return Err(inv_req);
         }
-        if !ctx.check_remote(pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
-            return Err(access_err);
-        }
+        let space = ctx
+            .remote_space(pd, qpn, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+            .ok_or(access_err)?;
         let r = if t.bth.opcode == Opcode::RC_COMPARE_SWAP {
-            ctx.mem.compare_swap(a.va, a.compare, a.swap_add)
+            ctx.mem.compare_swap(space, a.va, a.compare, a.swap_add)
         } else {
-            ctx.mem.fetch_add(a.va, a.swap_add)
+            ctx.mem.fetch_add(space, a.va, a.swap_add)
         };
         let orig =
             r.map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
@@ -477,14 +472,21 @@ fn execute<M: MemoryAccess>(
             if reth.va % 8 != 0 {
                 return Err(inv_req);
             }
-            if !ctx.check_remote(pd, reth.rkey, reth.va, 8, Access::REMOTE_WRITE) {
-                return Err(access_err);
-            }
+            let space = ctx
+                .remote_space(pd, qpn, reth.rkey, reth.va, 8, Access::REMOTE_WRITE)
+                .ok_or(access_err)?;
             ctx.mem
-                .write(reth.va, rx.payload)
+                .write(space, reth.va, rx.payload)
                 .map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
         } else if reth.len > 0
-            && !ctx.check_remote(pd, reth.rkey, reth.va, u64::from(reth.len), Access::NONE)
+            && !ctx.check_remote(
+                pd,
+                qpn,
+                reth.rkey,
+                reth.va,
+                u64::from(reth.len),
+                Access::NONE,
+            )
         {
             return Err(access_err);
         }
@@ -519,12 +521,23 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
         ctx.counters.qkey_violation();
         return;
     }
-    let cap: u64 = match qp.init.srq {
-        Some(_) | None => 0,
+    // Too small a buffer: rxe drops the datagram and keeps the WQE, except on an SRQ, where
+    // the WQE completes in error (roce-rxe-facts.md §4.8).
+    let fits = |r: &RecvWr| {
+        let room: u64 = r.sg_list.iter().map(|s| u64::from(s.length)).sum();
+        room >= 40 + rx.payload.len() as u64
     };
-    let _ = cap;
+    let next_fits = match qp.init.srq {
+        Some(id) => ctx.srqs.get(&id).and_then(|s| s.queue.front()).map(fits),
+        None => qp.rq.front().map(fits),
+    };
+    match next_fits {
+        None => return, // UD drops when no receive WQE is posted
+        Some(false) if qp.init.srq.is_none() => return,
+        _ => {}
+    }
     let Some((recv, _)) = take_recv(qp, ctx) else {
-        return; // UD drops when no receive WQE is posted
+        return;
     };
     let mut grh = [0u8; 40];
     if rx.net_header.len() == 20 {
@@ -534,12 +547,12 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
         grh.copy_from_slice(rx.net_header);
     }
     let pd = qp.init.pd;
-    let mut status = ctx
-        .scatter(pd, &recv.sg_list, 0, &grh)
-        .and_then(|_| ctx.scatter(pd, &recv.sg_list, 40, rx.payload));
-    if status == Err(WcStatus::LocLenErr) {
-        status = Err(WcStatus::LocLenErr);
-    }
+    let status = if fits(&recv) {
+        ctx.scatter(pd, &recv.sg_list, 0, &grh)
+            .and_then(|_| ctx.scatter(pd, &recv.sg_list, 40, rx.payload))
+    } else {
+        Err(WcStatus::RemInvReqErr)
+    };
     let mut wc = WorkCompletion::new(
         recv.wr_id,
         status.err().unwrap_or(WcStatus::Success),
@@ -631,15 +644,15 @@ pub(crate) fn poll_response<M: MemoryAccess>(
             }
         };
         let frame = frame_for(ctx, qp.qpn, &av, qp.src_port, t, read.is_some())?;
-        let pd = qp.init.pd;
+        let (pd, qpn) = (qp.init.pd, qp.qpn);
         let res = emit_frame(&frame, buf, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
                 // The MR is validated again for each packet: it may have been invalidated
                 // since the request (and replays re-check it, facts §4.5).
-                if !ctx.check_remote(pd, rkey, va, u64::from(plen), Access::REMOTE_READ) {
-                    return Err(());
-                }
-                ctx.mem.read(va, out).map_err(|_| ())
+                let space = ctx
+                    .remote_space(pd, qpn, rkey, va, u64::from(plen), Access::REMOTE_READ)
+                    .ok_or(())?;
+                ctx.mem.read(space, va, out).map_err(|_| ())
             }
             _ => Ok(()),
         });

@@ -133,6 +133,17 @@ pub enum SendOp {
     },
     /// Invalidate a local MR or MW key, in order with the send queue.
     LocalInv(Rkey),
+    /// Bind a memory window (type 1 through `ibv_bind_mw`, type 2 as a work request) to a
+    /// range of an MR. The window's new R_Key is its old one with the low byte `key`
+    /// (`ibv_inc_rkey`).
+    BindMw {
+        mw_rkey: Rkey,
+        mr_lkey: Lkey,
+        addr: u64,
+        length: u64,
+        access: Access,
+        key: u8,
+    },
 }
 
 impl SendOp {
@@ -159,7 +170,7 @@ impl SendOp {
         matches!(self, SendOp::Write(_) | SendOp::WriteWithImm(..))
     }
     pub fn is_local(&self) -> bool {
-        matches!(self, SendOp::LocalInv(_))
+        matches!(self, SendOp::LocalInv(_) | SendOp::BindMw { .. })
     }
     /// The completion opcode reported for it.
     pub fn wc_opcode(&self) -> WcOpcode {
@@ -172,6 +183,7 @@ impl SendOp {
             SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
             SendOp::Flush { .. } => WcOpcode::Flush,
             SendOp::LocalInv(_) => WcOpcode::LocalInv,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
         }
     }
 }
