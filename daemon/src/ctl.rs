@@ -180,12 +180,22 @@ impl Client {
     }
 
     pub fn request(&mut self, req: &Request) -> Result<Response> {
-        self.conn.send(&ctl::encode(req)?, &[])?;
+        Ok(self.request_fds(req, &[])?.0)
+    }
+
+    /// A request with file descriptors attached; returns the response and the descriptors
+    /// that came with it.
+    pub fn request_fds(
+        &mut self,
+        req: &Request,
+        fds: &[RawFd],
+    ) -> Result<(Response, Vec<OwnedFd>)> {
+        self.conn.send(&ctl::encode(req)?, fds)?;
         let mut buf = vec![0u8; MAX_MESSAGE];
-        let (n, _fds) = self.conn.recv(&mut buf)?;
+        let (n, fds) = self.conn.recv(&mut buf)?;
         if n == 0 {
             return Err(anyhow!("the daemon closed the connection"));
         }
-        Ok(ctl::decode(&buf[..n])?)
+        Ok((ctl::decode(&buf[..n])?, fds))
     }
 }

@@ -1,0 +1,426 @@
+//! The daemon's data path driven the way the shim drives it: control requests with file
+//! descriptors, work requests through the shared rings, completions back through them. Two
+//! clients (two control connections of this process, so two engines) connect RC QPs over
+//! loopback and move bytes with SEND/RECV, RDMA WRITE and RDMA READ; a wrong R_Key is refused.
+
+use memmap2::MmapRaw;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use proto::ctl::{self, AhAttr, QpAttr, QpCap, Request, Response, RingPlace};
+use proto::ring::wqe::{self, Cqe, RecvWqe, SendData, SendWqe, Sge, WrOpcode};
+use proto::ring::SharedRing;
+use proto::{Lkey, Rkey};
+use softroce_daemon::ctl::Client;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_daemon(name: &str, addr: &str) -> Daemon {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("datapath")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("ctl.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_softroce"))
+        .args(["daemon", "--name", "srxe0", "--addr", addr, "--socket"])
+        .arg(&socket)
+        .stderr(File::create(dir.join("daemon.log")).unwrap())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut d = Daemon { child, socket };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.socket.exists() {
+        if let Ok(Some(status)) = d.child.try_wait() {
+            panic!(
+                "daemon exited with {status}: {}",
+                std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    d
+}
+
+/// A ring inside a memfd mapping handed over by the daemon.
+struct MappedRing {
+    _map: MmapRaw,
+    ring: SharedRing,
+}
+
+fn map_ring(fd: OwnedFd, len: u64, place: RingPlace, producer: bool) -> MappedRing {
+    let file = File::from(fd);
+    let map = MmapRaw::map_raw(&file).unwrap();
+    assert!(map.len() as u64 >= len);
+    // SAFETY: the ring lies inside the mapping, which lives as long as the handle (same struct).
+    let ring = unsafe {
+        SharedRing::attach(
+            map.as_mut_ptr().add(place.offset as usize),
+            map.len() - place.offset as usize,
+            producer,
+        )
+    }
+    .unwrap();
+    MappedRing { _map: map, ring }
+}
+
+/// One client: a context, a PD, one MR over `buf`, a CQ and an RC QP.
+struct Side {
+    client: Client,
+    doorbell: OwnedFd,
+    _async: (OwnedFd, OwnedFd),
+    buf: Vec<u8>,
+    lkey: u32,
+    rkey: u32,
+    cq: MappedRing,
+    sq: MappedRing,
+    rq: MappedRing,
+    qpn: u32,
+    slot: Vec<u8>,
+}
+
+fn ok(r: Response) -> Response {
+    if let Response::Error { errno, message } = &r {
+        panic!("daemon said errno {errno}: {message}");
+    }
+    r
+}
+
+impl Side {
+    fn new(socket: &Path, len: usize) -> Side {
+        let mut client = Client::connect(socket, "datapath-test").unwrap();
+        let (a0, a1) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let (r, mut fds) = client
+            .request_fds(
+                &Request::OpenContext {
+                    device: "srxe0".into(),
+                },
+                &[a1.as_raw_fd()],
+            )
+            .unwrap();
+        let Response::Context { ctx } = ok(r) else {
+            panic!()
+        };
+        let doorbell = fds.pop().expect("doorbell fd");
+        let Response::Pd { pd } = ok(client.request(&Request::AllocPd { ctx }).unwrap()) else {
+            panic!()
+        };
+        let buf: Vec<u8> = vec![0u8; len];
+        let Response::Mr { lkey, rkey, .. } = ok(client
+            .request(&Request::RegMr {
+                pd,
+                addr: buf.as_ptr() as u64,
+                length: len as u64,
+                iova: buf.as_ptr() as u64,
+                access: 0xf,
+            })
+            .unwrap())
+        else {
+            panic!()
+        };
+        let (r, mut fds) = client
+            .request_fds(
+                &Request::CreateCq {
+                    ctx,
+                    cqe: 64,
+                    channel: None,
+                    comp_vector: 0,
+                },
+                &[],
+            )
+            .unwrap();
+        let Response::Cq {
+            cq,
+            ring,
+            region_len,
+            ..
+        } = ok(r)
+        else {
+            panic!()
+        };
+        let cq_ring = map_ring(fds.pop().unwrap(), region_len, ring, false);
+        let (r, mut fds) = client
+            .request_fds(
+                &Request::CreateQp {
+                    pd,
+                    qp_type: ctl::qp_type::RC,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap: QpCap {
+                        max_send_wr: 32,
+                        max_recv_wr: 32,
+                        max_send_sge: 2,
+                        max_recv_sge: 2,
+                        max_inline_data: 64,
+                    },
+                    sq_sig_all: false,
+                },
+                &[],
+            )
+            .unwrap();
+        let Response::Qp {
+            qpn,
+            sq,
+            rq,
+            region_len,
+            ..
+        } = ok(r)
+        else {
+            panic!()
+        };
+        let fd = fds.pop().unwrap();
+        let fd2 = fd.try_clone().unwrap();
+        let sq = map_ring(fd, region_len, sq, true);
+        let rq = map_ring(fd2, region_len, rq.unwrap(), true);
+        Side {
+            client,
+            doorbell,
+            _async: (a0, a1),
+            buf,
+            lkey,
+            rkey,
+            cq: cq_ring,
+            sq,
+            rq,
+            qpn,
+            slot: vec![0u8; 4096],
+        }
+    }
+
+    fn connect(&mut self, remote_qpn: u32, gid: [u8; 16]) {
+        let qpn = self.qpn;
+        let mut a = QpAttr {
+            qp_state: 1,
+            port_num: 1,
+            qp_access_flags: 0xf,
+            ..Default::default()
+        };
+        ok(self
+            .client
+            .request(&Request::ModifyQp {
+                qpn,
+                attr: a,
+                mask: 1 | 8 | 16 | 32,
+            })
+            .unwrap());
+        a.qp_state = 2;
+        a.path_mtu = 3;
+        a.dest_qp_num = remote_qpn;
+        a.max_dest_rd_atomic = 4;
+        a.min_rnr_timer = 12;
+        a.ah_attr = AhAttr {
+            dgid: gid,
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        };
+        ok(self
+            .client
+            .request(&Request::ModifyQp {
+                qpn,
+                attr: a,
+                mask: 1 | 128 | 256 | 4096 | 1 << 20 | 1 << 17 | 1 << 15,
+            })
+            .unwrap());
+        a.qp_state = 3;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 4;
+        ok(self
+            .client
+            .request(&Request::ModifyQp {
+                qpn,
+                attr: a,
+                mask: 1 | 512 | 1024 | 2048 | 65536 | 8192,
+            })
+            .unwrap());
+    }
+
+    fn ring_doorbell(&self) {
+        nix::unistd::write(&self.doorbell, &1u64.to_ne_bytes()).unwrap();
+    }
+
+    fn post_send(&mut self, w: &SendWqe<'_>) {
+        let n = w.encode(&mut self.slot).unwrap();
+        if self.sq.ring.push(&self.slot[..n]).unwrap() {
+            self.ring_doorbell();
+        }
+    }
+
+    fn post_recv(&mut self, wr_id: u64, addr_off: usize, len: u32) {
+        let sge = [Sge {
+            addr: self.buf.as_ptr() as u64 + addr_off as u64,
+            length: len,
+            lkey: Lkey(self.lkey),
+        }];
+        let r = RecvWqe { wr_id, sges: &sge };
+        let n = r.encode(&mut self.slot).unwrap();
+        if self.rq.ring.push(&self.slot[..n]).unwrap() {
+            self.ring_doorbell();
+        }
+    }
+
+    fn poll(&mut self) -> Cqe {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut out = [0u8; wqe::CQE_SLOT_LEN];
+        loop {
+            if self.cq.ring.pop(&mut out).unwrap() {
+                return Cqe::decode(&out).unwrap();
+            }
+            assert!(Instant::now() < deadline, "no completion within 10 s");
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    fn sge(&self, off: usize, len: u32) -> [Sge; 1] {
+        [Sge {
+            addr: self.buf.as_ptr() as u64 + off as u64,
+            length: len,
+            lkey: Lkey(self.lkey),
+        }]
+    }
+}
+
+fn send_wqe(wr_id: u64, opcode: WrOpcode, sges: &[Sge], remote: u64, rkey: u32) -> SendWqe<'_> {
+    SendWqe {
+        wr_id,
+        opcode,
+        flags: wqe::send_flags::SIGNALED,
+        imm_or_inv: 0,
+        remote_addr: remote,
+        rkey: Rkey(rkey),
+        compare_add: 0,
+        swap: 0,
+        ud: None,
+        bind: None,
+        data: SendData::Sges(sges),
+    }
+}
+
+#[test]
+fn two_clients_move_bytes_with_send_write_and_read() {
+    let addr = "127.0.0.61";
+    let d = start_daemon("rc", addr);
+    let gid = ctl::gid_of(addr.parse().unwrap());
+    let mut a = Side::new(&d.socket, 1 << 16);
+    let mut b = Side::new(&d.socket, 1 << 16);
+    let (qa, qb) = (a.qpn, b.qpn);
+    assert_ne!(qa, qb, "two clients, two QPN blocks");
+    a.connect(qb, gid);
+    b.connect(qa, gid);
+
+    // SEND of 5000 bytes: five packets at MTU 1024.
+    for (i, x) in a.buf[..5000].iter_mut().enumerate() {
+        *x = (i * 7 + 3) as u8;
+    }
+    b.post_recv(77, 0, 8192);
+    let sge = a.sge(0, 5000);
+    let w = send_wqe(1, WrOpcode::Send, &sge, 0, 0);
+    a.post_send(&w);
+    let ca = a.poll();
+    assert_eq!(
+        (ca.wr_id, ca.status, ca.opcode),
+        (1, 0, 0),
+        "send completion {ca:?}"
+    );
+    let cb = b.poll();
+    assert_eq!(
+        (cb.wr_id, cb.status, cb.opcode, cb.byte_len),
+        (77, 0, 128, 5000),
+        "{cb:?}"
+    );
+    assert_eq!(cb.qp_num, qb);
+    assert_eq!(&b.buf[..5000], &a.buf[..5000]);
+
+    // RDMA WRITE of 3000 bytes into B at offset 10000.
+    for (i, x) in a.buf[20000..23000].iter_mut().enumerate() {
+        *x = (i % 251) as u8;
+    }
+    let sge = a.sge(20000, 3000);
+    let remote = b.buf.as_ptr() as u64 + 10000;
+    let w = send_wqe(2, WrOpcode::RdmaWrite, &sge, remote, b.rkey);
+    a.post_send(&w);
+    let ca = a.poll();
+    assert_eq!((ca.wr_id, ca.status, ca.opcode), (2, 0, 1), "{ca:?}");
+    assert_eq!(&b.buf[10000..13000], &a.buf[20000..23000]);
+
+    // RDMA READ of 4500 bytes from B into A at offset 40000.
+    for (i, x) in b.buf[30000..34500].iter_mut().enumerate() {
+        *x = (i % 13) as u8 ^ 0x5a;
+    }
+    let sge = a.sge(40000, 4500);
+    let remote = b.buf.as_ptr() as u64 + 30000;
+    let w = send_wqe(3, WrOpcode::RdmaRead, &sge, remote, b.rkey);
+    a.post_send(&w);
+    let ca = a.poll();
+    assert_eq!(
+        (ca.wr_id, ca.status, ca.opcode, ca.byte_len),
+        (3, 0, 2, 4500),
+        "{ca:?}"
+    );
+    assert_eq!(&a.buf[40000..44500], &b.buf[30000..34500]);
+
+    // A wrong R_Key: the responder NAKs, the requester completes with REM_ACCESS_ERR (10).
+    let sge = a.sge(0, 64);
+    let w = send_wqe(4, WrOpcode::RdmaWrite, &sge, remote, b.rkey ^ 0x5500);
+    a.post_send(&w);
+    let ca = a.poll();
+    assert_eq!((ca.wr_id, ca.status), (4, 10), "{ca:?}");
+
+    // res show sees both clients with their QPs; dropping them frees everything.
+    let mut shower = Client::connect(&d.socket, "res-show").unwrap();
+    let Response::Resources { clients, .. } = shower.request(&Request::ResShow).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        clients.iter().filter(|c| c.qps == 1 && c.mrs == 1).count(),
+        2,
+        "{clients:?}"
+    );
+    drop(a);
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let Response::Resources { clients, .. } = shower.request(&Request::ResShow).unwrap() else {
+            panic!()
+        };
+        if clients.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "clients not freed: {clients:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
