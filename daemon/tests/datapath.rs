@@ -449,7 +449,17 @@ fn two_daemons_talk_and_their_packets_pass_both_checkers() {
     let _ = std::fs::remove_file(&pcap);
     let errlog = dir.join("tcpdump.err");
     let tcpdump = Command::new("tcpdump")
-        .args(["-i", "lo", "--immediate-mode", "-U", "-s", "0", "-Z", "root", "-w"])
+        .args([
+            "-i",
+            "lo",
+            "--immediate-mode",
+            "-U",
+            "-s",
+            "0",
+            "-Z",
+            "root",
+            "-w",
+        ])
         .arg(&pcap)
         .arg(format!("udp port 4791 and host {addr_a}"))
         .stdout(Stdio::null())
