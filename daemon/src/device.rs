@@ -59,6 +59,10 @@ pub enum DevMsg {
     Stats {
         reply: Sender<Vec<(u64, ClientResources)>>,
     },
+    /// The device's addresses changed (`--netdev`): engines created from now on use the new
+    /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
+    /// resolved against it.)
+    UpdateInfo(DeviceInfo),
     Shutdown,
 }
 
@@ -310,6 +314,10 @@ impl DeviceThread {
                         let _ = reply.send((tag(resp, self.index), fds));
                     }
                     DevMsg::ClientGone { client } => self.client_gone(client),
+                    DevMsg::UpdateInfo(info) => {
+                        self.gids = gid_addrs(&info);
+                        self.info = info;
+                    }
                     DevMsg::Stats { reply } => {
                         let _ = reply.send(
                             self.clients
@@ -451,10 +459,19 @@ impl DeviceThread {
         }
     }
 
-    fn client(&mut self, client: u64, pid: i32) -> Option<&mut ClientDev> {
+    fn client(&mut self, client: u64, pid: i32) -> Result<&mut ClientDev, Response> {
         if !self.clients.contains_key(&client) {
-            let block = (1..(Qpn::MASK / QPN_BLOCK)).find(|b| !self.blocks.contains_key(b))?;
-            let mut config = tp::DeviceConfig::new(self.gids[0], random_u64());
+            let Some(&first) = self.gids.first() else {
+                return Err(errno(
+                    libc::ENETDOWN,
+                    "the device has no address (port down)",
+                ));
+            };
+            let Some(block) = (1..(Qpn::MASK / QPN_BLOCK)).find(|b| !self.blocks.contains_key(b))
+            else {
+                return Err(errno(libc::ENOMEM, "no QP number block left"));
+            };
+            let mut config = tp::DeviceConfig::new(first, random_u64());
             config.gids = self.gids.clone();
             let mut engine =
                 tp::Device::new(config, ProcMem(RefCell::new(ProcessMemory::new(pid))));
@@ -479,7 +496,9 @@ impl DeviceThread {
                 },
             );
         }
-        self.clients.get_mut(&client)
+        self.clients
+            .get_mut(&client)
+            .ok_or_else(|| errno(libc::EIO, "client state lost"))
     }
 
     fn request(
@@ -490,8 +509,9 @@ impl DeviceThread {
         mut fds: Vec<OwnedFd>,
     ) -> (Response, Vec<OwnedFd>) {
         let name = self.info.name.clone();
-        let Some(c) = self.client(client, pid) else {
-            return (errno(libc::ENOMEM, "no QP number block left"), vec![]);
+        let c = match self.client(client, pid) {
+            Ok(c) => c,
+            Err(e) => return (e, vec![]),
         };
         let none = Vec::new();
         let r = match request {

@@ -123,13 +123,14 @@ impl Registry {
     }
 
     fn rescan_netdevs(&mut self) {
-        for d in &mut self.devices {
+        for (d, link) in self.devices.iter_mut().zip(&self.links) {
             if d.config.netdev.is_none() {
                 continue;
             }
             match config::device_info(&d.config) {
                 Ok(info) if info != d.info => {
                     info!(device = %info.name, gids = info.gids.len(), "addresses changed");
+                    link.send(DevMsg::UpdateInfo(info.clone()));
                     d.info = info;
                 }
                 Ok(_) => {}
