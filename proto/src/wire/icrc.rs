@@ -14,74 +14,78 @@ use super::{bth, ipv4, ipv6, udp};
 /// The masked-LRH stand-in that starts every ICRC.
 const LRH_ONES: [u8; 8] = [0xff; 8];
 
-fn start() -> crc32fast::Hasher {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&LRH_ONES);
-    h
+/// The masked headers in front of the payload: 8 ones, an IPv6-sized network header, UDP and
+/// BTH. They are assembled in one buffer and hashed in one update, because crc32fast's
+/// per-call cost dominates for the small pieces (about 9 % of the engine's time otherwise).
+const PREFIX_MAX: usize = LRH_ONES.len() + ipv6::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN;
+
+/// Network header masking rules.
+#[derive(Clone, Copy)]
+enum Net {
+    V4,
+    /// IPv6 for RoCE v2, and the GRH of RoCE v1 (same layout, same masks).
+    V6,
 }
 
-/// Feeds the masked UDP header, the masked BTH and the rest of the transport packet.
-fn feed_transport(h: &mut crc32fast::Hasher, udp_header: Option<&[u8]>, transport: &[u8]) {
-    if let Some(u) = udp_header {
-        let mut masked = [0u8; udp::HEADER_LEN];
-        masked.copy_from_slice(&u[..udp::HEADER_LEN]);
-        masked[6] = 0xff;
-        masked[7] = 0xff;
-        h.update(&masked);
+/// Hashes the masked prefix and the rest of the transport packet.
+fn icrc(net: Net, ip: &[u8], udp_header: Option<&[u8]>, transport: &[u8]) -> u32 {
+    let mut prefix = [0u8; PREFIX_MAX];
+    prefix[..8].copy_from_slice(&LRH_ONES);
+    let mut at = 8;
+    match net {
+        Net::V4 => {
+            let m = &mut prefix[at..at + ipv4::HEADER_LEN];
+            m.copy_from_slice(&ip[..ipv4::HEADER_LEN]);
+            m[1] = 0xff; // TOS (DSCP + ECN)
+            m[8] = 0xff; // TTL
+            m[10] = 0xff; // header checksum
+            m[11] = 0xff;
+            at += ipv4::HEADER_LEN;
+        }
+        Net::V6 => {
+            let m = &mut prefix[at..at + ipv6::HEADER_LEN];
+            m.copy_from_slice(&ip[..ipv6::HEADER_LEN]);
+            m[0] |= 0x0f; // traffic class (high nibble) and flow label
+            m[1] = 0xff;
+            m[2] = 0xff;
+            m[3] = 0xff;
+            m[7] = 0xff; // hop limit
+            at += ipv6::HEADER_LEN;
+        }
     }
-    let mut bth = [0u8; bth::HEADER_LEN];
-    bth.copy_from_slice(&transport[..bth::HEADER_LEN]);
-    bth[4] = 0xff; // FECN, BECN, Resv6
-    h.update(&bth);
+    if let Some(u) = udp_header {
+        let m = &mut prefix[at..at + udp::HEADER_LEN];
+        m.copy_from_slice(&u[..udp::HEADER_LEN]);
+        m[6] = 0xff; // UDP checksum
+        m[7] = 0xff;
+        at += udp::HEADER_LEN;
+    }
+    let m = &mut prefix[at..at + bth::HEADER_LEN];
+    m.copy_from_slice(&transport[..bth::HEADER_LEN]);
+    m[4] = 0xff; // FECN, BECN, Resv6
+    at += bth::HEADER_LEN;
+    let mut h = crc32fast::Hasher::new();
+    h.update(&prefix[..at]);
     h.update(&transport[bth::HEADER_LEN..]);
-}
-
-fn masked_ipv4(ip: &[u8]) -> [u8; ipv4::HEADER_LEN] {
-    let mut m = [0u8; ipv4::HEADER_LEN];
-    m.copy_from_slice(&ip[..ipv4::HEADER_LEN]);
-    m[1] = 0xff; // TOS (DSCP + ECN)
-    m[8] = 0xff; // TTL
-    m[10] = 0xff; // header checksum
-    m[11] = 0xff;
-    m
-}
-
-fn masked_ipv6(ip: &[u8]) -> [u8; ipv6::HEADER_LEN] {
-    let mut m = [0u8; ipv6::HEADER_LEN];
-    m.copy_from_slice(&ip[..ipv6::HEADER_LEN]);
-    m[0] |= 0x0f; // traffic class (high nibble) and flow label
-    m[1] = 0xff;
-    m[2] = 0xff;
-    m[3] = 0xff;
-    m[7] = 0xff; // hop limit
-    m
+    h.finalize()
 }
 
 /// ICRC of a RoCE v2 packet over IPv4. `ip` is the 20-byte header, `udp` the 8-byte header,
 /// `transport` the BTH through the pad (without the ICRC). Panics if a header is shorter than
 /// its fixed length or `transport` is shorter than a BTH: callers pass checked views.
 pub fn v2_ipv4(ip: &[u8], udp: &[u8], transport: &[u8]) -> u32 {
-    let mut h = start();
-    h.update(&masked_ipv4(ip));
-    feed_transport(&mut h, Some(udp), transport);
-    h.finalize()
+    icrc(Net::V4, ip, Some(udp), transport)
 }
 
 /// ICRC of a RoCE v2 packet over IPv6.
 pub fn v2_ipv6(ip: &[u8], udp: &[u8], transport: &[u8]) -> u32 {
-    let mut h = start();
-    h.update(&masked_ipv6(ip));
-    feed_transport(&mut h, Some(udp), transport);
-    h.finalize()
+    icrc(Net::V6, ip, Some(udp), transport)
 }
 
 /// ICRC of a RoCE v1 packet: GRH (masked like IPv6: TClass, FlowLabel, HopLmt) then the
 /// transport. Derived from the IB global-packet rule; rxe has no v1 to compare with.
 pub fn v1(grh: &[u8], transport: &[u8]) -> u32 {
-    let mut h = start();
-    h.update(&masked_ipv6(grh));
-    feed_transport(&mut h, None, transport);
-    h.finalize()
+    icrc(Net::V6, grh, None, transport)
 }
 
 /// Offset of the IPv4 Identification in the CRC's input (after the 8 bytes of ones).
