@@ -1364,7 +1364,8 @@ fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
         inline_data,
         flags: SendFlags(w.flags & wqe::send_flags::ALL),
         ud: w.ud.map(|u| UdDest {
-            ah: u.ah,
+            // The shim names the AH by the handle it was given, which carries the device index.
+            ah: u.ah & HANDLE_MASK,
             remote_qpn: u.remote_qpn,
             remote_qkey: u.remote_qkey,
         }),
