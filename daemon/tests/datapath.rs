@@ -90,6 +90,7 @@ fn map_ring(fd: OwnedFd, len: u64, place: RingPlace, producer: bool) -> MappedRi
 
 /// One client: a context, a PD, one MR over `buf`, a CQ and an RC QP.
 struct Side {
+    pd: u32,
     client: Client,
     doorbell: OwnedFd,
     _async: (OwnedFd, OwnedFd),
@@ -112,6 +113,10 @@ fn ok(r: Response) -> Response {
 
 impl Side {
     fn new(socket: &Path, len: usize) -> Side {
+        Side::with_type(socket, len, ctl::qp_type::RC)
+    }
+
+    fn with_type(socket: &Path, len: usize, qp_type: u32) -> Side {
         let mut client = Client::connect(socket, "datapath-test").unwrap();
         let (a0, a1) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
@@ -135,6 +140,7 @@ impl Side {
         let Response::Pd { pd } = ok(client.request(&Request::AllocPd { ctx }).unwrap()) else {
             panic!()
         };
+        let pd_handle = pd;
         let buf: Vec<u8> = vec![0u8; len];
         let Response::Mr { lkey, rkey, .. } = ok(client
             .request(&Request::RegMr {
@@ -173,7 +179,7 @@ impl Side {
             .request_fds(
                 &Request::CreateQp {
                     pd,
-                    qp_type: ctl::qp_type::RC,
+                    qp_type,
                     send_cq: cq,
                     recv_cq: cq,
                     srq: None,
@@ -204,6 +210,7 @@ impl Side {
         let sq = map_ring(fd, region_len, sq, true);
         let rq = map_ring(fd2, region_len, rq.unwrap(), true);
         Side {
+            pd: pd_handle,
             client,
             doorbell,
             _async: (a0, a1),
@@ -524,4 +531,94 @@ fn two_daemons_talk_and_their_packets_pass_both_checkers() {
     let otext = String::from_utf8_lossy(&oracle.stdout);
     assert!(oracle.status.success(), "{otext}");
     assert!(otext.contains("icrc_bad=0"), "{otext}");
+}
+
+/// UD: an address handle, a datagram with immediate data, the 40-byte GRH area in the receive
+/// buffer, the source QPN in the completion; a wrong Q_Key is dropped.
+#[test]
+fn ud_datagrams_through_an_address_handle() {
+    let addr = "127.0.0.64";
+    let d = start_daemon("ud", addr);
+    let gid = ctl::gid_of(addr.parse().unwrap());
+    let mut a = Side::with_type(&d.socket, 1 << 14, ctl::qp_type::UD);
+    let mut b = Side::with_type(&d.socket, 1 << 14, ctl::qp_type::UD);
+    for s in [&mut a, &mut b] {
+        let qpn = s.qpn;
+        let mut attr = QpAttr {
+            qp_state: 1,
+            port_num: 1,
+            qkey: 0x1111_1111,
+            ..Default::default()
+        };
+        ok(s.client
+            .request(&Request::ModifyQp {
+                qpn,
+                attr,
+                mask: 1 | 16 | 32 | 64,
+            })
+            .unwrap());
+        attr.qp_state = 2;
+        ok(s.client
+            .request(&Request::ModifyQp { qpn, attr, mask: 1 })
+            .unwrap());
+        attr.qp_state = 3;
+        ok(s.client
+            .request(&Request::ModifyQp {
+                qpn,
+                attr,
+                mask: 1 | 65536,
+            })
+            .unwrap());
+    }
+    let Response::Ah { ah } = ok(a
+        .client
+        .request(&Request::CreateAh {
+            pd: a.pd,
+            attr: AhAttr {
+                dgid: gid,
+                is_global: true,
+                hop_limit: 64,
+                port_num: 1,
+                ..Default::default()
+            },
+        })
+        .unwrap())
+    else {
+        panic!()
+    };
+    b.post_recv(5, 0, 40 + 1024);
+    b.post_recv(6, 2048, 40 + 1024);
+    a.buf[..300].copy_from_slice(&[0xab; 300]);
+    let sge = a.sge(0, 300);
+    for (wr_id, qkey) in [(1, 0x2222_2222u32), (2, 0x1111_1111)] {
+        let w = SendWqe {
+            wr_id,
+            opcode: WrOpcode::SendWithImm,
+            flags: wqe::send_flags::SIGNALED,
+            imm_or_inv: 0x0102_0304,
+            remote_addr: 0,
+            rkey: Rkey(0),
+            compare_add: 0,
+            swap: 0,
+            ud: Some(wqe::UdDest {
+                ah,
+                remote_qpn: proto::Qpn::new(b.qpn),
+                remote_qkey: proto::Qkey(qkey),
+            }),
+            bind: None,
+            data: SendData::Sges(&sge),
+        };
+        a.post_send(&w);
+        let ca = a.poll();
+        assert_eq!((ca.wr_id, ca.status), (wr_id, 0), "{ca:?}");
+    }
+    // The first datagram carried the wrong Q_Key and was dropped: the second fills wr 5.
+    let cb = b.poll();
+    assert_eq!((cb.wr_id, cb.status, cb.byte_len), (5, 0, 340), "{cb:?}");
+    assert_eq!(cb.src_qp, a.qpn);
+    assert_eq!(cb.imm_or_inv, 0x0102_0304);
+    assert_ne!(cb.wc_flags & 1, 0, "IBV_WC_GRH");
+    assert_eq!(&b.buf[40..340], &[0xab; 300][..]);
+    // The IPv4 header sits at offset 20 of the GRH area (rxe zeroes the first 20 bytes).
+    assert_eq!(b.buf[20] >> 4, 4, "IPv4 header in the GRH area");
 }
