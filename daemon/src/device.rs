@@ -498,7 +498,7 @@ impl DeviceThread {
         }
         self.clients
             .get_mut(&client)
-            .ok_or_else(|| errno(libc::EIO, "client state lost"))
+            .ok_or((libc::EIO, "client state lost"))
     }
 
     fn request(
@@ -511,7 +511,7 @@ impl DeviceThread {
         let name = self.info.name.clone();
         let c = match self.client(client, pid) {
             Ok(c) => c,
-            Err(e) => return (e, vec![]),
+            Err((code, why)) => return (errno(code, why), vec![]),
         };
         let none = Vec::new();
         let r = match request {
