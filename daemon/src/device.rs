@@ -459,17 +459,16 @@ impl DeviceThread {
         }
     }
 
-    fn client(&mut self, client: u64, pid: i32) -> Result<&mut ClientDev, Response> {
+    /// The client's engine on this device, created on first use. The error is an errno and a
+    /// message for the client.
+    fn client(&mut self, client: u64, pid: i32) -> Result<&mut ClientDev, (i32, &'static str)> {
         if !self.clients.contains_key(&client) {
             let Some(&first) = self.gids.first() else {
-                return Err(errno(
-                    libc::ENETDOWN,
-                    "the device has no address (port down)",
-                ));
+                return Err((libc::ENETDOWN, "the device has no address (port down)"));
             };
             let Some(block) = (1..(Qpn::MASK / QPN_BLOCK)).find(|b| !self.blocks.contains_key(b))
             else {
-                return Err(errno(libc::ENOMEM, "no QP number block left"));
+                return Err((libc::ENOMEM, "no QP number block left"));
             };
             let mut config = tp::DeviceConfig::new(first, random_u64());
             config.gids = self.gids.clone();
