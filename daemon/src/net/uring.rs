@@ -136,9 +136,13 @@ impl UringDriver {
         let cq = (entries as u32 * 2 + sq * 2).next_power_of_two();
         // COOP_TASKRUN (5.19+): completions are processed when we enter the kernel anyway,
         // not by interrupting the thread; retried without it on older kernels.
+        // With COOP_TASKRUN, receive completions are deferred task work that only an entry into
+        // the kernel runs; TASKRUN_FLAG makes the kernel say so in the SQ ring, so that a busy
+        // poll enters the kernel exactly when completions are waiting (see `submit_pushed`).
         let ring = IoUring::builder()
             .setup_cqsize(cq)
             .setup_coop_taskrun()
+            .setup_taskrun_flag()
             .build(sq)
             .or_else(|_| IoUring::builder().setup_cqsize(cq).build(sq))
             .map_err(|e| io::Error::new(e.kind(), format!("io_uring_setup: {e}")))?;
@@ -232,7 +236,8 @@ impl UringDriver {
     }
 
     fn submit_pushed(&mut self) -> io::Result<()> {
-        if self.unsubmitted == 0 {
+        // Nothing to submit and no deferred completions waiting: no system call.
+        if self.unsubmitted == 0 && !self.ring.submission().taskrun() {
             return Ok(());
         }
         match self.ring.submit() {

@@ -1,0 +1,368 @@
+//! A raw client of the daemon's data path, speaking the shim's protocol: control requests with
+//! file descriptors, work requests through the shared rings, completions back through them.
+//! Used by `tests/datapath.rs` and `examples/datapath_bench.rs`.
+#![allow(dead_code)]
+
+use memmap2::MmapRaw;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use proto::ctl::{self, AhAttr, QpAttr, QpCap, Request, Response, RingPlace};
+use proto::ring::wqe::{self, Cqe, RecvWqe, SendData, SendWqe, Sge, WrOpcode};
+use proto::ring::SharedRing;
+use proto::{Lkey, Rkey};
+use softroce_daemon::ctl::Client;
+use std::fs::File;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Daemon {
+    pub child: Child,
+    pub socket: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `softroce` binary: beside the test or example executable's directory (cargo puts
+/// both under target/<profile>/).
+pub fn softroce_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap();
+    for candidate in [dir.join("softroce"), dir.join("../softroce")] {
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!("softroce binary not found near {}", exe.display());
+}
+
+pub fn start_daemon(name: &str, addr: &str) -> Daemon {
+    // Beside the binary: target/<profile>/softroce-datapath/<name>.
+    let dir = softroce_bin()
+        .parent()
+        .unwrap()
+        .join("softroce-datapath")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("ctl.sock");
+    let child = Command::new(softroce_bin())
+        .args(["daemon", "--name", "srxe0", "--addr", addr, "--socket"])
+        .arg(&socket)
+        .stderr(File::create(dir.join("daemon.log")).unwrap())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut d = Daemon { child, socket };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !d.socket.exists() {
+        if let Ok(Some(status)) = d.child.try_wait() {
+            panic!(
+                "daemon exited with {status}: {}",
+                std::fs::read_to_string(dir.join("daemon.log")).unwrap_or_default()
+            );
+        }
+        assert!(Instant::now() < deadline, "daemon did not start");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    d
+}
+
+/// A ring inside a memfd mapping handed over by the daemon.
+pub struct MappedRing {
+    _map: MmapRaw,
+    pub ring: SharedRing,
+}
+
+pub fn map_ring(fd: OwnedFd, len: u64, place: RingPlace, producer: bool) -> MappedRing {
+    let file = File::from(fd);
+    let map = MmapRaw::map_raw(&file).unwrap();
+    assert!(map.len() as u64 >= len);
+    // SAFETY: the ring lies inside the mapping, which lives as long as the handle (same struct).
+    let ring = unsafe {
+        SharedRing::attach(
+            map.as_mut_ptr().add(place.offset as usize),
+            map.len() - place.offset as usize,
+            producer,
+        )
+    }
+    .unwrap();
+    MappedRing { _map: map, ring }
+}
+
+/// One client: a context, a PD, one MR over `buf`, a CQ and an RC QP.
+pub struct Side {
+    pub pd: u32,
+    pub client: Client,
+    pub doorbell: OwnedFd,
+    _async: (OwnedFd, OwnedFd),
+    pub buf: Vec<u8>,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub cq: MappedRing,
+    pub sq: MappedRing,
+    pub rq: MappedRing,
+    pub qpn: u32,
+    pub slot: Vec<u8>,
+}
+
+pub fn ok(r: Response) -> Response {
+    if let Response::Error { errno, message } = &r {
+        panic!("daemon said errno {errno}: {message}");
+    }
+    r
+}
+
+impl Side {
+    pub fn new(socket: &Path, len: usize) -> Side {
+        Side::with_type(socket, len, ctl::qp_type::RC)
+    }
+
+    pub fn with_type(socket: &Path, len: usize, qp_type: u32) -> Side {
+        let mut client = Client::connect(socket, "datapath-test").unwrap();
+        let (a0, a1) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::SeqPacket,
+            None,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        )
+        .unwrap();
+        let (r, mut fds) = client
+            .request_fds(
+                &Request::OpenContext {
+                    device: "srxe0".into(),
+                },
+                &[a1.as_raw_fd()],
+            )
+            .unwrap();
+        let Response::Context { ctx } = ok(r) else {
+            panic!()
+        };
+        let doorbell = fds.pop().expect("doorbell fd");
+        let Response::Pd { pd } = ok(client.request(&Request::AllocPd { ctx }).unwrap()) else {
+            panic!()
+        };
+        let pd_handle = pd;
+        let buf: Vec<u8> = vec![0u8; len];
+        let Response::Mr { lkey, rkey, .. } = ok(client
+            .request(&Request::RegMr {
+                pd,
+                addr: buf.as_ptr() as u64,
+                length: len as u64,
+                iova: buf.as_ptr() as u64,
+                access: 0xf,
+            })
+            .unwrap())
+        else {
+            panic!()
+        };
+        let (r, mut fds) = client
+            .request_fds(
+                &Request::CreateCq {
+                    ctx,
+                    cqe: 64,
+                    channel: None,
+                    comp_vector: 0,
+                },
+                &[],
+            )
+            .unwrap();
+        let Response::Cq {
+            cq,
+            ring,
+            region_len,
+            ..
+        } = ok(r)
+        else {
+            panic!()
+        };
+        let cq_ring = map_ring(fds.pop().unwrap(), region_len, ring, false);
+        let (r, mut fds) = client
+            .request_fds(
+                &Request::CreateQp {
+                    pd,
+                    qp_type,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap: QpCap {
+                        max_send_wr: 32,
+                        max_recv_wr: 32,
+                        max_send_sge: 2,
+                        max_recv_sge: 2,
+                        max_inline_data: 64,
+                    },
+                    sq_sig_all: false,
+                },
+                &[],
+            )
+            .unwrap();
+        let Response::Qp {
+            qpn,
+            sq,
+            rq,
+            region_len,
+            ..
+        } = ok(r)
+        else {
+            panic!()
+        };
+        let fd = fds.pop().unwrap();
+        let fd2 = fd.try_clone().unwrap();
+        let sq = map_ring(fd, region_len, sq, true);
+        let rq = map_ring(fd2, region_len, rq.unwrap(), true);
+        Side {
+            pd: pd_handle,
+            client,
+            doorbell,
+            _async: (a0, a1),
+            buf,
+            lkey,
+            rkey,
+            cq: cq_ring,
+            sq,
+            rq,
+            qpn,
+            slot: vec![0u8; 4096],
+        }
+    }
+
+    pub fn connect(&mut self, remote_qpn: u32, gid: [u8; 16]) {
+        self.connect_mtu(remote_qpn, gid, 3);
+    }
+
+    /// `mtu` is the IB enum: 3 = 1024 bytes, 5 = 4096.
+    pub fn connect_mtu(&mut self, remote_qpn: u32, gid: [u8; 16], mtu: u32) {
+        let qpn = self.qpn;
+        let mut a = QpAttr {
+            qp_state: 1,
+            port_num: 1,
+            qp_access_flags: 0xf,
+            ..Default::default()
+        };
+        ok(self
+            .client
+            .request(&Request::ModifyQp {
+                qpn,
+                attr: a,
+                mask: 1 | 8 | 16 | 32,
+            })
+            .unwrap());
+        a.qp_state = 2;
+        a.path_mtu = mtu;
+        a.dest_qp_num = remote_qpn;
+        a.max_dest_rd_atomic = 4;
+        a.min_rnr_timer = 12;
+        a.ah_attr = AhAttr {
+            dgid: gid,
+            is_global: true,
+            hop_limit: 64,
+            port_num: 1,
+            ..Default::default()
+        };
+        ok(self
+            .client
+            .request(&Request::ModifyQp {
+                qpn,
+                attr: a,
+                mask: 1 | 128 | 256 | 4096 | 1 << 20 | 1 << 17 | 1 << 15,
+            })
+            .unwrap());
+        a.qp_state = 3;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 4;
+        ok(self
+            .client
+            .request(&Request::ModifyQp {
+                qpn,
+                attr: a,
+                mask: 1 | 512 | 1024 | 2048 | 65536 | 8192,
+            })
+            .unwrap());
+    }
+
+    pub fn ring_doorbell(&self) {
+        nix::unistd::write(&self.doorbell, &1u64.to_ne_bytes()).unwrap();
+    }
+
+    pub fn post_send(&mut self, w: &SendWqe<'_>) {
+        let n = w.encode(&mut self.slot).unwrap();
+        if self.sq.ring.push(&self.slot[..n]).unwrap() {
+            self.ring_doorbell();
+        }
+    }
+
+    pub fn post_recv(&mut self, wr_id: u64, addr_off: usize, len: u32) {
+        let sge = [Sge {
+            addr: self.buf.as_ptr() as u64 + addr_off as u64,
+            length: len,
+            lkey: Lkey(self.lkey),
+        }];
+        let r = RecvWqe { wr_id, sges: &sge };
+        let n = r.encode(&mut self.slot).unwrap();
+        if self.rq.ring.push(&self.slot[..n]).unwrap() {
+            self.ring_doorbell();
+        }
+    }
+
+    /// Busy-polls the completion ring as an application does (briefly, then with naps).
+    pub fn poll(&mut self) -> Cqe {
+        let start = Instant::now();
+        let mut out = [0u8; wqe::CQE_SLOT_LEN];
+        loop {
+            if self.cq.ring.pop(&mut out).unwrap() {
+                return Cqe::decode(&out).unwrap();
+            }
+            let waited = start.elapsed();
+            assert!(
+                waited < Duration::from_secs(10),
+                "no completion within 10 s"
+            );
+            if waited < Duration::from_millis(1) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    pub fn sge(&self, off: usize, len: u32) -> [Sge; 1] {
+        [Sge {
+            addr: self.buf.as_ptr() as u64 + off as u64,
+            length: len,
+            lkey: Lkey(self.lkey),
+        }]
+    }
+}
+
+pub fn send_wqe(wr_id: u64, opcode: WrOpcode, sges: &[Sge], remote: u64, rkey: u32) -> SendWqe<'_> {
+    SendWqe {
+        wr_id,
+        opcode,
+        flags: wqe::send_flags::SIGNALED,
+        imm_or_inv: 0,
+        remote_addr: remote,
+        rkey: Rkey(rkey),
+        compare_add: 0,
+        swap: 0,
+        ud: None,
+        bind: None,
+        data: SendData::Sges(sges),
+    }
+}
