@@ -342,7 +342,9 @@ impl ShimContext {
         fds: &[RawFd],
     ) -> Result<(Response, Vec<OwnedFd>), Errno> {
         match self.control.request(request, fds)? {
-            (Response::Error { errno, .. }, _) => Err(Errno(if errno > 0 { errno } else { libc::EIO })),
+            (Response::Error { errno, .. }, _) => {
+                Err(Errno(if errno > 0 { errno } else { libc::EIO }))
+            }
             answer => Ok(answer),
         }
     }

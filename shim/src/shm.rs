@@ -57,8 +57,9 @@ impl Mapping {
         }
         // SAFETY: `offset < len`, so the pointer is inside the mapping, which outlives the
         // ring (see the type's doc); page-aligned base + 64-multiple offset is 64-aligned.
-        let ring = unsafe { SharedRing::attach(self.base.add(offset), self.len - offset, producer) }
-            .map_err(|_| Errno::PROTO)?;
+        let ring =
+            unsafe { SharedRing::attach(self.base.add(offset), self.len - offset, producer) }
+                .map_err(|_| Errno::PROTO)?;
         let g = ring.geometry();
         if g.slot_size != place.slot_size || g.slot_count != place.slot_count {
             return Err(Errno::PROTO);

@@ -540,5 +540,8 @@ fn c_program_moves_data_with_every_operation_and_sees_the_right_errors() {
         "unexpected summary: {stdout}"
     );
     let checks: usize = last.split_whitespace().next().unwrap().parse().unwrap();
-    assert!(checks >= 70, "the C program ran only {checks} checks:\n{stdout}");
+    assert!(
+        checks >= 70,
+        "the C program ran only {checks} checks:\n{stdout}"
+    );
 }

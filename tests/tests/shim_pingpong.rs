@@ -88,23 +88,20 @@ fn scratch(name: &str) -> PathBuf {
 fn tcp_listening(port: u16) -> bool {
     let needle = format!(":{port:04X} ");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).unwrap_or_default().lines().any(|l| {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            cols.get(1)
-                .is_some_and(|local| format!("{local} ").ends_with(&needle))
-                && cols.get(3) == Some(&"0A")
-        })
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.get(1)
+                    .is_some_and(|local| format!("{local} ").ends_with(&needle))
+                    && cols.get(3) == Some(&"0A")
+            })
     })
 }
 
 /// Starts `program` as a server on `daemon`, waiting until it listens on `port`.
-fn start_server(
-    daemon: &Daemon,
-    program: &str,
-    port: u16,
-    args: &[&str],
-    dir: &Path,
-) -> Logged {
+fn start_server(daemon: &Daemon, program: &str, port: u16, args: &[&str], dir: &Path) -> Logged {
     let mut cmd = daemon.command(&require_program(program));
     cmd.args(["-d", "srxe0", "-g", "0", "-p", &port.to_string()])
         .args(args);
@@ -128,13 +125,7 @@ fn start_server(
     server
 }
 
-fn start_client(
-    daemon: &Daemon,
-    program: &str,
-    port: u16,
-    args: &[&str],
-    dir: &Path,
-) -> Logged {
+fn start_client(daemon: &Daemon, program: &str, port: u16, args: &[&str], dir: &Path) -> Logged {
     let mut cmd = daemon.command(&require_program(program));
     cmd.args(["-d", "srxe0", "-g", "0", "-p", &port.to_string()])
         .args(args)
@@ -186,7 +177,10 @@ fn pingpong(
 /// The byte count of the "N bytes in S seconds" line.
 fn bytes_moved(out: &str) -> u64 {
     out.lines()
-        .find_map(|l| l.split_once(" bytes in ").map(|(n, _)| n.trim().parse().ok()))
+        .find_map(|l| {
+            l.split_once(" bytes in ")
+                .map(|(n, _)| n.trim().parse().ok())
+        })
         .flatten()
         .unwrap_or_else(|| panic!("no byte count in:\n{out}"))
 }
@@ -205,8 +199,11 @@ fn rc_pingpong_sizes_including_inline_and_multi_packet() {
     let d = daemon("pp-rc-sizes", 22);
     // 1 byte goes inline (rc_pingpong asks for it when max_inline_data allows); 1 MiB is
     // a thousand packets per message at the default 1024-byte path MTU.
-    for (port, size, iters) in [(18611, "1", "20"), (18612, "4096", "20"), (18613, "1048576", "3")]
-    {
+    for (port, size, iters) in [
+        (18611, "1", "20"),
+        (18612, "4096", "20"),
+        (18613, "1048576", "3"),
+    ] {
         let (server, _) = pingpong(
             &d,
             &d,
@@ -229,8 +226,20 @@ fn rc_pingpong_with_completion_events() {
 #[test]
 fn rc_pingpong_path_mtus() {
     let d = daemon("pp-rc-mtu", 24);
-    pingpong(&d, &d, "ibv_rc_pingpong", 18631, &["-m", "1024", "-s", "8192", "-n", "20"]);
-    pingpong(&d, &d, "ibv_rc_pingpong", 18632, &["-m", "4096", "-s", "8192", "-n", "20"]);
+    pingpong(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        18631,
+        &["-m", "1024", "-s", "8192", "-n", "20"],
+    );
+    pingpong(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        18632,
+        &["-m", "4096", "-s", "8192", "-n", "20"],
+    );
 }
 
 #[test]
@@ -252,7 +261,13 @@ fn ud_pingpong() {
 fn srq_pingpong() {
     let d = daemon("pp-srq", 27);
     pingpong(&d, &d, "ibv_srq_pingpong", 18661, &["-n", "50"]);
-    pingpong(&d, &d, "ibv_srq_pingpong", 18662, &["-e", "-q", "4", "-n", "50"]);
+    pingpong(
+        &d,
+        &d,
+        "ibv_srq_pingpong",
+        18662,
+        &["-e", "-q", "4", "-n", "50"],
+    );
 }
 
 #[test]

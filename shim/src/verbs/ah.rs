@@ -9,7 +9,7 @@ use crate::runtime::{self, AHS};
 use crate::verbs::{pd, qp};
 
 /// The daemon's handle of a live AH of ours, for UD send WQEs.
-pub fn ah_handle(ah: *mut IbvAh) -> Option<u32> {
+pub(crate) fn ah_handle(ah: *mut IbvAh) -> Option<u32> {
     // SAFETY: dereferenced only when registered, i.e. a live IbvAh.
     AHS.contains(ah).then(|| unsafe { (*ah).handle })
 }
@@ -31,7 +31,7 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> 
             .call(
                 &Request::CreateAh {
                     pd: pd_handle,
-                    attr: qp::ah_attr_to_ctl(a),
+                    attr: qp::to_ctl_ah(a),
                 },
                 &[],
             )?

@@ -218,6 +218,11 @@ pub unsafe extern "C" fn ibv_create_cq(
 }
 
 /// `verbs_context.create_cq_ex` (what the inline `ibv_create_cq_ex` calls).
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn create_cq_ex(
     context: *mut IbvContext,
     attr: *mut IbvCqInitAttrEx,
@@ -290,6 +295,11 @@ pub extern "C" fn ibv_resize_cq(_cq: *mut IbvCq, _cqe: c_int) -> c_int {
 }
 
 /// `ctx->ops.poll_cq`: the number of completions copied, or -1.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_int {
     ffi::int_or_minus_one(|| {
         let shim = cq_from_ptr(cq)?;
@@ -312,6 +322,11 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_
 }
 
 /// `ctx->ops.req_notify_cq`: arms the CQ in shared memory; no system call.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_int {
     ffi::zero_or_errno(|| {
         let shim = cq_from_ptr(cq)?;
@@ -385,7 +400,7 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
 }
 
 /// Acknowledges one async event of `cq` (from `ibv_ack_async_event`).
-pub fn ack_async_event(cq: *mut IbvCq) {
+pub(crate) fn ack_async_event(cq: *mut IbvCq) {
     if !CQS.contains(cq) {
         return;
     }

@@ -30,7 +30,8 @@ pub struct IbvMwBind {
 /// The current R_Key of a live window of ours.
 pub fn mw_rkey(mw: *mut c_void) -> Option<u32> {
     // SAFETY: dereferenced only when registered, i.e. a live IbvMw.
-    MWS.contains(mw).then(|| unsafe { (*mw.cast::<IbvMw>()).rkey })
+    MWS.contains(mw)
+        .then(|| unsafe { (*mw.cast::<IbvMw>()).rkey })
 }
 
 /// `ibv_inc_rkey`: a new consumer key (low byte) for the next bind.
@@ -39,6 +40,11 @@ fn inc_rkey(rkey: u32) -> u32 {
 }
 
 /// `ctx->ops.alloc_mw`: NULL + errno.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn alloc_mw(pd: *mut IbvPd, mw_type: c_int) -> *mut c_void {
     ffi::ptr_or_null(|| {
         let ctx = pd::pd_context(pd)?;
@@ -73,6 +79,11 @@ pub unsafe extern "C" fn alloc_mw(pd: *mut IbvPd, mw_type: c_int) -> *mut c_void
 }
 
 /// `ctx->ops.dealloc_mw`: 0 or errno.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn dealloc_mw(mw: *mut c_void) -> c_int {
     ffi::zero_or_errno(|| {
         if !MWS.contains(mw) {
@@ -97,6 +108,11 @@ pub unsafe extern "C" fn dealloc_mw(mw: *mut c_void) -> c_int {
 
 /// `ctx->ops.bind_mw` (type 1 windows): posts a bind WQE with the next R_Key and, once
 /// posted, gives the window that key (as rxe's provider does).
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn bind_mw(qp: *mut IbvQp, mw: *mut c_void, bind: *mut c_void) -> c_int {
     ffi::zero_or_errno(|| {
         let rkey = mw_rkey(mw).ok_or(Errno::INVAL)?;

@@ -8,7 +8,7 @@ use crate::ffi::{self, Errno};
 use crate::runtime::{self, ShimContext, MRS, PDS};
 
 /// The context a live PD belongs to.
-pub fn pd_context<'a>(pd: *mut IbvPd) -> Result<&'a ShimContext, Errno> {
+pub(crate) fn pd_context<'a>(pd: *mut IbvPd) -> Result<&'a ShimContext, Errno> {
     if !PDS.contains(pd) {
         return Err(Errno::INVAL);
     }

@@ -14,7 +14,7 @@ use proto::{Lkey, Qkey, Qpn, Rkey};
 
 use crate::abi::*;
 use crate::ffi::{self, Errno};
-use crate::runtime::{self, ShimContext, AHS, CQS, MRS, QPS};
+use crate::runtime::{self, ShimContext, CQS, MRS, QPS};
 use crate::shm::Mapping;
 use crate::verbs::{ah, cq, mw, pd, srq};
 
@@ -237,11 +237,7 @@ impl ShimQp {
 }
 
 /// The bind arguments of a memory-window bind, from the window and the caller's bind info.
-pub fn bind_args(
-    mw: *mut c_void,
-    new_rkey: u32,
-    info: &IbvMwBindInfo,
-) -> Result<MwBind, Errno> {
+pub fn bind_args(mw: *mut c_void, new_rkey: u32, info: &IbvMwBindInfo) -> Result<MwBind, Errno> {
     let mw_rkey = mw::mw_rkey(mw).ok_or(Errno::INVAL)?;
     // A zero-length bind unbinds and needs no MR (IBTA 10.6.7.2).
     let mr_lkey = if info.mr.is_null() {
@@ -263,6 +259,11 @@ pub fn bind_args(
 }
 
 /// `ctx->ops.post_send`: 0, or an errno with `*bad_wr` at the first WR not posted.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn post_send(
     qp: *mut IbvQp,
     wr: *mut IbvSendWr,
@@ -309,6 +310,11 @@ pub unsafe extern "C" fn post_send(
 }
 
 /// `ctx->ops.post_recv`.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn post_recv(
     qp: *mut IbvQp,
     wr: *mut IbvRecvWr,
@@ -361,6 +367,7 @@ pub unsafe extern "C" fn post_recv(
 // IBV_QP_INIT_ATTR_* (enum ibv_qp_init_attr_mask)
 const QP_INIT_ATTR_PD: u32 = 1 << 0;
 
+#[allow(clippy::too_many_arguments)]
 fn create(
     pd: *mut IbvPd,
     qp_context: *mut c_void,
@@ -521,6 +528,11 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
 
 /// `verbs_context.create_qp_ex` (the inline `ibv_create_qp_ex`): the PD form only; the
 /// `ibv_wr_*` send API (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`) is not offered.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn create_qp_ex(
     context: *mut IbvContext,
     attr: *mut IbvQpInitAttrEx,
@@ -550,7 +562,8 @@ pub unsafe extern "C" fn create_qp_ex(
     })
 }
 
-fn to_ctl_ah(a: &IbvAhAttr) -> ctl::AhAttr {
+/// `struct ibv_ah_attr` as the control protocol carries it.
+pub(crate) fn to_ctl_ah(a: &IbvAhAttr) -> ctl::AhAttr {
     ctl::AhAttr {
         dgid: a.grh.dgid.raw,
         flow_label: a.grh.flow_label,
@@ -564,10 +577,6 @@ fn to_ctl_ah(a: &IbvAhAttr) -> ctl::AhAttr {
         static_rate: a.static_rate,
         port_num: a.port_num,
     }
-}
-
-pub fn ah_attr_to_ctl(a: &IbvAhAttr) -> ctl::AhAttr {
-    to_ctl_ah(a)
 }
 
 fn from_ctl_ah(a: &ctl::AhAttr) -> IbvAhAttr {
@@ -757,7 +766,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
 }
 
 /// Acknowledges one async event of `qp`.
-pub fn ack_async_event(qp: *mut IbvQp) {
+pub(crate) fn ack_async_event(qp: *mut IbvQp) {
     if !QPS.contains(qp) {
         return;
     }
@@ -799,9 +808,4 @@ pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut IbvQp, gid: *const IbvGid, _l
 #[no_mangle]
 pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut IbvQp, gid: *const IbvGid, _lid: u16) -> c_int {
     ffi::zero_or_errno(|| mcast(qp, gid, false))
-}
-
-/// Whether `ah` is one of ours (used by UD posting through [`ah::ah_handle`]).
-pub fn is_ah(ah: *mut IbvAh) -> bool {
-    AHS.contains(ah)
 }

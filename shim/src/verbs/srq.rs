@@ -125,6 +125,11 @@ const SRQ_INIT_ATTR_PD: u32 = 1 << 1;
 const SRQT_BASIC: c_int = 0;
 
 /// `verbs_context.create_srq_ex`: basic SRQs only (no XRC, no tag matching).
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn create_srq_ex(
     context: *mut IbvContext,
     attr: *mut IbvSrqInitAttrEx,
@@ -182,7 +187,12 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr) 
         let out = ffi::non_null(attr)?;
         let ctx = runtime::context_from_ptr(shim.srq.context)?;
         match ctx
-            .call(&Request::QuerySrq { srq: shim.srq.handle }, &[])?
+            .call(
+                &Request::QuerySrq {
+                    srq: shim.srq.handle,
+                },
+                &[],
+            )?
             .0
         {
             Response::SrqAttr {
@@ -238,7 +248,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
 }
 
 /// Acknowledges one async event of `srq`.
-pub fn ack_async_event(srq: *mut IbvSrq) {
+pub(crate) fn ack_async_event(srq: *mut IbvSrq) {
     if !SRQS.contains(srq) {
         return;
     }
@@ -252,6 +262,11 @@ pub fn ack_async_event(srq: *mut IbvSrq) {
 }
 
 /// `ctx->ops.post_srq_recv`.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
 pub unsafe extern "C" fn post_srq_recv(
     srq: *mut IbvSrq,
     wr: *mut IbvRecvWr,

@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nix::sys::socket::{
-    accept, bind, listen, recv, sendmsg, socket, ControlMessage, AddressFamily, Backlog, MsgFlags, SockFlag, SockType,
-    UnixAddr,
+    accept, bind, listen, recv, sendmsg, socket, AddressFamily, Backlog, ControlMessage, MsgFlags,
+    SockFlag, SockType, UnixAddr,
 };
 use proto::ctl::{self, gid_of, DeviceInfo, GidEntry, Request, Response, RoceVersion};
 
