@@ -2,7 +2,8 @@
 //! `<infiniband/verbs.h>` and run under LD_PRELOAD: two RC QPs of one process connected to each
 //! other through a private daemon (loopback address, real port 4791), then RDMA WRITE, WRITE
 //! with immediate, READ, both atomics, inline SEND, memory windows of both types with SEND with
-//! invalidate, completion channels, SRQ limit events, the extended CQ polling API, and the
+//! invalidate, completion channels, SRQ limit events, the extended CQ polling API, the
+//! `ibv_wr_*` send API, and the
 //! error completions of a wrong R_Key and of an access past the end of a region. Every data
 //! transfer is checked byte for byte, every completion's status/opcode/length/flags.
 
@@ -411,6 +412,61 @@ static void test_channel_and_extended_poll(void)
     CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy the channel");
 }
 
+static void test_wr_api(void)
+{
+    struct ibv_qp_init_attr_ex ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .pd = pd,
+                                      .comp_mask = IBV_QP_INIT_ATTR_PD |
+                                                   IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                                      .send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE |
+                                                        IBV_QP_EX_WITH_SEND_WITH_IMM,
+                                      .cap = { .max_send_wr = 8, .max_recv_wr = 8,
+                                               .max_send_sge = 2, .max_recv_sge = 1,
+                                               .max_inline_data = 64 } };
+    struct ibv_qp *qe = ibv_create_qp_ex(ctx, &ia);
+    struct ibv_qp *qf = make_qp(cq, cq, NULL);
+    CHECK(qe && qf, "QPs for the ibv_wr_* test");
+    if (!qe || !qf)
+        return;
+    CHECK(to_rts(qe, qf->qp_num) == 0 && to_rts(qf, qe->qp_num) == 0, "E/F to RTS");
+    struct ibv_qp_ex *x = ibv_qp_to_qp_ex(qe);
+    CHECK(x != NULL, "ibv_qp_to_qp_ex");
+    if (!x)
+        return;
+    fill(abuf, 1000, 13);
+    memset(bbuf, 0, 2048);
+    CHECK(post_recv(qf, 120, bbuf + 1024, 64, bmr->lkey) == 0, "post recv on F");
+    ibv_wr_start(x);
+    x->wr_id = 121;
+    x->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_rdma_write(x, bmr->rkey, (uintptr_t)bbuf);
+    ibv_wr_set_sge(x, amr->lkey, (uintptr_t)abuf, 1000);
+    x->wr_id = 122;
+    ibv_wr_send_imm(x, htobe32(4242));
+    char msg[] = "batched inline";
+    ibv_wr_set_inline_data(x, msg, sizeof msg);
+    CHECK(ibv_wr_complete(x) == 0, "ibv_wr_complete");
+    memset(msg, 0, sizeof msg);
+    struct ibv_wc wc;
+    int write_ok = 0, send_ok = 0, recv_ok = 0;
+    for (int i = 0; i < 3 && wait_wc(cq, &wc); i++) {
+        if (wc.wr_id == 121)
+            write_ok = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_RDMA_WRITE;
+        if (wc.wr_id == 122)
+            send_ok = wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_SEND;
+        if (wc.wr_id == 120)
+            recv_ok = wc.status == IBV_WC_SUCCESS && wc.byte_len == sizeof msg &&
+                      (wc.wc_flags & IBV_WC_WITH_IMM) && wc.imm_data == htobe32(4242);
+    }
+    CHECK(write_ok && send_ok && recv_ok, "the batch's three completions");
+    CHECK(memcmp(bbuf, abuf, 1000) == 0 && memcmp(bbuf + 1024, "batched inline", 15) == 0,
+          "the batch's data");
+    ibv_wr_start(x);
+    ibv_wr_rdma_read(x, bmr->rkey, (uintptr_t)bbuf); /* not among the QP's send ops */
+    ibv_wr_set_sge(x, amr->lkey, (uintptr_t)abuf, 8);
+    CHECK(ibv_wr_complete(x) == EINVAL, "an op the QP was not created for fails the batch");
+    CHECK(ibv_destroy_qp(qe) == 0 && ibv_destroy_qp(qf) == 0, "destroy E/F");
+}
+
 static void test_srq_limit(void)
 {
     struct ibv_srq_init_attr sa = { .attr = { .max_wr = 8, .max_sge = 1 } };
@@ -505,6 +561,7 @@ int main(void)
     test_memory_windows();
     test_access_errors();
     test_channel_and_extended_poll();
+    test_wr_api();
     test_srq_limit();
 
     CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0, "destroy A and B");

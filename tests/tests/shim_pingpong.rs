@@ -243,6 +243,21 @@ fn rc_pingpong_path_mtus() {
 }
 
 #[test]
+fn rc_pingpong_with_the_ibv_wr_send_api() {
+    let d = daemon("pp-rc-new-send", 32);
+    // -N: ibv_create_qp_ex with send ops, ibv_wr_start/ibv_wr_send/ibv_wr_set_sge (or the
+    // inline setter for 1 byte)/ibv_wr_complete.
+    pingpong(&d, &d, "ibv_rc_pingpong", 18701, &["-N", "-n", "50"]);
+    pingpong(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        18702,
+        &["-N", "-s", "1", "-n", "50"],
+    );
+}
+
+#[test]
 fn uc_pingpong() {
     let d = daemon("pp-uc", 25);
     pingpong(&d, &d, "ibv_uc_pingpong", 18641, &["-n", "100"]);

@@ -226,9 +226,16 @@ int main(int argc, char **argv)
     CHECK(ibv_destroy_cq(cq) == EBUSY, "destroy_cq while a QP uses it: EBUSY");
     struct ibv_qp_init_attr_ex qx = { .qp_type = IBV_QPT_RC, .pd = pd, .send_cq = cq, .recv_cq = cq,
                                       .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-                                      .send_ops_flags = IBV_QP_EX_WITH_SEND };
+                                      .send_ops_flags = IBV_QP_EX_WITH_SEND,
+                                      .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+                                               .max_send_sge = 1, .max_recv_sge = 1 } };
+    struct ibv_qp *qpx = ibv_create_qp_ex(ctx, &qx);
+    CHECK(qpx && ibv_qp_to_qp_ex(qpx) == (struct ibv_qp_ex *)qpx, "create_qp_ex with ibv_wr_*");
+    CHECK(qp && ibv_qp_to_qp_ex(qp) == NULL, "a plain QP has no ibv_qp_ex API");
+    CHECK(qpx && ibv_destroy_qp(qpx) == 0, "destroy the ibv_wr_* QP");
+    qx.send_ops_flags = IBV_QP_EX_WITH_TSO;
     errno = 0;
-    CHECK(ibv_create_qp_ex(ctx, &qx) == NULL && errno == EOPNOTSUPP, "create_qp_ex with ibv_wr_*");
+    CHECK(ibv_create_qp_ex(ctx, &qx) == NULL && errno == EOPNOTSUPP, "no TSO send op (as rxe)");
     struct ibv_srq_init_attr sia = { .attr = { .max_wr = 4, .max_sge = 1 } };
     struct ibv_srq *srq = ibv_create_srq(pd, &sia);
     CHECK(srq && sia.attr.max_wr >= 4, "create_srq");

@@ -13,3 +13,4 @@ pub mod qp;
 pub mod query;
 pub mod srq;
 pub mod unsupported;
+pub mod wr;

@@ -16,6 +16,7 @@ use crate::abi::*;
 use crate::ffi::{self, Errno};
 use crate::runtime::{self, ShimContext, CQS, MRS, QPS};
 use crate::shm::Mapping;
+use crate::verbs::wr::{self, BuiltWr, WrBatch};
 use crate::verbs::{ah, cq, mw, pd, srq};
 
 /// One producer end (send queue, receive queue or SRQ) with its scratch slot.
@@ -99,6 +100,10 @@ pub struct ShimQp {
     rq: Option<Mutex<Producer>>,
     /// Async events handed out for this QP; destroy waits until they are acknowledged.
     pub events_reported: AtomicU32,
+    /// `send_ops_flags` of a QP made for the `ibv_wr_*` API (0: not offered).
+    pub send_ops: u64,
+    /// The `ibv_wr_*` batch being built.
+    pub batch: Mutex<WrBatch>,
     /// After the rings, so they are dropped before the memory is unmapped.
     _map: Mapping,
 }
@@ -125,6 +130,43 @@ impl ShimQp {
 
     fn context(&self) -> Result<&ShimContext, Errno> {
         runtime::context_from_ptr(self.qp.qp_base.context)
+    }
+
+    /// Posts a batch built with the `ibv_wr_*` API: all of it, or nothing when the send
+    /// queue cannot take it all.
+    pub fn post_built(&self, mut wrs: Vec<BuiltWr>) -> Result<(), Errno> {
+        let ctx = self.context()?;
+        if self.state() < IBV_QPS_RTS {
+            return Err(Errno::INVAL);
+        }
+        let ring_bell = {
+            let mut sq = lock(&self.sq);
+            if (sq.ring.free().map_err(|_| Errno::IO)? as usize) < wrs.len() {
+                return Err(Errno::NOMEM);
+            }
+            let mut ring_bell = false;
+            for b in &mut wrs {
+                if let Some(data) = &b.inline {
+                    b.sges = vec![IbvSge {
+                        addr: data.as_ptr() as u64,
+                        length: u32::try_from(data.len()).map_err(|_| Errno::INVAL)?,
+                        lkey: 0,
+                    }];
+                    b.wr.send_flags |= IBV_SEND_INLINE;
+                } else {
+                    b.wr.send_flags &= !IBV_SEND_INLINE;
+                }
+                b.wr.sg_list = b.sges.as_mut_ptr();
+                b.wr.num_sge = c_int::try_from(b.sges.len()).map_err(|_| Errno::INVAL)?;
+                b.wr.next = ptr::null_mut();
+                ring_bell |= self.post_send_one(&mut sq, &b.wr)?;
+            }
+            ring_bell
+        };
+        if ring_bell {
+            ctx.ring_doorbell();
+        }
+        Ok(())
     }
 
     /// Validates and encodes one send WR into the send queue (rxe's validate_send_wr checks).
@@ -366,6 +408,7 @@ pub unsafe extern "C" fn post_recv(
 
 // IBV_QP_INIT_ATTR_* (enum ibv_qp_init_attr_mask)
 const QP_INIT_ATTR_PD: u32 = 1 << 0;
+const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
 #[allow(clippy::too_many_arguments)]
 fn create(
@@ -377,8 +420,12 @@ fn create(
     cap: &mut IbvQpCap,
     qp_type: c_int,
     sq_sig_all: c_int,
+    send_ops: u64,
 ) -> Result<*mut ShimQp, Errno> {
     let ctx = pd::pd_context(pd)?;
+    if send_ops & !wr::SUPPORTED != 0 {
+        return Err(Errno::OPNOTSUPP);
+    }
     if !CQS.contains(send_cq) || !CQS.contains(recv_cq) {
         return Err(Errno::INVAL);
     }
@@ -494,8 +541,14 @@ fn create(
         sq: Mutex::new(Producer::new(sq)),
         rq: rq.map(|r| Mutex::new(Producer::new(r))),
         events_reported: AtomicU32::new(0),
+        send_ops,
+        batch: Mutex::new(WrBatch::default()),
         _map: map,
     });
+    let mut shim = shim;
+    if send_ops != 0 {
+        wr::install(&mut shim.qp);
+    }
     let p = Box::into_raw(shim);
     QPS.insert(p);
     ctx.objects().qps.insert(qpn, p as usize);
@@ -521,6 +574,7 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr)
             &mut a.cap,
             a.qp_type,
             a.sq_sig_all,
+            0,
         )
         .map(|p| p.cast::<IbvQp>())
     })
@@ -545,9 +599,17 @@ pub unsafe extern "C" fn create_qp_ex(
         if a.comp_mask & QP_INIT_ATTR_PD == 0 {
             return Err(Errno::INVAL);
         }
-        if a.comp_mask & !QP_INIT_ATTR_PD != 0 {
+        if a.comp_mask & !(QP_INIT_ATTR_PD | QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
             return Err(Errno::OPNOTSUPP);
         }
+        let send_ops = if a.comp_mask & QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            if a.send_ops_flags == 0 {
+                return Err(Errno::INVAL);
+            }
+            a.send_ops_flags
+        } else {
+            0
+        };
         create(
             a.pd,
             a.qp_context,
@@ -557,9 +619,23 @@ pub unsafe extern "C" fn create_qp_ex(
             &mut a.cap,
             a.qp_type,
             a.sq_sig_all,
+            send_ops,
         )
         .map(|p| p.cast::<IbvQp>())
     })
+}
+
+/// `ibv_qp_to_qp_ex`: the QP's `ibv_qp_ex` (same address) if it was created for the
+/// `ibv_wr_*` API, else NULL (as libibverbs for QPs without `VERBS_QP_EX`).
+///
+/// # Safety
+/// `qp` is NULL or any pointer.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut IbvQpEx {
+    match qp_from_ptr(qp) {
+        Ok(s) if s.send_ops != 0 => qp.cast::<IbvQpEx>(),
+        _ => ptr::null_mut(),
+    }
 }
 
 /// `struct ibv_ah_attr` as the control protocol carries it.

@@ -51,7 +51,6 @@ unsupported! {
 
     // Queue pairs.
     /// No QP exists, so none can be converted.
-    fn ibv_qp_to_qp_ex(_qp: *mut IbvQp) -> *mut IbvQpEx = null;
     fn ibv_query_ece(_qp: *mut IbvQp, _ece: *mut c_void) -> c_int = errno;
     fn ibv_set_ece(_qp: *mut IbvQp, _ece: *mut c_void) -> c_int = errno;
 
