@@ -74,3 +74,64 @@ impl Drop for Mapping {
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::ring::RingGeometry;
+    use std::os::fd::FromRawFd;
+
+    /// A memfd holding one initialised ring at offset 0, as the daemon sends it.
+    fn region(g: RingGeometry) -> (OwnedFd, u64) {
+        let len = 4096 * 4;
+        // SAFETY: memfd_create with a valid NUL-terminated name; checked below.
+        let fd = unsafe { libc::memfd_create(c"test-ring".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(fd >= 0);
+        // SAFETY: a fresh descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on our own memfd.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }, 0);
+        let m = Mapping::map(&fd, len as u64).unwrap();
+        // SAFETY: the mapping is 16 KiB, page aligned, and outlives the handle (dropped now).
+        drop(unsafe { SharedRing::init(m.base, g) });
+        (fd, len as u64)
+    }
+
+    #[test]
+    fn rings_are_checked_against_the_announced_place() {
+        let g = RingGeometry::new(8, 64).unwrap();
+        let (fd, len) = region(g);
+        let m = Mapping::map(&fd, len).unwrap();
+        let place = RingPlace {
+            offset: 0,
+            slot_size: g.slot_size,
+            slot_count: g.slot_count,
+        };
+        let mut producer = m.ring(&place, true).unwrap();
+        let mut consumer = m.ring(&place, false).unwrap();
+        assert_eq!(producer.push(&[7; 10]), Ok(false));
+        let mut out = [0u8; 64];
+        assert_eq!(consumer.pop(&mut out), Ok(true));
+        assert_eq!(out[..10], [7; 10]);
+
+        let wrong_geometry = RingPlace {
+            slot_count: 16,
+            ..place
+        };
+        assert_eq!(m.ring(&wrong_geometry, true).err(), Some(Errno::PROTO));
+        let outside = RingPlace {
+            offset: len,
+            ..place
+        };
+        assert_eq!(m.ring(&outside, true).err(), Some(Errno::PROTO));
+        let misaligned = RingPlace { offset: 8, ..place };
+        assert_eq!(m.ring(&misaligned, true).err(), Some(Errno::PROTO));
+        // No ring header there: refused, not trusted.
+        let empty = RingPlace {
+            offset: 8192,
+            ..place
+        };
+        assert_eq!(m.ring(&empty, true).err(), Some(Errno::PROTO));
+        assert!(Mapping::map(&fd, 0).is_err());
+    }
+}

@@ -129,16 +129,20 @@ pub unsafe extern "C" fn ibv_get_async_event(
     ffi::int_or_minus_one(|| {
         let ctx = runtime::context_from_ptr(context)?;
         let out = ffi::non_null(event)?;
-        let mut buf = [0u8; AsyncEventRecord::LEN];
-        let n = runtime::read_record(ctx.async_rx.as_raw_fd(), &mut buf)?;
-        let record = AsyncEventRecord::from_bytes(&buf[..n]).ok_or(Errno::IO)?;
-        let event_type = c_int::try_from(record.event_type).map_err(|_| Errno::PROTO)?;
-        let element = if is_port_event(event_type) {
-            IbvAsyncEventElement {
-                port_num: c_int::try_from(record.element).map_err(|_| Errno::PROTO)?,
+        // Object events for an object destroyed after the daemon queued them are skipped
+        // (a destroyed object's events are never reported, as with the kernel).
+        let (element, event_type) = loop {
+            let mut buf = [0u8; AsyncEventRecord::LEN];
+            let n = runtime::read_record(ctx.async_rx.as_raw_fd(), &mut buf)?;
+            let record = AsyncEventRecord::from_bytes(&buf[..n]).ok_or(Errno::IO)?;
+            let event_type = c_int::try_from(record.event_type).map_err(|_| Errno::PROTO)?;
+            if is_port_event(event_type) {
+                let port_num = c_int::try_from(record.element).map_err(|_| Errno::PROTO)?;
+                break (IbvAsyncEventElement { port_num }, event_type);
             }
-        } else {
-            object_element(ctx, event_type, record.element)?
+            if let Some(element) = object_element(ctx, event_type, record.element) {
+                break (element, event_type);
+            }
         };
         // SAFETY: non-null, writable per the caller.
         unsafe {
@@ -152,32 +156,33 @@ pub unsafe extern "C" fn ibv_get_async_event(
 }
 
 /// Maps an object event's `element` (QPN for QP events, the daemon's CQ/SRQ handle for CQ and
-/// SRQ events) to the live object, counting it as reported so destroy waits for its ack.
+/// SRQ events) to the live object, counting it as reported so destroy waits for its ack;
+/// `None` when the object is gone.
 fn object_element(
     ctx: &ShimContext,
     event_type: c_int,
     element: u64,
-) -> Result<IbvAsyncEventElement, Errno> {
-    let key = u32::try_from(element).map_err(|_| Errno::PROTO)?;
+) -> Option<IbvAsyncEventElement> {
+    let key = u32::try_from(element).ok()?;
     let objects = ctx.objects();
     match event_type {
         IBV_EVENT_CQ_ERR => {
-            let addr = *objects.cqs.get(&key).ok_or(Errno::PROTO)?;
-            let cq = cq::cq_from_ptr(addr as *mut IbvCq)?;
+            let addr = *objects.cqs.get(&key)?;
+            let cq = cq::cq_from_ptr(addr as *mut IbvCq).ok()?;
             cq.async_events_reported.fetch_add(1, Ordering::AcqRel);
-            Ok(IbvAsyncEventElement { cq: cq.as_cq() })
+            Some(IbvAsyncEventElement { cq: cq.as_cq() })
         }
         IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
-            let addr = *objects.srqs.get(&key).ok_or(Errno::PROTO)?;
-            let srq = srq::srq_from_ptr(addr as *mut IbvSrq)?;
+            let addr = *objects.srqs.get(&key)?;
+            let srq = srq::srq_from_ptr(addr as *mut IbvSrq).ok()?;
             srq.events_reported.fetch_add(1, Ordering::AcqRel);
-            Ok(IbvAsyncEventElement { srq: srq.as_srq() })
+            Some(IbvAsyncEventElement { srq: srq.as_srq() })
         }
         _ => {
-            let addr = *objects.qps.get(&key).ok_or(Errno::PROTO)?;
-            let qp = qp::qp_from_ptr(addr as *mut IbvQp)?;
+            let addr = *objects.qps.get(&key)?;
+            let qp = qp::qp_from_ptr(addr as *mut IbvQp).ok()?;
             qp.events_reported.fetch_add(1, Ordering::AcqRel);
-            Ok(IbvAsyncEventElement { qp: qp.as_qp() })
+            Some(IbvAsyncEventElement { qp: qp.as_qp() })
         }
     }
 }
