@@ -92,8 +92,8 @@ mod tests {
         // SAFETY: ftruncate on our own memfd.
         assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }, 0);
         let m = Mapping::map(&fd, len as u64).unwrap();
-        // SAFETY: the mapping is 16 KiB, page aligned, and outlives the handle (dropped now).
-        drop(unsafe { SharedRing::init(m.base, g) });
+        // SAFETY: the mapping is 16 KiB, page aligned, and outlives the handle.
+        let _header_written = unsafe { SharedRing::init(m.base, g) };
         (fd, len as u64)
     }
 
