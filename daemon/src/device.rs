@@ -1570,7 +1570,8 @@ fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
     }
     while let Some(ev) = c.engine.poll_event() {
         busy = true;
-        // `enum ibv_event_type` values.
+        // `enum ibv_event_type` values (verbs.h: SQ_DRAINED 5, SRQ_LIMIT_REACHED 15,
+        // QP_LAST_WQE_REACHED 16).
         let (element, ty, ctx) = match ev {
             AsyncEvent::CqError { cq } => (u64::from(tag(cq)), 0u32, c.cqs.get(&cq).map(|q| q.ctx)),
             AsyncEvent::QpFatal { qpn } => (
@@ -1590,16 +1591,16 @@ fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
             ),
             AsyncEvent::SqDrained { qpn } => (
                 u64::from(qpn.value()),
-                6,
+                5,
                 c.qps.get(&qpn.value()).map(|q| q.ctx),
             ),
             AsyncEvent::LastWqeReached { qpn } => (
                 u64::from(qpn.value()),
-                15,
+                16,
                 c.qps.get(&qpn.value()).map(|q| q.ctx),
             ),
             AsyncEvent::SrqLimitReached { srq } => {
-                (u64::from(tag(srq)), 14, c.srqs.get(&srq).map(|s| s.ctx))
+                (u64::from(tag(srq)), 15, c.srqs.get(&srq).map(|s| s.ctx))
             }
             // Completion notifications travel through the rings' arm word instead.
             AsyncEvent::CqNotify { .. } => continue,

@@ -350,6 +350,14 @@ fn serve_client(conn: Conn, registry: Sender<RegMsg>, links: Vec<DeviceLink>, da
 /// tests).
 pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     config.validate()?;
+    // The daemon writes completion-channel and async-event records into pipes and sockets
+    // whose reading process may die at any moment (SIGKILL mid-run): that must be an EPIPE
+    // for the write, not a SIGPIPE that kills the daemon (main restores the default
+    // disposition for the command-line tools).
+    // SAFETY: setting a disposition installs no handler; no other thread is running yet.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     let mut devices = Vec::new();
     let mut links = Vec::new();
     let mut device_threads = Vec::new();

@@ -23,4 +23,5 @@ pub mod daemon;
 pub mod device;
 pub mod ffi;
 pub mod runtime;
+pub mod shm;
 pub mod verbs;

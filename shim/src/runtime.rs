@@ -3,7 +3,7 @@
 //! LD_PRELOAD), and registries of the live objects handed to C, so a pointer from a caller is
 //! only dereferenced after it is known to be one of ours.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ffi::c_char;
 use std::mem::offset_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -16,6 +16,7 @@ use crate::abi::*;
 use crate::daemon::ControlConnection;
 use crate::device::{source_from_env, DeviceDescription, DeviceSource};
 use crate::ffi::Errno;
+use proto::ctl::{Request, Response};
 
 /// `struct ibv_device` plus the description it was built from. `dev` is first, so the
 /// `ibv_device *` handed out is the address of the whole `ShimDevice`.
@@ -169,6 +170,28 @@ pub static CONTEXTS: Registry = Registry::new();
 pub static PDS: Registry = Registry::new();
 /// Live `ibv_comp_channel *` values.
 pub static COMP_CHANNELS: Registry = Registry::new();
+/// Live `ibv_mr *` values.
+pub static MRS: Registry = Registry::new();
+/// Live `ibv_cq *` (= `ibv_cq_ex *`) values.
+pub static CQS: Registry = Registry::new();
+/// Live `ibv_qp *` (= `ibv_qp_ex *`) values.
+pub static QPS: Registry = Registry::new();
+/// Live `ibv_srq *` values.
+pub static SRQS: Registry = Registry::new();
+/// Live `ibv_ah *` values.
+pub static AHS: Registry = Registry::new();
+/// Live `ibv_mw *` values.
+pub static MWS: Registry = Registry::new();
+
+/// A context's objects by the daemon's name for them, so that the records the daemon writes
+/// (completion-channel events carry a CQ handle, async events a QPN or CQ/SRQ handle) map back
+/// to the `ibv_*` pointers handed to the application.
+#[derive(Default)]
+pub struct ObjectTable {
+    pub cqs: HashMap<u32, usize>,
+    pub qps: HashMap<u32, usize>,
+    pub srqs: HashMap<u32, usize>,
+}
 
 /// The allocation behind an `ibv_context *`: the `verbs_context` (whose last member is the
 /// `ibv_context`) followed by the shim's private state.
@@ -190,6 +213,13 @@ pub struct ShimContext {
     /// Whether `IBV_EVENT_DEVICE_FATAL` was queued already: it is reported once per context,
     /// even when the monitor thread and `ibv_open_device` both notice the loss.
     pub fatal_posted: AtomicBool,
+    /// The daemon's handle for this context (`OpenContext`).
+    pub handle: u32,
+    /// The device thread's doorbell eventfd: written (8 bytes) after posting to a ring whose
+    /// consumer said it sleeps.
+    pub doorbell: OwnedFd,
+    /// CQs, QPs and SRQs of this context by daemon handle / QPN.
+    pub objects: Mutex<ObjectTable>,
 }
 
 /// Offset of the `ibv_context` inside [`ShimContext`] (320 for rdma-core 44).
@@ -305,6 +335,42 @@ pub fn read_record(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
 }
 
 impl ShimContext {
+    /// Sends `request` to the daemon; a daemon-side failure becomes its errno.
+    pub fn call(
+        &self,
+        request: &Request,
+        fds: &[RawFd],
+    ) -> Result<(Response, Vec<OwnedFd>), Errno> {
+        match self.control.request(request, fds)? {
+            (Response::Error { errno, .. }, _) => {
+                Err(Errno(if errno > 0 { errno } else { libc::EIO }))
+            }
+            answer => Ok(answer),
+        }
+    }
+
+    /// Like [`Self::call`] for requests answered with `Done`.
+    pub fn call_done(&self, request: &Request) -> Result<(), Errno> {
+        match self.call(request, &[])?.0 {
+            Response::Done => Ok(()),
+            _ => Err(Errno::PROTO),
+        }
+    }
+
+    /// Wakes the daemon's device thread (the ring consumer announced it sleeps).
+    pub fn ring_doorbell(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes from a valid buffer to an eventfd this context owns. A
+        // failure (EAGAIN on a saturated counter) still leaves the eventfd readable.
+        unsafe { libc::write(self.doorbell.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// The object table, usable even after a panic elsewhere poisoned its lock (single
+    /// inserts and removes cannot leave it inconsistent).
+    pub fn objects(&self) -> MutexGuard<'_, ObjectTable> {
+        self.objects.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Queues an async event for this context, as the daemon will: the app sees it through
     /// `ibv_get_async_event` and `poll(ctx->async_fd)`.
     pub fn post_async_event(&self, record: AsyncEventRecord) -> Result<(), Errno> {

@@ -122,7 +122,8 @@ fn cmd_fd_fork_and_device_fatal_on_daemon_loss() {
         // SAFETY: written by the successful call.
         let ev = unsafe { ev.assume_init() };
         assert_eq!(ev.event_type, IBV_EVENT_DEVICE_FATAL);
-        ibv_ack_async_event(&ev as *const _ as *mut _);
+        // SAFETY: an event filled in by ibv_get_async_event.
+        unsafe { ibv_ack_async_event(&ev as *const _ as *mut _) };
         assert!(!readable_now(fd), "exactly one event per context");
     }
     assert!(daemon::connection().unwrap().is_lost());

@@ -81,7 +81,8 @@ fn async_port_event_travels_through_async_fd() {
     assert_eq!(ev.event_type, IBV_EVENT_PORT_ACTIVE);
     // SAFETY: port events carry the port number in the union.
     assert_eq!(unsafe { ev.element.port_num }, 1);
-    ibv_ack_async_event(&ev as *const IbvAsyncEvent as *mut IbvAsyncEvent);
+    // SAFETY: an event filled in by ibv_get_async_event.
+    unsafe { ibv_ack_async_event(&ev as *const IbvAsyncEvent as *mut IbvAsyncEvent) };
     assert!(!readable(fd));
 
     // An object event cannot be decoded before CQs/QPs exist: an error, not garbage.

@@ -1,7 +1,8 @@
 //! A C program, compiled here against the system `<infiniband/verbs.h>` and linked with the
 //! real `-libverbs`, run with LD_PRELOAD=libsoftroce.so: the implemented verbs give the right
-//! answers, the unimplemented ones (and the inline data-path verbs) fail with the documented
-//! error instead of crashing, and the pure helpers match the real libibverbs byte for byte.
+//! answers, unsupported features and misuse (foreign objects, posting in RESET) fail with the
+//! documented error instead of crashing, and the pure helpers match the real libibverbs byte
+//! for byte. (Data movement is covered by shim_datapath_c.rs and shim_pingpong.rs.)
 
 mod shim_support;
 
@@ -185,52 +186,86 @@ int main(int argc, char **argv)
     errno = 0;
     CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN, "no async event: EAGAIN");
 
-    /* Not implemented yet: each must fail with EOPNOTSUPP, never crash. */
-    char buf[64];
+    /* Resources: created by the daemon, with the granted sizes reported back. */
+    static char buf[4096];
+    struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE);
+    CHECK(mr && mr->addr == buf && mr->length == sizeof buf && mr->pd == pd, "reg_mr");
+    volatile int access = IBV_ACCESS_LOCAL_WRITE; /* non-constant: the ibv_reg_mr_iova2 path */
+    struct ibv_mr *mr2 = ibv_reg_mr(pd, buf, sizeof buf, access);
+    CHECK(mr2 && mr2->lkey != (mr ? mr->lkey : 0), "reg_mr_iova2: a second MR, its own key");
     errno = 0;
-    CHECK(ibv_create_cq(ctx, 16, NULL, NULL, 0) == NULL && errno == EOPNOTSUPP, "create_cq");
-    struct ibv_cq_init_attr_ex cqa = { .cqe = 16 };
+    CHECK(ibv_reg_mr(pd, (void *)0x1000, 4096, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EFAULT,
+          "reg_mr of unmapped memory: EFAULT");
+    struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    CHECK(cq && cq->cqe >= 16 && cq->context == ctx, "create_cq");
+    struct ibv_wc wc;
+    CHECK(cq && ibv_poll_cq(cq, 1, &wc) == 0, "empty CQ polls 0");
+    CHECK(cq && ibv_req_notify_cq(cq, 0) == 0, "req_notify_cq");
+    struct ibv_cq_init_attr_ex cqa = { .cqe = 16, .wc_flags = IBV_WC_STANDARD_FLAGS };
+    struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cqa);
+    CHECK(cqx != NULL, "create_cq_ex");
+    struct ibv_poll_cq_attr pca = { 0 };
+    CHECK(cqx && ibv_start_poll(cqx, &pca) == ENOENT, "extended poll of an empty CQ: ENOENT");
+    cqa.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
     errno = 0;
-    CHECK(ibv_create_cq_ex(ctx, &cqa) == NULL && errno == EOPNOTSUPP, "create_cq_ex");
+    CHECK(ibv_create_cq_ex(ctx, &cqa) == NULL && errno == EOPNOTSUPP, "no completion timestamps");
     struct ibv_xrcd_init_attr xa = { .comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
                                      .fd = -1, .oflags = O_CREAT };
     errno = 0;
     CHECK(ibv_open_xrcd(ctx, &xa) == NULL && errno == EOPNOTSUPP, "open_xrcd");
-    errno = 0;
-    CHECK(ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EOPNOTSUPP,
-          "reg_mr");
-    volatile int access = IBV_ACCESS_LOCAL_WRITE; /* non-constant: the ibv_reg_mr_iova2 path */
-    errno = 0;
-    CHECK(ibv_reg_mr(pd, buf, sizeof buf, access) == NULL && errno == EOPNOTSUPP, "reg_mr_iova2");
-    struct ibv_qp_init_attr qia = { .qp_type = IBV_QPT_RC,
-                                    .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+    struct ibv_qp_init_attr qia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+                                    .cap = { .max_send_wr = 5, .max_recv_wr = 5,
                                              .max_send_sge = 1, .max_recv_sge = 1 } };
-    errno = 0;
-    CHECK(ibv_create_qp(pd, &qia) == NULL && errno == EOPNOTSUPP, "create_qp");
-    struct ibv_qp_init_attr_ex qx = { .qp_type = IBV_QPT_RC, .pd = pd,
-                                      .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
-                                      .send_ops_flags = IBV_QP_EX_WITH_SEND };
-    errno = 0;
-    CHECK(ibv_create_qp_ex(ctx, &qx) == NULL && errno == EOPNOTSUPP, "create_qp_ex");
-    struct ibv_srq_init_attr sia = { .attr = { .max_wr = 1, .max_sge = 1 } };
-    errno = 0;
-    CHECK(ibv_create_srq(pd, &sia) == NULL && errno == EOPNOTSUPP, "create_srq");
-    struct ibv_ah_attr aha = { .port_num = 1 };
-    errno = 0;
-    CHECK(ibv_create_ah(pd, &aha) == NULL && errno == EOPNOTSUPP, "create_ah");
-    errno = 0;
-    CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_2) == NULL && errno == EOPNOTSUPP, "alloc_mw");
-
-    /* The inline data path jumps through ctx->ops: no slot may be NULL. */
-    struct ibv_qp fake_qp = { .context = ctx };
-    struct ibv_send_wr swr = { .wr_id = 1 }, *bad = NULL;
-    CHECK(ibv_post_send(&fake_qp, &swr, &bad) == EOPNOTSUPP && bad == &swr, "post_send");
+    struct ibv_qp *qp = ibv_create_qp(pd, &qia);
+    CHECK(qp && qp->qp_num != 0 && qp->state == IBV_QPS_RESET && qia.cap.max_send_wr >= 5 &&
+          qia.cap.max_inline_data > 0, "create_qp (granted caps written back)");
+    struct ibv_send_wr swr = { .wr_id = 1, .opcode = IBV_WR_SEND }, *bad = NULL;
+    CHECK(qp && ibv_post_send(qp, &swr, &bad) == EINVAL && bad == &swr, "post_send in RESET: EINVAL");
     struct ibv_recv_wr rwr = { .wr_id = 2 }, *rbad = NULL;
-    CHECK(ibv_post_recv(&fake_qp, &rwr, &rbad) == EOPNOTSUPP && rbad == &rwr, "post_recv");
+    CHECK(qp && ibv_post_recv(qp, &rwr, &rbad) == EINVAL && rbad == &rwr, "post_recv in RESET: EINVAL");
+    CHECK(ibv_destroy_cq(cq) == EBUSY, "destroy_cq while a QP uses it: EBUSY");
+    struct ibv_qp_init_attr_ex qx = { .qp_type = IBV_QPT_RC, .pd = pd, .send_cq = cq, .recv_cq = cq,
+                                      .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+                                      .send_ops_flags = IBV_QP_EX_WITH_SEND,
+                                      .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+                                               .max_send_sge = 1, .max_recv_sge = 1 } };
+    struct ibv_qp *qpx = ibv_create_qp_ex(ctx, &qx);
+    CHECK(qpx && ibv_qp_to_qp_ex(qpx) == (struct ibv_qp_ex *)qpx, "create_qp_ex with ibv_wr_*");
+    CHECK(qp && ibv_qp_to_qp_ex(qp) == NULL, "a plain QP has no ibv_qp_ex API");
+    CHECK(qpx && ibv_destroy_qp(qpx) == 0, "destroy the ibv_wr_* QP");
+    qx.send_ops_flags = IBV_QP_EX_WITH_TSO;
+    errno = 0;
+    CHECK(ibv_create_qp_ex(ctx, &qx) == NULL && errno == EOPNOTSUPP, "no TSO send op (as rxe)");
+    struct ibv_srq_init_attr sia = { .attr = { .max_wr = 4, .max_sge = 1 } };
+    struct ibv_srq *srq = ibv_create_srq(pd, &sia);
+    CHECK(srq && sia.attr.max_wr >= 4, "create_srq");
+    struct ibv_ah_attr aha = { .is_global = 1, .port_num = 1,
+                               .grh = { .sgid_index = 0, .hop_limit = 64 } };
+    aha.grh.dgid.raw[10] = aha.grh.dgid.raw[11] = 0xff;
+    aha.grh.dgid.raw[12] = 127; aha.grh.dgid.raw[15] = 1;
+    struct ibv_ah *ah = ibv_create_ah(pd, &aha);
+    CHECK(ah != NULL, "create_ah");
+    struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+    CHECK(mw && mw->type == IBV_MW_TYPE_2, "alloc_mw");
+
+    /* The inline data path jumps through ctx->ops: foreign objects are refused, not crashed on. */
+    struct ibv_qp fake_qp = { .context = ctx };
+    bad = NULL;
+    CHECK(ibv_post_send(&fake_qp, &swr, &bad) == EINVAL && bad == &swr, "post_send on a foreign QP");
+    rbad = NULL;
+    CHECK(ibv_post_recv(&fake_qp, &rwr, &rbad) == EINVAL && rbad == &rwr, "post_recv on a foreign QP");
     struct ibv_cq fake_cq = { .context = ctx };
-    struct ibv_wc wc;
-    CHECK(ibv_poll_cq(&fake_cq, 1, &wc) < 0, "poll_cq");
-    CHECK(ibv_req_notify_cq(&fake_cq, 0) == EOPNOTSUPP, "req_notify_cq");
+    CHECK(ibv_poll_cq(&fake_cq, 1, &wc) < 0, "poll_cq on a foreign CQ");
+    CHECK(ibv_req_notify_cq(&fake_cq, 0) == EINVAL, "req_notify_cq on a foreign CQ");
+
+    CHECK(mw && ibv_dealloc_mw(mw) == 0, "dealloc_mw");
+    CHECK(ah && ibv_destroy_ah(ah) == 0, "destroy_ah");
+    CHECK(srq && ibv_destroy_srq(srq) == 0, "destroy_srq");
+    CHECK(qp && ibv_destroy_qp(qp) == 0, "destroy_qp");
+    CHECK(cq && ibv_destroy_cq(cq) == 0, "destroy_cq");
+    CHECK(cqx && ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)) == 0, "destroy extended CQ");
+    CHECK(ibv_dereg_mr(mr2) == 0 && ibv_dereg_mr(mr) == 0, "dereg_mr");
+    CHECK(ibv_dereg_mr(mr) == EINVAL, "second dereg_mr rejected");
 
     CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
     CHECK(ibv_close_device(ctx) == 0, "close_device");

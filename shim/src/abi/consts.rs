@@ -116,3 +116,49 @@ pub(crate) const RATE_TABLE: &[(c_int, c_int, c_int)] = &[
     (23, 320, 850000),
     (24, 480, 1275000),
 ];
+
+// enum ibv_qp_state
+pub const IBV_QPS_RESET: c_int = 0;
+pub const IBV_QPS_INIT: c_int = 1;
+pub const IBV_QPS_RTR: c_int = 2;
+pub const IBV_QPS_RTS: c_int = 3;
+pub const IBV_QPS_ERR: c_int = 6;
+
+// enum ibv_qp_type
+pub const IBV_QPT_RC: c_int = 2;
+pub const IBV_QPT_UC: c_int = 3;
+pub const IBV_QPT_UD: c_int = 4;
+
+// enum ibv_qp_attr_mask
+pub const IBV_QP_STATE: c_int = 1 << 0;
+
+// enum ibv_wr_opcode
+pub const IBV_WR_RDMA_WRITE: c_int = 0;
+pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_int = 1;
+pub const IBV_WR_SEND: c_int = 2;
+pub const IBV_WR_SEND_WITH_IMM: c_int = 3;
+pub const IBV_WR_RDMA_READ: c_int = 4;
+pub const IBV_WR_ATOMIC_CMP_AND_SWP: c_int = 5;
+pub const IBV_WR_ATOMIC_FETCH_AND_ADD: c_int = 6;
+pub const IBV_WR_LOCAL_INV: c_int = 7;
+pub const IBV_WR_BIND_MW: c_int = 8;
+pub const IBV_WR_SEND_WITH_INV: c_int = 9;
+pub const IBV_WR_TSO: c_int = 10;
+pub const IBV_WR_DRIVER1: c_int = 11;
+pub const IBV_WR_FLUSH: c_int = 14;
+pub const IBV_WR_ATOMIC_WRITE: c_int = 15;
+
+// enum ibv_send_flags
+pub const IBV_SEND_INLINE: u32 = 1 << 3;
+
+// enum ibv_mw_type
+pub const IBV_MW_TYPE_1: c_int = 1;
+pub const IBV_MW_TYPE_2: c_int = 2;
+
+// enum ibv_create_cq_wc_flags: IBV_WC_STANDARD_FLAGS (byte_len, imm, qp_num, src_qp, slid,
+// sl, dlid_path_bits); timestamps and the rest are not supported, as on rxe.
+pub const IBV_WC_STANDARD_FLAGS: u64 = 0x7f;
+
+// enum ibv_srq_attr_mask
+pub const IBV_SRQ_MAX_WR: c_int = 1 << 0;
+pub const IBV_SRQ_LIMIT: c_int = 1 << 1;

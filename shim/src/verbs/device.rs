@@ -3,14 +3,17 @@
 use std::os::fd::AsRawFd;
 use std::ptr;
 use std::sync::atomic::AtomicBool;
+use std::sync::Mutex;
+
+use proto::ctl::{Request, Response};
 
 use libc::{c_char, c_int, c_void};
 
 use crate::abi::*;
 use crate::daemon;
 use crate::ffi::{self, Errno};
-use crate::runtime::{self, ShimContext, CONTEXTS};
-use crate::verbs::{ops, query};
+use crate::runtime::{self, ObjectTable, ShimContext, CONTEXTS};
+use crate::verbs::{cq, ops, qp, query, srq};
 
 /// `ibv_get_device_list`: a NULL-terminated, `malloc`ed array; free with `ibv_free_device_list`.
 ///
@@ -101,6 +104,18 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
         }
         let cmd_fd = control.dup_fd()?;
         let (async_rx, async_tx) = runtime::seqpacket_pair()?;
+        // The daemon gets a duplicate of the event socket's write end for this context's
+        // async events, and answers with the device thread's doorbell.
+        let (handle, doorbell) = match control.request(
+            &Request::OpenContext {
+                device: dev.desc.name.clone(),
+            },
+            &[async_tx.as_raw_fd()],
+        )? {
+            (Response::Context { ctx }, mut fds) if fds.len() == 1 => (ctx, fds.remove(0)),
+            (Response::Error { errno, .. }, _) => return Err(Errno(errno)),
+            _ => return Err(Errno::PROTO),
+        };
         let shim = Box::new(ShimContext {
             vctx: VerbsContext {
                 query_port: Some(query::vctx_query_port),
@@ -128,7 +143,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
                 modify_wq: ptr::null_mut(),
                 create_wq: ptr::null_mut(),
                 query_rt_values: ptr::null_mut(),
-                create_cq_ex: Some(ops::create_cq_ex),
+                create_cq_ex: Some(cq::create_cq_ex),
                 priv_: ptr::null_mut(),
                 query_device_ex: Some(query::vctx_query_device_ex),
                 ibv_destroy_flow: ptr::null_mut(),
@@ -136,9 +151,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
                 ibv_create_flow: ptr::null_mut(),
                 ABI_placeholder1: ptr::null_mut(),
                 open_qp: Some(ops::open_qp),
-                create_qp_ex: Some(ops::create_qp_ex),
+                create_qp_ex: Some(qp::create_qp_ex),
                 get_srq_num: Some(ops::get_srq_num),
-                create_srq_ex: Some(ops::create_srq_ex),
+                create_srq_ex: Some(srq::create_srq_ex),
                 open_xrcd: Some(ops::open_xrcd),
                 // ibv_close_xrcd calls this without checking it (verbs-abi.md §2.1), so it must
                 // be set whenever open_xrcd is.
@@ -161,6 +176,9 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
             async_tx,
             async_rx,
             fatal_posted: AtomicBool::new(false),
+            handle,
+            doorbell,
+            objects: Mutex::new(ObjectTable::default()),
         });
         let raw = Box::into_raw(shim);
         // SAFETY: `raw` is a fresh, valid allocation; take the address of its context member.
@@ -196,6 +214,9 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut IbvContext) -> c_int {
                     .cast::<ShimContext>(),
             )
         };
+        // The daemon drops the context's event socket; a daemon that is gone has nothing to
+        // release, so its failure does not fail the close (as with a removed kernel device).
+        let _ = shim.call_done(&Request::CloseContext { ctx: shim.handle });
         drop(shim); // closes cmd_fd and both ends of the async socket
         Ok(())
     })

@@ -4,17 +4,23 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use libc::{c_int, c_uint, c_void};
+use std::sync::atomic::Ordering;
+
+use libc::c_int;
+use proto::ctl::{Request, Response};
 
 use crate::abi::*;
 use crate::ffi::{self, Errno};
-use crate::runtime::{self, AsyncEventRecord, COMP_CHANNELS};
+use crate::runtime::{self, AsyncEventRecord, ShimContext, COMP_CHANNELS};
+use crate::verbs::{cq, qp, srq};
 
 /// A completion channel: the public struct followed by the pipe's write end, which the daemon
 /// will receive (SCM_RIGHTS) and write one 8-byte record to per CQ notification.
 #[repr(C)]
 pub struct ShimCompChannel {
     pub channel: IbvCompChannel,
+    /// The daemon's handle for the channel.
+    pub handle: u32,
     pub read_end: OwnedFd,
     pub write_end: OwnedFd,
 }
@@ -26,14 +32,25 @@ pub struct ShimCompChannel {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_comp_channel(context: *mut IbvContext) -> *mut IbvCompChannel {
     ffi::ptr_or_null(|| {
-        runtime::context_from_ptr(context)?;
+        let ctx = runtime::context_from_ptr(context)?;
         let (read_end, write_end) = runtime::pipe()?;
+        let handle = match ctx
+            .call(
+                &Request::CreateCompChannel { ctx: ctx.handle },
+                &[write_end.as_raw_fd()],
+            )?
+            .0
+        {
+            Response::CompChannel { channel } => channel,
+            _ => return Err(Errno::PROTO),
+        };
         let shim = Box::new(ShimCompChannel {
             channel: IbvCompChannel {
                 context,
                 fd: read_end.as_raw_fd(),
                 refcnt: 0,
             },
+            handle,
             read_end,
             write_end,
         });
@@ -58,6 +75,17 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
         if refcnt > 0 {
             return Err(Errno::BUSY);
         }
+        // SAFETY: registered, as above.
+        let (context, handle) = unsafe {
+            let shim = &*channel.cast::<ShimCompChannel>();
+            (shim.channel.context, shim.handle)
+        };
+        if let Ok(ctx) = runtime::context_from_ptr(context) {
+            match ctx.call_done(&Request::DestroyCompChannel { channel: handle }) {
+                Ok(()) | Err(Errno(libc::ENODEV)) => {}
+                Err(e) => return Err(e),
+            }
+        }
         if !COMP_CHANNELS.remove(channel) {
             return Err(Errno::INVAL);
         }
@@ -67,20 +95,6 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
         Ok(())
     })
 }
-
-/// `ibv_get_cq_event`: -1 + errno. No CQ can be created yet, so no event can ever be queued.
-#[no_mangle]
-pub extern "C" fn ibv_get_cq_event(
-    _channel: *mut IbvCompChannel,
-    _cq: *mut *mut IbvCq,
-    _cq_context: *mut *mut c_void,
-) -> c_int {
-    ffi::int_or_minus_one(|| Err(Errno::OPNOTSUPP))
-}
-
-/// `ibv_ack_cq_events`: nothing to acknowledge until CQs exist.
-#[no_mangle]
-pub extern "C" fn ibv_ack_cq_events(_cq: *mut IbvCq, _nevents: c_uint) {}
 
 /// Whether an async event type names a port (or the device) rather than a CQ/QP/SRQ/WQ; the
 /// same split libibverbs' `ibv_get_async_event` makes when it decodes `element`.
@@ -115,19 +129,25 @@ pub unsafe extern "C" fn ibv_get_async_event(
     ffi::int_or_minus_one(|| {
         let ctx = runtime::context_from_ptr(context)?;
         let out = ffi::non_null(event)?;
-        let mut buf = [0u8; AsyncEventRecord::LEN];
-        let n = runtime::read_record(ctx.async_rx.as_raw_fd(), &mut buf)?;
-        let record = AsyncEventRecord::from_bytes(&buf[..n]).ok_or(Errno::IO)?;
-        let event_type = c_int::try_from(record.event_type).map_err(|_| Errno::PROTO)?;
-        if !is_port_event(event_type) {
-            // Object events need the CQ/QP/SRQ token table, which comes with those objects.
-            return Err(Errno::PROTO);
-        }
-        let port_num = c_int::try_from(record.element).map_err(|_| Errno::PROTO)?;
+        // Object events for an object destroyed after the daemon queued them are skipped
+        // (a destroyed object's events are never reported, as with the kernel).
+        let (element, event_type) = loop {
+            let mut buf = [0u8; AsyncEventRecord::LEN];
+            let n = runtime::read_record(ctx.async_rx.as_raw_fd(), &mut buf)?;
+            let record = AsyncEventRecord::from_bytes(&buf[..n]).ok_or(Errno::IO)?;
+            let event_type = c_int::try_from(record.event_type).map_err(|_| Errno::PROTO)?;
+            if is_port_event(event_type) {
+                let port_num = c_int::try_from(record.element).map_err(|_| Errno::PROTO)?;
+                break (IbvAsyncEventElement { port_num }, event_type);
+            }
+            if let Some(element) = object_element(ctx, event_type, record.element) {
+                break (element, event_type);
+            }
+        };
         // SAFETY: non-null, writable per the caller.
         unsafe {
             out.as_ptr().write(IbvAsyncEvent {
-                element: IbvAsyncEventElement { port_num },
+                element,
                 event_type,
             })
         };
@@ -135,10 +155,62 @@ pub unsafe extern "C" fn ibv_get_async_event(
     })
 }
 
-/// `ibv_ack_async_event`: port events need no acknowledgement; object events (not produced
-/// yet) will bump the object's `events_completed` here.
+/// Maps an object event's `element` (QPN for QP events, the daemon's CQ/SRQ handle for CQ and
+/// SRQ events) to the live object, counting it as reported so destroy waits for its ack;
+/// `None` when the object is gone.
+fn object_element(
+    ctx: &ShimContext,
+    event_type: c_int,
+    element: u64,
+) -> Option<IbvAsyncEventElement> {
+    let key = u32::try_from(element).ok()?;
+    let objects = ctx.objects();
+    match event_type {
+        IBV_EVENT_CQ_ERR => {
+            let addr = *objects.cqs.get(&key)?;
+            let cq = cq::cq_from_ptr(addr as *mut IbvCq).ok()?;
+            cq.async_events_reported.fetch_add(1, Ordering::AcqRel);
+            Some(IbvAsyncEventElement { cq: cq.as_cq() })
+        }
+        IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => {
+            let addr = *objects.srqs.get(&key)?;
+            let srq = srq::srq_from_ptr(addr as *mut IbvSrq).ok()?;
+            srq.events_reported.fetch_add(1, Ordering::AcqRel);
+            Some(IbvAsyncEventElement { srq: srq.as_srq() })
+        }
+        _ => {
+            let addr = *objects.qps.get(&key)?;
+            let qp = qp::qp_from_ptr(addr as *mut IbvQp).ok()?;
+            qp.events_reported.fetch_add(1, Ordering::AcqRel);
+            Some(IbvAsyncEventElement { qp: qp.as_qp() })
+        }
+    }
+}
+
+/// `ibv_ack_async_event`: port events need no acknowledgement; object events bump the
+/// object's `events_completed`, which its destroy waits for.
+///
+/// # Safety
+/// `event` is NULL or an event filled in by `ibv_get_async_event`.
 #[no_mangle]
-pub extern "C" fn ibv_ack_async_event(_event: *mut IbvAsyncEvent) {}
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut IbvAsyncEvent) {
+    if event.is_null() {
+        return;
+    }
+    // SAFETY: non-null; the caller passes an event ibv_get_async_event filled in.
+    let ev = unsafe { *event };
+    if is_port_event(ev.event_type) {
+        return;
+    }
+    // SAFETY: for object events the union holds a pointer; each ack checks it is live.
+    unsafe {
+        match ev.event_type {
+            IBV_EVENT_CQ_ERR => cq::ack_async_event(ev.element.cq),
+            IBV_EVENT_SRQ_ERR | IBV_EVENT_SRQ_LIMIT_REACHED => srq::ack_async_event(ev.element.srq),
+            _ => qp::ack_async_event(ev.element.qp),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

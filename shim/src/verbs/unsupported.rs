@@ -34,11 +34,7 @@ macro_rules! unsupported {
 
 unsupported! {
     // Memory regions.
-    fn ibv_reg_mr(_pd: *mut IbvPd, _addr: *mut c_void, _length: size_t, _access: c_int) -> *mut IbvMr = null;
-    fn ibv_reg_mr_iova(_pd: *mut IbvPd, _addr: *mut c_void, _length: size_t, _iova: u64, _access: c_int) -> *mut IbvMr = null;
-    fn ibv_reg_mr_iova2(_pd: *mut IbvPd, _addr: *mut c_void, _length: size_t, _iova: u64, _access: c_uint) -> *mut IbvMr = null;
     fn ibv_reg_dmabuf_mr(_pd: *mut IbvPd, _offset: u64, _length: size_t, _iova: u64, _fd: c_int, _access: c_int) -> *mut IbvMr = null;
-    fn ibv_dereg_mr(_mr: *mut IbvMr) -> c_int = errno;
     fn ibv_import_mr(_pd: *mut IbvPd, _mr_handle: u32) -> *mut IbvMr = null;
     /// Nothing can have been imported.
     fn ibv_unimport_mr(_mr: *mut IbvMr) -> () = void;
@@ -50,32 +46,16 @@ unsupported! {
     fn ibv_unimport_dm(_dm: *mut c_void) -> () = void;
 
     // Completion queues.
-    fn ibv_create_cq(_context: *mut IbvContext, _cqe: c_int, _cq_context: *mut c_void, _channel: *mut IbvCompChannel, _comp_vector: c_int) -> *mut IbvCq = null;
-    fn ibv_resize_cq(_cq: *mut IbvCq, _cqe: c_int) -> c_int = errno;
-    fn ibv_destroy_cq(_cq: *mut IbvCq) -> c_int = errno;
 
     // Shared receive queues.
-    fn ibv_create_srq(_pd: *mut IbvPd, _attr: *mut IbvSrqInitAttr) -> *mut IbvSrq = null;
-    fn ibv_modify_srq(_srq: *mut IbvSrq, _attr: *mut IbvSrqAttr, _mask: c_int) -> c_int = errno;
-    fn ibv_query_srq(_srq: *mut IbvSrq, _attr: *mut IbvSrqAttr) -> c_int = errno;
-    fn ibv_destroy_srq(_srq: *mut IbvSrq) -> c_int = errno;
 
     // Queue pairs.
-    fn ibv_create_qp(_pd: *mut IbvPd, _attr: *mut IbvQpInitAttr) -> *mut IbvQp = null;
-    fn ibv_modify_qp(_qp: *mut IbvQp, _attr: *mut IbvQpAttr, _mask: c_int) -> c_int = errno;
-    fn ibv_query_qp(_qp: *mut IbvQp, _attr: *mut IbvQpAttr, _mask: c_int, _init_attr: *mut IbvQpInitAttr) -> c_int = errno;
-    fn ibv_destroy_qp(_qp: *mut IbvQp) -> c_int = errno;
     /// No QP exists, so none can be converted.
-    fn ibv_qp_to_qp_ex(_qp: *mut IbvQp) -> *mut IbvQpEx = null;
     fn ibv_query_ece(_qp: *mut IbvQp, _ece: *mut c_void) -> c_int = errno;
     fn ibv_set_ece(_qp: *mut IbvQp, _ece: *mut c_void) -> c_int = errno;
-    fn ibv_attach_mcast(_qp: *mut IbvQp, _gid: *const IbvGid, _lid: u16) -> c_int = errno;
-    fn ibv_detach_mcast(_qp: *mut IbvQp, _gid: *const IbvGid, _lid: u16) -> c_int = errno;
 
     // Address handles.
-    fn ibv_create_ah(_pd: *mut IbvPd, _attr: *mut IbvAhAttr) -> *mut IbvAh = null;
     fn ibv_create_ah_from_wc(_pd: *mut IbvPd, _wc: *mut IbvWc, _grh: *mut c_void, _port_num: u8) -> *mut IbvAh = null;
-    fn ibv_destroy_ah(_ah: *mut IbvAh) -> c_int = errno;
     fn ibv_init_ah_from_wc(_context: *mut IbvContext, _port_num: u8, _wc: *mut IbvWc, _grh: *mut c_void, _ah_attr: *mut IbvAhAttr) -> c_int = minus_one;
     fn ibv_resolve_eth_l2_from_gid(_context: *mut IbvContext, _attr: *mut IbvAhAttr, _eth_mac: *mut u8, _vid: *mut u16) -> c_int = minus_one;
 

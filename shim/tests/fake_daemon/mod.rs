@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use nix::sys::socket::{
-    accept, bind, listen, recv, send, socket, AddressFamily, Backlog, MsgFlags, SockFlag, SockType,
-    UnixAddr,
+    accept, bind, listen, recv, sendmsg, socket, AddressFamily, Backlog, ControlMessage, MsgFlags,
+    SockFlag, SockType, UnixAddr,
 };
 use proto::ctl::{self, gid_of, DeviceInfo, GidEntry, Request, Response, RoceVersion};
 
@@ -102,23 +102,53 @@ impl FakeDaemon {
 
 fn serve(fd: RawFd, hellos: &AtomicU64) {
     let mut buf = vec![0u8; ctl::MAX_MESSAGE];
+    let mut next_handle = 0u32;
     loop {
+        // Descriptors that come with a request (event sockets, pipes) are dropped by recv:
+        // the stand-in never writes events.
         let n = match recv(fd, &mut buf, MsgFlags::empty()) {
             Ok(n) if n > 0 => n,
             _ => return, // EOF, or the descriptor was closed by hang_up
         };
+        let mut handle = || {
+            next_handle += 1;
+            next_handle
+        };
+        let mut fds: Vec<OwnedFd> = Vec::new();
         let response = match ctl::decode::<Request>(&buf[..n]) {
             Ok(Request::Hello { .. }) => Response::Hello {
                 version: ctl::PROTOCOL_VERSION,
                 client: hellos.fetch_add(1, Ordering::SeqCst) + 1,
             },
             Ok(Request::QueryDevices) => Response::Devices(vec![srxe0()]),
+            // Contexts, PDs and channels are bookkeeping only: enough for the verbs that
+            // need no data path.
+            Ok(Request::OpenContext { .. }) => {
+                // SAFETY: eventfd creates a new descriptor (checked) that nothing else owns.
+                let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+                assert!(efd >= 0, "eventfd");
+                // SAFETY: as above.
+                fds.push(unsafe { OwnedFd::from_raw_fd(efd) });
+                Response::Context { ctx: handle() }
+            }
+            Ok(Request::AllocPd { .. }) => Response::Pd { pd: handle() },
+            Ok(Request::CreateCompChannel { .. }) => Response::CompChannel { channel: handle() },
+            Ok(
+                Request::CloseContext { .. }
+                | Request::DeallocPd { .. }
+                | Request::DestroyCompChannel { .. },
+            ) => Response::Done,
             _ => Response::Error {
-                errno: libc::EPROTO,
-                message: "unexpected".into(),
+                errno: libc::EOPNOTSUPP,
+                message: "not served by the stand-in daemon".into(),
             },
         };
-        if send(fd, &ctl::encode(&response).unwrap(), MsgFlags::MSG_NOSIGNAL).is_err() {
+        let bytes = ctl::encode(&response).unwrap();
+        let iov = [std::io::IoSlice::new(&bytes)];
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let cmsg = [ControlMessage::ScmRights(&raw)];
+        let cmsgs: &[ControlMessage] = if raw.is_empty() { &[] } else { &cmsg };
+        if sendmsg::<()>(fd, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).is_err() {
             return;
         }
     }

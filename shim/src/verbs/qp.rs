@@ -1,0 +1,887 @@
+//! Queue pairs: created by the daemon, posted to through shared rings. `ibv_post_send` and
+//! `ibv_post_recv` validate each work request as rxe does, encode it into the next ring slot
+//! and publish it; the only system call is the doorbell write when the daemon said it sleeps.
+
+use std::ptr::{self, addr_of_mut};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use libc::{c_int, c_void};
+use proto::ctl::{self, Request, Response};
+use proto::ring::wqe::{self, MwBind, RecvWqe, SendData, SendWqe, Sge, UdDest, WrOpcode};
+use proto::ring::{RingError, SharedRing};
+use proto::{Lkey, Qkey, Qpn, Rkey};
+
+use crate::abi::*;
+use crate::ffi::{self, Errno};
+use crate::runtime::{self, ShimContext, CQS, MRS, QPS};
+use crate::shm::Mapping;
+use crate::verbs::wr::{self, BuiltWr, WrBatch};
+use crate::verbs::{ah, cq, mw, pd, srq};
+
+/// One producer end (send queue, receive queue or SRQ) with its scratch slot.
+pub struct Producer {
+    ring: SharedRing,
+    slot: Vec<u8>,
+    inline: Vec<u8>,
+}
+
+impl Producer {
+    pub fn new(ring: SharedRing) -> Producer {
+        let slot = vec![0u8; ring.geometry().slot_size as usize];
+        Producer {
+            ring,
+            slot,
+            inline: Vec::new(),
+        }
+    }
+
+    /// Publishes the first `len` bytes of the scratch slot; `Ok(true)` if the daemon sleeps
+    /// and must be woken. A full ring is `ENOMEM`, as for a full provider queue.
+    fn publish(&mut self, len: usize) -> Result<bool, Errno> {
+        match self.ring.push(&self.slot[..len]) {
+            Ok(sleeping) => Ok(sleeping),
+            Err(RingError::Full) => Err(Errno::NOMEM),
+            Err(_) => Err(Errno::IO),
+        }
+    }
+
+    /// Encodes and publishes one receive WQE.
+    pub fn post_recv(&mut self, wr: &IbvRecvWr, max_sge: u32) -> Result<bool, Errno> {
+        let mut sges = [Sge::default(); wqe::MAX_SGE];
+        let n = read_sges(wr.sg_list, wr.num_sge, max_sge, &mut sges)?;
+        let len = RecvWqe {
+            wr_id: wr.wr_id,
+            sges: &sges[..n],
+        }
+        .encode(&mut self.slot)
+        .map_err(|_| Errno::INVAL)?;
+        self.publish(len)
+    }
+}
+
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Copies a caller's scatter/gather list, checking its length against the queue's limit.
+fn read_sges(
+    list: *const IbvSge,
+    num_sge: c_int,
+    max_sge: u32,
+    out: &mut [Sge; wqe::MAX_SGE],
+) -> Result<usize, Errno> {
+    let n = usize::try_from(num_sge).map_err(|_| Errno::INVAL)?;
+    if n > max_sge as usize || n > wqe::MAX_SGE {
+        return Err(Errno::INVAL);
+    }
+    if n > 0 && list.is_null() {
+        return Err(Errno::INVAL);
+    }
+    for (i, o) in out.iter_mut().enumerate().take(n) {
+        // SAFETY: the caller's list holds num_sge entries (verb contract), i < n.
+        let s = unsafe { list.add(i).read() };
+        *o = Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: Lkey(s.lkey),
+        };
+    }
+    Ok(n)
+}
+
+/// The allocation behind an `ibv_qp *` (= `ibv_qp_ex *`).
+#[repr(C)]
+pub struct ShimQp {
+    pub qp: IbvQpEx,
+    cap: ctl::QpCap,
+    sq_sig_all: bool,
+    sq: Mutex<Producer>,
+    rq: Option<Mutex<Producer>>,
+    /// Async events handed out for this QP; destroy waits until they are acknowledged.
+    pub events_reported: AtomicU32,
+    /// `send_ops_flags` of a QP made for the `ibv_wr_*` API (0: not offered).
+    pub send_ops: u64,
+    /// The `ibv_wr_*` batch being built.
+    pub batch: Mutex<WrBatch>,
+    /// After the rings, so they are dropped before the memory is unmapped.
+    _map: Mapping,
+}
+
+/// Maps an `ibv_qp *` from a caller to our QP.
+pub fn qp_from_ptr<'a>(qp: *mut IbvQp) -> Result<&'a ShimQp, Errno> {
+    if !QPS.contains(qp) {
+        return Err(Errno::INVAL);
+    }
+    // SAFETY: registered, so the first member (same address) of a live Box<ShimQp>.
+    Ok(unsafe { &*qp.cast::<ShimQp>() })
+}
+
+impl ShimQp {
+    pub fn as_qp(&self) -> *mut IbvQp {
+        (self as *const ShimQp).cast_mut().cast()
+    }
+
+    fn state(&self) -> c_int {
+        // SAFETY: reading a field of a live QP; modify_qp may write it concurrently, as in
+        // libibverbs, so read it volatile.
+        unsafe { ptr::addr_of!(self.qp.qp_base.state).read_volatile() }
+    }
+
+    fn context(&self) -> Result<&ShimContext, Errno> {
+        runtime::context_from_ptr(self.qp.qp_base.context)
+    }
+
+    /// Posts a batch built with the `ibv_wr_*` API: all of it, or nothing when the send
+    /// queue cannot take it all.
+    pub fn post_built(&self, mut wrs: Vec<BuiltWr>) -> Result<(), Errno> {
+        let ctx = self.context()?;
+        if self.state() < IBV_QPS_RTS {
+            return Err(Errno::INVAL);
+        }
+        let ring_bell = {
+            let mut sq = lock(&self.sq);
+            if (sq.ring.free().map_err(|_| Errno::IO)? as usize) < wrs.len() {
+                return Err(Errno::NOMEM);
+            }
+            let mut ring_bell = false;
+            for b in &mut wrs {
+                if let Some(data) = &b.inline {
+                    b.sges = vec![IbvSge {
+                        addr: data.as_ptr() as u64,
+                        length: u32::try_from(data.len()).map_err(|_| Errno::INVAL)?,
+                        lkey: 0,
+                    }];
+                    b.wr.send_flags |= IBV_SEND_INLINE;
+                } else {
+                    b.wr.send_flags &= !IBV_SEND_INLINE;
+                }
+                b.wr.sg_list = b.sges.as_mut_ptr();
+                b.wr.num_sge = c_int::try_from(b.sges.len()).map_err(|_| Errno::INVAL)?;
+                b.wr.next = ptr::null_mut();
+                ring_bell |= self.post_send_one(&mut sq, &b.wr)?;
+            }
+            ring_bell
+        };
+        if ring_bell {
+            ctx.ring_doorbell();
+        }
+        Ok(())
+    }
+
+    /// Validates and encodes one send WR into the send queue (rxe's validate_send_wr checks).
+    fn post_send_one(&self, sq: &mut Producer, wr: &IbvSendWr) -> Result<bool, Errno> {
+        let qp_type = self.qp.qp_base.qp_type;
+        let opcode = WrOpcode::from_u32(wr.opcode as u32).ok_or(Errno::INVAL)?;
+        let allowed = match qp_type {
+            IBV_QPT_UD => matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm),
+            IBV_QPT_UC => matches!(
+                opcode,
+                WrOpcode::Send
+                    | WrOpcode::SendWithImm
+                    | WrOpcode::SendWithInv
+                    | WrOpcode::RdmaWrite
+                    | WrOpcode::RdmaWriteWithImm
+                    | WrOpcode::LocalInv
+                    | WrOpcode::BindMw
+            ),
+            _ => true,
+        };
+        if !allowed || wr.send_flags & !wqe::send_flags::ALL != 0 {
+            return Err(Errno::INVAL);
+        }
+        let mut sges = [Sge::default(); wqe::MAX_SGE];
+        let n = read_sges(wr.sg_list, wr.num_sge, self.cap.max_send_sge, &mut sges)?;
+        let inline = wr.send_flags & IBV_SEND_INLINE != 0
+            && !matches!(
+                opcode,
+                WrOpcode::RdmaRead
+                    | WrOpcode::AtomicCmpAndSwp
+                    | WrOpcode::AtomicFetchAndAdd
+                    | WrOpcode::LocalInv
+                    | WrOpcode::BindMw
+            );
+        let data = if inline {
+            let total: u64 = sges[..n].iter().map(|s| u64::from(s.length)).sum();
+            if total > u64::from(self.cap.max_inline_data) {
+                return Err(Errno::INVAL);
+            }
+            sq.inline.clear();
+            for s in &sges[..n] {
+                // SAFETY: with IBV_SEND_INLINE the SGEs name the caller's own readable
+                // memory (the lkey is ignored), copied now as the verb requires.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
+                sq.inline.extend_from_slice(bytes);
+            }
+            SendData::Inline(&sq.inline)
+        } else {
+            SendData::Sges(&sges[..n])
+        };
+        // SAFETY: `wr.wr` is a union of plain-data arms; which one is meaningful depends on
+        // the opcode and QP type, as in C.
+        let (rdma, atomic, ud) = unsafe { (wr.wr.rdma, wr.wr.atomic, wr.wr.ud) };
+        let (remote_addr, rkey, compare_add, swap) = match opcode {
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd | WrOpcode::AtomicWrite => (
+                atomic.remote_addr,
+                atomic.rkey,
+                atomic.compare_add,
+                atomic.swap,
+            ),
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm | WrOpcode::RdmaRead => {
+                (rdma.remote_addr, rdma.rkey, 0, 0)
+            }
+            _ => (0, 0, 0, 0),
+        };
+        let ud = if qp_type == IBV_QPT_UD {
+            let ah = ah::ah_handle(ud.ah).ok_or(Errno::INVAL)?;
+            Some(UdDest {
+                ah,
+                remote_qpn: Qpn::new(ud.remote_qpn),
+                remote_qkey: Qkey(ud.remote_qkey),
+            })
+        } else {
+            None
+        };
+        let bind = if opcode == WrOpcode::BindMw {
+            // SAFETY: the bind_mw arm is the meaningful one for IBV_WR_BIND_MW.
+            let b = unsafe { wr.ext.bind_mw };
+            Some(bind_args(b.mw, b.rkey, &b.bind_info)?)
+        } else {
+            None
+        };
+        let mut flags = wr.send_flags & wqe::send_flags::ALL;
+        if !inline {
+            flags &= !IBV_SEND_INLINE;
+        }
+        if self.sq_sig_all {
+            flags |= wqe::send_flags::SIGNALED;
+        }
+        let entry = SendWqe {
+            wr_id: wr.wr_id,
+            opcode,
+            flags,
+            imm_or_inv: wr.imm_data,
+            remote_addr,
+            rkey: Rkey(rkey),
+            compare_add,
+            swap,
+            ud,
+            bind,
+            data,
+        };
+        let mut slot = std::mem::take(&mut sq.slot);
+        let encoded = entry.encode(&mut slot);
+        sq.slot = slot;
+        let len = encoded.map_err(|_| Errno::INVAL)?;
+        sq.publish(len)
+    }
+}
+
+/// The bind arguments of a memory-window bind, from the window and the caller's bind info.
+pub fn bind_args(mw: *mut c_void, new_rkey: u32, info: &IbvMwBindInfo) -> Result<MwBind, Errno> {
+    let mw_rkey = mw::mw_rkey(mw).ok_or(Errno::INVAL)?;
+    // A zero-length bind unbinds and needs no MR (IBTA 10.6.7.2).
+    let mr_lkey = if info.mr.is_null() {
+        0
+    } else if MRS.contains(info.mr) {
+        // SAFETY: registered, so a live IbvMr.
+        unsafe { (*info.mr).lkey }
+    } else {
+        return Err(Errno::INVAL);
+    };
+    Ok(MwBind {
+        mw_rkey: Rkey(mw_rkey),
+        new_rkey: Rkey(new_rkey),
+        mr_lkey: Lkey(mr_lkey),
+        addr: info.addr,
+        length: info.length,
+        access: info.mw_access_flags,
+    })
+}
+
+/// `ctx->ops.post_send`: 0, or an errno with `*bad_wr` at the first WR not posted.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
+pub unsafe extern "C" fn post_send(
+    qp: *mut IbvQp,
+    wr: *mut IbvSendWr,
+    bad_wr: *mut *mut IbvSendWr,
+) -> c_int {
+    let mut failed: *mut IbvSendWr = ptr::null_mut();
+    let rc = ffi::zero_or_errno(|| {
+        let shim = qp_from_ptr(qp)?;
+        let ctx = shim.context()?;
+        let mut ring_bell = false;
+        let mut result = Ok(());
+        {
+            let mut sq = lock(&shim.sq);
+            let mut cur = wr;
+            // rxe refuses posting before RTS (rxe_post_send: "qp not ready to send").
+            if shim.state() < IBV_QPS_RTS {
+                failed = cur;
+                return Err(Errno::INVAL);
+            }
+            while !cur.is_null() {
+                // SAFETY: the caller's list of valid WRs, linked through `next`.
+                let w = unsafe { &*cur };
+                match shim.post_send_one(&mut sq, w) {
+                    Ok(b) => ring_bell |= b,
+                    Err(e) => {
+                        failed = cur;
+                        result = Err(e);
+                        break;
+                    }
+                }
+                cur = w.next;
+            }
+        }
+        if ring_bell {
+            ctx.ring_doorbell();
+        }
+        result
+    });
+    if rc != 0 && !bad_wr.is_null() {
+        // SAFETY: non-null; the inline verb passes the address of the caller's bad_wr.
+        unsafe { *bad_wr = if failed.is_null() { wr } else { failed } };
+    }
+    rc
+}
+
+/// `ctx->ops.post_recv`.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
+pub unsafe extern "C" fn post_recv(
+    qp: *mut IbvQp,
+    wr: *mut IbvRecvWr,
+    bad_wr: *mut *mut IbvRecvWr,
+) -> c_int {
+    let mut failed: *mut IbvRecvWr = ptr::null_mut();
+    let rc = ffi::zero_or_errno(|| {
+        let shim = qp_from_ptr(qp)?;
+        let ctx = shim.context()?;
+        // A QP on an SRQ has no receive queue; rxe refuses posting in RESET.
+        let Some(rq) = &shim.rq else {
+            failed = wr;
+            return Err(Errno::INVAL);
+        };
+        if shim.state() == IBV_QPS_RESET {
+            failed = wr;
+            return Err(Errno::INVAL);
+        }
+        let mut ring_bell = false;
+        let mut result = Ok(());
+        {
+            let mut rq = lock(rq);
+            let mut cur = wr;
+            while !cur.is_null() {
+                // SAFETY: the caller's list of valid WRs.
+                let w = unsafe { &*cur };
+                match rq.post_recv(w, shim.cap.max_recv_sge) {
+                    Ok(b) => ring_bell |= b,
+                    Err(e) => {
+                        failed = cur;
+                        result = Err(e);
+                        break;
+                    }
+                }
+                cur = w.next;
+            }
+        }
+        if ring_bell {
+            ctx.ring_doorbell();
+        }
+        result
+    });
+    if rc != 0 && !bad_wr.is_null() {
+        // SAFETY: non-null, the caller's bad_wr.
+        unsafe { *bad_wr = if failed.is_null() { wr } else { failed } };
+    }
+    rc
+}
+
+// IBV_QP_INIT_ATTR_* (enum ibv_qp_init_attr_mask)
+const QP_INIT_ATTR_PD: u32 = 1 << 0;
+const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+
+#[allow(clippy::too_many_arguments)]
+fn create(
+    pd: *mut IbvPd,
+    qp_context: *mut c_void,
+    send_cq: *mut IbvCq,
+    recv_cq: *mut IbvCq,
+    srq_ptr: *mut IbvSrq,
+    cap: &mut IbvQpCap,
+    qp_type: c_int,
+    sq_sig_all: c_int,
+    send_ops: u64,
+) -> Result<*mut ShimQp, Errno> {
+    let ctx = pd::pd_context(pd)?;
+    if send_ops & !wr::SUPPORTED != 0 {
+        return Err(Errno::OPNOTSUPP);
+    }
+    if !CQS.contains(send_cq) || !CQS.contains(recv_cq) {
+        return Err(Errno::INVAL);
+    }
+    let (send_cq_handle, _) = cq::cq_context_handle(send_cq)?;
+    let (recv_cq_handle, _) = cq::cq_context_handle(recv_cq)?;
+    let srq_handle = if srq_ptr.is_null() {
+        None
+    } else {
+        Some(srq::srq_from_ptr(srq_ptr)?.srq.handle)
+    };
+    let qp_type_u32 = u32::try_from(qp_type).map_err(|_| Errno::INVAL)?;
+    // SAFETY: live PD (checked by pd_context).
+    let (context, pd_handle) = unsafe { ((*pd).context, (*pd).handle) };
+    let (resp, mut fds) = ctx.call(
+        &Request::CreateQp {
+            pd: pd_handle,
+            qp_type: qp_type_u32,
+            send_cq: send_cq_handle,
+            recv_cq: recv_cq_handle,
+            srq: srq_handle,
+            cap: ctl::QpCap {
+                max_send_wr: cap.max_send_wr,
+                max_recv_wr: cap.max_recv_wr,
+                max_send_sge: cap.max_send_sge,
+                max_recv_sge: cap.max_recv_sge,
+                max_inline_data: cap.max_inline_data,
+            },
+            sq_sig_all: sq_sig_all != 0,
+        },
+        &[],
+    )?;
+    let Response::Qp {
+        qpn,
+        cap: granted,
+        sq,
+        rq,
+        region_len,
+    } = resp
+    else {
+        return Err(Errno::PROTO);
+    };
+    let attached = (|| {
+        let fd = fds.pop().ok_or(Errno::PROTO)?;
+        let map = Mapping::map(&fd, region_len)?;
+        let sq = map.ring(&sq, true)?;
+        let rq = match (&rq, srq_handle) {
+            (Some(place), None) => Some(map.ring(place, true)?),
+            (None, Some(_)) => None,
+            _ => return Err(Errno::PROTO),
+        };
+        Ok((map, sq, rq))
+    })();
+    let (map, sq, rq) = match attached {
+        Ok(x) => x,
+        Err(e) => {
+            let _ = ctx.call_done(&Request::DestroyQp { qpn });
+            return Err(e);
+        }
+    };
+    // rxe reports the granted capacities back through the caller's attributes.
+    *cap = IbvQpCap {
+        max_send_wr: granted.max_send_wr,
+        max_recv_wr: granted.max_recv_wr,
+        max_send_sge: granted.max_send_sge,
+        max_recv_sge: granted.max_recv_sge,
+        max_inline_data: granted.max_inline_data,
+    };
+    let null = ptr::null_mut();
+    let shim = Box::new(ShimQp {
+        qp: IbvQpEx {
+            qp_base: IbvQp {
+                context,
+                qp_context,
+                pd,
+                send_cq,
+                recv_cq,
+                srq: srq_ptr,
+                handle: qpn,
+                qp_num: qpn,
+                state: IBV_QPS_RESET,
+                qp_type,
+                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                cond: libc::PTHREAD_COND_INITIALIZER,
+                events_completed: 0,
+            },
+            comp_mask: 0,
+            wr_id: 0,
+            wr_flags: 0,
+            wr_atomic_cmp_swp: null,
+            wr_atomic_fetch_add: null,
+            wr_bind_mw: null,
+            wr_local_inv: null,
+            wr_rdma_read: null,
+            wr_rdma_write: null,
+            wr_rdma_write_imm: null,
+            wr_send: null,
+            wr_send_imm: null,
+            wr_send_inv: null,
+            wr_send_tso: null,
+            wr_set_ud_addr: null,
+            wr_set_xrc_srqn: null,
+            wr_set_inline_data: null,
+            wr_set_inline_data_list: null,
+            wr_set_sge: null,
+            wr_set_sge_list: null,
+            wr_start: null,
+            wr_complete: null,
+            wr_abort: null,
+            wr_atomic_write: null,
+        },
+        cap: granted,
+        sq_sig_all: sq_sig_all != 0,
+        sq: Mutex::new(Producer::new(sq)),
+        rq: rq.map(|r| Mutex::new(Producer::new(r))),
+        events_reported: AtomicU32::new(0),
+        send_ops,
+        batch: Mutex::new(WrBatch::default()),
+        _map: map,
+    });
+    let mut shim = shim;
+    if send_ops != 0 {
+        wr::install(&mut shim.qp);
+    }
+    let p = Box::into_raw(shim);
+    QPS.insert(p);
+    ctx.objects().qps.insert(qpn, p as usize);
+    Ok(p)
+}
+
+/// `ibv_create_qp`: NULL + errno; `attr->cap` gets the granted capacities.
+///
+/// # Safety
+/// `attr` is NULL or a valid `ibv_qp_init_attr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> *mut IbvQp {
+    ffi::ptr_or_null(|| {
+        let mut a = ffi::non_null(attr)?;
+        // SAFETY: non-null, the caller's init attributes.
+        let a = unsafe { a.as_mut() };
+        create(
+            pd,
+            a.qp_context,
+            a.send_cq,
+            a.recv_cq,
+            a.srq,
+            &mut a.cap,
+            a.qp_type,
+            a.sq_sig_all,
+            0,
+        )
+        .map(|p| p.cast::<IbvQp>())
+    })
+}
+
+/// `verbs_context.create_qp_ex` (the inline `ibv_create_qp_ex`): the PD form only; the
+/// `ibv_wr_*` send API (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`) is not offered.
+///
+/// # Safety
+/// Called by libibverbs' inline verbs with the application's arguments; pointers are only
+/// dereferenced after they are found to be live objects of ours (or, for WR lists and
+/// output arrays, as the verb's contract makes them valid).
+pub unsafe extern "C" fn create_qp_ex(
+    context: *mut IbvContext,
+    attr: *mut IbvQpInitAttrEx,
+) -> *mut IbvQp {
+    ffi::ptr_or_null(|| {
+        runtime::context_from_ptr(context)?;
+        let mut a = ffi::non_null(attr)?;
+        // SAFETY: non-null, the caller's extended init attributes.
+        let a = unsafe { a.as_mut() };
+        if a.comp_mask & QP_INIT_ATTR_PD == 0 {
+            return Err(Errno::INVAL);
+        }
+        if a.comp_mask & !(QP_INIT_ATTR_PD | QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+            return Err(Errno::OPNOTSUPP);
+        }
+        let send_ops = if a.comp_mask & QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            if a.send_ops_flags == 0 {
+                return Err(Errno::INVAL);
+            }
+            a.send_ops_flags
+        } else {
+            0
+        };
+        create(
+            a.pd,
+            a.qp_context,
+            a.send_cq,
+            a.recv_cq,
+            a.srq,
+            &mut a.cap,
+            a.qp_type,
+            a.sq_sig_all,
+            send_ops,
+        )
+        .map(|p| p.cast::<IbvQp>())
+    })
+}
+
+/// `ibv_qp_to_qp_ex`: the QP's `ibv_qp_ex` (same address) if it was created for the
+/// `ibv_wr_*` API, else NULL (as libibverbs for QPs without `VERBS_QP_EX`).
+///
+/// # Safety
+/// `qp` is NULL or any pointer.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut IbvQp) -> *mut IbvQpEx {
+    match qp_from_ptr(qp) {
+        Ok(s) if s.send_ops != 0 => qp.cast::<IbvQpEx>(),
+        _ => ptr::null_mut(),
+    }
+}
+
+/// `struct ibv_ah_attr` as the control protocol carries it.
+pub(crate) fn to_ctl_ah(a: &IbvAhAttr) -> ctl::AhAttr {
+    ctl::AhAttr {
+        dgid: a.grh.dgid.raw,
+        flow_label: a.grh.flow_label,
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        is_global: a.is_global != 0,
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        port_num: a.port_num,
+    }
+}
+
+fn from_ctl_ah(a: &ctl::AhAttr) -> IbvAhAttr {
+    IbvAhAttr {
+        grh: IbvGlobalRoute {
+            dgid: IbvGid { raw: a.dgid },
+            flow_label: a.flow_label,
+            sgid_index: a.sgid_index,
+            hop_limit: a.hop_limit,
+            traffic_class: a.traffic_class,
+        },
+        dlid: a.dlid,
+        sl: a.sl,
+        src_path_bits: a.src_path_bits,
+        static_rate: a.static_rate,
+        is_global: u8::from(a.is_global),
+        port_num: a.port_num,
+    }
+}
+
+/// `ibv_modify_qp`: 0 or errno; `qp->state` follows a successful state change.
+///
+/// # Safety
+/// `attr` is NULL or a valid `ibv_qp_attr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
+    ffi::zero_or_errno(|| {
+        let shim = qp_from_ptr(qp)?;
+        let a = ffi::non_null(attr)?;
+        // SAFETY: non-null, the caller's attributes.
+        let a = unsafe { a.as_ref() };
+        let ctx = shim.context()?;
+        let c = |v: c_int| v as u32;
+        ctx.call_done(&Request::ModifyQp {
+            qpn: shim.qp.qp_base.qp_num,
+            attr: ctl::QpAttr {
+                qp_state: c(a.qp_state),
+                cur_qp_state: c(a.cur_qp_state),
+                path_mtu: c(a.path_mtu),
+                path_mig_state: c(a.path_mig_state),
+                qkey: a.qkey,
+                rq_psn: a.rq_psn,
+                sq_psn: a.sq_psn,
+                dest_qp_num: a.dest_qp_num,
+                qp_access_flags: a.qp_access_flags,
+                cap: ctl::QpCap {
+                    max_send_wr: a.cap.max_send_wr,
+                    max_recv_wr: a.cap.max_recv_wr,
+                    max_send_sge: a.cap.max_send_sge,
+                    max_recv_sge: a.cap.max_recv_sge,
+                    max_inline_data: a.cap.max_inline_data,
+                },
+                ah_attr: to_ctl_ah(&a.ah_attr),
+                pkey_index: a.pkey_index,
+                en_sqd_async_notify: a.en_sqd_async_notify,
+                sq_draining: a.sq_draining,
+                max_rd_atomic: a.max_rd_atomic,
+                max_dest_rd_atomic: a.max_dest_rd_atomic,
+                min_rnr_timer: a.min_rnr_timer,
+                port_num: a.port_num,
+                timeout: a.timeout,
+                retry_cnt: a.retry_cnt,
+                rnr_retry: a.rnr_retry,
+            },
+            mask: mask as u32,
+        })?;
+        if mask & IBV_QP_STATE != 0 {
+            // SAFETY: live QP; libibverbs' ibv_modify_qp updates qp->state the same way.
+            unsafe { addr_of_mut!((*qp).state).write_volatile(a.qp_state) };
+        }
+        Ok(())
+    })
+}
+
+/// `ibv_query_qp`: 0 or errno.
+///
+/// # Safety
+/// `attr` and `init_attr` are NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut IbvQp,
+    attr: *mut IbvQpAttr,
+    mask: c_int,
+    init_attr: *mut IbvQpInitAttr,
+) -> c_int {
+    ffi::zero_or_errno(|| {
+        let shim = qp_from_ptr(qp)?;
+        let out = ffi::non_null(attr)?;
+        let init_out = ffi::non_null(init_attr)?;
+        let ctx = shim.context()?;
+        let (a, sq_sig_all) = match ctx
+            .call(
+                &Request::QueryQp {
+                    qpn: shim.qp.qp_base.qp_num,
+                    mask: mask as u32,
+                },
+                &[],
+            )?
+            .0
+        {
+            Response::QpAttr { attr, .. } => (attr, shim.sq_sig_all),
+            _ => return Err(Errno::PROTO),
+        };
+        let cap = IbvQpCap {
+            max_send_wr: shim.cap.max_send_wr,
+            max_recv_wr: shim.cap.max_recv_wr,
+            max_send_sge: shim.cap.max_send_sge,
+            max_recv_sge: shim.cap.max_recv_sge,
+            max_inline_data: shim.cap.max_inline_data,
+        };
+        let attr = IbvQpAttr {
+            qp_state: a.qp_state as c_int,
+            cur_qp_state: a.cur_qp_state as c_int,
+            path_mtu: a.path_mtu as c_int,
+            path_mig_state: a.path_mig_state as c_int,
+            qkey: a.qkey,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qp_num: a.dest_qp_num,
+            qp_access_flags: a.qp_access_flags,
+            cap,
+            ah_attr: from_ctl_ah(&a.ah_attr),
+            pkey_index: a.pkey_index,
+            en_sqd_async_notify: a.en_sqd_async_notify,
+            sq_draining: a.sq_draining,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            ..IbvQpAttr::default()
+        };
+        let b = &shim.qp.qp_base;
+        // SAFETY: both non-null and writable per the caller.
+        unsafe {
+            out.as_ptr().write(attr);
+            init_out.as_ptr().write(IbvQpInitAttr {
+                qp_context: b.qp_context,
+                send_cq: b.send_cq,
+                recv_cq: b.recv_cq,
+                srq: b.srq,
+                cap,
+                qp_type: b.qp_type,
+                sq_sig_all: c_int::from(sq_sig_all),
+            });
+        }
+        if mask & IBV_QP_STATE != 0 {
+            // SAFETY: live QP; libibverbs refreshes qp->state from a state query.
+            unsafe { addr_of_mut!((*qp).state).write_volatile(attr.qp_state) };
+        }
+        Ok(())
+    })
+}
+
+/// `ibv_destroy_qp`: 0 or errno; waits until the QP's async events are acknowledged.
+///
+/// # Safety
+/// `qp` is NULL or any pointer.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
+    ffi::zero_or_errno(|| {
+        let shim = qp_from_ptr(qp)?;
+        let ctx = shim.context()?;
+        let qpn = shim.qp.qp_base.qp_num;
+        match ctx.call_done(&Request::DestroyQp { qpn }) {
+            Ok(()) | Err(Errno(libc::ENODEV)) => {}
+            Err(e) => return Err(e),
+        }
+        ctx.objects().qps.remove(&qpn);
+        // SAFETY: live QP; mutex/cond initialised statically.
+        unsafe {
+            libc::pthread_mutex_lock(addr_of_mut!((*qp).mutex));
+            while (*qp).events_completed != shim.events_reported.load(Ordering::Acquire) {
+                libc::pthread_cond_wait(addr_of_mut!((*qp).cond), addr_of_mut!((*qp).mutex));
+            }
+            libc::pthread_mutex_unlock(addr_of_mut!((*qp).mutex));
+        }
+        if !QPS.remove(qp) {
+            return Err(Errno::INVAL);
+        }
+        // SAFETY: from Box::into_raw in `create`, unregistered just now.
+        drop(unsafe { Box::from_raw(qp.cast::<ShimQp>()) });
+        Ok(())
+    })
+}
+
+/// Acknowledges one async event of `qp`.
+pub(crate) fn ack_async_event(qp: *mut IbvQp) {
+    if !QPS.contains(qp) {
+        return;
+    }
+    // SAFETY: live QP; its mutex/cond are initialised.
+    unsafe {
+        libc::pthread_mutex_lock(addr_of_mut!((*qp).mutex));
+        (*qp).events_completed = (*qp).events_completed.wrapping_add(1);
+        libc::pthread_cond_signal(addr_of_mut!((*qp).cond));
+        libc::pthread_mutex_unlock(addr_of_mut!((*qp).mutex));
+    }
+}
+
+fn mcast(qp: *mut IbvQp, gid: *const IbvGid, attach: bool) -> Result<(), Errno> {
+    let shim = qp_from_ptr(qp)?;
+    let gid = ffi::non_null_const(gid)?;
+    // SAFETY: non-null, the caller's GID.
+    let gid = unsafe { gid.as_ref() }.raw;
+    let qpn = shim.qp.qp_base.qp_num;
+    shim.context()?.call_done(&if attach {
+        Request::AttachMcast { qpn, gid }
+    } else {
+        Request::DetachMcast { qpn, gid }
+    })
+}
+
+/// `ibv_attach_mcast`: 0 or errno.
+///
+/// # Safety
+/// `gid` is NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut IbvQp, gid: *const IbvGid, _lid: u16) -> c_int {
+    ffi::zero_or_errno(|| mcast(qp, gid, true))
+}
+
+/// `ibv_detach_mcast`: 0 or errno.
+///
+/// # Safety
+/// `gid` is NULL or readable.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut IbvQp, gid: *const IbvGid, _lid: u16) -> c_int {
+    ffi::zero_or_errno(|| mcast(qp, gid, false))
+}
