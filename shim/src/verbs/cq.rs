@@ -17,6 +17,7 @@ use crate::ffi::{self, Errno};
 use crate::runtime::{self, ShimContext, COMP_CHANNELS, CQS};
 use crate::shm::Mapping;
 use crate::verbs::events::ShimCompChannel;
+use crate::verbs::qp;
 
 /// Largest CQ slot the shim accepts (the daemon uses 64 bytes).
 const MAX_CQ_SLOT: usize = 256;
@@ -72,6 +73,12 @@ impl ShimCq {
                         IBV_WC_LEN,
                     )
                 };
+                // Receive opcodes have bit 7 set (IBV_WC_RECV = 1 << 7); flushed receives too.
+                if out.opcode & IBV_WC_RECV != 0 {
+                    if let Ok(ctx) = runtime::context_from_ptr(self.cq.context) {
+                        qp::receive_completed(ctx, out.qp_num);
+                    }
+                }
                 Ok(true)
             }
             Ok(false) => Ok(false),

@@ -100,6 +100,10 @@ pub struct ShimQp {
     rq: Option<Mutex<Producer>>,
     /// Async events handed out for this QP; destroy waits until they are acknowledged.
     pub events_reported: AtomicU32,
+    /// Receive WQEs posted and not yet completed (as seen by `ibv_poll_cq`): the daemon
+    /// drains the ring into its engine early, so the ring alone would let an application post
+    /// more than `max_recv_wr`; rxe refuses that with `ENOMEM`.
+    pub rq_outstanding: AtomicU32,
     /// `send_ops_flags` of a QP made for the `ibv_wr_*` API (0: not offered).
     pub send_ops: u64,
     /// The `ibv_wr_*` batch being built.
@@ -383,8 +387,17 @@ pub unsafe extern "C" fn post_recv(
             while !cur.is_null() {
                 // SAFETY: the caller's list of valid WRs.
                 let w = unsafe { &*cur };
-                match rq.post_recv(w, shim.cap.max_recv_sge) {
-                    Ok(b) => ring_bell |= b,
+                let posted = if shim.rq_outstanding.load(Ordering::Acquire) >= shim.cap.max_recv_wr
+                {
+                    Err(Errno::NOMEM)
+                } else {
+                    rq.post_recv(w, shim.cap.max_recv_sge)
+                };
+                match posted {
+                    Ok(b) => {
+                        shim.rq_outstanding.fetch_add(1, Ordering::AcqRel);
+                        ring_bell |= b;
+                    }
                     Err(e) => {
                         failed = cur;
                         result = Err(e);
@@ -408,6 +421,7 @@ pub unsafe extern "C" fn post_recv(
 
 // IBV_QP_INIT_ATTR_* (enum ibv_qp_init_attr_mask)
 const QP_INIT_ATTR_PD: u32 = 1 << 0;
+const QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
 #[allow(clippy::too_many_arguments)]
@@ -541,6 +555,7 @@ fn create(
         sq: Mutex::new(Producer::new(sq)),
         rq: rq.map(|r| Mutex::new(Producer::new(r))),
         events_reported: AtomicU32::new(0),
+        rq_outstanding: AtomicU32::new(0),
         send_ops,
         batch: Mutex::new(WrBatch::default()),
         _map: map,
@@ -599,7 +614,11 @@ pub unsafe extern "C" fn create_qp_ex(
         if a.comp_mask & QP_INIT_ATTR_PD == 0 {
             return Err(Errno::INVAL);
         }
-        if a.comp_mask & !(QP_INIT_ATTR_PD | QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+        let known = QP_INIT_ATTR_PD | QP_INIT_ATTR_CREATE_FLAGS | QP_INIT_ATTR_SEND_OPS_FLAGS;
+        // No creation flags are offered (as rxe); an empty set is fine.
+        if a.comp_mask & !known != 0
+            || (a.comp_mask & QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+        {
             return Err(Errno::OPNOTSUPP);
         }
         let send_ops = if a.comp_mask & QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
@@ -719,6 +738,10 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mas
             },
             mask: mask as u32,
         })?;
+        if mask & IBV_QP_STATE != 0 && a.qp_state == IBV_QPS_RESET {
+            // RESET empties the queues (IBTA 10.3.1): nothing posted is outstanding any more.
+            shim.rq_outstanding.store(0, Ordering::Release);
+        }
         if mask & IBV_QP_STATE != 0 {
             // SAFETY: live QP; libibverbs' ibv_modify_qp updates qp->state the same way.
             unsafe { addr_of_mut!((*qp).state).write_volatile(a.qp_state) };
@@ -839,6 +862,18 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
         drop(unsafe { Box::from_raw(qp.cast::<ShimQp>()) });
         Ok(())
     })
+}
+
+/// A receive completion of `qpn` was polled: its WQE no longer occupies the receive queue.
+pub(crate) fn receive_completed(ctx: &ShimContext, qpn: u32) {
+    let Some(addr) = ctx.objects().qps.get(&qpn).copied() else {
+        return;
+    };
+    if let Ok(q) = qp_from_ptr(addr as *mut IbvQp) {
+        let _ = q
+            .rq_outstanding
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
 }
 
 /// Acknowledges one async event of `qp`.
