@@ -313,6 +313,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_
         if n < 0 || (n > 0 && wc.is_null()) {
             return Err(Errno::INVAL);
         }
+        runtime::context_from_ptr(shim.cq.context)?.data_path_ok()?;
         let mut ring = lock(&shim.ring);
         let mut got = 0;
         while got < n {
@@ -428,6 +429,9 @@ fn advance(cq: *mut IbvCqEx) -> c_int {
     let Ok(shim) = cq_from_ptr(cq) else {
         return libc::EINVAL;
     };
+    if let Err(e) = runtime::context_from_ptr(shim.cq.context).and_then(|c| c.data_path_ok()) {
+        return e.0;
+    }
     let mut wc = IbvWc::default();
     let got = {
         let mut ring = lock(&shim.ring);

@@ -140,6 +140,7 @@ impl ShimQp {
     /// queue cannot take it all.
     pub fn post_built(&self, mut wrs: Vec<BuiltWr>) -> Result<(), Errno> {
         let ctx = self.context()?;
+        ctx.data_path_ok()?;
         if self.state() < IBV_QPS_RTS {
             return Err(Errno::INVAL);
         }
@@ -319,6 +320,7 @@ pub unsafe extern "C" fn post_send(
     let rc = ffi::zero_or_errno(|| {
         let shim = qp_from_ptr(qp)?;
         let ctx = shim.context()?;
+        ctx.data_path_ok()?;
         let mut ring_bell = false;
         let mut result = Ok(());
         {
@@ -370,6 +372,7 @@ pub unsafe extern "C" fn post_recv(
     let rc = ffi::zero_or_errno(|| {
         let shim = qp_from_ptr(qp)?;
         let ctx = shim.context()?;
+        ctx.data_path_ok()?;
         // A QP on an SRQ has no receive queue; rxe refuses posting in RESET.
         let Some(rq) = &shim.rq else {
             failed = wr;
