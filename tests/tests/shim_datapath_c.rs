@@ -3,7 +3,7 @@
 //! other through a private daemon (loopback address, real port 4791), then RDMA WRITE, WRITE
 //! with immediate, READ, both atomics, inline SEND, memory windows of both types with SEND with
 //! invalidate, completion channels, SRQ limit events, the extended CQ polling API, the
-//! `ibv_wr_*` send API, and the
+//! `ibv_wr_*` send API, a fork child kept off the parent's rings, and the
 //! error completions of a wrong R_Key and of an access past the end of a region. Every data
 //! transfer is checked byte for byte, every completion's status/opcode/length/flags.
 
@@ -17,6 +17,8 @@ const PROGRAM: &str = r#"
 #include <endian.h>
 #include <errno.h>
 #include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -453,6 +455,33 @@ static void test_stale_channel_record(void)
     CHECK(ibv_destroy_cq(y) == 0 && ibv_destroy_comp_channel(ch) == 0, "destroy Y and channel");
 }
 
+/* A fork child shares the parent's ring memory but must not post to or poll its rings. */
+static void test_fork_child_keeps_off_the_rings(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct ibv_sge s = { (uintptr_t)abuf, 8, amr->lkey };
+        struct ibv_send_wr w = { .wr_id = 140, .sg_list = &s, .num_sge = 1,
+                                 .opcode = IBV_WR_SEND }, *bad = NULL;
+        struct ibv_wc wc;
+        int ok = ibv_post_send(qa, &w, &bad) == ENODEV && bad == &w &&
+                 ibv_poll_cq(cq, 1, &wc) < 0;
+        _exit(ok ? 0 : 1);
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+          WEXITSTATUS(status) == 0, "fork child: post_send ENODEV, poll_cq fails");
+    /* The parent's pair is untouched. */
+    struct ibv_wc wc;
+    struct ibv_sge s = { (uintptr_t)abuf, 8, amr->lkey };
+    struct ibv_send_wr w = { .wr_id = 141, .sg_list = &s, .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED };
+    w.wr.rdma.remote_addr = (uintptr_t)bbuf;
+    w.wr.rdma.rkey = bmr->rkey;
+    CHECK(post(qa, &w) == 0 && wait_wc(cq, &wc) && wc.wr_id == 141 &&
+          wc.status == IBV_WC_SUCCESS, "parent still posts and polls after the fork");
+}
+
 static void test_wr_api(void)
 {
     struct ibv_qp_init_attr_ex ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .pd = pd,
@@ -604,6 +633,7 @@ int main(void)
     test_channel_and_extended_poll();
     test_wr_api();
     test_stale_channel_record();
+    test_fork_child_keeps_off_the_rings();
     test_srq_limit();
 
     CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0, "destroy A and B");
