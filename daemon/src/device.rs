@@ -975,7 +975,9 @@ fn create_cq(
     let Some(g) = RingGeometry::new(cqe + 1, wqe::CQE_SLOT_LEN as u32) else {
         return (errno(libc::EINVAL, "cqe out of range"), vec![]);
     };
-    let cq = match c.engine.create_cq(g.slot_count as usize) {
+    // The engine's depth is the granted one (`slot_count - 1`, reported as `cqe`): asking
+    // for the ring's power-of-two slot count would exceed max_cqe (32767) for cqe = max_cqe.
+    let cq = match c.engine.create_cq(g.slot_count as usize - 1) {
         Ok(h) => h,
         Err(e) => return (err(e), vec![]),
     };

@@ -357,6 +357,17 @@ impl ShimContext {
         }
     }
 
+    /// The data path of this context is usable: not after the daemon is gone, and never in a
+    /// fork child that inherited the context (its rings are the parent's: posting or polling
+    /// there would corrupt or steal the parent's work). `ENODEV` otherwise.
+    pub fn data_path_ok(&self) -> Result<(), Errno> {
+        if self.control.is_lost() {
+            Err(Errno(libc::ENODEV))
+        } else {
+            Ok(())
+        }
+    }
+
     /// Wakes the daemon's device thread (the ring consumer announced it sleeps).
     pub fn ring_doorbell(&self) {
         let one = 1u64.to_ne_bytes();

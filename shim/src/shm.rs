@@ -75,32 +75,33 @@ impl Drop for Mapping {
     }
 }
 
+/// A memfd holding one initialised ring at offset 0, as the daemon sends it (for unit tests).
+#[cfg(test)]
+pub(crate) fn test_region(g: proto::ring::RingGeometry) -> (OwnedFd, u64) {
+    use std::os::fd::FromRawFd;
+    let len = 4096 * 4;
+    // SAFETY: memfd_create with a valid NUL-terminated name; checked below.
+    let fd = unsafe { libc::memfd_create(c"test-ring".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our own memfd.
+    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }, 0);
+    let m = Mapping::map(&fd, len as u64).unwrap();
+    // SAFETY: the mapping is 16 KiB, page aligned, and outlives the handle.
+    let _header_written = unsafe { SharedRing::init(m.base, g) };
+    (fd, len as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proto::ring::RingGeometry;
-    use std::os::fd::FromRawFd;
-
-    /// A memfd holding one initialised ring at offset 0, as the daemon sends it.
-    fn region(g: RingGeometry) -> (OwnedFd, u64) {
-        let len = 4096 * 4;
-        // SAFETY: memfd_create with a valid NUL-terminated name; checked below.
-        let fd = unsafe { libc::memfd_create(c"test-ring".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0);
-        // SAFETY: a fresh descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: ftruncate on our own memfd.
-        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len) }, 0);
-        let m = Mapping::map(&fd, len as u64).unwrap();
-        // SAFETY: the mapping is 16 KiB, page aligned, and outlives the handle.
-        let _header_written = unsafe { SharedRing::init(m.base, g) };
-        (fd, len as u64)
-    }
 
     #[test]
     fn rings_are_checked_against_the_announced_place() {
         let g = RingGeometry::new(8, 64).unwrap();
-        let (fd, len) = region(g);
+        let (fd, len) = test_region(g);
         let m = Mapping::map(&fd, len).unwrap();
         let place = RingPlace {
             offset: 0,

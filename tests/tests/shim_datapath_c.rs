@@ -3,7 +3,7 @@
 //! other through a private daemon (loopback address, real port 4791), then RDMA WRITE, WRITE
 //! with immediate, READ, both atomics, inline SEND, memory windows of both types with SEND with
 //! invalidate, completion channels, SRQ limit events, the extended CQ polling API, the
-//! `ibv_wr_*` send API, and the
+//! `ibv_wr_*` send API, a fork child kept off the parent's rings, and the
 //! error completions of a wrong R_Key and of an access past the end of a region. Every data
 //! transfer is checked byte for byte, every completion's status/opcode/length/flags.
 
@@ -17,6 +17,8 @@ const PROGRAM: &str = r#"
 #include <endian.h>
 #include <errno.h>
 #include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -412,6 +414,74 @@ static void test_channel_and_extended_poll(void)
     CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy the channel");
 }
 
+/* One RC message from a fresh pair whose receive side completes on `rcq`. */
+static int message_to(struct ibv_cq *rcq)
+{
+    struct ibv_qp *r = make_qp(cq, rcq, NULL), *t = make_qp(cq, cq, NULL);
+    int ok = r && t && to_rts(r, t->qp_num) == 0 && to_rts(t, r->qp_num) == 0 &&
+             post_recv(r, 130, bbuf, 64, bmr->lkey) == 0;
+    struct ibv_sge s = { (uintptr_t)abuf, 8, amr->lkey };
+    struct ibv_send_wr w = { .wr_id = 131, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_SEND };
+    ok = ok && post(t, &w) == 0;
+    struct ibv_wc wc;
+    ok = ok && wait_wc(rcq, &wc) && wc.wr_id == 130 && wc.status == IBV_WC_SUCCESS;
+    ok = ok && ibv_destroy_qp(r) == 0 && ibv_destroy_qp(t) == 0;
+    return ok;
+}
+
+/* A completion event queued for a CQ destroyed before the event was read is skipped: the
+ * next ibv_get_cq_event returns the live CQ's event. */
+static void test_stale_channel_record(void)
+{
+    struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+    struct ibv_cq *x = ch ? ibv_create_cq(ctx, 8, (void *)1, ch, 0) : NULL;
+    CHECK(x != NULL, "CQ X on a channel");
+    if (!x)
+        return;
+    CHECK(ibv_req_notify_cq(x, 0) == 0 && message_to(x), "X armed and completed");
+    struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+    CHECK(poll(&p, 1, 10000) == 1, "X's event is queued");
+    CHECK(ibv_destroy_cq(x) == 0, "destroy X without reading its event");
+    struct ibv_cq *y = ibv_create_cq(ctx, 8, (void *)2, ch, 0);
+    CHECK(y != NULL, "CQ Y on the same channel");
+    if (!y)
+        return;
+    CHECK(ibv_req_notify_cq(y, 0) == 0 && message_to(y), "Y armed and completed");
+    struct ibv_cq *ev_cq = NULL;
+    void *ev_ctx = NULL;
+    CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == y && ev_ctx == (void *)2,
+          "the stale record of X is skipped, Y's event returned");
+    ibv_ack_cq_events(y, 1);
+    CHECK(ibv_destroy_cq(y) == 0 && ibv_destroy_comp_channel(ch) == 0, "destroy Y and channel");
+}
+
+/* A fork child shares the parent's ring memory but must not post to or poll its rings. */
+static void test_fork_child_keeps_off_the_rings(void)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct ibv_sge s = { (uintptr_t)abuf, 8, amr->lkey };
+        struct ibv_send_wr w = { .wr_id = 140, .sg_list = &s, .num_sge = 1,
+                                 .opcode = IBV_WR_SEND }, *bad = NULL;
+        struct ibv_wc wc;
+        int ok = ibv_post_send(qa, &w, &bad) == ENODEV && bad == &w &&
+                 ibv_poll_cq(cq, 1, &wc) < 0;
+        _exit(ok ? 0 : 1);
+    }
+    int status = -1;
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+          WEXITSTATUS(status) == 0, "fork child: post_send ENODEV, poll_cq fails");
+    /* The parent's pair is untouched. */
+    struct ibv_wc wc;
+    struct ibv_sge s = { (uintptr_t)abuf, 8, amr->lkey };
+    struct ibv_send_wr w = { .wr_id = 141, .sg_list = &s, .num_sge = 1,
+                             .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED };
+    w.wr.rdma.remote_addr = (uintptr_t)bbuf;
+    w.wr.rdma.rkey = bmr->rkey;
+    CHECK(post(qa, &w) == 0 && wait_wc(cq, &wc) && wc.wr_id == 141 &&
+          wc.status == IBV_WC_SUCCESS, "parent still posts and polls after the fork");
+}
+
 static void test_wr_api(void)
 {
     struct ibv_qp_init_attr_ex ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .pd = pd,
@@ -562,6 +632,8 @@ int main(void)
     test_access_errors();
     test_channel_and_extended_poll();
     test_wr_api();
+    test_stale_channel_record();
+    test_fork_child_keeps_off_the_rings();
     test_srq_limit();
 
     CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0, "destroy A and B");

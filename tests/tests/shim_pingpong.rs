@@ -392,8 +392,10 @@ fn killed_pingpong_is_cleaned_up_and_the_device_keeps_working() {
     // The server either had a message in flight (its send exhausts its retries and it exits
     // with an error completion) or waits for the next message, which, as with kernel rxe,
     // never comes: bounded here, then stopped.
-    match server.wait_for(Duration::from_secs(20)) {
+    // (rc_pingpong's timeout 14 and retry count 7 exhaust in about half a second.)
+    match server.wait_for(Duration::from_secs(10)) {
         Some(status) => {
+            eprintln!("the peer failed: {}", server.output());
             assert!(!status.success(), "server: {}", server.output());
             assert!(
                 server.output().contains("Failed status"),
@@ -401,7 +403,10 @@ fn killed_pingpong_is_cleaned_up_and_the_device_keeps_working() {
                 server.output()
             );
         }
-        None => server.kill(),
+        None => {
+            eprintln!("the peer waits for a message that will never come; stopped");
+            server.kill();
+        }
     }
 
     // The device still works for a new pair.

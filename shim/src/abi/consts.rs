@@ -162,3 +162,6 @@ pub const IBV_WC_STANDARD_FLAGS: u64 = 0x7f;
 // enum ibv_srq_attr_mask
 pub const IBV_SRQ_MAX_WR: c_int = 1 << 0;
 pub const IBV_SRQ_LIMIT: c_int = 1 << 1;
+
+// enum ibv_wc_opcode: receive opcodes have this bit set.
+pub const IBV_WC_RECV: c_int = 1 << 7;

@@ -25,6 +25,11 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> 
         let a = ffi::non_null(attr)?;
         // SAFETY: non-null, the caller's attributes.
         let a = unsafe { a.as_ref() };
+        // RoCE addresses are GIDs: the kernel's rdma_check_ah_attr refuses an AH without a
+        // GRH on a RoCE port with EINVAL.
+        if a.is_global == 0 {
+            return Err(Errno::INVAL);
+        }
         // SAFETY: live PD.
         let (context, pd_handle) = unsafe { ((*pd).context, (*pd).handle) };
         let handle = match ctx

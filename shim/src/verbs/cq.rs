@@ -17,6 +17,7 @@ use crate::ffi::{self, Errno};
 use crate::runtime::{self, ShimContext, COMP_CHANNELS, CQS};
 use crate::shm::Mapping;
 use crate::verbs::events::ShimCompChannel;
+use crate::verbs::qp;
 
 /// Largest CQ slot the shim accepts (the daemon uses 64 bytes).
 const MAX_CQ_SLOT: usize = 256;
@@ -72,6 +73,12 @@ impl ShimCq {
                         IBV_WC_LEN,
                     )
                 };
+                // Receive opcodes have bit 7 set (IBV_WC_RECV = 1 << 7); flushed receives too.
+                if out.opcode & IBV_WC_RECV != 0 {
+                    if let Ok(ctx) = runtime::context_from_ptr(self.cq.context) {
+                        qp::receive_completed(ctx, out.qp_num);
+                    }
+                }
                 Ok(true)
             }
             Ok(false) => Ok(false),
@@ -306,6 +313,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_
         if n < 0 || (n > 0 && wc.is_null()) {
             return Err(Errno::INVAL);
         }
+        runtime::context_from_ptr(shim.cq.context)?.data_path_ok()?;
         let mut ring = lock(&shim.ring);
         let mut got = 0;
         while got < n {
@@ -421,6 +429,9 @@ fn advance(cq: *mut IbvCqEx) -> c_int {
     let Ok(shim) = cq_from_ptr(cq) else {
         return libc::EINVAL;
     };
+    if let Err(e) = runtime::context_from_ptr(shim.cq.context).and_then(|c| c.data_path_ok()) {
+        return e.0;
+    }
     let mut wc = IbvWc::default();
     let got = {
         let mut ring = lock(&shim.ring);

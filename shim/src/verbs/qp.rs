@@ -100,6 +100,10 @@ pub struct ShimQp {
     rq: Option<Mutex<Producer>>,
     /// Async events handed out for this QP; destroy waits until they are acknowledged.
     pub events_reported: AtomicU32,
+    /// Receive WQEs posted and not yet completed (as seen by `ibv_poll_cq`): the daemon
+    /// drains the ring into its engine early, so the ring alone would let an application post
+    /// more than `max_recv_wr`; rxe refuses that with `ENOMEM`.
+    pub rq_outstanding: AtomicU32,
     /// `send_ops_flags` of a QP made for the `ibv_wr_*` API (0: not offered).
     pub send_ops: u64,
     /// The `ibv_wr_*` batch being built.
@@ -136,6 +140,7 @@ impl ShimQp {
     /// queue cannot take it all.
     pub fn post_built(&self, mut wrs: Vec<BuiltWr>) -> Result<(), Errno> {
         let ctx = self.context()?;
+        ctx.data_path_ok()?;
         if self.state() < IBV_QPS_RTS {
             return Err(Errno::INVAL);
         }
@@ -315,6 +320,7 @@ pub unsafe extern "C" fn post_send(
     let rc = ffi::zero_or_errno(|| {
         let shim = qp_from_ptr(qp)?;
         let ctx = shim.context()?;
+        ctx.data_path_ok()?;
         let mut ring_bell = false;
         let mut result = Ok(());
         {
@@ -366,6 +372,7 @@ pub unsafe extern "C" fn post_recv(
     let rc = ffi::zero_or_errno(|| {
         let shim = qp_from_ptr(qp)?;
         let ctx = shim.context()?;
+        ctx.data_path_ok()?;
         // A QP on an SRQ has no receive queue; rxe refuses posting in RESET.
         let Some(rq) = &shim.rq else {
             failed = wr;
@@ -383,8 +390,17 @@ pub unsafe extern "C" fn post_recv(
             while !cur.is_null() {
                 // SAFETY: the caller's list of valid WRs.
                 let w = unsafe { &*cur };
-                match rq.post_recv(w, shim.cap.max_recv_sge) {
-                    Ok(b) => ring_bell |= b,
+                let posted = if shim.rq_outstanding.load(Ordering::Acquire) >= shim.cap.max_recv_wr
+                {
+                    Err(Errno::NOMEM)
+                } else {
+                    rq.post_recv(w, shim.cap.max_recv_sge)
+                };
+                match posted {
+                    Ok(b) => {
+                        shim.rq_outstanding.fetch_add(1, Ordering::AcqRel);
+                        ring_bell |= b;
+                    }
                     Err(e) => {
                         failed = cur;
                         result = Err(e);
@@ -408,6 +424,7 @@ pub unsafe extern "C" fn post_recv(
 
 // IBV_QP_INIT_ATTR_* (enum ibv_qp_init_attr_mask)
 const QP_INIT_ATTR_PD: u32 = 1 << 0;
+const QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 const QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
 #[allow(clippy::too_many_arguments)]
@@ -541,6 +558,7 @@ fn create(
         sq: Mutex::new(Producer::new(sq)),
         rq: rq.map(|r| Mutex::new(Producer::new(r))),
         events_reported: AtomicU32::new(0),
+        rq_outstanding: AtomicU32::new(0),
         send_ops,
         batch: Mutex::new(WrBatch::default()),
         _map: map,
@@ -599,7 +617,11 @@ pub unsafe extern "C" fn create_qp_ex(
         if a.comp_mask & QP_INIT_ATTR_PD == 0 {
             return Err(Errno::INVAL);
         }
-        if a.comp_mask & !(QP_INIT_ATTR_PD | QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+        let known = QP_INIT_ATTR_PD | QP_INIT_ATTR_CREATE_FLAGS | QP_INIT_ATTR_SEND_OPS_FLAGS;
+        // No creation flags are offered (as rxe); an empty set is fine.
+        if a.comp_mask & !known != 0
+            || (a.comp_mask & QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
+        {
             return Err(Errno::OPNOTSUPP);
         }
         let send_ops = if a.comp_mask & QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
@@ -719,6 +741,10 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mas
             },
             mask: mask as u32,
         })?;
+        if mask & IBV_QP_STATE != 0 && a.qp_state == IBV_QPS_RESET {
+            // RESET empties the queues (IBTA 10.3.1): nothing posted is outstanding any more.
+            shim.rq_outstanding.store(0, Ordering::Release);
+        }
         if mask & IBV_QP_STATE != 0 {
             // SAFETY: live QP; libibverbs' ibv_modify_qp updates qp->state the same way.
             unsafe { addr_of_mut!((*qp).state).write_volatile(a.qp_state) };
@@ -841,6 +867,18 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
     })
 }
 
+/// A receive completion of `qpn` was polled: its WQE no longer occupies the receive queue.
+pub(crate) fn receive_completed(ctx: &ShimContext, qpn: u32) {
+    let Some(addr) = ctx.objects().qps.get(&qpn).copied() else {
+        return;
+    };
+    if let Ok(q) = qp_from_ptr(addr as *mut IbvQp) {
+        let _ = q
+            .rq_outstanding
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+}
+
 /// Acknowledges one async event of `qp`.
 pub(crate) fn ack_async_event(qp: *mut IbvQp) {
     if !QPS.contains(qp) {
@@ -884,4 +922,188 @@ pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut IbvQp, gid: *const IbvGid, _l
 #[no_mangle]
 pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut IbvQp, gid: *const IbvGid, _lid: u16) -> c_int {
     ffi::zero_or_errno(|| mcast(qp, gid, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::ring::RingGeometry;
+
+    /// A QP of `qp_type` in RTS over a private send ring, and a consumer end to read back
+    /// what was posted.
+    fn qp(qp_type: c_int, sq_sig_all: bool) -> (ShimQp, SharedRing) {
+        let g = RingGeometry::new(4, 64 + 64).unwrap();
+        let (fd, len) = crate::shm::test_region(g);
+        let map = Mapping::map(&fd, len).unwrap();
+        let place = ctl::RingPlace {
+            offset: 0,
+            slot_size: g.slot_size,
+            slot_count: g.slot_count,
+        };
+        let sq = map.ring(&place, true).unwrap();
+        let consumer = map.ring(&place, false).unwrap();
+        // SAFETY: all-zero is a valid ibv_qp_ex (null pointers, zero counts, a zeroed
+        // pthread mutex/cond is the static initialiser on glibc).
+        let mut q: IbvQpEx = unsafe { std::mem::zeroed() };
+        q.qp_base.qp_type = qp_type;
+        q.qp_base.state = IBV_QPS_RTS;
+        let shim = ShimQp {
+            qp: q,
+            cap: ctl::QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 2,
+                max_recv_sge: 1,
+                max_inline_data: 64,
+            },
+            sq_sig_all,
+            sq: Mutex::new(Producer::new(sq)),
+            rq: None,
+            events_reported: AtomicU32::new(0),
+            rq_outstanding: AtomicU32::new(0),
+            send_ops: 0,
+            batch: Mutex::new(WrBatch::default()),
+            _map: map,
+        };
+        (shim, consumer)
+    }
+
+    fn wr(opcode: c_int, sges: &mut [IbvSge], flags: u32) -> IbvSendWr {
+        // SAFETY: all-zero is a valid ibv_send_wr.
+        let mut w: IbvSendWr = unsafe { std::mem::zeroed() };
+        w.wr_id = 77;
+        w.opcode = opcode;
+        w.sg_list = sges.as_mut_ptr();
+        w.num_sge = sges.len() as c_int;
+        w.send_flags = flags;
+        w
+    }
+
+    fn post(q: &ShimQp, w: &IbvSendWr) -> Result<bool, Errno> {
+        q.post_send_one(&mut lock(&q.sq), w)
+    }
+
+    #[test]
+    fn send_wrs_are_validated_as_rxe_does() {
+        let (rc, _) = qp(IBV_QPT_RC, false);
+        let mut one = [IbvSge {
+            addr: 0x1000,
+            length: 8,
+            lkey: 5,
+        }];
+        assert_eq!(post(&rc, &wr(99, &mut one, 0)), Err(Errno::INVAL), "opcode");
+        assert_eq!(
+            post(&rc, &wr(IBV_WR_TSO, &mut one, 0)),
+            Err(Errno::INVAL),
+            "TSO"
+        );
+        let mut three = [one[0]; 3];
+        assert_eq!(
+            post(&rc, &wr(IBV_WR_SEND, &mut three, 0)),
+            Err(Errno::INVAL),
+            "more SGEs than max_send_sge"
+        );
+        let big = [0u8; 65];
+        let mut inline = [IbvSge {
+            addr: big.as_ptr() as u64,
+            length: 65,
+            lkey: 0,
+        }];
+        assert_eq!(
+            post(&rc, &wr(IBV_WR_SEND, &mut inline, IBV_SEND_INLINE)),
+            Err(Errno::INVAL),
+            "inline above max_inline_data"
+        );
+        assert_eq!(
+            post(&rc, &wr(IBV_WR_SEND, &mut one, 1 << 20)),
+            Err(Errno::INVAL),
+            "unknown send flag"
+        );
+
+        let (ud, _) = qp(IBV_QPT_UD, false);
+        assert_eq!(
+            post(&ud, &wr(IBV_WR_RDMA_WRITE, &mut one, 0)),
+            Err(Errno::INVAL),
+            "RDMA on UD"
+        );
+        assert_eq!(
+            post(&ud, &wr(IBV_WR_SEND, &mut one, 0)),
+            Err(Errno::INVAL),
+            "UD send without one of our AHs"
+        );
+        let (uc, _) = qp(IBV_QPT_UC, false);
+        assert_eq!(
+            post(&uc, &wr(IBV_WR_RDMA_READ, &mut one, 0)),
+            Err(Errno::INVAL),
+            "READ on UC"
+        );
+    }
+
+    #[test]
+    fn posted_wrs_reach_the_ring_with_inline_data_copied_and_full_is_enomem() {
+        let (rc, mut consumer) = qp(IBV_QPT_RC, true);
+        let mut data = *b"inline payload";
+        let mut inline = [IbvSge {
+            addr: data.as_mut_ptr() as u64,
+            length: data.len() as u32,
+            lkey: 0,
+        }];
+        let mut w = wr(IBV_WR_SEND_WITH_IMM, &mut inline, IBV_SEND_INLINE);
+        w.imm_data = 0x0102_0304;
+        assert_eq!(
+            post(&rc, &w),
+            Ok(false),
+            "the consumer is awake: no doorbell"
+        );
+        data.fill(b'X'); // the WQE holds its own copy
+        let mut write_sges = [
+            IbvSge {
+                addr: 0x1000,
+                length: 100,
+                lkey: 7,
+            },
+            IbvSge {
+                addr: 0x2000,
+                length: 50,
+                lkey: 8,
+            },
+        ];
+        let mut rdma = wr(IBV_WR_RDMA_WRITE, &mut write_sges, 0);
+        rdma.wr.rdma = IbvSendWrRdma {
+            remote_addr: 0xdead_0000,
+            rkey: 0x42,
+        };
+        assert_eq!(post(&rc, &rdma), Ok(false));
+
+        let mut slot = vec![0u8; consumer.geometry().slot_size as usize];
+        let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
+        assert_eq!(consumer.pop(&mut slot), Ok(true));
+        let got = SendWqe::decode(&slot, 2, 64, &mut sges).unwrap();
+        assert_eq!(got.wr_id, 77);
+        assert_eq!(got.opcode, WrOpcode::SendWithImm);
+        assert_eq!(got.imm_or_inv, 0x0102_0304);
+        assert_eq!(got.data, SendData::Inline(b"inline payload"));
+        assert!(
+            got.flags & wqe::send_flags::SIGNALED != 0,
+            "sq_sig_all signals every WR"
+        );
+        assert_eq!(consumer.pop(&mut slot), Ok(true));
+        let got = SendWqe::decode(&slot, 2, 64, &mut sges).unwrap();
+        assert_eq!(got.opcode, WrOpcode::RdmaWrite);
+        assert_eq!((got.remote_addr, got.rkey), (0xdead_0000, Rkey(0x42)));
+        let SendData::Sges(s) = got.data else {
+            panic!("expected SGEs")
+        };
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[1].addr, s[1].length, s[1].lkey), (0x2000, 50, Lkey(8)));
+
+        for _ in 0..4 {
+            assert!(post(&rc, &rdma).is_ok());
+        }
+        assert_eq!(post(&rc, &rdma), Err(Errno::NOMEM), "a full send queue");
+        // The consumer drains the ring and sleeps: the next post asks for the doorbell.
+        while consumer.pop(&mut slot) == Ok(true) {}
+        assert_eq!(consumer.consumer_prepare_sleep(), Ok(false));
+        assert_eq!(post(&rc, &rdma), Ok(true));
+    }
 }

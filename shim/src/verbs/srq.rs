@@ -276,6 +276,7 @@ pub unsafe extern "C" fn post_srq_recv(
     let rc = ffi::zero_or_errno(|| {
         let shim = srq_from_ptr(srq)?;
         let ctx = runtime::context_from_ptr(shim.srq.context)?;
+        ctx.data_path_ok()?;
         let mut ring_bell = false;
         let mut result = Ok(());
         {
