@@ -132,9 +132,13 @@ fn async_port_event_travels_through_async_fd() {
 #[test]
 fn null_foreign_and_stale_pointers_are_rejected() {
     let _serial = serial();
+    // The stand-in daemon must be in place before the first verb of the process (nextest runs
+    // each test in a process of its own): the shim reads $SOFTROCE_SOCKET once.
+    let ctx0 = open();
     // SAFETY: every call below passes NULL or pointers the shim must recognise as foreign;
     // none of them may be dereferenced.
     unsafe {
+        ibv_close_device(ctx0);
         assert!(ibv_get_device_name(ptr::null_mut()).is_null());
         assert_eq!(errno(), libc::EINVAL);
         let mut bogus = MaybeUninit::<IbvDevice>::zeroed();
