@@ -3,7 +3,8 @@
 //! other through a private daemon (loopback address, real port 4791), then RDMA WRITE, WRITE
 //! with immediate, READ, both atomics, inline SEND, memory windows of both types with SEND with
 //! invalidate, completion channels, SRQ limit events, the extended CQ polling API, the
-//! `ibv_wr_*` send API, a fork child kept off the parent's rings, and the
+//! `ibv_wr_*` send API, a fork child kept off the parent's rings, a dead peer process
+//! (`IBV_WC_RETRY_EXC_ERR` with a finite retry count), and the
 //! error completions of a wrong R_Key and of an access past the end of a region. Every data
 //! transfer is checked byte for byte, every completion's status/opcode/length/flags.
 
@@ -17,6 +18,7 @@ const PROGRAM: &str = r#"
 #include <endian.h>
 #include <errno.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <stdint.h>
@@ -60,6 +62,9 @@ static int wait_wc(struct ibv_cq *c, struct ibv_wc *wc)
     return 0;
 }
 
+/* retry_cnt for to_rts: 7 is rxe's "forever"; the peer-death test uses a finite one. */
+static int retry_count = 7;
+
 static int to_rts(struct ibv_qp *qp, uint32_t remote_qpn)
 {
     struct ibv_qp_attr a = { .qp_state = IBV_QPS_RESET };
@@ -90,7 +95,7 @@ static int to_rts(struct ibv_qp *qp, uint32_t remote_qpn)
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTS;
     a.timeout = 10;
-    a.retry_cnt = 7;
+    a.retry_cnt = retry_count;
     a.rnr_retry = 7;
     a.sq_psn = 0;
     a.max_rd_atomic = 4;
@@ -482,6 +487,65 @@ static void test_fork_child_keeps_off_the_rings(void)
           wc.status == IBV_WC_SUCCESS, "parent still posts and polls after the fork");
 }
 
+/* A peer process dies: with a finite retry count, the survivor's next send fails with
+ * IBV_WC_RETRY_EXC_ERR (nobody acknowledges for a QP that no longer exists) instead of
+ * hanging. The peer is a fork child with its own context (so its own daemon client). */
+static void test_peer_death_is_a_retry_error(void)
+{
+    int to_child[2], to_parent[2];
+    CHECK(pipe(to_child) == 0 && pipe(to_parent) == 0, "pipes");
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct ibv_device **l = ibv_get_device_list(NULL);
+        struct ibv_context *c = l ? ibv_open_device(l[0]) : NULL;
+        struct ibv_pd *p = c ? ibv_alloc_pd(c) : NULL;
+        static char cbuf[4096];
+        struct ibv_mr *m = p ? ibv_reg_mr(p, cbuf, sizeof cbuf, IBV_ACCESS_LOCAL_WRITE) : NULL;
+        struct ibv_cq *q = c ? ibv_create_cq(c, 8, NULL, NULL, 0) : NULL;
+        struct ibv_qp_init_attr ia = { .send_cq = q, .recv_cq = q, .qp_type = IBV_QPT_RC,
+                                       .cap = { .max_send_wr = 4, .max_recv_wr = 4,
+                                                .max_send_sge = 1, .max_recv_sge = 1 } };
+        struct ibv_qp *qp = (p && q) ? ibv_create_qp(p, &ia) : NULL;
+        uint32_t mine = qp ? qp->qp_num : 0, theirs = 0;
+        if (write(to_parent[1], &mine, 4) != 4 || read(to_child[0], &theirs, 4) != 4 || !qp || !m)
+            _exit(1);
+        struct ibv_sge s = { (uintptr_t)cbuf, 64, m->lkey };
+        struct ibv_recv_wr r = { .wr_id = 1, .sg_list = &s, .num_sge = 1 }, *bad;
+        if (to_rts(qp, theirs) || ibv_post_recv(qp, &r, &bad))
+            _exit(1);
+        char ready = 1;
+        if (write(to_parent[1], &ready, 1) != 1)
+            _exit(1);
+        for (;;)
+            pause(); /* until SIGKILL */
+    }
+    CHECK(pid > 0, "fork the peer");
+    if (pid <= 0)
+        return;
+    retry_count = 2;
+    struct ibv_qp *qk = make_qp(cq, cq, NULL);
+    uint32_t child_qpn = 0, mine = qk ? qk->qp_num : 0;
+    char ready = 0;
+    CHECK(qk && read(to_parent[0], &child_qpn, 4) == 4 && child_qpn != 0 &&
+          write(to_child[1], &mine, 4) == 4 && to_rts(qk, child_qpn) == 0 &&
+          read(to_parent[0], &ready, 1) == 1 && ready == 1, "the peer is connected");
+    struct ibv_wc wc;
+    struct ibv_sge s = { (uintptr_t)abuf, 16, amr->lkey };
+    struct ibv_send_wr w = { .wr_id = 150, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_SEND,
+                             .send_flags = IBV_SEND_SIGNALED };
+    CHECK(qk && post(qk, &w) == 0 && wait_wc(cq, &wc) && wc.wr_id == 150 &&
+          wc.status == IBV_WC_SUCCESS, "a message to the live peer");
+    kill(pid, SIGKILL);
+    int status;
+    CHECK(waitpid(pid, &status, 0) == pid && WIFSIGNALED(status), "the peer is dead");
+    w.wr_id = 151;
+    CHECK(qk && post(qk, &w) == 0 && wait_wc(cq, &wc) && wc.wr_id == 151 &&
+          wc.status == IBV_WC_RETRY_EXC_ERR, "a message to the dead peer: RETRY_EXC_ERR");
+    CHECK(qk && ibv_destroy_qp(qk) == 0, "destroy the survivor's QP");
+    retry_count = 7;
+    close(to_child[0]); close(to_child[1]); close(to_parent[0]); close(to_parent[1]);
+}
+
 static void test_wr_api(void)
 {
     struct ibv_qp_init_attr_ex ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .pd = pd,
@@ -634,6 +698,7 @@ int main(void)
     test_wr_api();
     test_stale_channel_record();
     test_fork_child_keeps_off_the_rings();
+    test_peer_death_is_a_retry_error();
     test_srq_limit();
 
     CHECK(ibv_destroy_qp(qa) == 0 && ibv_destroy_qp(qb) == 0, "destroy A and B");

@@ -213,8 +213,15 @@ impl ShimQp {
             }
             sq.inline.clear();
             for s in &sges[..n] {
+                if s.length == 0 {
+                    continue;
+                }
+                if s.addr == 0 {
+                    return Err(Errno::INVAL);
+                }
                 // SAFETY: with IBV_SEND_INLINE the SGEs name the caller's own readable
-                // memory (the lkey is ignored), copied now as the verb requires.
+                // memory (the lkey is ignored), copied now as the verb requires; the
+                // pointer is non-null and the length non-zero (checked above).
                 let bytes =
                     unsafe { std::slice::from_raw_parts(s.addr as *const u8, s.length as usize) };
                 sq.inline.extend_from_slice(bytes);
