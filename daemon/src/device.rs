@@ -108,6 +108,7 @@ struct QpHost {
     rq: Option<SharedRing>,
     cap: QpCap,
     send_cq: u32,
+    sq_sig_all: bool,
     /// Work the engine could not take yet (its queue was full), in order.
     pending_send: VecDeque<SendWr>,
     pending_recv: VecDeque<RecvWr>,
@@ -132,7 +133,8 @@ struct ClientDev {
     /// Context handle -> async event socket (write end).
     contexts: HashMap<u32, OwnedFd>,
     channels: HashMap<u32, OwnedFd>,
-    pds: HashMap<u32, u32>,
+    /// PD handle -> (engine PD, the context that allocated it).
+    pds: HashMap<u32, (u32, u32)>,
     mrs: HashMap<u32, u32>,
     cqs: HashMap<u32, CqState>,
     qps: HashMap<u32, QpHost>,
@@ -176,6 +178,9 @@ pub fn handle_device(h: u32) -> usize {
 /// The device thread's state.
 pub struct DeviceThread {
     index: u32,
+    /// How many devices the daemon serves: device `i` takes the QPN blocks `b` with
+    /// `b % devices == i`, so that QPNs are unique across devices (clients name QPs by QPN).
+    devices: u32,
     info: DeviceInfo,
     gids: Vec<IpAddr>,
     net: UdpTransport,
@@ -243,6 +248,7 @@ impl DeviceThread {
     /// duplicate (given to clients as their doorbell).
     pub fn new(
         index: usize,
+        devices: usize,
         info: DeviceInfo,
         rx: Receiver<DevMsg>,
         port: u16,
@@ -272,6 +278,7 @@ impl DeviceThread {
         info!(device = %info.name, backend = ?net.backend(), ?ipv4, ?ipv6, "packet I/O ready");
         Ok(DeviceThread {
             index: index as u32,
+            devices: devices.max(1) as u32,
             info,
             gids,
             net,
@@ -467,7 +474,9 @@ impl DeviceThread {
             let Some(&first) = self.gids.first() else {
                 return Err((libc::ENETDOWN, "the device has no address (port down)"));
             };
-            let Some(block) = (1..(Qpn::MASK / QPN_BLOCK)).find(|b| !self.blocks.contains_key(b))
+            let Some(block) = (1..(Qpn::MASK / QPN_BLOCK))
+                .filter(|b| b % self.devices == self.index)
+                .find(|b| !self.blocks.contains_key(b))
             else {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
@@ -545,10 +554,10 @@ impl DeviceThread {
                 }
                 let pd = c.engine.alloc_pd();
                 let h = c.handle();
-                c.pds.insert(h, pd);
+                c.pds.insert(h, (pd, ctx));
                 Response::Pd { pd: h }
             }
-            Request::DeallocPd { pd } => match c.pds.get(&pd).copied() {
+            Request::DeallocPd { pd } => match c.pds.get(&pd).map(|p| p.0) {
                 Some(e) => match c.engine.dealloc_pd(e) {
                     Ok(()) => {
                         c.pds.remove(&pd);
@@ -565,7 +574,7 @@ impl DeviceThread {
                 iova,
                 access,
             } => {
-                let Some(&epd) = c.pds.get(&pd) else {
+                let Some(&(epd, _)) = c.pds.get(&pd) else {
                     return (errno(libc::EINVAL, "no such PD"), none);
                 };
                 if iova != addr {
@@ -719,7 +728,7 @@ impl DeviceThread {
                 Err(e) => err(e),
             },
             Request::CreateAh { pd, attr } => {
-                let Some(&epd) = c.pds.get(&pd) else {
+                let Some(&(epd, _)) = c.pds.get(&pd) else {
                     return (errno(libc::EINVAL, "no such PD"), none);
                 };
                 match c.engine.create_ah(epd, address_vector(&attr)) {
@@ -750,7 +759,7 @@ impl DeviceThread {
                 }
             }
             Request::AllocMw { pd, mw_type } => {
-                let Some(&epd) = c.pds.get(&pd) else {
+                let Some(&(epd, _)) = c.pds.get(&pd) else {
                     return (errno(libc::EINVAL, "no such PD"), none);
                 };
                 let ty = match mw_type {
@@ -1037,7 +1046,7 @@ fn create_qp(
     cap: ctl::QpCap,
     sq_sig_all: bool,
 ) -> (Response, Vec<OwnedFd>) {
-    let Some(&epd) = c.pds.get(&pd) else {
+    let Some(&(epd, _)) = c.pds.get(&pd) else {
         return (errno(libc::EINVAL, "no such PD"), vec![]);
     };
     let qp_type = match qp_type {
@@ -1121,6 +1130,7 @@ fn create_qp(
                     rq,
                     cap: init.cap,
                     send_cq,
+                    sq_sig_all,
                     pending_send: VecDeque::new(),
                     pending_recv: VecDeque::new(),
                     ctx,
@@ -1151,12 +1161,11 @@ fn create_srq(
     max_sge: u32,
     limit: u32,
 ) -> (Response, Vec<OwnedFd>) {
-    let Some(&epd) = c.pds.get(&pd) else {
+    let Some(&(epd, pd_ctx)) = c.pds.get(&pd) else {
         return (errno(libc::EINVAL, "no such PD"), vec![]);
     };
-    let Some(ctx) = c.contexts.keys().next().copied() else {
-        return (errno(libc::EINVAL, "no context"), vec![]);
-    };
+    // SRQ events go to the context the SRQ was made in: its PD's.
+    let ctx = pd_ctx;
     let max_sge = max_sge.max(1);
     let Some(g) = RingGeometry::new(max_wr.max(1), wqe::RECV_HEADER_LEN as u32 + max_sge * 16)
     else {
@@ -1264,7 +1273,7 @@ fn query_qp(c: &mut ClientDev, qpn: u32) -> Response {
     let Some(q) = c.qps.get(&qpn) else {
         return errno(libc::EINVAL, "no such QP");
     };
-    let cap = q.cap;
+    let (cap, sq_sig_all) = (q.cap, q.sq_sig_all);
     match c.engine.query_qp(Qpn::new(qpn)) {
         Ok((state, a)) => {
             let av = a
@@ -1306,7 +1315,7 @@ fn query_qp(c: &mut ClientDev, qpn: u32) -> Response {
                     max_recv_sge: cap.max_recv_sge,
                     max_inline_data: cap.max_inline_data,
                 },
-                sq_sig_all: false,
+                sq_sig_all,
             }
         }
         Err(e) => err(e),
