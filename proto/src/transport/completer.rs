@@ -13,8 +13,11 @@ use crate::types::Psn;
 use crate::wire::{AethSyndrome, NakCode, OpInfo, Opcode};
 
 /// Starts a retry after a sequence NAK, an implied NAK or a timeout (rxe `COMPST_ERROR_RETRY`):
-/// counts down retry_cnt (7 means infinite, an rxe quirk, facts §0.9); when exhausted the head
-/// WQE fails with RETRY_EXC_ERR and the QP goes to ERR.
+/// counts down retry_cnt; when exhausted the head WQE fails with RETRY_EXC_ERR and the QP goes
+/// to ERR. Unlike rxe, 7 means seven retries, as IBTA C9-140 says, not "forever" (an rxe
+/// quirk, facts §0.9/§10.1): with rxe's reading, a peer that dies leaves its partner
+/// retransmitting for ever, and an application hangs instead of getting an error. Only
+/// rnr_retry 7 is infinite (IBTA C9-141).
 ///
 /// Like rxe (`comp.started_retry`), a retry already started and not yet rewarded by progress
 /// is not started again by another NAK or stale response, only by the timer: otherwise every
@@ -28,9 +31,7 @@ fn start_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>, timeout: bool) {
         fail_head(qp, ctx, WcStatus::RetryExcErr);
         return;
     }
-    if qp.attr.retry_cnt != 7 {
-        qp.retry_left -= 1;
-    }
+    qp.retry_left -= 1;
     ctx.counters.completer_retry_err += 1;
     qp.retry_events += 1;
     qp.need_retry = true;
@@ -73,6 +74,10 @@ pub(crate) fn on_response<M: MemoryAccess>(
     let op = t.bth.opcode;
     let Some(info) = op.info() else { return };
     let mut progressed = false;
+    // Any response that moves comp_psn forward is progress, not only one that completes a
+    // WQE: the packets of a long READ arrive one by one (facts §4.2, rxe resets its retry
+    // counters on every ACK, read response or atomic ACK that advances).
+    let comp_psn_before = qp.comp_psn;
     while let Some(w) = qp.sq.front() {
         if !w.started || w.wr.op.is_local() {
             break;
@@ -105,7 +110,7 @@ pub(crate) fn on_response<M: MemoryAccess>(
         check_ack(qp, ctx, now, rx, info, op, psn, &mut progressed);
         break;
     }
-    if progressed {
+    if progressed || qp.comp_psn.is_after(comp_psn_before) {
         progress(qp);
     }
     if qp.state.sends() {
