@@ -389,11 +389,11 @@ fn killed_pingpong_is_cleaned_up_and_the_device_keeps_working() {
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    // The survivor either waits for a message that never comes, or retransmits its last one
-    // to a QP that no longer exists: rc_pingpong asks for retry_cnt 7, which rxe (and the
-    // engine, facts §0.9) treats as "retry forever". Either way it is not hurt, only stuck,
-    // as with kernel rxe: bounded here, then stopped. (A finite retry count fails with
-    // IBV_WC_RETRY_EXC_ERR instead; the engine's own tests cover that.)
+    // The survivor gets a failed completion and exits: IBV_WC_REM_OP_ERR when a message
+    // reached the dead process's engine after its memory was gone, IBV_WC_RETRY_EXC_ERR after
+    // seven retries to a QP that no longer exists (the engine counts retry_cnt 7 as seven, as
+    // IBTA does, not as "forever" as rxe does). Only a survivor whose own messages were all
+    // acknowledged and that waits to receive cannot be told; that case is bounded and stopped.
     match server.wait_for(Duration::from_secs(10)) {
         Some(status) => {
             eprintln!("the peer failed: {}", server.output());
@@ -405,7 +405,7 @@ fn killed_pingpong_is_cleaned_up_and_the_device_keeps_working() {
             );
         }
         None => {
-            eprintln!("the peer waits or retransmits forever (retry_cnt 7); stopped");
+            eprintln!("the peer only waits to receive; stopped");
             server.kill();
         }
     }
