@@ -89,9 +89,11 @@ impl DeviceConfig {
                 self.name
             );
         }
-        if self.roce == RoceVersion::V1 && self.netdev.is_none() {
+        if self.roce == RoceVersion::V1 {
+            // Refused rather than half-served: a v1 device that sent v2 packets would fail in
+            // ways a user could not diagnose.
             bail!(
-                "device {}: RoCE v1 runs on Ethernet and needs --netdev (a TAP device)",
+                "device {}: RoCE v1 (Ethertype 0x8915 on a TAP device) is not implemented yet; use --roce v2",
                 self.name
             );
         }
@@ -276,7 +278,8 @@ mod tests {
         assert!(bad.validate().is_err());
         bad.mtu = 1024;
         bad.roce = RoceVersion::V1;
-        assert!(bad.validate().is_err(), "v1 needs an Ethernet device");
+        let why = bad.validate().unwrap_err().to_string();
+        assert!(why.contains("RoCE v1"), "{why}");
     }
 
     #[test]

@@ -254,14 +254,28 @@ impl DeviceThread {
         port: u16,
     ) -> anyhow::Result<DeviceThread> {
         let gids = gid_addrs(&info);
-        let ipv4 = gids.iter().find_map(|a| match a {
-            IpAddr::V4(v4) => Some(*v4),
-            _ => None,
-        });
-        let ipv6 = gids.iter().find_map(|a| match a {
-            IpAddr::V6(v6) if !v6.is_unicast_link_local() => Some(*v6),
-            _ => None,
-        });
+        // A device that follows a network interface binds the wildcard addresses, so that
+        // addresses the interface gains later are served too; receive then keeps only packets
+        // to the device's current GIDs (as rxe checks the destination, facts §4.8). A device of
+        // fixed addresses binds its first IPv4 and IPv6 address, so that several daemons can
+        // share a host on different loopback addresses.
+        let follow = !info.netdevs.is_empty();
+        let ipv4 = if follow {
+            Some(std::net::Ipv4Addr::UNSPECIFIED)
+        } else {
+            gids.iter().find_map(|a| match a {
+                IpAddr::V4(v4) => Some(*v4),
+                _ => None,
+            })
+        };
+        let ipv6 = if follow {
+            Some(Ipv6Addr::UNSPECIFIED)
+        } else {
+            gids.iter().find_map(|a| match a {
+                IpAddr::V6(v6) if !v6.is_unicast_link_local() => Some(*v6),
+                _ => None,
+            })
+        };
         let mut net = UdpTransport::open(&NetConfig {
             ipv4,
             ipv6,
@@ -310,7 +324,10 @@ impl DeviceThread {
             while let Ok(msg) = self.rx.try_recv() {
                 busy = true;
                 match msg {
-                    DevMsg::Shutdown => return,
+                    DevMsg::Shutdown => {
+                        info!(device = %self.info.name, counters = ?self.net.counters(), "device stopped");
+                        return;
+                    }
                     DevMsg::Request {
                         client,
                         pid,
@@ -410,10 +427,19 @@ impl DeviceThread {
         }
         // Received packets: rebuild the IP and UDP headers the engine wants in front of each
         // verified datagram and hand it to the engine that owns the destination QP.
-        let (clients, blocks, rx_buf) = (&mut self.clients, &self.blocks, &mut self.rx_buf);
+        let (clients, blocks, rx_buf, gids) = (
+            &mut self.clients,
+            &self.blocks,
+            &mut self.rx_buf,
+            &self.gids,
+        );
         let mut delivered = 0;
         let _ = self.net.poll(Some(wait), &mut |d: &RxDatagram<'_>| {
             delivered += 1;
+            if !gids.contains(&d.dst.ip()) && !d.dst.ip().is_multicast() {
+                debug!(dst = %d.dst, "packet for an address that is not one of our GIDs dropped");
+                return;
+            }
             let Some(len) = rebuild_ip(d, rx_buf) else {
                 return;
             };
@@ -464,6 +490,7 @@ impl DeviceThread {
             self.blocks.remove(&c.block);
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
+            debug!(client, counters = ?c.engine.counters(), "engine counters");
         }
     }
 
@@ -1724,5 +1751,7 @@ fn send_frame(net: &mut UdpTransport, buf: &mut [u8], t: &tp::Transmit) {
         ttl: Some(ttl),
         segment_size: None,
     };
-    let _ = net.send(&meta, transport);
+    if let Err(e) = net.send(&meta, transport) {
+        debug!(src = %t.src, dst = %t.dst, "send failed: {e}");
+    }
 }

@@ -160,7 +160,7 @@ fn config_file_and_bad_flags() {
         (vec!["--roce", "v3"], "unknown RoCE version"),
         (
             vec!["--roce", "v1", "--addr", "127.0.0.1"],
-            "needs --netdev",
+            "RoCE v1",
         ),
         (vec!["--netdev", "no-such-if0"], "no network interface"),
     ] {

@@ -302,3 +302,62 @@ fn ud_datagrams_through_an_address_handle() {
     // The IPv4 header sits at offset 20 of the GRH area (rxe zeroes the first 20 bytes).
     assert_eq!(b.buf[20] >> 4, 4, "IPv4 header in the GRH area");
 }
+
+/// `--netdev`: the device serves every address of the interface, including one added while it
+/// runs. The daemon runs in a network namespace of its own (its loopback is the interface), so
+/// that adding an address touches nothing else; the clients need no network at all.
+#[test]
+fn netdev_addresses_are_followed_as_they_change() {
+    let script = r#"ip link set lo up && exec "$0" "$@""#;
+    let d = start_daemon_with(
+        "netdev",
+        &["--netdev", "lo"],
+        &["unshare", "-n", "sh", "-c", script],
+    );
+    let pid = d.child.id().to_string();
+    let added = Command::new("nsenter")
+        .args([
+            "-t",
+            &pid,
+            "-n",
+            "ip",
+            "addr",
+            "add",
+            "127.0.0.99/32",
+            "dev",
+            "lo",
+        ])
+        .status()
+        .expect("nsenter");
+    assert!(added.success());
+    let new_gid = ctl::gid_of("127.0.0.99".parse().unwrap());
+    let lo_gid = ctl::gid_of("127.0.0.1".parse().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (new_index, lo_index) = loop {
+        let mut c = Client::connect(&d.socket, "gid-watch").unwrap();
+        let Response::Devices(devs) = c.request(&Request::QueryDevices).unwrap() else {
+            panic!()
+        };
+        let find = |gid| {
+            devs[0]
+                .gids
+                .iter()
+                .find(|g| g.gid == gid)
+                .map(|g| g.index as u8)
+        };
+        if let (Some(n), Some(l)) = (find(new_gid), find(lo_gid)) {
+            break (n, l);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "new address not followed: {devs:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // New clients: A on the new address, B on 127.0.0.1.
+    let mut a = Side::new(&d.socket, 1 << 16);
+    let mut b = Side::new(&d.socket, 1 << 16);
+    a.sgid_index = new_index;
+    b.sgid_index = lo_index;
+    exercise(&mut a, &mut b, new_gid, lo_gid);
+}

@@ -51,6 +51,11 @@ pub fn softroce_bin() -> PathBuf {
 }
 
 pub fn start_daemon(name: &str, addr: &str) -> Daemon {
+    start_daemon_with(name, &["--addr", addr], &[])
+}
+
+/// Starts `[wrapper...] softroce daemon --name srxe0 ARGS --socket <dir>/ctl.sock`.
+pub fn start_daemon_with(name: &str, args: &[&str], wrapper: &[&str]) -> Daemon {
     // Beside the binary: target/<profile>/softroce-datapath/<name>.
     let dir = softroce_bin()
         .parent()
@@ -60,8 +65,18 @@ pub fn start_daemon(name: &str, addr: &str) -> Daemon {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let socket = dir.join("ctl.sock");
-    let child = Command::new(softroce_bin())
-        .args(["daemon", "--name", "srxe0", "--addr", addr, "--socket"])
+    let mut cmd = match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(softroce_bin());
+            c
+        }
+        None => Command::new(softroce_bin()),
+    };
+    let child = cmd
+        .args(["daemon", "--name", "srxe0"])
+        .args(args)
+        .arg("--socket")
         .arg(&socket)
         .stderr(File::create(dir.join("daemon.log")).unwrap())
         .stdout(Stdio::null())
@@ -106,6 +121,8 @@ pub fn map_ring(fd: OwnedFd, len: u64, place: RingPlace, producer: bool) -> Mapp
 
 /// One client: a context, a PD, one MR over `buf`, a CQ and an RC QP.
 pub struct Side {
+    /// The GID index packets leave from (0 unless a test says otherwise).
+    pub sgid_index: u8,
     pub pd: u32,
     pub client: Client,
     pub doorbell: OwnedFd,
@@ -226,6 +243,7 @@ impl Side {
         let sq = map_ring(fd, region_len, sq, true);
         let rq = map_ring(fd2, region_len, rq.unwrap(), true);
         Side {
+            sgid_index: 0,
             pd: pd_handle,
             client,
             doorbell,
@@ -269,6 +287,7 @@ impl Side {
         a.min_rnr_timer = 12;
         a.ah_attr = AhAttr {
             dgid: gid,
+            sgid_index: self.sgid_index,
             is_global: true,
             hop_limit: 64,
             port_num: 1,
