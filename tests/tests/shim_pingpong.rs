@@ -286,7 +286,7 @@ fn srq_pingpong() {
 }
 
 #[test]
-fn rc_pingpong_across_two_daemons() {
+fn pingpongs_across_two_daemons() {
     let a = daemon("pp-two-a", 28);
     let b = daemon("pp-two-b", 29);
     let (server, client) = pingpong(&a, &b, "ibv_rc_pingpong", 18671, &["-n", "100"]);
@@ -294,6 +294,9 @@ fn rc_pingpong_across_two_daemons() {
     assert!(server.contains("GID ::ffff:127.0.0.29"), "{server}");
     assert!(client.contains("GID ::ffff:127.0.0.28"), "{client}");
     pingpong(&a, &b, "ibv_ud_pingpong", 18672, &["-n", "50"]);
+    pingpong(&a, &b, "ibv_uc_pingpong", 18673, &["-n", "50"]);
+    pingpong(&a, &b, "ibv_srq_pingpong", 18674, &["-n", "50"]);
+    pingpong(&a, &b, "ibv_rc_pingpong", 18675, &["-s", "1048576", "-n", "5", "-c"]);
 }
 
 #[test]
