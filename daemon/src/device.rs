@@ -178,6 +178,9 @@ pub fn handle_device(h: u32) -> usize {
 /// The device thread's state.
 pub struct DeviceThread {
     index: u32,
+    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config).
+    max_qp: usize,
+    max_mr: usize,
     /// How many devices the daemon serves: device `i` takes the QPN blocks `b` with
     /// `b % devices == i`, so that QPNs are unique across devices (clients name QPs by QPN).
     devices: u32,
@@ -246,9 +249,11 @@ fn to_qp_state(v: u32) -> Option<QpState> {
 impl DeviceThread {
     /// Opens the device's packet I/O and returns the thread state and its wake descriptor's
     /// duplicate (given to clients as their doorbell).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         index: usize,
         devices: usize,
+        limits: (u32, u32),
         info: DeviceInfo,
         rx: Receiver<DevMsg>,
         port: u16,
@@ -291,6 +296,8 @@ impl DeviceThread {
         net.set_wake_fd(wake.as_raw_fd());
         info!(device = %info.name, backend = ?net.backend(), ?ipv4, ?ipv6, "packet I/O ready");
         Ok(DeviceThread {
+            max_qp: limits.0 as usize,
+            max_mr: limits.1 as usize,
             index: index as u32,
             devices: devices.max(1) as u32,
             info,
@@ -545,6 +552,23 @@ impl DeviceThread {
         mut fds: Vec<OwnedFd>,
     ) -> (Response, Vec<OwnedFd>) {
         let name = self.info.name.clone();
+        let qps: usize = self.clients.values().map(|c| c.qps.len()).sum();
+        let mrs: usize = self.clients.values().map(|c| c.mrs.len()).sum();
+        match request {
+            Request::CreateQp { .. } if qps >= self.max_qp => {
+                return (
+                    errno(libc::ENOMEM, "the device's QP limit (max_qp) is reached"),
+                    vec![],
+                );
+            }
+            Request::RegMr { .. } if mrs >= self.max_mr => {
+                return (
+                    errno(libc::ENOMEM, "the device's MR limit (max_mr) is reached"),
+                    vec![],
+                );
+            }
+            _ => {}
+        }
         let c = match self.client(client, pid) {
             Ok(c) => c,
             Err((code, why)) => return (errno(code, why), vec![]),

@@ -73,6 +73,12 @@ struct DaemonArgs {
     /// Largest path MTU: 256, 512, 1024, 2048 or 4096.
     #[arg(long)]
     mtu: Option<u32>,
+    /// Most QPs the device holds, over all clients.
+    #[arg(long)]
+    max_qp: Option<u32>,
+    /// Most memory regions the device holds, over all clients.
+    #[arg(long)]
+    max_mr: Option<u32>,
     /// RoCE v2 UDP port (4791; another value only for tests on one host).
     #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
     port: u16,
@@ -148,7 +154,9 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || !args.addrs.is_empty()
         || args.netdev.is_some()
         || args.roce.is_some()
-        || args.mtu.is_some();
+        || args.mtu.is_some()
+        || args.max_qp.is_some()
+        || args.max_mr.is_some();
     if from_flags || config.devices.is_empty() {
         let mut d = if args.addrs.is_empty() && args.netdev.is_none() {
             DeviceConfig::loopback_default()
@@ -165,6 +173,12 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         if let Some(m) = args.mtu {
             d.mtu = m;
+        }
+        if let Some(m) = args.max_qp {
+            d.max_qp = m;
+        }
+        if let Some(m) = args.max_mr {
+            d.max_mr = m;
         }
         config.devices.push(d);
     }

@@ -364,7 +364,14 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     for (index, d) in config.devices.iter().enumerate() {
         let info = config::device_info(d)?;
         let (tx, rx) = unbounded();
-        let thread = DeviceThread::new(index, config.devices.len(), info.clone(), rx, port)?;
+        let thread = DeviceThread::new(
+            index,
+            config.devices.len(),
+            (d.max_qp, d.max_mr),
+            info.clone(),
+            rx,
+            port,
+        )?;
         let wake = Arc::new(thread.wake_fd()?);
         info!(
             device = %d.name,

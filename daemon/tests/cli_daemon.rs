@@ -158,10 +158,7 @@ fn config_file_and_bad_flags() {
     for (args, why) in [
         (vec!["--mtu", "1500"], "MTU 1500"),
         (vec!["--roce", "v3"], "unknown RoCE version"),
-        (
-            vec!["--roce", "v1", "--addr", "127.0.0.1"],
-            "RoCE v1",
-        ),
+        (vec!["--roce", "v1", "--addr", "127.0.0.1"], "RoCE v1"),
         (vec!["--netdev", "no-such-if0"], "no network interface"),
     ] {
         let mut all = vec!["daemon", "--port", "0", "--socket", sock.to_str().unwrap()];

@@ -361,3 +361,72 @@ fn netdev_addresses_are_followed_as_they_change() {
     b.sgid_index = lo_index;
     exercise(&mut a, &mut b, new_gid, lo_gid);
 }
+
+/// `--max-qp`: the device's QP limit holds over all clients.
+#[test]
+fn the_qp_limit_holds_across_clients() {
+    let d = start_daemon_with("limits", &["--addr", "127.0.0.65", "--max-qp", "1"], &[]);
+    let _first = Side::new(&d.socket, 4096);
+    let mut c = Client::connect(&d.socket, "over-the-limit").unwrap();
+    let (a0, a1) = nix::sys::socket::socketpair(
+        nix::sys::socket::AddressFamily::Unix,
+        nix::sys::socket::SockType::SeqPacket,
+        None,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+    )
+    .unwrap();
+    use std::os::fd::AsRawFd;
+    let (r, _fds) = c
+        .request_fds(
+            &Request::OpenContext {
+                device: "srxe0".into(),
+            },
+            &[a1.as_raw_fd()],
+        )
+        .unwrap();
+    let Response::Context { ctx } = ok(r) else {
+        panic!()
+    };
+    let Response::Pd { pd } = ok(c.request(&Request::AllocPd { ctx }).unwrap()) else {
+        panic!()
+    };
+    let (r, _fds) = c
+        .request_fds(
+            &Request::CreateCq {
+                ctx,
+                cqe: 8,
+                channel: None,
+                comp_vector: 0,
+            },
+            &[],
+        )
+        .unwrap();
+    let Response::Cq { cq, .. } = ok(r) else {
+        panic!()
+    };
+    let r = c
+        .request(&Request::CreateQp {
+            pd,
+            qp_type: ctl::qp_type::RC,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: ctl::QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        })
+        .unwrap();
+    match r {
+        Response::Error { errno, message } => {
+            assert_eq!(errno, libc::ENOMEM);
+            assert!(message.contains("max_qp"), "{message}");
+        }
+        other => panic!("a second QP was granted: {other:?}"),
+    }
+    drop(a0);
+}

@@ -296,7 +296,13 @@ fn pingpongs_across_two_daemons() {
     pingpong(&a, &b, "ibv_ud_pingpong", 18672, &["-n", "50"]);
     pingpong(&a, &b, "ibv_uc_pingpong", 18673, &["-n", "50"]);
     pingpong(&a, &b, "ibv_srq_pingpong", 18674, &["-n", "50"]);
-    pingpong(&a, &b, "ibv_rc_pingpong", 18675, &["-s", "1048576", "-n", "5", "-c"]);
+    pingpong(
+        &a,
+        &b,
+        "ibv_rc_pingpong",
+        18675,
+        &["-s", "1048576", "-n", "5", "-c"],
+    );
 }
 
 #[test]
