@@ -27,7 +27,7 @@ use proto::transport::{
     QpInit, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, UdDest, VerbsError,
     WorkCompletion,
 };
-use proto::{Lkey, Psn, Qkey, Qpn, Rkey};
+use proto::{Psn, Qkey, Qpn, Rkey};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
@@ -1419,16 +1419,7 @@ fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
         }
     };
     let (sg_list, inline_data) = match w.data {
-        SendData::Sges(s) => (
-            s.iter()
-                .map(|g| tp::Sge {
-                    addr: g.addr,
-                    length: g.length,
-                    lkey: g.lkey,
-                })
-                .collect(),
-            Vec::new(),
-        ),
+        SendData::Sges(s) => (s.to_vec(), Vec::new()),
         SendData::Inline(d) => (Vec::new(), d.to_vec()),
     };
     Ok(SendWr {
@@ -1440,8 +1431,7 @@ fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
         ud: w.ud.map(|u| UdDest {
             // The shim names the AH by the handle it was given, which carries the device index.
             ah: u.ah & HANDLE_MASK,
-            remote_qpn: u.remote_qpn,
-            remote_qkey: u.remote_qkey,
+            ..u
         }),
     })
 }
@@ -1449,15 +1439,7 @@ fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
 fn recv_wr(w: &RecvWqe<'_>) -> RecvWr {
     RecvWr {
         wr_id: w.wr_id,
-        sg_list: w
-            .sges
-            .iter()
-            .map(|g| tp::Sge {
-                addr: g.addr,
-                length: g.length,
-                lkey: Lkey(g.lkey.0),
-            })
-            .collect(),
+        sg_list: w.sges.to_vec(),
     }
 }
 
@@ -1647,33 +1629,18 @@ fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
         busy = true;
         // `enum ibv_event_type` values (verbs.h: SQ_DRAINED 5, SRQ_LIMIT_REACHED 15,
         // QP_LAST_WQE_REACHED 16).
+        // A QP event names the QP by its number; CQ and SRQ events by the client's handle.
+        let qp_event = |qpn: Qpn, ty: u32| {
+            let ctx = c.qps.get(&qpn.value()).map(|q| q.ctx);
+            (u64::from(qpn.value()), ty, ctx)
+        };
         let (element, ty, ctx) = match ev {
             AsyncEvent::CqError { cq } => (u64::from(tag(cq)), 0u32, c.cqs.get(&cq).map(|q| q.ctx)),
-            AsyncEvent::QpFatal { qpn } => (
-                u64::from(qpn.value()),
-                1,
-                c.qps.get(&qpn.value()).map(|q| q.ctx),
-            ),
-            AsyncEvent::QpRequestError { qpn } => (
-                u64::from(qpn.value()),
-                2,
-                c.qps.get(&qpn.value()).map(|q| q.ctx),
-            ),
-            AsyncEvent::QpAccessError { qpn } => (
-                u64::from(qpn.value()),
-                3,
-                c.qps.get(&qpn.value()).map(|q| q.ctx),
-            ),
-            AsyncEvent::SqDrained { qpn } => (
-                u64::from(qpn.value()),
-                5,
-                c.qps.get(&qpn.value()).map(|q| q.ctx),
-            ),
-            AsyncEvent::LastWqeReached { qpn } => (
-                u64::from(qpn.value()),
-                16,
-                c.qps.get(&qpn.value()).map(|q| q.ctx),
-            ),
+            AsyncEvent::QpFatal { qpn } => qp_event(qpn, 1),
+            AsyncEvent::QpRequestError { qpn } => qp_event(qpn, 2),
+            AsyncEvent::QpAccessError { qpn } => qp_event(qpn, 3),
+            AsyncEvent::SqDrained { qpn } => qp_event(qpn, 5),
+            AsyncEvent::LastWqeReached { qpn } => qp_event(qpn, 16),
             AsyncEvent::SrqLimitReached { srq } => {
                 (u64::from(tag(srq)), 15, c.srqs.get(&srq).map(|s| s.ctx))
             }

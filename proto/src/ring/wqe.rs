@@ -65,22 +65,10 @@ pub const SGE_LEN: usize = 16;
 pub const CQE_SLOT_LEN: usize = 64;
 pub const IBV_WC_LEN: usize = 48;
 
-/// A scatter/gather element (`struct ibv_sge`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Sge {
-    pub addr: u64,
-    pub length: u32,
-    pub lkey: Lkey,
-}
-
-/// Where a UD send goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UdDest {
-    /// The daemon's handle of the address handle the application created.
-    pub ah: u32,
-    pub remote_qpn: Qpn,
-    pub remote_qkey: Qkey,
-}
+/// Scatter/gather elements and UD destinations are the engine's own types: the daemon hands
+/// decoded work requests to the engine without converting them. A `UdDest`'s `ah` is the
+/// client-visible handle of the address handle.
+pub use crate::transport::{Sge, UdDest};
 
 /// A memory-window bind (`ibv_bind_mw` or an `IBV_WR_BIND_MW` work request).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

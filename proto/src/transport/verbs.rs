@@ -61,7 +61,7 @@ impl Access {
 }
 
 /// One scatter/gather element (`ibv_sge`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
     pub addr: u64,
     pub length: u32,
