@@ -441,6 +441,7 @@ impl DeviceThread {
             &self.gids,
         );
         let mut delivered = 0;
+        let mut broken: Vec<u64> = Vec::new();
         let _ = self.net.poll(Some(wait), &mut |d: &RxDatagram<'_>| {
             delivered += 1;
             if !gids.contains(&d.dst.ip()) && !d.dst.ip().is_multicast() {
@@ -457,20 +458,28 @@ impl DeviceThread {
             else {
                 return;
             };
+            let packet = &rx_buf[..len];
             if dqpn == Qpn::MULTICAST.value() {
-                for c in clients.values_mut() {
-                    c.engine.handle_packet(now, &rx_buf[..len]);
+                for (&id, c) in clients.iter_mut() {
+                    if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
+                        broken.push(id);
+                    }
                 }
-            } else if let Some(c) = blocks
+            } else if let Some((&id, c)) = blocks
                 .get(&(dqpn / QPN_BLOCK))
-                .and_then(|id| clients.get_mut(id))
+                .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
             {
-                c.engine.handle_packet(now, &rx_buf[..len]);
+                if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
+                    broken.push(id);
+                }
             } else {
                 debug!(qpn = dqpn, "packet for an unknown QP dropped");
             }
         });
         busy |= delivered > 0;
+        for id in broken {
+            self.client_gone(id);
+        }
         let now = self.now();
         let index = self.index;
         for c in self.clients.values_mut() {
@@ -851,6 +860,17 @@ fn raise_priority() {
         let tid = libc::gettid();
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -10);
     }
+}
+
+/// Runs `f` on a client's engine, containing a panic (an engine bug met by some input): the
+/// device thread serves every client and must not die with one. Returns false if `f` panicked;
+/// the caller then drops that client's engine, whose state can no longer be trusted.
+fn guarded(engine: &mut Engine, f: impl FnOnce(&mut Engine)) -> bool {
+    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(engine))).is_ok();
+    if !ok {
+        tracing::error!("the engine panicked on a packet; the client's resources are dropped");
+    }
+    ok
 }
 
 /// Strips the device index from every handle in a request.
