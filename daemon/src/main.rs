@@ -26,8 +26,8 @@ enum Command {
     /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
     /// arguments it serves srxe0, RoCE v2 on 127.0.0.1 and ::1.
     Daemon(DaemonArgs),
-    /// Run a program with the softroce shim preloaded, so that its libibverbs and librdmacm
-    /// calls reach the daemon: `softroce run -- ibv_devinfo -v`.
+    /// Run a program with the softroce shim preloaded, so that its libibverbs calls reach the
+    /// daemon: `softroce run -- ibv_devinfo -v`. (librdmacm is not served yet.)
     Run {
         /// The daemon's control socket (default: $SOFTROCE_SOCKET, then
         /// $XDG_RUNTIME_DIR/softroce/ctl.sock, then /run/softroce/ctl.sock).
@@ -67,7 +67,8 @@ struct DaemonArgs {
     /// Serve all addresses of this network interface, following them as they change.
     #[arg(long)]
     netdev: Option<String>,
-    /// RoCE version: v2 (UDP 4791, the default) or v1 (Ethertype 0x8915 on a TAP device).
+    /// RoCE version: v2 (UDP 4791, the default). v1 (Ethertype 0x8915 on a TAP device) is
+    /// refused until its transport exists.
     #[arg(long)]
     roce: Option<RoceVersion>,
     /// Largest path MTU: 256, 512, 1024, 2048 or 4096.
