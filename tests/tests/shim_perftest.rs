@@ -99,7 +99,7 @@ fn tcp_listening(port: u16) -> bool {
 /// Which figure of a results line must be non-zero.
 #[derive(Clone, Copy, Debug)]
 enum Kind {
-    /// `#bytes #iterations BW-peak BW-average MsgRate`: the average.
+    /// `#bytes #iterations BW-peak BW-average MsgRate`: the message rate, and the average.
     Bandwidth,
     /// `#bytes #iterations t_min t_max t_typical t_avg ...`: the minimum (so all are).
     Latency,
@@ -185,9 +185,11 @@ fn perftest(
         "client printed no results: {}",
         report()
     );
-    let column = match kind {
-        Kind::Bandwidth => 3,
-        Kind::Latency => 2,
+    // Bandwidth: the message rate must be non-zero on every line (a 2-byte line rounds its
+    // MB/sec to 0.00) and the average bandwidth on at least one client line.
+    let (column, headline) = match kind {
+        Kind::Bandwidth => (4, 3),
+        Kind::Latency => (2, 2),
     };
     for line in client_lines
         .iter()
@@ -195,10 +197,17 @@ fn perftest(
     {
         assert!(
             line.get(column).is_some_and(|v| *v > 0.0),
-            "a results line has a zero {kind:?} ({line:?}): {}",
+            "a results line has a zero {kind:?} figure ({line:?}): {}",
             report()
         );
     }
+    assert!(
+        client_lines
+            .iter()
+            .any(|l| l.get(headline).is_some_and(|v| *v > 0.0)),
+        "no client results line has a non-zero {kind:?}: {}",
+        report()
+    );
     client_lines
 }
 
@@ -400,4 +409,67 @@ fn all_sizes_write_bw() {
     // -a: every power of two from 2 bytes to 8 MiB.
     let expected: Vec<f64> = (1..=23).map(|e| f64::from(1u32 << e)).collect();
     assert_eq!(sizes, expected);
+}
+
+#[test]
+fn srq_inline_and_post_lists() {
+    let d = daemon("pt-srq-inline-list", 160);
+    // --use-srq: receives through ibv_create_srq / ibv_post_srq_recv.
+    perftest(
+        &d,
+        160,
+        "ib_send_bw",
+        18901,
+        &["--use-srq", "-n", "50"],
+        Kind::Bandwidth,
+    );
+    // -I 64: IBV_SEND_INLINE up to the granted max_inline_data.
+    let lines = perftest(
+        &d,
+        160,
+        "ib_send_bw",
+        18902,
+        &["-I", "64", "-s", "64", "-n", "50"],
+        Kind::Bandwidth,
+    );
+    assert_eq!(lines[0][0], 64.0);
+    perftest(
+        &d,
+        160,
+        "ib_write_lat",
+        18903,
+        &["-I", "64", "-s", "32", "-n", "50"],
+        Kind::Latency,
+    );
+    // -l 4: chains of four work requests per ibv_post_send.
+    perftest(
+        &d,
+        160,
+        "ib_write_bw",
+        18904,
+        &["-l", "4", "-n", "52"],
+        Kind::Bandwidth,
+    );
+}
+
+#[test]
+fn ud_send_on_several_qps_and_both_ways() {
+    let d = daemon("pt-ud-more", 161);
+    let lines = perftest(
+        &d,
+        161,
+        "ib_send_bw",
+        18911,
+        &["-c", "UD", "-m", "1024", "-q", "2", "-n", "50"],
+        Kind::Bandwidth,
+    );
+    assert_eq!(iterations(&lines), 100.0);
+    perftest(
+        &d,
+        161,
+        "ib_send_bw",
+        18912,
+        &["-c", "UD", "-m", "1024", "-b", "-n", "50"],
+        Kind::Bandwidth,
+    );
 }
