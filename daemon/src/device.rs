@@ -525,6 +525,8 @@ impl DeviceThread {
             };
             let mut config = tp::DeviceConfig::new(first, random_u64());
             config.gids = self.gids.clone();
+            config.port_mtu =
+                Mtu::from_enum(u32::from(self.info.active_mtu)).unwrap_or(Mtu::Mtu1024);
             let mut engine =
                 tp::Device::new(config, ProcMem(RefCell::new(ProcessMemory::new(pid))));
             engine.set_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);

@@ -662,7 +662,7 @@ fn ud_pair() -> (Sim, Qpn, Qpn, u32) {
 fn ud_receive_gets_the_grh_area_and_a_wrong_qkey_is_dropped() {
     let (mut sim, qa, qb, ah) = ud_pair();
     let acc = Access::LOCAL_WRITE;
-    let (a, ka) = sim.alloc_mr(0, 4096, acc);
+    let (a, ka) = sim.alloc_mr(0, 8192, acc);
     let (b, kb) = sim.alloc_mr(1, 4096, acc);
     sim.write_mem(0, a, &data(100, 9));
     for i in 0..2 {
@@ -698,8 +698,8 @@ fn ud_receive_gets_the_grh_area_and_a_wrong_qkey_is_dropped() {
     };
     sim.post_send(0, qa, send(0x1111_1111, 1, 100)).unwrap();
     sim.post_send(0, qa, send(0x2222_2222, 2, 100)).unwrap();
-    // Above the 1024-byte MTU: not sent, yet successful (IBTA C10-93.1.1).
-    sim.post_send(0, qa, send(0x1111_1111, 3, 2000)).unwrap();
+    // Above the port's 4096-byte MTU: not sent, yet successful (IBTA C10-93.1.1).
+    sim.post_send(0, qa, send(0x1111_1111, 3, 5000)).unwrap();
     sim.run(100 * MS);
     let a_st: Vec<_> = sim
         .completions_of(0, qa)

@@ -6,7 +6,7 @@ use super::cc::{CongestionControl, NoCongestionControl};
 use super::counters::Counters;
 use super::memory::MemoryAccess;
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
-use super::qp_attr::{check_modify, AddressVector, AttrMask, QpAttr, QpState, QpType};
+use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
 use super::timers::Nanos;
 use super::verbs::*;
@@ -36,6 +36,9 @@ pub struct DeviceConfig {
     pub max_qp_wr: u32,
     pub max_sge: u32,
     pub max_inline_data: u32,
+    /// The port's active MTU: the largest UD message (rxe's `get_mtu` uses the port MTU for UD,
+    /// whose QPs have no path MTU).
+    pub port_mtu: Mtu,
 }
 
 impl DeviceConfig {
@@ -47,6 +50,7 @@ impl DeviceConfig {
             max_qp_wr: 1 << 20,
             max_sge: 32,
             max_inline_data: 512,
+            port_mtu: Mtu::Mtu4096,
         }
     }
 }

@@ -284,7 +284,12 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     }
     let idx = qp.req_index;
     let ty = qp.ty;
-    let mtu = qp.mtu();
+    // UD messages are one packet of at most the port MTU; RC and UC segment by the path MTU.
+    let mtu = if ty.is_ud() {
+        ctx.config.port_mtu.bytes()
+    } else {
+        qp.mtu()
+    };
     let max_rd = u32::from(qp.attr.max_rd_atomic).max(1);
     let (rd_in_flight, req_psn, comp_psn) = (qp.rd_atomic_in_flight, qp.req_psn, qp.comp_psn);
     let w = qp.sq.get_mut(idx)?;
@@ -299,11 +304,12 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     if !w.started {
         w.started = true;
         w.first_psn = req_psn;
-        w.npkts = if w.wr.op.is_read_or_atomic() && !matches!(w.wr.op, SendOp::Read(_)) {
-            1
-        } else {
-            super::qp::npkts(w.len, qp.attr.path_mtu)
-        };
+        w.npkts =
+            if ty.is_ud() || (w.wr.op.is_read_or_atomic() && !matches!(w.wr.op, SendOp::Read(_))) {
+                1
+            } else {
+                super::qp::npkts(w.len, qp.attr.path_mtu)
+            };
         w.last_psn = req_psn.add(w.npkts - 1);
         w.next_psn = req_psn;
     }
