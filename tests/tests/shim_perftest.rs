@@ -9,92 +9,14 @@
 
 mod shim_support;
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use shim_support::programs::{loopback_daemon, scratch, tcp_listening, Logged};
 use shim_support::{require_program, Daemon};
 
 /// How long one perftest pair may take before it counts as hung.
 const RUN_LIMIT: Duration = Duration::from_secs(60);
-
-/// A daemon serving srxe0 on `127.0.0.nn`, UDP port 4791.
-fn daemon(name: &str, nn: u8) -> Daemon {
-    let addr = format!("127.0.0.{nn}");
-    Daemon::start(name, &["--addr", &addr, "--port", "4791"])
-}
-
-/// A running program whose stdout and stderr go to a file.
-struct Logged {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Logged {
-    fn spawn(mut cmd: Command, log: PathBuf) -> Logged {
-        let out = File::create(&log).expect("create log");
-        let err = out.try_clone().expect("dup log");
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawn perftest");
-        Logged { child, log }
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until `deadline` at most for the program to exit.
-    fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("perftest")
-        .join(name);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-/// Whether something listens on TCP `port` (IPv4 or IPv6), from /proc/net: probing with a
-/// connection would be taken by the perftest server as its client.
-fn tcp_listening(port: u16) -> bool {
-    let needle = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.get(1)
-                    .is_some_and(|local| format!("{local} ").ends_with(&needle))
-                    && cols.get(3) == Some(&"0A")
-            })
-    })
-}
 
 /// Which figure of a results line must be non-zero.
 #[derive(Clone, Copy, Debug)]
@@ -133,7 +55,7 @@ fn perftest(
     args: &[&str],
     kind: Kind,
 ) -> Vec<Vec<f64>> {
-    let dir = scratch(&format!("{program}-{port}"));
+    let dir = scratch("perftest", &format!("{program}-{port}"));
     let path = require_program(program);
     let base = |cmd: &mut Command| {
         cmd.args(["-d", "srxe0", "-x", "0", "-F", "-p", &port.to_string()])
@@ -218,7 +140,7 @@ fn iterations(lines: &[Vec<f64>]) -> f64 {
 
 #[test]
 fn rc_write_read_send_bandwidth() {
-    let d = daemon("pt-rc-bw", 150);
+    let d = loopback_daemon("pt-rc-bw", 150);
     for (port, program) in [
         (18801, "ib_write_bw"),
         (18802, "ib_read_bw"),
@@ -232,7 +154,7 @@ fn rc_write_read_send_bandwidth() {
 
 #[test]
 fn rc_atomic_bandwidth_fetch_add_and_compare_swap() {
-    let d = daemon("pt-rc-atomic-bw", 151);
+    let d = loopback_daemon("pt-rc-atomic-bw", 151);
     for (port, op) in [(18811, "FETCH_AND_ADD"), (18812, "CMP_AND_SWAP")] {
         let lines = perftest(
             &d,
@@ -248,7 +170,7 @@ fn rc_atomic_bandwidth_fetch_add_and_compare_swap() {
 
 #[test]
 fn rc_latency_all_four() {
-    let d = daemon("pt-rc-lat", 152);
+    let d = loopback_daemon("pt-rc-lat", 152);
     for (port, program) in [
         (18821, "ib_write_lat"),
         (18822, "ib_read_lat"),
@@ -262,7 +184,7 @@ fn rc_latency_all_four() {
 
 #[test]
 fn uc_send_and_write() {
-    let d = daemon("pt-uc", 153);
+    let d = loopback_daemon("pt-uc", 153);
     perftest(
         &d,
         153,
@@ -299,7 +221,7 @@ fn uc_send_and_write() {
 
 #[test]
 fn ud_send_at_1024_byte_mtu() {
-    let d = daemon("pt-ud", 154);
+    let d = loopback_daemon("pt-ud", 154);
     // -m 1024: the engine sends UD messages up to the QP's path MTU (default 1024) rather
     // than the port's active MTU as rxe does, so perftest's default UD size (the port MTU,
     // 4096) is dropped by the requester; see the perftest task report.
@@ -324,7 +246,7 @@ fn ud_send_at_1024_byte_mtu() {
 
 #[test]
 fn four_qps() {
-    let d = daemon("pt-qps", 155);
+    let d = loopback_daemon("pt-qps", 155);
     for (port, program) in [(18851, "ib_write_bw"), (18852, "ib_send_bw")] {
         let lines = perftest(
             &d,
@@ -341,7 +263,7 @@ fn four_qps() {
 
 #[test]
 fn bidirectional() {
-    let d = daemon("pt-bidir", 156);
+    let d = loopback_daemon("pt-bidir", 156);
     for (port, program) in [
         (18861, "ib_write_bw"),
         (18862, "ib_read_bw"),
@@ -353,7 +275,7 @@ fn bidirectional() {
 
 #[test]
 fn completion_events() {
-    let d = daemon("pt-events", 157);
+    let d = loopback_daemon("pt-events", 157);
     // -e: ibv_req_notify_cq + ibv_get_cq_event on a completion channel. perftest itself
     // refuses -e for WRITE ("Events feature not available on WRITE verb").
     for (port, program) in [
@@ -383,7 +305,7 @@ fn completion_events() {
 
 #[test]
 fn report_gbits() {
-    let d = daemon("pt-gbits", 158);
+    let d = loopback_daemon("pt-gbits", 158);
     perftest(
         &d,
         158,
@@ -396,7 +318,7 @@ fn report_gbits() {
 
 #[test]
 fn all_sizes_write_bw() {
-    let d = daemon("pt-all-sizes", 159);
+    let d = loopback_daemon("pt-all-sizes", 159);
     let lines = perftest(
         &d,
         159,
@@ -413,7 +335,7 @@ fn all_sizes_write_bw() {
 
 #[test]
 fn srq_inline_and_post_lists() {
-    let d = daemon("pt-srq-inline-list", 160);
+    let d = loopback_daemon("pt-srq-inline-list", 160);
     // --use-srq: receives through ibv_create_srq / ibv_post_srq_recv.
     perftest(
         &d,
@@ -454,7 +376,7 @@ fn srq_inline_and_post_lists() {
 
 #[test]
 fn ud_send_on_several_qps_and_both_ways() {
-    let d = daemon("pt-ud-more", 161);
+    let d = loopback_daemon("pt-ud-more", 161);
     let lines = perftest(
         &d,
         161,
@@ -480,7 +402,7 @@ fn ud_send_on_several_qps_and_both_ways() {
 /// completed without being sent and the server waited for ever.)
 #[test]
 fn ud_send_at_the_port_mtu() {
-    let d = daemon("pt-ud-4096", 162);
+    let d = loopback_daemon("pt-ud-4096", 162);
     let lines = perftest(
         &d,
         162,

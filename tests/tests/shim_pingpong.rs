@@ -8,97 +8,15 @@
 
 mod shim_support;
 
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use shim_support::programs::{loopback_daemon, scratch, tcp_listening, Logged};
 use shim_support::{check_output, require_program, softroce_bin, Daemon};
 
 /// How long one pingpong run may take before it counts as hung.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
-
-/// A daemon serving srxe0 on `127.0.0.nn`, UDP port 4791.
-fn daemon(name: &str, nn: u8) -> Daemon {
-    let addr = format!("127.0.0.{nn}");
-    Daemon::start(name, &["--addr", &addr, "--port", "4791"])
-}
-
-/// A running program whose stdout and stderr go to a file.
-struct Logged {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Logged {
-    fn spawn(mut cmd: Command, log: PathBuf) -> Logged {
-        let out = File::create(&log).expect("create log");
-        let err = out.try_clone().expect("dup log");
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("spawn pingpong");
-        Logged { child, log }
-    }
-
-    fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits at most `limit` for the program to exit.
-    fn wait_for(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill();
-        }
-    }
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("pingpong")
-        .join(name);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
-/// Whether something listens on TCP `port` (IPv4 or IPv6), from /proc/net: probing with a
-/// connection would be taken by the pingpong server as its client.
-fn tcp_listening(port: u16) -> bool {
-    let needle = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.get(1)
-                    .is_some_and(|local| format!("{local} ").ends_with(&needle))
-                    && cols.get(3) == Some(&"0A")
-            })
-    })
-}
 
 /// Starts `program` as a server on `daemon`, waiting until it listens on `port`.
 fn start_server(daemon: &Daemon, program: &str, port: u16, args: &[&str], dir: &Path) -> Logged {
@@ -142,7 +60,7 @@ fn pingpong(
     port: u16,
     args: &[&str],
 ) -> (String, String) {
-    let dir = scratch(program);
+    let dir = scratch("pingpong", program);
     let mut server = start_server(server_daemon, program, port, args, &dir);
     let mut client = start_client(client_daemon, program, port, args, &dir);
     let client_status = client.wait_for(RUN_LIMIT);
@@ -187,7 +105,7 @@ fn bytes_moved(out: &str) -> u64 {
 
 #[test]
 fn rc_pingpong_default() {
-    let d = daemon("pp-rc-default", 21);
+    let d = loopback_daemon("pp-rc-default", 21);
     let (server, client) = pingpong(&d, &d, "ibv_rc_pingpong", 18601, &["-n", "200"]);
     // 200 exchanges of the default 4096 bytes, each way (rc_pingpong counts both).
     assert_eq!(bytes_moved(&server), 2 * 200 * 4096);
@@ -196,7 +114,7 @@ fn rc_pingpong_default() {
 
 #[test]
 fn rc_pingpong_sizes_including_inline_and_multi_packet() {
-    let d = daemon("pp-rc-sizes", 22);
+    let d = loopback_daemon("pp-rc-sizes", 22);
     // 1 byte goes inline (rc_pingpong asks for it when max_inline_data allows); 1 MiB is
     // a thousand packets per message at the default 1024-byte path MTU.
     for (port, size, iters) in [
@@ -219,13 +137,13 @@ fn rc_pingpong_sizes_including_inline_and_multi_packet() {
 
 #[test]
 fn rc_pingpong_with_completion_events() {
-    let d = daemon("pp-rc-events", 23);
+    let d = loopback_daemon("pp-rc-events", 23);
     pingpong(&d, &d, "ibv_rc_pingpong", 18621, &["-e", "-n", "100"]);
 }
 
 #[test]
 fn rc_pingpong_path_mtus() {
-    let d = daemon("pp-rc-mtu", 24);
+    let d = loopback_daemon("pp-rc-mtu", 24);
     pingpong(
         &d,
         &d,
@@ -244,7 +162,7 @@ fn rc_pingpong_path_mtus() {
 
 #[test]
 fn rc_pingpong_with_the_ibv_wr_send_api() {
-    let d = daemon("pp-rc-new-send", 32);
+    let d = loopback_daemon("pp-rc-new-send", 32);
     // -N: ibv_create_qp_ex with send ops, ibv_wr_start/ibv_wr_send/ibv_wr_set_sge (or the
     // inline setter for 1 byte)/ibv_wr_complete.
     pingpong(&d, &d, "ibv_rc_pingpong", 18701, &["-N", "-n", "50"]);
@@ -259,13 +177,13 @@ fn rc_pingpong_with_the_ibv_wr_send_api() {
 
 #[test]
 fn uc_pingpong() {
-    let d = daemon("pp-uc", 25);
+    let d = loopback_daemon("pp-uc", 25);
     pingpong(&d, &d, "ibv_uc_pingpong", 18641, &["-n", "100"]);
 }
 
 #[test]
 fn ud_pingpong() {
-    let d = daemon("pp-ud", 26);
+    let d = loopback_daemon("pp-ud", 26);
     let (server, _) = pingpong(&d, &d, "ibv_ud_pingpong", 18651, &["-n", "100"]);
     // ud_pingpong's 2048-byte default is cut to the port's active MTU (1024 here).
     assert_eq!(bytes_moved(&server), 2 * 100 * 1024);
@@ -274,7 +192,7 @@ fn ud_pingpong() {
 
 #[test]
 fn srq_pingpong() {
-    let d = daemon("pp-srq", 27);
+    let d = loopback_daemon("pp-srq", 27);
     pingpong(&d, &d, "ibv_srq_pingpong", 18661, &["-n", "50"]);
     pingpong(
         &d,
@@ -287,8 +205,8 @@ fn srq_pingpong() {
 
 #[test]
 fn pingpongs_across_two_daemons() {
-    let a = daemon("pp-two-a", 28);
-    let b = daemon("pp-two-b", 29);
+    let a = loopback_daemon("pp-two-a", 28);
+    let b = loopback_daemon("pp-two-b", 29);
     let (server, client) = pingpong(&a, &b, "ibv_rc_pingpong", 18671, &["-n", "100"]);
     // Each side saw the other daemon's address as the remote GID.
     assert!(server.contains("GID ::ffff:127.0.0.29"), "{server}");
@@ -307,7 +225,7 @@ fn pingpongs_across_two_daemons() {
 
 #[test]
 fn xsrq_pingpong_fails_clearly() {
-    let d = daemon("pp-xsrq", 30);
+    let d = loopback_daemon("pp-xsrq", 30);
     let out = d
         .command(&require_program("ibv_xsrq_pingpong"))
         .args(["-d", "srxe0", "-g", "0", "-p", "18681"])
@@ -353,8 +271,8 @@ fn lists_pid(shown: &str, pid: u32) -> bool {
 
 #[test]
 fn killed_pingpong_is_cleaned_up_and_the_device_keeps_working() {
-    let d = daemon("pp-kill", 31);
-    let dir = scratch("kill");
+    let d = loopback_daemon("pp-kill", 31);
+    let dir = scratch("pingpong", "kill");
     let args = ["-e", "-n", "100000000", "-s", "65536"];
     let mut server = start_server(&d, "ibv_rc_pingpong", 18691, &args, &dir);
     let mut client = start_client(&d, "ibv_rc_pingpong", 18691, &args, &dir);

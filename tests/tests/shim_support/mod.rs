@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod programs;
+
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,94 @@
+//! Running pairs of unmodified programs (pingpongs, perftest) against private daemons: a
+//! daemon on its own loopback address, programs whose output goes to a log file and that are
+//! killed if a test ends early, and the /proc/net check that a server listens.
+
+use super::Daemon;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A daemon serving srxe0 on `127.0.0.nn`, UDP port 4791 (each test picks its own `nn`).
+pub fn loopback_daemon(name: &str, nn: u8) -> Daemon {
+    let addr = format!("127.0.0.{nn}");
+    Daemon::start(name, &["--addr", &addr, "--port", "4791"])
+}
+
+/// A running program whose stdout and stderr go to a file. Dropping it kills the program.
+pub struct Logged {
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl Logged {
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> Logged {
+        let out = File::create(&log).expect("create log");
+        let err = out.try_clone().expect("dup log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn the program");
+        Logged { child, log }
+    }
+
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `deadline` at most for the program to exit.
+    pub fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits at most `limit` for the program to exit.
+    pub fn wait_for(&mut self, limit: Duration) -> Option<ExitStatus> {
+        self.wait_until(Instant::now() + limit)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
+}
+
+/// A scratch directory `<target tmp>/<area>/<name>`.
+pub fn scratch(area: &str, name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(area).join(name);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// Whether something listens on TCP `port` (IPv4 or IPv6), from /proc/net: probing with a
+/// connection would be taken by a pingpong or perftest server as its client.
+pub fn tcp_listening(port: u16) -> bool {
+    let needle = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.get(1)
+                    .is_some_and(|local| format!("{local} ").ends_with(&needle))
+                    && cols.get(3) == Some(&"0A")
+            })
+    })
+}
