@@ -246,6 +246,48 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     })
 }
 
+/// A work request in a caller's list linked through `next` (`ibv_send_wr`, `ibv_recv_wr`).
+pub(crate) trait LinkedWr {
+    fn next_wr(&self) -> *mut Self;
+}
+
+impl LinkedWr for IbvSendWr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl LinkedWr for IbvRecvWr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Posts the work requests of the list that starts at `first`, in order, until one fails, as
+/// the post verbs do. Returns whether any post asked for the doorbell (the daemon sleeps), and
+/// on failure the errno with the work request it stopped at (for `*bad_wr`).
+///
+/// # Safety
+/// `first` is null or heads a list of valid work requests linked through `next`: the post
+/// verbs' contract with the application.
+pub(crate) unsafe fn post_each<W: LinkedWr>(
+    first: *mut W,
+    mut post_one: impl FnMut(&W) -> Result<bool, Errno>,
+) -> (bool, Result<(), (Errno, *mut W)>) {
+    let mut ring_bell = false;
+    let mut cur = first;
+    while !cur.is_null() {
+        // SAFETY: non-null and part of the caller's list (contract above).
+        let w = unsafe { &*cur };
+        match post_one(w) {
+            Ok(bell) => ring_bell |= bell,
+            Err(e) => return (ring_bell, Err((e, cur))),
+        }
+        cur = w.next_wr();
+    }
+    (ring_bell, Ok(()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

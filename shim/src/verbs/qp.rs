@@ -17,7 +17,7 @@ use crate::ffi::{self, Errno};
 use crate::runtime::{self, ShimContext, CQS, MRS, QPS};
 use crate::shm::Mapping;
 use crate::verbs::wr::{self, BuiltWr, WrBatch};
-use crate::verbs::{ah, cq, mw, pd, srq};
+use crate::verbs::{ah, cq, helpers, mw, pd, srq};
 
 /// One producer end (send queue, receive queue or SRQ) with its scratch slot.
 pub struct Producer {
@@ -328,34 +328,23 @@ pub unsafe extern "C" fn post_send(
         let shim = qp_from_ptr(qp)?;
         let ctx = shim.context()?;
         ctx.data_path_ok()?;
-        let mut ring_bell = false;
-        let mut result = Ok(());
-        {
+        let (ring_bell, result) = {
             let mut sq = lock(&shim.sq);
-            let mut cur = wr;
             // rxe refuses posting before RTS (rxe_post_send: "qp not ready to send").
             if shim.state() < IBV_QPS_RTS {
-                failed = cur;
+                failed = wr;
                 return Err(Errno::INVAL);
             }
-            while !cur.is_null() {
-                // SAFETY: the caller's list of valid WRs, linked through `next`.
-                let w = unsafe { &*cur };
-                match shim.post_send_one(&mut sq, w) {
-                    Ok(b) => ring_bell |= b,
-                    Err(e) => {
-                        failed = cur;
-                        result = Err(e);
-                        break;
-                    }
-                }
-                cur = w.next;
-            }
-        }
+            // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
+            unsafe { helpers::post_each(wr, |w| shim.post_send_one(&mut sq, w)) }
+        };
         if ring_bell {
             ctx.ring_doorbell();
         }
-        result
+        result.map_err(|(e, at)| {
+            failed = at;
+            e
+        })
     });
     if rc != 0 && !bad_wr.is_null() {
         // SAFETY: non-null; the inline verb passes the address of the caller's bad_wr.
@@ -389,38 +378,27 @@ pub unsafe extern "C" fn post_recv(
             failed = wr;
             return Err(Errno::INVAL);
         }
-        let mut ring_bell = false;
-        let mut result = Ok(());
-        {
+        let (ring_bell, result) = {
             let mut rq = lock(rq);
-            let mut cur = wr;
-            while !cur.is_null() {
-                // SAFETY: the caller's list of valid WRs.
-                let w = unsafe { &*cur };
-                let posted = if shim.rq_outstanding.load(Ordering::Acquire) >= shim.cap.max_recv_wr
-                {
-                    Err(Errno::NOMEM)
-                } else {
-                    rq.post_recv(w, shim.cap.max_recv_sge)
-                };
-                match posted {
-                    Ok(b) => {
-                        shim.rq_outstanding.fetch_add(1, Ordering::AcqRel);
-                        ring_bell |= b;
+            // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
+            unsafe {
+                helpers::post_each(wr, |w| {
+                    if shim.rq_outstanding.load(Ordering::Acquire) >= shim.cap.max_recv_wr {
+                        return Err(Errno::NOMEM);
                     }
-                    Err(e) => {
-                        failed = cur;
-                        result = Err(e);
-                        break;
-                    }
-                }
-                cur = w.next;
+                    let bell = rq.post_recv(w, shim.cap.max_recv_sge)?;
+                    shim.rq_outstanding.fetch_add(1, Ordering::AcqRel);
+                    Ok(bell)
+                })
             }
-        }
+        };
         if ring_bell {
             ctx.ring_doorbell();
         }
-        result
+        result.map_err(|(e, at)| {
+            failed = at;
+            e
+        })
     });
     if rc != 0 && !bad_wr.is_null() {
         // SAFETY: non-null, the caller's bad_wr.

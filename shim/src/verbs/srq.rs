@@ -11,8 +11,8 @@ use crate::abi::*;
 use crate::ffi::{self, Errno};
 use crate::runtime::{self, SRQS};
 use crate::shm::Mapping;
-use crate::verbs::pd;
 use crate::verbs::qp::{lock, Producer};
+use crate::verbs::{helpers, pd};
 
 /// The allocation behind an `ibv_srq *`.
 #[repr(C)]
@@ -277,29 +277,18 @@ pub unsafe extern "C" fn post_srq_recv(
         let shim = srq_from_ptr(srq)?;
         let ctx = runtime::context_from_ptr(shim.srq.context)?;
         ctx.data_path_ok()?;
-        let mut ring_bell = false;
-        let mut result = Ok(());
-        {
+        let (ring_bell, result) = {
             let mut ring = lock(&shim.ring);
-            let mut cur = wr;
-            while !cur.is_null() {
-                // SAFETY: the caller's list of valid WRs.
-                let w = unsafe { &*cur };
-                match ring.post_recv(w, shim.max_sge) {
-                    Ok(b) => ring_bell |= b,
-                    Err(e) => {
-                        failed = cur;
-                        result = Err(e);
-                        break;
-                    }
-                }
-                cur = w.next;
-            }
-        }
+            // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
+            unsafe { helpers::post_each(wr, |w| ring.post_recv(w, shim.max_sge)) }
+        };
         if ring_bell {
             ctx.ring_doorbell();
         }
-        result
+        result.map_err(|(e, at)| {
+            failed = at;
+            e
+        })
     });
     if rc != 0 && !bad_wr.is_null() {
         // SAFETY: non-null, the caller's bad_wr.
