@@ -429,8 +429,12 @@ impl DeviceThread {
     fn pump(&mut self, wait: Duration) -> bool {
         let mut busy = false;
         let now = self.now();
-        for c in self.clients.values_mut() {
-            busy |= pump_rings(c, &mut self.slot);
+        let mut broken: Vec<u64> = Vec::new();
+        for (&id, c) in self.clients.iter_mut() {
+            match contained(|| pump_rings(c, &mut self.slot)) {
+                Some(b) => busy |= b,
+                None => broken.push(id),
+            }
         }
         // Received packets: rebuild the IP and UDP headers the engine wants in front of each
         // verified datagram and hand it to the engine that owns the destination QP.
@@ -441,7 +445,6 @@ impl DeviceThread {
             &self.gids,
         );
         let mut delivered = 0;
-        let mut broken: Vec<u64> = Vec::new();
         let _ = self.net.poll(Some(wait), &mut |d: &RxDatagram<'_>| {
             delivered += 1;
             if !gids.contains(&d.dst.ip()) && !d.dst.ip().is_multicast() {
@@ -477,23 +480,33 @@ impl DeviceThread {
             }
         });
         busy |= delivered > 0;
-        for id in broken {
-            self.client_gone(id);
-        }
         let now = self.now();
         let index = self.index;
-        for c in self.clients.values_mut() {
-            if c.engine.poll_timeout().is_some_and(|t| t <= now) {
-                c.engine.handle_timeout(now);
-                busy = true;
+        let (net, tx_buf) = (&mut self.net, &mut self.tx_buf);
+        for (&id, c) in self.clients.iter_mut() {
+            let outcome = contained(|| {
+                let mut busy = false;
+                if c.engine.poll_timeout().is_some_and(|t| t <= now) {
+                    c.engine.handle_timeout(now);
+                    busy = true;
+                }
+                // Work that waited for room in the engine.
+                busy |= retry_pending(c);
+                while let Some(t) = c.engine.poll_transmit(now, tx_buf) {
+                    busy = true;
+                    send_frame(net, tx_buf, &t);
+                }
+                busy | deliver_completions(c, index)
+            });
+            match outcome {
+                Some(b) => busy |= b,
+                None => broken.push(id),
             }
-            // Work that waited for room in the engine.
-            busy |= retry_pending(c);
-            while let Some(t) = c.engine.poll_transmit(now, &mut self.tx_buf) {
-                busy = true;
-                send_frame(&mut self.net, &mut self.tx_buf, &t);
-            }
-            busy |= deliver_completions(c, index);
+        }
+        broken.sort_unstable();
+        broken.dedup();
+        for id in broken {
+            self.client_gone(id);
         }
         if busy {
             let _ = self.net.flush();
@@ -864,15 +877,20 @@ fn raise_priority() {
     }
 }
 
-/// Runs `f` on a client's engine, containing a panic (an engine bug met by some input): the
-/// device thread serves every client and must not die with one. Returns false if `f` panicked;
-/// the caller then drops that client's engine, whose state can no longer be trusted.
-fn guarded(engine: &mut Engine, f: impl FnOnce(&mut Engine)) -> bool {
-    let ok = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(engine))).is_ok();
-    if !ok {
-        tracing::error!("the engine panicked on a packet; the client's resources are dropped");
+/// Runs one piece of a client's work, containing a panic (an engine bug met by some packet or
+/// work request): the device thread serves every client and must not die with one. `None`
+/// means it panicked; the caller then drops that client's engine, whose state can no longer be
+/// trusted.
+fn contained<T>(f: impl FnOnce() -> T) -> Option<T> {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
+    if r.is_none() {
+        tracing::error!("the engine panicked; that client's resources are dropped");
     }
-    ok
+    r
+}
+
+fn guarded(engine: &mut Engine, f: impl FnOnce(&mut Engine)) -> bool {
+    contained(|| f(engine)).is_some()
 }
 
 /// Strips the device index from every handle in a request.
