@@ -857,9 +857,7 @@ impl DeviceThread {
                 }
                 Err(e) => err(e),
             },
-            Request::Hello { .. } | Request::QueryDevices | Request::ResShow => {
-                errno(libc::EINVAL, "not a device request")
-            }
+            _ => errno(libc::EINVAL, "not a device request"),
         };
         (r, none)
     }

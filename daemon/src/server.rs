@@ -200,6 +200,8 @@ fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) ->
         | Request::DestroyQp { qpn }
         | Request::AttachMcast { qpn, .. }
         | Request::DetachMcast { qpn, .. } => *qpns.get(qpn)?,
+        // rdma_cm requests are served by the client's CM state, not by one device.
+        _ => return None,
     })
 }
 
