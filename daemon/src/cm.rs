@@ -320,11 +320,10 @@ fn ps_of(ps: u16) -> Option<PortSpace> {
     PortSpace::from_u16(ps)
 }
 
-fn is_loopback(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => v6.is_loopback(),
-    }
+/// 127.0.0.1 and ::1, "this host": a device that does not serve them itself takes them as its
+/// own address. (Other 127.x.y.z addresses may be other daemons on the same host.)
+fn is_this_host(ip: IpAddr) -> bool {
+    ip == IpAddr::V4(Ipv4Addr::LOCALHOST) || ip == IpAddr::V6(Ipv6Addr::LOCALHOST)
 }
 
 /// Whether a listener bound to `bound` takes a request for `dst` (cma's address match).
@@ -988,7 +987,9 @@ impl CmService {
             None
         } else {
             match self.device_for(addr.ip()) {
-                Some(d) if self.devices[d].addrs.contains(&addr.ip()) || is_loopback(addr.ip()) => {
+                Some(d)
+                    if self.devices[d].addrs.contains(&addr.ip()) || is_this_host(addr.ip()) =>
+                {
                     Some(d)
                 }
                 _ => {
@@ -1087,7 +1088,7 @@ impl CmService {
                 ),
             ));
         }
-        let peer = if is_loopback(dst.ip()) && !dev.addrs.contains(&dst.ip()) {
+        let peer = if is_this_host(dst.ip()) && !dev.addrs.contains(&dst.ip()) {
             // Loopback is the device itself: its own address carries the traffic.
             dev.local_for(dst.ip())
                 .ok_or((libc::ENETUNREACH, "no address of that family".to_string()))?
@@ -1104,7 +1105,7 @@ impl CmService {
         let port = x.port.unwrap_or(0);
         let src_ip = match x.src {
             Some(s) if !s.ip().is_unspecified() => s.ip(),
-            _ if is_loopback(dst.ip()) => dst.ip(),
+            _ if is_this_host(dst.ip()) && peer != dst.ip() => dst.ip(),
             _ => local,
         };
         x.device = Some(d);
