@@ -175,13 +175,16 @@ pub struct CmDeviceSetup {
     pub cm_max_retries: u8,
 }
 
+/// Hands a message to one device thread (and wakes it).
+pub type DeviceSender = Box<dyn Fn(DevMsg) -> bool + Send>;
+
 struct CmDevice {
     setup: CmDeviceSetup,
     addrs: Vec<IpAddr>,
     endpoint: CmEndpoint,
     /// The GSI QP's next PSN.
     psn: u32,
-    send: Box<dyn Fn(DevMsg) -> bool + Send>,
+    send: DeviceSender,
 }
 
 impl CmDevice {
@@ -357,7 +360,7 @@ pub struct CmService {
 
 impl CmService {
     /// `senders[i]` hands a message to device thread `i`.
-    pub fn new(setups: Vec<(CmDeviceSetup, Box<dyn Fn(DevMsg) -> bool + Send>)>) -> CmService {
+    pub fn new(setups: Vec<(CmDeviceSetup, DeviceSender)>) -> CmService {
         let devices = setups
             .into_iter()
             .map(|(setup, send)| {
@@ -800,11 +803,7 @@ impl CmService {
                 ps,
                 qp_type: qpt,
             } => {
-                if !self
-                    .channels
-                    .get(&channel)
-                    .is_some_and(|c| c.client == client)
-                {
+                if !self.owns_channel(client, channel) {
                     return error(libc::EINVAL, "no such event channel");
                 }
                 if ps_of(ps).is_none() || ps == cm_ps::IPOIB {
@@ -823,7 +822,7 @@ impl CmService {
         let Some(handle) = cm_id_of(&r) else {
             return error(libc::EINVAL, "not an rdma_cm request");
         };
-        if !self.ids.get(&handle).is_some_and(|x| x.client == client) {
+        if self.ids.get(&handle).is_none_or(|x| x.client != client) {
             return error(libc::EINVAL, "no such rdma_cm id");
         }
         match r {
@@ -833,7 +832,7 @@ impl CmService {
             }
             Request::CmBind { id, addr } => match self.bind(id, addr) {
                 Ok(()) => (Response::CmIdInfo(self.info(id)), Vec::new()),
-                Err(e) => e,
+                Err((errno, why)) => error(errno, why),
             },
             Request::CmResolveAddr { id, src, dst, .. } => self.resolve_addr(id, src, dst),
             Request::CmResolveRoute { id, .. } => self.resolve_route(id),
@@ -864,11 +863,7 @@ impl CmService {
             Request::CmJoinMcast { id, addr, .. } => self.join_mcast(id, addr),
             Request::CmLeaveMcast { .. } => done(),
             Request::CmMigrateId { id, channel } => {
-                if !self
-                    .channels
-                    .get(&channel)
-                    .is_some_and(|c| c.client == client)
-                {
+                if !self.owns_channel(client, channel) {
                     return error(libc::EINVAL, "no such event channel");
                 }
                 if let Some(x) = self.ids.get_mut(&id) {
@@ -879,6 +874,12 @@ impl CmService {
             Request::CmQueryId { id } => (Response::CmIdInfo(self.info(id)), Vec::new()),
             _ => error(libc::EINVAL, "not an rdma_cm request"),
         }
+    }
+
+    fn owns_channel(&self, client: u64, channel: u32) -> bool {
+        self.channels
+            .get(&channel)
+            .is_some_and(|c| c.client == client)
     }
 
     fn create_channel(&mut self, client: u64) -> Reply {
@@ -976,12 +977,12 @@ impl CmService {
     }
 
     /// Reserves `addr` (port 0: an ephemeral port) in the id's port space.
-    fn bind(&mut self, h: u32, addr: SocketAddr) -> Result<(), Reply> {
+    fn bind(&mut self, h: u32, addr: SocketAddr) -> Result<(), (i32, String)> {
         let Some(x) = self.ids.get(&h) else {
-            return Err(error(libc::EINVAL, "no such id"));
+            return Err((libc::EINVAL, "no such id".into()));
         };
         if x.port.is_some() {
-            return Err(error(libc::EINVAL, "the id is already bound"));
+            return Err((libc::EINVAL, "the id is already bound".into()));
         }
         let device = if addr.ip().is_unspecified() {
             None
@@ -993,7 +994,7 @@ impl CmService {
                     Some(d)
                 }
                 _ => {
-                    return Err(error(
+                    return Err((
                         libc::EADDRNOTAVAIL,
                         format!("no device has the address {}", addr.ip()),
                     ))
@@ -1017,14 +1018,11 @@ impl CmService {
                 .map(|i| EPHEMERAL.start() + ((first + i) % span) as u16)
                 .find(|p| !taken(*p))
             else {
-                return Err(error(libc::EADDRNOTAVAIL, "no ephemeral port left"));
+                return Err((libc::EADDRNOTAVAIL, "no ephemeral port left".into()));
             };
             p
         } else if taken(addr.port()) {
-            return Err(error(
-                libc::EADDRINUSE,
-                format!("port {} is in use", addr.port()),
-            ));
+            return Err((libc::EADDRINUSE, format!("port {} is in use", addr.port())));
         } else {
             addr.port()
         };
@@ -1044,8 +1042,8 @@ impl CmService {
                 IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             };
             let want = src.unwrap_or(SocketAddr::new(any, 0));
-            if let Err(e) = self.bind(h, want) {
-                return e;
+            if let Err((errno, why)) = self.bind(h, want) {
+                return error(errno, why);
             }
         }
         let mut m = Self::event(Ev::AddrResolved, 0);
@@ -1152,8 +1150,10 @@ impl CmService {
 
     fn listen(&mut self, h: u32) -> Reply {
         if self.ids.get(&h).is_some_and(|x| x.port.is_none()) {
-            if let Err(e) = self.bind(h, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0)) {
-                return e;
+            if let Err((errno, why)) =
+                self.bind(h, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0))
+            {
+                return error(errno, why);
             }
         }
         let Some(x) = self.ids.get(&h) else {
