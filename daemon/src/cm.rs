@@ -151,7 +151,9 @@ pub fn gsi_packet(psn: u32, mad: &[u8]) -> Option<Vec<u8>> {
         fecn: false,
         becn: false,
         dest_qpn: Qpn::new(GSI_QPN),
-        ack_req: false,
+        // rxe sets AckReq on every MAD it sends (a signaled send's last packet), as every
+        // captured kernel REQ/REP/RTU/DREQ/DREP/SIDR shows; the receiver ignores it on UD.
+        ack_req: true,
         psn: Psn::new(psn),
     });
     t.deth = Some(DethRepr {
