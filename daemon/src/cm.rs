@@ -372,7 +372,7 @@ impl CmService {
                     addrs: crate::device::gid_addrs(&setup.info),
                     setup,
                     endpoint: CmEndpoint::new(cfg),
-                    psn: random_u32() & 0xff_ffff,
+                    psn: 0,
                     send,
                 }
             })
