@@ -42,6 +42,9 @@ use tracing::{debug, info, warn};
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
 /// The hop limit of a RoCE route (the route's default, facts §7.2).
 const ROUTE_HOP_LIMIT: u8 = 64;
+/// Most connection requests a listener holds unanswered (ucma's `max_backlog`); more are
+/// refused as the kernel does when the backlog is exhausted (REJ 28).
+const MAX_BACKLOG: usize = 1024;
 /// Longest the thread sleeps when nothing is due (events waiting for room are retried).
 const MAX_SLEEP: Duration = Duration::from_millis(200);
 
@@ -262,6 +265,8 @@ struct Id {
     afonly: bool,
     ack_timeout: Option<u8>,
     min_rnr_timer: Option<u8>,
+    /// A CONNECT_REQUEST child not yet accepted or rejected: the listener it came from.
+    pending_on: Option<u32>,
 }
 
 impl Id {
@@ -289,6 +294,7 @@ impl Id {
             afonly: false,
             ack_timeout: None,
             min_rnr_timer: None,
+            pending_on: None,
         }
     }
 
@@ -608,6 +614,7 @@ impl CmService {
                 };
                 if let Some(x) = self.ids.get_mut(&h) {
                     x.conn = None;
+                    x.pending_on = None;
                 }
                 let mut m = Self::event(kind, status);
                 m.conn.private_data = private_data;
@@ -619,6 +626,7 @@ impl CmService {
                 };
                 if let Some(x) = self.ids.get_mut(&h) {
                     x.conn = None;
+                    x.pending_on = None;
                 }
                 self.emit(h, Self::event(kind, status));
             }
@@ -715,10 +723,29 @@ impl CmService {
             }
             return;
         };
+        let waiting = self
+            .ids
+            .values()
+            .filter(|x| x.pending_on == Some(lh))
+            .count();
+        if waiting >= MAX_BACKLOG {
+            debug!(listener = lh, "connection request refused: backlog full");
+            if sidr {
+                let _ = d
+                    .endpoint
+                    .sidr_reply(now, conn, sidr_status::REJECT, 0, 0, &[]);
+            } else {
+                let _ = d
+                    .endpoint
+                    .reject(now, conn, RejReason::CONSUMER_DEFINED, &[], &[]);
+            }
+            return;
+        }
         let Some(l) = self.ids.get(&lh) else { return };
         let local_ip = d.local_for(peer).unwrap_or(hdr.dst_addr);
         let mut child = Id::new(l.client, l.channel, l.ps, l.qp_type);
         child.device = Some(device);
+        child.pending_on = Some(lh);
         child.src = Some(SocketAddr::new(hdr.dst_addr, l.port.unwrap_or(0)));
         child.dst = Some(SocketAddr::new(hdr.src_addr, hdr.src_port));
         child.peer_ip = Some(peer);
@@ -1332,6 +1359,7 @@ impl CmService {
         let Some(x) = self.ids.get_mut(&h) else {
             return error(libc::EINVAL, "no such id");
         };
+        x.pending_on = None;
         let (Some(d), Some(c)) = (x.device, x.conn) else {
             return error(libc::EINVAL, "the id has no connection request");
         };
@@ -1385,6 +1413,7 @@ impl CmService {
         let Some(x) = self.ids.get_mut(&h) else {
             return error(libc::EINVAL, "no such id");
         };
+        x.pending_on = None;
         let (Some(d), Some(c)) = (x.device, x.conn) else {
             return error(libc::EINVAL, "nothing to reject");
         };
@@ -2364,6 +2393,73 @@ mod tests {
         };
         assert_eq!((r.status, r.qpn, r.qkey), (0, 0x10012, rc::RDMA_UDP_QKEY));
         assert_eq!(r.service_id, rc::service_id(PortSpace::Udp, 7174));
+    }
+
+    /// Random CM MADs (valid header, random attribute and body) from the wire never panic the
+    /// service, whatever listeners and connections exist.
+    #[test]
+    fn garbage_mads_are_survived() {
+        let (mut svc, wire) = service(&["127.0.0.1"], RoceVersion::V2);
+        let (ch, _fd) = channel(&mut svc, 1);
+        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: l,
+                addr: sa("0.0.0.0:7174"),
+            },
+        );
+        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        let u = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: u,
+                addr: sa("0.0.0.0:7174"),
+            },
+        );
+        ok(&mut svc, 1, Request::CmListen { id: u, backlog: 1 });
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let peer: IpAddr = "127.0.0.9".parse().unwrap();
+        for i in 0..20_000u32 {
+            let mut mad = [0u8; proto::wire::mad::MAD_LEN];
+            for b in mad.iter_mut() {
+                *b = next() as u8;
+            }
+            mad[..4].copy_from_slice(&[1, 7, 2, 3]);
+            mad[16..18].copy_from_slice(&(0x10 + (i % 10) as u16).to_be_bytes());
+            if i % 3 == 0 {
+                // Often name the listeners' service IDs, so requests reach them.
+                let sid = rc::service_id(PortSpace::Tcp, 7174).to_be_bytes();
+                mad[24 + 8..24 + 16].copy_from_slice(&sid);
+                // ...in REQs with an IPv4 rdma_cm header in their private data.
+                mad[16..18].copy_from_slice(&0x10u16.to_be_bytes());
+                mad[24 + 140] = 0;
+                mad[24 + 141] = 0x40;
+            }
+            let now = svc.now();
+            let _ = svc.devices[0].endpoint.handle_mad(now, peer, &mad);
+            svc.drain();
+            wire.lock().unwrap().clear();
+        }
+        // Unanswered requests are bounded by the listeners' backlog.
+        assert!(
+            svc.ids.len() > MAX_BACKLOG,
+            "the flood reached the listener"
+        );
+        assert!(
+            svc.ids.len() <= 2 * MAX_BACKLOG + 2,
+            "{} ids",
+            svc.ids.len()
+        );
     }
 
     #[test]
