@@ -267,6 +267,8 @@ struct Id {
     min_rnr_timer: Option<u8>,
     /// A CONNECT_REQUEST child not yet accepted or rejected: the listener it came from.
     pending_on: Option<u32>,
+    /// The passive side's own address on the wire: the REQ path's remote GID.
+    wire_local: Option<IpAddr>,
 }
 
 impl Id {
@@ -295,6 +297,7 @@ impl Id {
             ack_timeout: None,
             min_rnr_timer: None,
             pending_on: None,
+            wire_local: None,
         }
     }
 
@@ -338,6 +341,12 @@ fn ps_of(ps: u16) -> Option<PortSpace> {
 
 /// 127.0.0.1 and ::1, "this host": a device that does not serve them itself takes them as its
 /// own address. (Other 127.x.y.z addresses may be other daemons on the same host.)
+/// The IP address of a RoCE v2 GID (`::ffff:a.b.c.d` is IPv4).
+fn gid_ip(gid: [u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(gid);
+    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+}
+
 fn is_this_host(ip: IpAddr) -> bool {
     ip == IpAddr::V4(Ipv4Addr::LOCALHOST) || ip == IpAddr::V6(Ipv6Addr::LOCALHOST)
 }
@@ -742,7 +751,12 @@ impl CmService {
             return;
         }
         let Some(l) = self.ids.get(&lh) else { return };
-        let local_ip = d.local_for(peer).unwrap_or(hdr.dst_addr);
+        // The child answers from the address the peer asked for, when it is ours.
+        let local_ip = if d.addrs.contains(&hdr.dst_addr) {
+            hdr.dst_addr
+        } else {
+            d.local_for(peer).unwrap_or(hdr.dst_addr)
+        };
         let mut child = Id::new(l.client, l.channel, l.ps, l.qp_type);
         child.device = Some(device);
         child.pending_on = Some(lh);
@@ -777,9 +791,16 @@ impl CmService {
             Some(req) => {
                 child.role = Role::Passive;
                 let p = &req.primary_path;
+                // cm_format_paths_from_req: the connection's path is the REQ's, seen from
+                // this side (its local GID is the peer's QP address, its remote GID ours).
+                let (their, ours) = (gid_ip(p.local_gid), gid_ip(p.remote_gid));
+                if d.addrs.contains(&ours) && !their.is_unspecified() {
+                    child.peer_ip = Some(their);
+                    child.wire_local = Some(ours);
+                }
                 child.path = Some(CmPathInfo {
-                    sgid: ctl::gid_of(local_ip),
-                    dgid: ctl::gid_of(peer),
+                    sgid: ctl::gid_of(child.wire_local.unwrap_or(local_ip)),
+                    dgid: ctl::gid_of(child.peer_ip.unwrap_or(peer)),
                     flow_label: p.flow_label,
                     hop_limit: p.hop_limit,
                     traffic_class: p.traffic_class,
@@ -1022,6 +1043,27 @@ impl CmService {
             .position(|d| d.addrs.iter().any(|a| a.is_ipv4() == ip.is_ipv4()))
     }
 
+    /// The device address an id's traffic leaves from: its bound address when the device owns
+    /// it (a device of several addresses answers from the one that was asked: rxe checks an RC
+    /// packet's source against the QP's path), else the device's address toward the peer.
+    fn local_ip(&self, x: &Id) -> Option<IpAddr> {
+        if x.wire_local.is_some() {
+            return x.wire_local;
+        }
+        let dev = &self.devices[x.device?];
+        if let Some(s) = x.src {
+            let same_family = x.peer_ip.is_none_or(|p| p.is_ipv4() == s.ip().is_ipv4());
+            if dev.addrs.contains(&s.ip()) && same_family {
+                return Some(s.ip());
+            }
+        }
+        match (x.peer_ip, x.src) {
+            (Some(p), _) => dev.local_for(p),
+            (None, Some(s)) => dev.local_for(s.ip()),
+            _ => None,
+        }
+    }
+
     fn conn_of(&self, h: u32) -> Option<(usize, ConnId)> {
         let x = self.ids.get(&h)?;
         Some((x.device?, x.conn?))
@@ -1172,8 +1214,8 @@ impl CmService {
         else {
             return error(libc::EINVAL, "the address is not resolved");
         };
+        let local = self.local_ip(x).unwrap_or(src.ip());
         let dev = &self.devices[d];
-        let local = dev.local_for(peer).unwrap_or(src.ip());
         let flow_label = match dst {
             SocketAddr::V6(v6) if v6.flowinfo() & 0xfffff != 0 => v6.flowinfo() & 0xfffff,
             _ => rc::rdma_flow_label(src.port(), dst.port()),
@@ -1256,8 +1298,8 @@ impl CmService {
         let Some(ps) = ps_of(x.ps) else {
             return error(libc::EINVAL, "unsupported port space");
         };
+        let local = self.local_ip(x).unwrap_or(src.ip());
         let dev = &self.devices[d];
-        let local = dev.local_for(peer).unwrap_or(src.ip());
         // The rdma_cm header names the addresses the program used; the path the wire ones.
         let hdr = CmaHdr {
             src_port: src.port(),
@@ -1457,11 +1499,8 @@ impl CmService {
             return AhAttr::default();
         };
         let path = x.path.unwrap_or_default();
-        let gid_index = match (x.device, x.peer_ip) {
-            (Some(d), Some(peer)) => {
-                let dev = &self.devices[d];
-                dev.local_for(peer).map_or(0, |l| dev.gid_index(l))
-            }
+        let gid_index = match (x.device, self.local_ip(x)) {
+            (Some(d), Some(l)) => self.devices[d].gid_index(l),
             _ => 0,
         };
         AhAttr {
@@ -1630,11 +1669,7 @@ impl CmService {
             return CmIdInfo::default();
         };
         let dev = x.device.map(|d| &self.devices[d]);
-        let local = match (dev, x.peer_ip, x.src) {
-            (Some(dev), Some(peer), _) => dev.local_for(peer),
-            (Some(dev), None, Some(s)) => dev.local_for(s.ip()),
-            _ => None,
-        };
+        let local = self.local_ip(x);
         CmIdInfo {
             id: h,
             channel: x.channel,
@@ -2459,6 +2494,115 @@ mod tests {
             svc.ids.len() <= 2 * MAX_BACKLOG + 2,
             "{} ids",
             svc.ids.len()
+        );
+    }
+
+    /// A device of two addresses: each side's QP talks from the address of the connection
+    /// (rxe checks an RC packet's source against the QP's path), not the device's first one.
+    #[test]
+    fn a_device_of_several_addresses_keeps_each_connection_on_its_own() {
+        let (mut svc, wire) = service(&["127.0.0.1", "127.0.0.2"], RoceVersion::V2);
+        let (ch, fd) = channel(&mut svc, 1);
+        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: l,
+                addr: sa("0.0.0.0:7300"),
+            },
+        );
+        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        let (cch, cfd) = channel(&mut svc, 2);
+        let a = id(&mut svc, 2, cch, cm_ps::TCP, qp_type::RC);
+        // The active side binds .1 and connects to .2.
+        ok(
+            &mut svc,
+            2,
+            Request::CmBind {
+                id: a,
+                addr: sa("127.0.0.1:0"),
+            },
+        );
+        ok(
+            &mut svc,
+            2,
+            Request::CmResolveAddr {
+                id: a,
+                src: None,
+                dst: sa("127.0.0.2:7300"),
+                timeout_ms: 1000,
+            },
+        );
+        ok(
+            &mut svc,
+            2,
+            Request::CmResolveRoute {
+                id: a,
+                timeout_ms: 1000,
+            },
+        );
+        ok(
+            &mut svc,
+            2,
+            Request::CmConnect {
+                id: a,
+                conn: CmConnParam {
+                    qp_num: 0x10011,
+                    ..CmConnParam::default()
+                },
+                psn: None,
+            },
+        );
+        settle(&mut svc, &wire);
+        let evs = events(&fd);
+        let child = evs[0].child.clone().unwrap();
+        let (g1, g2) = (
+            ctl::gid_of("127.0.0.1".parse().unwrap()),
+            ctl::gid_of("127.0.0.2".parse().unwrap()),
+        );
+        assert_eq!((child.src_gid, child.dst_gid), (g2, g1), "{child:?}");
+        let Response::CmQpAttr { attr, .. } = ok(
+            &mut svc,
+            1,
+            Request::CmInitQpAttr {
+                id: child.id,
+                qp_state: 2,
+            },
+        ) else {
+            panic!()
+        };
+        assert_eq!(attr.ah_attr.dgid, g1);
+        assert_eq!(
+            u32::from(attr.ah_attr.sgid_index),
+            svc.devices[0].gid_index("127.0.0.2".parse().unwrap())
+        );
+        ok(
+            &mut svc,
+            1,
+            Request::CmAccept {
+                id: child.id,
+                conn: CmConnParam {
+                    qp_num: 0x20011,
+                    ..CmConnParam::default()
+                },
+            },
+        );
+        settle(&mut svc, &wire);
+        assert_eq!(kinds(&events(&cfd)[2..]), vec![Ev::ConnectResponse as u32]);
+        let Response::CmQpAttr { attr, .. } =
+            ok(&mut svc, 2, Request::CmInitQpAttr { id: a, qp_state: 2 })
+        else {
+            panic!()
+        };
+        assert_eq!(attr.ah_attr.dgid, g2);
+        assert_eq!(
+            u32::from(attr.ah_attr.sgid_index),
+            svc.devices[0].gid_index("127.0.0.1".parse().unwrap())
+        );
+        assert_ne!(
+            svc.devices[0].gid_index("127.0.0.1".parse().unwrap()),
+            svc.devices[0].gid_index("127.0.0.2".parse().unwrap())
         );
     }
 
