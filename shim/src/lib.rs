@@ -24,4 +24,5 @@ pub mod device;
 pub mod ffi;
 pub mod runtime;
 pub mod shm;
+pub mod rdmacm;
 pub mod verbs;
