@@ -22,7 +22,7 @@ pub mod abi;
 pub mod daemon;
 pub mod device;
 pub mod ffi;
+pub mod rdmacm;
 pub mod runtime;
 pub mod shm;
-pub mod rdmacm;
 pub mod verbs;

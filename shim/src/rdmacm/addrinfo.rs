@@ -90,7 +90,11 @@ pub fn resolve(node: Option<&CStr>, service: Option<&CStr>, h: &Hints) -> Result
         None
     } else {
         // SAFETY: a NUL-terminated string owned by the list.
-        Some(unsafe { CStr::from_ptr(first.ai_canonname) }.to_string_lossy().into_owned())
+        Some(
+            unsafe { CStr::from_ptr(first.ai_canonname) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     };
     let (ai_socktype, ai_protocol) = (first.ai_socktype, first.ai_protocol);
     // SAFETY: from getaddrinfo, freed once.
@@ -142,7 +146,11 @@ fn malloc_sockaddr(a: SocketAddr) -> Result<(*mut sockaddr, libc::socklen_t), Er
     }
     // SAFETY: len <= size_of(sockaddr_storage); p has len bytes.
     unsafe {
-        ptr::copy_nonoverlapping((&ss as *const libc::sockaddr_storage).cast::<u8>(), p, len as usize)
+        ptr::copy_nonoverlapping(
+            (&ss as *const libc::sockaddr_storage).cast::<u8>(),
+            p,
+            len as usize,
+        )
     };
     Ok((p.cast(), len))
 }
@@ -305,7 +313,10 @@ mod tests {
         let r = resolve(Some(c"127.0.0.180"), Some(c"7471"), &h).unwrap();
         assert_eq!(r.dst, Some("127.0.0.180:7471".parse().unwrap()));
         assert_eq!(r.src, None);
-        assert_eq!((r.qp_type, r.port_space, r.family), (IBV_QPT_RC, RDMA_PS_TCP, libc::AF_INET));
+        assert_eq!(
+            (r.qp_type, r.port_space, r.family),
+            (IBV_QPT_RC, RDMA_PS_TCP, libc::AF_INET)
+        );
     }
 
     #[test]
@@ -323,10 +334,14 @@ mod tests {
 
     #[test]
     fn names_and_ipv6_resolve() {
-        let r = resolve(Some(c"localhost"), Some(c"1"), &Hints {
-            family: libc::AF_INET,
-            ..Hints::default()
-        })
+        let r = resolve(
+            Some(c"localhost"),
+            Some(c"1"),
+            &Hints {
+                family: libc::AF_INET,
+                ..Hints::default()
+            },
+        )
         .unwrap();
         assert_eq!(r.dst, Some("127.0.0.1:1".parse().unwrap()));
         let r = resolve(Some(c"::1"), None, &Hints::default()).unwrap();
@@ -335,7 +350,10 @@ mod tests {
 
     #[test]
     fn errors_are_eai_codes() {
-        assert_eq!(resolve(None, None, &Hints::default()), Err(libc::EAI_NONAME));
+        assert_eq!(
+            resolve(None, None, &Hints::default()),
+            Err(libc::EAI_NONAME)
+        );
         let numeric = Hints {
             flags: RAI_NUMERICHOST,
             ..Hints::default()
@@ -347,14 +365,24 @@ mod tests {
     fn c_round_trip_frees_cleanly() {
         let mut res = ptr::null_mut();
         // SAFETY: valid strings, hint NULL, writable out pointer.
-        let rc = unsafe { rdma_getaddrinfo(c"127.0.0.181".as_ptr(), c"20079".as_ptr(), ptr::null(), &mut res) };
+        let rc = unsafe {
+            rdma_getaddrinfo(
+                c"127.0.0.181".as_ptr(),
+                c"20079".as_ptr(),
+                ptr::null(),
+                &mut res,
+            )
+        };
         assert_eq!(rc, 0);
         // SAFETY: rdma_getaddrinfo succeeded.
         let ai = unsafe { &*res };
         // SAFETY: set by rdma_getaddrinfo.
         let dst = unsafe { sa::read(ai.ai_dst_addr) }.unwrap();
         assert_eq!(dst, "127.0.0.181:20079".parse().unwrap());
-        assert_eq!(ai.ai_dst_len as usize, std::mem::size_of::<libc::sockaddr_in>());
+        assert_eq!(
+            ai.ai_dst_len as usize,
+            std::mem::size_of::<libc::sockaddr_in>()
+        );
         // SAFETY: from rdma_getaddrinfo.
         unsafe { rdma_freeaddrinfo(res) };
     }

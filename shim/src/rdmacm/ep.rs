@@ -29,7 +29,12 @@ fn create_ep(
     } else {
         IBV_QPT_RC
     };
-    let p = create_id(std::ptr::null_mut(), std::ptr::null_mut(), res.ai_port_space, qp_type)?;
+    let p = create_id(
+        std::ptr::null_mut(),
+        std::ptr::null_mut(),
+        res.ai_port_space,
+        qp_type,
+    )?;
     // SAFETY: just created, live until destroyed below.
     let id = unsafe { &*p };
     let done = (|| {
@@ -46,8 +51,7 @@ fn create_ep(
             if !qp_init_attr.is_null() {
                 let mut st = id.state();
                 // SAFETY: non-null, the caller's attributes.
-                st.ep_qp_init_attr =
-                    Some(Box::new(qp::copy_init_attr(unsafe { &*qp_init_attr })));
+                st.ep_qp_init_attr = Some(Box::new(qp::copy_init_attr(unsafe { &*qp_init_attr })));
                 st.ep_pd = pd as usize;
             }
             return Ok(());
@@ -56,12 +60,7 @@ fn create_ep(
         let idp = id.as_id_ptr();
         // SAFETY: addresses from the addrinfo (valid or NULL).
         if unsafe {
-            exports::rdma_resolve_addr(
-                idp,
-                res.ai_src_addr,
-                res.ai_dst_addr,
-                EP_RESOLVE_TIMEOUT_MS,
-            )
+            exports::rdma_resolve_addr(idp, res.ai_src_addr, res.ai_dst_addr, EP_RESOLVE_TIMEOUT_MS)
         } != 0
         {
             return Err(Errno::last());
@@ -126,10 +125,7 @@ pub unsafe extern "C" fn rdma_destroy_ep(id: *mut RdmaCmId) {
 /// # Safety
 /// `id` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn rdma_get_request(
-    listen: *mut RdmaCmId,
-    id: *mut *mut RdmaCmId,
-) -> c_int {
+pub unsafe extern "C" fn rdma_get_request(listen: *mut RdmaCmId, id: *mut *mut RdmaCmId) -> c_int {
     ffi::int_or_minus_one(|| {
         let out = ffi::non_null(id)?;
         let l = id_from_ptr(listen)?;
@@ -152,7 +148,10 @@ pub unsafe extern "C" fn rdma_get_request(
         let child = id_from_ptr(e.id)?;
         let (attr, pd) = {
             let st = l.state();
-            (st.ep_qp_init_attr.as_deref().map(qp::copy_init_attr), st.ep_pd)
+            (
+                st.ep_qp_init_attr.as_deref().map(qp::copy_init_attr),
+                st.ep_pd,
+            )
         };
         if let Some(mut a) = attr {
             if let Err(err) = qp::create_qp(child, pd as *mut IbvPd, &mut a) {

@@ -195,12 +195,7 @@ fn multicast_event(
         if rc != 0 {
             ev.ev.event = RDMA_CM_EVENT_MULTICAST_ERROR as c_int;
             ev.ev.status = -rc;
-        } else if let Some(g) = id
-            .state()
-            .mcast
-            .iter_mut()
-            .find(|g| g.mgid == Some(mgid))
-        {
+        } else if let Some(g) = id.state().mcast.iter_mut().find(|g| g.mgid == Some(mgid)) {
             g.attached_qp = id.id.qp as usize;
         }
     }
@@ -291,7 +286,9 @@ pub fn ack(p: *mut RdmaCmEvent) -> Result<(), Errno> {
 fn complete_status(ev: &RdmaCmEvent) -> Result<(), Errno> {
     if ev.status == 0 {
         return match ev.event as u32 {
-            RDMA_CM_EVENT_ADDR_ERROR | RDMA_CM_EVENT_ROUTE_ERROR | RDMA_CM_EVENT_CONNECT_ERROR
+            RDMA_CM_EVENT_ADDR_ERROR
+            | RDMA_CM_EVENT_ROUTE_ERROR
+            | RDMA_CM_EVENT_CONNECT_ERROR
             | RDMA_CM_EVENT_UNREACHABLE => Err(Errno(libc::EHOSTUNREACH)),
             RDMA_CM_EVENT_REJECTED => Err(Errno(libc::ECONNREFUSED)),
             _ => Ok(()),

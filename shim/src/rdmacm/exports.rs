@@ -103,7 +103,10 @@ pub(crate) fn create_id(
     let (ch_ptr, own) = if channel.is_null() {
         (ShimChannel::create()?, true)
     } else {
-        (channel_from_ptr(channel)? as *const ShimChannel as *mut ShimChannel, false)
+        (
+            channel_from_ptr(channel)? as *const ShimChannel as *mut ShimChannel,
+            false,
+        )
     };
     // SAFETY: a live channel (checked or just created).
     let ch_handle = unsafe { (*ch_ptr).handle };
@@ -213,7 +216,14 @@ pub unsafe extern "C" fn rdma_bind_addr(id: *mut RdmaCmId, addr: *mut sockaddr) 
         let id = id_from_ptr(id)?;
         // SAFETY: per the contract.
         let a = unsafe { sa::read(addr) }?;
-        apply_info_response(id, call(&Request::CmBind { id: id.handle, addr: a })?.0)
+        apply_info_response(
+            id,
+            call(&Request::CmBind {
+                id: id.handle,
+                addr: a,
+            })?
+            .0,
+        )
     })
 }
 
@@ -391,12 +401,12 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, conn_param: *mut RdmaCon
         let (max_init, max_resp) = device_rd_limits(id);
         let (ird, ord) = {
             let mut st = id.state();
-            st.initiator_depth =
-                if conn_param.is_null() || c.initiator_depth == RDMA_MAX_INIT_DEPTH {
-                    st.initiator_depth.min(max_init)
-                } else {
-                    c.initiator_depth
-                };
+            st.initiator_depth = if conn_param.is_null() || c.initiator_depth == RDMA_MAX_INIT_DEPTH
+            {
+                st.initiator_depth.min(max_init)
+            } else {
+                c.initiator_depth
+            };
             st.responder_resources =
                 if conn_param.is_null() || c.responder_resources == RDMA_MAX_RESP_RES {
                     st.responder_resources.min(max_resp)
@@ -418,7 +428,10 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, conn_param: *mut RdmaCon
         }
         // SAFETY: live id; a held request event is acknowledged now (ucma_complete would).
         let p = id.as_id_ptr();
-        if let Err(e) = call_done(&Request::CmAccept { id: id.handle, conn: c }) {
+        if let Err(e) = call_done(&Request::CmAccept {
+            id: id.handle,
+            conn: c,
+        }) {
             let _ = qp::modify_qp_err(id);
             return Err(e);
         }
@@ -534,7 +547,9 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut RdmaCmId) -> c_int {
 /// `id` is NULL or any pointer (checked).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_src_port(id: *mut RdmaCmId) -> u16 {
-    ffi::infallible(0, || Ok(sa::port_be(&id_from_ptr(id)?.id.route.addr.src_addr)))
+    ffi::infallible(0, || {
+        Ok(sa::port_be(&id_from_ptr(id)?.id.route.addr.src_addr))
+    })
 }
 
 /// `rdma_get_dst_port`: the peer's port, network byte order.
@@ -543,7 +558,9 @@ pub unsafe extern "C" fn rdma_get_src_port(id: *mut RdmaCmId) -> u16 {
 /// `id` is NULL or any pointer (checked).
 #[no_mangle]
 pub unsafe extern "C" fn rdma_get_dst_port(id: *mut RdmaCmId) -> u16 {
-    ffi::infallible(0, || Ok(sa::port_be(&id_from_ptr(id)?.id.route.addr.dst_addr)))
+    ffi::infallible(0, || {
+        Ok(sa::port_be(&id_from_ptr(id)?.id.route.addr.dst_addr))
+    })
 }
 
 /// `rdma_set_option`: TOS (u8), REUSEADDR and AFONLY (int), ACK timeout and min RNR timer
@@ -569,7 +586,10 @@ pub unsafe extern "C" fn rdma_set_option(
         let value =
             unsafe { std::slice::from_raw_parts(optval.cast::<u8>(), optlen.min(4096)) }.to_vec();
         let as_int = || -> Result<i32, Errno> {
-            let b: [u8; 4] = value.get(..4).and_then(|s| s.try_into().ok()).ok_or(Errno::INVAL)?;
+            let b: [u8; 4] = value
+                .get(..4)
+                .and_then(|s| s.try_into().ok())
+                .ok_or(Errno::INVAL)?;
             Ok(i32::from_ne_bytes(b))
         };
         let mut opts = id.state().options;
@@ -614,7 +634,10 @@ pub unsafe extern "C" fn rdma_migrate_id(
         let (ch, created) = if channel.is_null() {
             (ShimChannel::create()?, true)
         } else {
-            (channel_from_ptr(channel)? as *const ShimChannel as *mut ShimChannel, false)
+            (
+                channel_from_ptr(channel)? as *const ShimChannel as *mut ShimChannel,
+                false,
+            )
         };
         {
             let mut st = id.state();
@@ -772,7 +795,12 @@ pub unsafe extern "C" fn rdma_destroy_srq(id: *mut RdmaCmId) {
 
 // ---- multicast ----
 
-fn join(id: *mut RdmaCmId, addr: *const sockaddr, flags: u32, context: *mut c_void) -> Result<(), Errno> {
+fn join(
+    id: *mut RdmaCmId,
+    addr: *const sockaddr,
+    flags: u32,
+    context: *mut c_void,
+) -> Result<(), Errno> {
     let id = id_from_ptr(id)?;
     // SAFETY: per the contract of the callers.
     let a = unsafe { sa::read(addr) }?;
@@ -789,7 +817,11 @@ fn join(id: *mut RdmaCmId, addr: *const sockaddr, flags: u32, context: *mut c_vo
     });
     if r.is_err() {
         let mut st = id.state();
-        if let Some(i) = st.mcast.iter().rposition(|g| g.addr == a && g.mgid.is_none()) {
+        if let Some(i) = st
+            .mcast
+            .iter()
+            .rposition(|g| g.addr == a && g.mgid.is_none())
+        {
             st.mcast.remove(i);
         }
     }
@@ -862,7 +894,10 @@ pub unsafe extern "C" fn rdma_leave_multicast(id: *mut RdmaCmId, addr: *mut sock
             // SAFETY: the QP it was attached to (refused harmlessly if destroyed since).
             unsafe { crate::verbs::qp::ibv_detach_mcast(group.attached_qp as *mut IbvQp, &gid, 0) };
         }
-        call_done(&Request::CmLeaveMcast { id: id.handle, addr: a })
+        call_done(&Request::CmLeaveMcast {
+            id: id.handle,
+            addr: a,
+        })
     })
 }
 

@@ -204,9 +204,8 @@ fn create_cqs(id: &ShimCmId, send_size: u32, recv_size: u32) -> Result<(), Errno
             return Err(Errno::last());
         }
         // SAFETY: as above; the channel was just created.
-        let cq = unsafe {
-            verbs::cq::ibv_create_cq(verbs, size.max(1) as c_int, cq_context, ch, 0)
-        };
+        let cq =
+            unsafe { verbs::cq::ibv_create_cq(verbs, size.max(1) as c_int, cq_context, ch, 0) };
         if cq.is_null() {
             let e = Errno::last();
             // SAFETY: ours, unused.

@@ -27,9 +27,33 @@ macro_rules! enosys {
 }
 
 enosys!(
-    raccept, rbind, rclose, rconnect, rfcntl, rgetpeername, rgetsockname, rgetsockopt, riomap,
-    riounmap, riowrite, rlisten, rpoll, rread, rreadv, rrecv, rrecvfrom, rrecvmsg, rselect, rsend,
-    rsendmsg, rsendto, rsetsockopt, rshutdown, rsocket, rwrite, rwritev,
+    raccept,
+    rbind,
+    rclose,
+    rconnect,
+    rfcntl,
+    rgetpeername,
+    rgetsockname,
+    rgetsockopt,
+    riomap,
+    riounmap,
+    riowrite,
+    rlisten,
+    rpoll,
+    rread,
+    rreadv,
+    rrecv,
+    rrecvfrom,
+    rrecvmsg,
+    rselect,
+    rsend,
+    rsendmsg,
+    rsendto,
+    rsetsockopt,
+    rshutdown,
+    rsocket,
+    rwrite,
+    rwritev,
 );
 
 #[cfg(test)]

@@ -143,7 +143,7 @@ mod tests {
             Ok(None)
         );
         ss.ss_family = 27; // AF_IB
-        // SAFETY: as above.
+                           // SAFETY: as above.
         assert_eq!(
             unsafe { read((&ss as *const sockaddr_storage).cast()) },
             Err(Errno(libc::EAFNOSUPPORT))

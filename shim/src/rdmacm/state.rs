@@ -65,13 +65,13 @@ impl ShimChannel {
     /// `CmCreateChannel`: the daemon keeps one end of a SEQPACKET pair, we get the other.
     pub fn create() -> Result<*mut ShimChannel, Errno> {
         let (handle, fd) = match call(&Request::CmCreateChannel)? {
-            (Response::CmChannel { channel }, mut fds) if fds.len() == 1 => (channel, fds.remove(0)),
+            (Response::CmChannel { channel }, mut fds) if fds.len() == 1 => {
+                (channel, fds.remove(0))
+            }
             _ => return Err(Errno::PROTO),
         };
         let p = Box::into_raw(Box::new(ShimChannel {
-            ch: RdmaEventChannel {
-                fd: fd.as_raw_fd(),
-            },
+            ch: RdmaEventChannel { fd: fd.as_raw_fd() },
             handle,
             fd,
         }));
