@@ -63,6 +63,13 @@ pub enum DevMsg {
     /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
     /// resolved against it.)
     UpdateInfo(DeviceInfo),
+    /// A CM MAD from the CM thread: `packet` is BTH..ICRC of a UD SEND_ONLY from QP1; its ICRC
+    /// is computed here for the socket's addresses.
+    SendGsi {
+        src: IpAddr,
+        dst: IpAddr,
+        packet: Vec<u8>,
+    },
     Shutdown,
 }
 
@@ -196,6 +203,8 @@ pub struct DeviceThread {
     tx_buf: Vec<u8>,
     rx_buf: Vec<u8>,
     slot: Vec<u8>,
+    /// Where packets to QP1 (CM MADs) go: the CM thread ([`crate::cm`]).
+    gsi: Option<Sender<crate::cm::GsiMad>>,
 }
 
 fn err(e: VerbsError) -> Response {
@@ -311,7 +320,13 @@ impl DeviceThread {
             tx_buf: vec![0u8; tp::MAX_FRAME_LEN + 64],
             rx_buf: vec![0u8; 64 * 1024],
             slot: vec![0u8; 64 * 1024],
+            gsi: None,
         })
+    }
+
+    /// Hands received CM MADs (packets to QP1) to the CM thread.
+    pub fn set_gsi_sink(&mut self, sink: Sender<crate::cm::GsiMad>) {
+        self.gsi = Some(sink);
     }
 
     /// A descriptor that wakes the thread when written (for the doorbell and control).
@@ -346,6 +361,14 @@ impl DeviceThread {
                         let _ = reply.send((tag(resp, self.index), fds));
                     }
                     DevMsg::ClientGone { client } => self.client_gone(client),
+                    DevMsg::SendGsi {
+                        src,
+                        dst,
+                        mut packet,
+                    } => {
+                        send_gsi(&mut self.net, src, dst, &mut packet);
+                        let _ = self.net.flush();
+                    }
                     DevMsg::UpdateInfo(info) => {
                         self.gids = gid_addrs(&info);
                         self.info = info;
@@ -438,11 +461,13 @@ impl DeviceThread {
         }
         // Received packets: rebuild the IP and UDP headers the engine wants in front of each
         // verified datagram and hand it to the engine that owns the destination QP.
-        let (clients, blocks, rx_buf, gids) = (
+        let (clients, blocks, rx_buf, gids, gsi, index) = (
             &mut self.clients,
             &self.blocks,
             &mut self.rx_buf,
             &self.gids,
+            &self.gsi,
+            self.index as usize,
         );
         let mut delivered = 0;
         let _ = self.net.poll(Some(wait), &mut |d: &RxDatagram<'_>| {
@@ -462,7 +487,17 @@ impl DeviceThread {
                 return;
             };
             let packet = &rx_buf[..len];
-            if dqpn == Qpn::MULTICAST.value() {
+            if dqpn == proto::cm::GSI_QPN {
+                // QP1 is the GSI: CM MADs go to the CM thread.
+                if let (Some(sink), Some(mad)) = (gsi, crate::cm::gsi_payload(d.bytes)) {
+                    let _ = sink.send(crate::cm::GsiMad {
+                        device: index,
+                        src: d.src.ip(),
+                        dst: d.dst.ip(),
+                        mad: mad.to_vec(),
+                    });
+                }
+            } else if dqpn == Qpn::MULTICAST.value() {
                 for (&id, c) in clients.iter_mut() {
                     if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
                         broken.push(id);
@@ -857,9 +892,7 @@ impl DeviceThread {
                 }
                 Err(e) => err(e),
             },
-            Request::Hello { .. } | Request::QueryDevices | Request::ResShow => {
-                errno(libc::EINVAL, "not a device request")
-            }
+            _ => errno(libc::EINVAL, "not a device request"),
         };
         (r, none)
     }
@@ -1749,6 +1782,32 @@ fn rebuild_ip(d: &RxDatagram<'_>, out: &mut [u8]) -> Option<usize> {
     udp.emit(&mut out[hl..hl + 8]);
     out[hl + 8..total].copy_from_slice(d.bytes);
     Some(total)
+}
+
+/// Sends a GSI packet (BTH..ICRC) built by the CM thread, sealing its ICRC for the socket's
+/// addresses as [`send_frame`] does.
+fn send_gsi(net: &mut UdpTransport, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+    let local_port = match src {
+        IpAddr::V4(_) => net.local_addr_v4(),
+        IpAddr::V6(_) => net.local_addr_v6(),
+    }
+    .map_or(proto::wire::ROCE_V2_PORT, |a| a.port());
+    if PacketBuilder::new(src, dst, local_port)
+        .seal(0, packet)
+        .is_err()
+    {
+        return;
+    }
+    let meta = TxMeta {
+        dst: SocketAddr::new(dst, proto::wire::ROCE_V2_PORT),
+        src: Some(src),
+        tos: 0,
+        ttl: Some(64),
+        segment_size: None,
+    };
+    if let Err(e) = net.send(&meta, packet) {
+        debug!(%src, %dst, "CM MAD send failed: {e}");
+    }
 }
 
 /// Sends one engine frame through the UDP socket. The socket's source port is 4791 (rxe picks a
