@@ -27,9 +27,19 @@ const MAX_EVENT: usize = 8192;
 /// Blocking or `EAGAIN` follows the fd's mode (`O_NONBLOCK` set by the application).
 pub fn get_event(ch: &ShimChannel) -> Result<*mut ShimEvent, Errno> {
     let mut buf = vec![0u8; MAX_EVENT];
+    let fd = ch.raw_fd();
+    let ch_ptr = ch as *const ShimChannel;
     loop {
-        let n = read_record(ch.raw_fd(), &mut buf)?;
+        let n = read_record(fd, &mut buf)?;
         if n == 0 {
+            if !state::CHANNELS.contains(ch_ptr) {
+                // Another thread destroyed the channel while this one waited in it (rping's
+                // cm thread at exit). The kernel keeps such a reader blocked (it holds the
+                // file); so does this, rather than report an error the program would print.
+                loop {
+                    std::thread::park();
+                }
+            }
             // The daemon closed the channel: as the kernel's rdma_cm file going away.
             return Err(Errno(libc::ENODEV));
         }

@@ -118,7 +118,9 @@ pub fn modify_qp_rtr(id: &ShimCmId, resp_res: u8) -> Result<(), Errno> {
     if qp.is_null() {
         return Err(Errno::INVAL);
     }
-    if qp_state(qp) == IBV_QPS_RESET {
+    // INIT again even when already there (INIT -> INIT is legal, IBTA 10.3.1): the access
+    // flags depend on the responder resources, known only now (ib_cm_init_qp_attr).
+    if qp_state(qp) == IBV_QPS_RESET || qp_state(qp) == IBV_QPS_INIT {
         let (mut a, m) = init_qp_attr(id, IBV_QPS_INIT)?;
         modify(qp, &mut a, m)?;
     }
