@@ -51,8 +51,14 @@ fn create_ep(
             if !qp_init_attr.is_null() {
                 let mut st = id.state();
                 // SAFETY: non-null, the caller's attributes.
-                st.ep_qp_init_attr = Some(Box::new(qp::copy_init_attr(unsafe { &*qp_init_attr })));
+                let mut a = qp::copy_init_attr(unsafe { &*qp_init_attr });
+                a.qp_type = qp_type;
+                st.ep_qp_init_attr = Some(Box::new(a));
                 st.ep_pd = pd as usize;
+            }
+            if !pd.is_null() {
+                // SAFETY: live id (ucma_passive_ep sets id->pd).
+                unsafe { (*id.as_id_ptr()).pd = pd };
             }
             return Ok(());
         }
