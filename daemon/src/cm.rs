@@ -327,6 +327,16 @@ fn is_loopback(ip: IpAddr) -> bool {
     }
 }
 
+/// The host's own loopback address (127.0.0.1, ::1): a connection to it that no device
+/// claims is the device talking to itself. Other 127.0.0.0/8 addresses not ours are peers on
+/// the wire (another daemon on its own loopback address, as the two-daemon tests run).
+fn is_self_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4 == Ipv4Addr::LOCALHOST,
+        IpAddr::V6(v6) => v6.is_loopback(),
+    }
+}
+
 /// Whether a listener bound to `bound` takes a request for `dst` (cma's address match).
 fn listener_takes(bound: IpAddr, afonly: bool, dst: IpAddr) -> bool {
     if bound.is_unspecified() {
@@ -1087,7 +1097,7 @@ impl CmService {
                 ),
             ));
         }
-        let peer = if is_loopback(dst.ip()) && !dev.addrs.contains(&dst.ip()) {
+        let peer = if is_self_loopback(dst.ip()) && !dev.addrs.contains(&dst.ip()) {
             // Loopback is the device itself: its own address carries the traffic.
             dev.local_for(dst.ip())
                 .ok_or((libc::ENETUNREACH, "no address of that family".to_string()))?
@@ -1104,7 +1114,7 @@ impl CmService {
         let port = x.port.unwrap_or(0);
         let src_ip = match x.src {
             Some(s) if !s.ip().is_unspecified() => s.ip(),
-            _ if is_loopback(dst.ip()) => dst.ip(),
+            _ if is_self_loopback(dst.ip()) => dst.ip(),
             _ => local,
         };
         x.device = Some(d);
