@@ -123,27 +123,28 @@ fn ah_from_grh(
         return Ok(a);
     }
     let grh = grh.ok_or(Errno::INVAL)?;
-    let (sgid, dgid, tclass, flow) = match grh_ip_version(grh).ok_or(Errno(libc::EPROTONOSUPPORT))? {
-        4 => {
-            let ip4 = &grh[20..40];
-            let map = |b: &[u8]| {
-                let mut g = [0u8; 16];
-                g[10] = 0xff;
-                g[11] = 0xff;
-                g[12..].copy_from_slice(b);
-                g
-            };
-            (map(&ip4[12..16]), map(&ip4[16..20]), ip4[1], 0)
-        }
-        _ => {
-            let vtf = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
-            let mut s = [0u8; 16];
-            let mut d = [0u8; 16];
-            s.copy_from_slice(&grh[8..24]);
-            d.copy_from_slice(&grh[24..40]);
-            (s, d, ((vtf >> 20) & 0xff) as u8, vtf & 0xfffff)
-        }
-    };
+    let (sgid, dgid, tclass, flow) =
+        match grh_ip_version(grh).ok_or(Errno(libc::EPROTONOSUPPORT))? {
+            4 => {
+                let ip4 = &grh[20..40];
+                let map = |b: &[u8]| {
+                    let mut g = [0u8; 16];
+                    g[10] = 0xff;
+                    g[11] = 0xff;
+                    g[12..].copy_from_slice(b);
+                    g
+                };
+                (map(&ip4[12..16]), map(&ip4[16..20]), ip4[1], 0)
+            }
+            _ => {
+                let vtf = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
+                let mut s = [0u8; 16];
+                let mut d = [0u8; 16];
+                s.copy_from_slice(&grh[8..24]);
+                d.copy_from_slice(&grh[24..40]);
+                (s, d, ((vtf >> 20) & 0xff) as u8, vtf & 0xfffff)
+            }
+        };
     let port = ctx
         .device
         .desc
@@ -234,7 +235,10 @@ mod tests {
             0x45, 0, 0, 0x3c, 0, 0, 0x40, 0, 0x40, 0x11, 0, 0, 127, 0, 0, 1, 127, 0, 0, 2,
         ];
         g[20..].copy_from_slice(&ip4);
-        let mut sum: u32 = ip4.chunks(2).map(|p| u32::from(u16::from_be_bytes([p[0], p[1]]))).sum();
+        let mut sum: u32 = ip4
+            .chunks(2)
+            .map(|p| u32::from(u16::from_be_bytes([p[0], p[1]])))
+            .sum();
         while sum > 0xffff {
             sum = (sum & 0xffff) + (sum >> 16);
         }
