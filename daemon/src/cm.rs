@@ -151,7 +151,9 @@ pub fn gsi_packet(psn: u32, mad: &[u8]) -> Option<Vec<u8>> {
         fecn: false,
         becn: false,
         dest_qpn: Qpn::new(GSI_QPN),
-        ack_req: false,
+        // rxe sets AckReq on every MAD it sends (a signaled send's last packet), as every
+        // captured kernel REQ/REP/RTU/DREQ/DREP/SIDR shows; the receiver ignores it on UD.
+        ack_req: true,
         psn: Psn::new(psn),
     });
     t.deth = Some(DethRepr {
@@ -175,13 +177,16 @@ pub struct CmDeviceSetup {
     pub cm_max_retries: u8,
 }
 
+/// Hands a message to one device thread (and wakes it).
+pub type DeviceSender = Box<dyn Fn(DevMsg) -> bool + Send>;
+
 struct CmDevice {
     setup: CmDeviceSetup,
     addrs: Vec<IpAddr>,
     endpoint: CmEndpoint,
     /// The GSI QP's next PSN.
     psn: u32,
-    send: Box<dyn Fn(DevMsg) -> bool + Send>,
+    send: DeviceSender,
 }
 
 impl CmDevice {
@@ -320,21 +325,10 @@ fn ps_of(ps: u16) -> Option<PortSpace> {
     PortSpace::from_u16(ps)
 }
 
-fn is_loopback(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4.is_loopback(),
-        IpAddr::V6(v6) => v6.is_loopback(),
-    }
-}
-
-/// The host's own loopback address (127.0.0.1, ::1): a connection to it that no device
-/// claims is the device talking to itself. Other 127.0.0.0/8 addresses not ours are peers on
-/// the wire (another daemon on its own loopback address, as the two-daemon tests run).
-fn is_self_loopback(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => v4 == Ipv4Addr::LOCALHOST,
-        IpAddr::V6(v6) => v6.is_loopback(),
-    }
+/// 127.0.0.1 and ::1, "this host": a device that does not serve them itself takes them as its
+/// own address. (Other 127.x.y.z addresses may be other daemons on the same host.)
+fn is_this_host(ip: IpAddr) -> bool {
+    ip == IpAddr::V4(Ipv4Addr::LOCALHOST) || ip == IpAddr::V6(Ipv6Addr::LOCALHOST)
 }
 
 /// Whether a listener bound to `bound` takes a request for `dst` (cma's address match).
@@ -348,9 +342,11 @@ fn listener_takes(bound: IpAddr, afonly: bool, dst: IpAddr) -> bool {
     bound == dst
 }
 
-/// Whether two bindings of one port overlap.
+/// Whether two bindings of one port overlap: the same address, or a wildcard that covers the
+/// other (the IPv6 wildcard covers IPv4 too).
 fn overlaps(a: IpAddr, b: IpAddr) -> bool {
-    a.is_unspecified() || b.is_unspecified() || a == b
+    let covers = |w: IpAddr, x: IpAddr| w.is_unspecified() && (w.is_ipv6() || x.is_ipv4());
+    a == b || covers(a, b) || covers(b, a)
 }
 
 /// The CM thread's state.
@@ -368,7 +364,7 @@ pub struct CmService {
 
 impl CmService {
     /// `senders[i]` hands a message to device thread `i`.
-    pub fn new(setups: Vec<(CmDeviceSetup, Box<dyn Fn(DevMsg) -> bool + Send>)>) -> CmService {
+    pub fn new(setups: Vec<(CmDeviceSetup, DeviceSender)>) -> CmService {
         let devices = setups
             .into_iter()
             .map(|(setup, send)| {
@@ -378,7 +374,7 @@ impl CmService {
                     addrs: crate::device::gid_addrs(&setup.info),
                     setup,
                     endpoint: CmEndpoint::new(cfg),
-                    psn: random_u32() & 0xff_ffff,
+                    psn: 0,
                     send,
                 }
             })
@@ -445,14 +441,21 @@ impl CmService {
         }
     }
 
-    /// Sends what the endpoints want sent and turns their events into rdma_cm events.
+    /// Sends what the endpoints want sent and turns their events into rdma_cm events, until
+    /// neither is left (handling an event may send: a REJ for a request nobody takes).
     fn drain(&mut self) {
+        while self.drain_once() {}
+    }
+
+    fn drain_once(&mut self) -> bool {
+        let mut any = false;
         for index in 0..self.devices.len() {
             loop {
                 let d = &mut self.devices[index];
                 let Some(t) = d.endpoint.poll_transmit() else {
                     break;
                 };
+                any = true;
                 let Some(src) = d.local_for(t.peer) else {
                     warn!(peer = %t.peer, "no address of the peer's family to send a MAD from");
                     continue;
@@ -469,9 +472,11 @@ impl CmService {
                 }
             }
             while let Some(ev) = self.devices[index].endpoint.poll_event() {
+                any = true;
                 self.on_event(index, ev);
             }
         }
+        any
     }
 
     // ---- events ----
@@ -811,11 +816,7 @@ impl CmService {
                 ps,
                 qp_type: qpt,
             } => {
-                if !self
-                    .channels
-                    .get(&channel)
-                    .is_some_and(|c| c.client == client)
-                {
+                if !self.owns_channel(client, channel) {
                     return error(libc::EINVAL, "no such event channel");
                 }
                 if ps_of(ps).is_none() || ps == cm_ps::IPOIB {
@@ -834,7 +835,7 @@ impl CmService {
         let Some(handle) = cm_id_of(&r) else {
             return error(libc::EINVAL, "not an rdma_cm request");
         };
-        if !self.ids.get(&handle).is_some_and(|x| x.client == client) {
+        if self.ids.get(&handle).is_none_or(|x| x.client != client) {
             return error(libc::EINVAL, "no such rdma_cm id");
         }
         match r {
@@ -844,7 +845,7 @@ impl CmService {
             }
             Request::CmBind { id, addr } => match self.bind(id, addr) {
                 Ok(()) => (Response::CmIdInfo(self.info(id)), Vec::new()),
-                Err(e) => e,
+                Err((errno, why)) => error(errno, why),
             },
             Request::CmResolveAddr { id, src, dst, .. } => self.resolve_addr(id, src, dst),
             Request::CmResolveRoute { id, .. } => self.resolve_route(id),
@@ -875,11 +876,7 @@ impl CmService {
             Request::CmJoinMcast { id, addr, .. } => self.join_mcast(id, addr),
             Request::CmLeaveMcast { .. } => done(),
             Request::CmMigrateId { id, channel } => {
-                if !self
-                    .channels
-                    .get(&channel)
-                    .is_some_and(|c| c.client == client)
-                {
+                if !self.owns_channel(client, channel) {
                     return error(libc::EINVAL, "no such event channel");
                 }
                 if let Some(x) = self.ids.get_mut(&id) {
@@ -890,6 +887,12 @@ impl CmService {
             Request::CmQueryId { id } => (Response::CmIdInfo(self.info(id)), Vec::new()),
             _ => error(libc::EINVAL, "not an rdma_cm request"),
         }
+    }
+
+    fn owns_channel(&self, client: u64, channel: u32) -> bool {
+        self.channels
+            .get(&channel)
+            .is_some_and(|c| c.client == client)
     }
 
     fn create_channel(&mut self, client: u64) -> Reply {
@@ -987,22 +990,24 @@ impl CmService {
     }
 
     /// Reserves `addr` (port 0: an ephemeral port) in the id's port space.
-    fn bind(&mut self, h: u32, addr: SocketAddr) -> Result<(), Reply> {
+    fn bind(&mut self, h: u32, addr: SocketAddr) -> Result<(), (i32, String)> {
         let Some(x) = self.ids.get(&h) else {
-            return Err(error(libc::EINVAL, "no such id"));
+            return Err((libc::EINVAL, "no such id".into()));
         };
         if x.port.is_some() {
-            return Err(error(libc::EINVAL, "the id is already bound"));
+            return Err((libc::EINVAL, "the id is already bound".into()));
         }
         let device = if addr.ip().is_unspecified() {
             None
         } else {
             match self.device_for(addr.ip()) {
-                Some(d) if self.devices[d].addrs.contains(&addr.ip()) || is_loopback(addr.ip()) => {
+                Some(d)
+                    if self.devices[d].addrs.contains(&addr.ip()) || is_this_host(addr.ip()) =>
+                {
                     Some(d)
                 }
                 _ => {
-                    return Err(error(
+                    return Err((
                         libc::EADDRNOTAVAIL,
                         format!("no device has the address {}", addr.ip()),
                     ))
@@ -1026,14 +1031,11 @@ impl CmService {
                 .map(|i| EPHEMERAL.start() + ((first + i) % span) as u16)
                 .find(|p| !taken(*p))
             else {
-                return Err(error(libc::EADDRNOTAVAIL, "no ephemeral port left"));
+                return Err((libc::EADDRNOTAVAIL, "no ephemeral port left".into()));
             };
             p
         } else if taken(addr.port()) {
-            return Err(error(
-                libc::EADDRINUSE,
-                format!("port {} is in use", addr.port()),
-            ));
+            return Err((libc::EADDRINUSE, format!("port {} is in use", addr.port())));
         } else {
             addr.port()
         };
@@ -1053,8 +1055,8 @@ impl CmService {
                 IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
             };
             let want = src.unwrap_or(SocketAddr::new(any, 0));
-            if let Err(e) = self.bind(h, want) {
-                return e;
+            if let Err((errno, why)) = self.bind(h, want) {
+                return error(errno, why);
             }
         }
         let mut m = Self::event(Ev::AddrResolved, 0);
@@ -1097,7 +1099,7 @@ impl CmService {
                 ),
             ));
         }
-        let peer = if is_self_loopback(dst.ip()) && !dev.addrs.contains(&dst.ip()) {
+        let peer = if is_this_host(dst.ip()) && !dev.addrs.contains(&dst.ip()) {
             // Loopback is the device itself: its own address carries the traffic.
             dev.local_for(dst.ip())
                 .ok_or((libc::ENETUNREACH, "no address of that family".to_string()))?
@@ -1114,7 +1116,7 @@ impl CmService {
         let port = x.port.unwrap_or(0);
         let src_ip = match x.src {
             Some(s) if !s.ip().is_unspecified() => s.ip(),
-            _ if is_self_loopback(dst.ip()) => dst.ip(),
+            _ if is_this_host(dst.ip()) && peer != dst.ip() => dst.ip(),
             _ => local,
         };
         x.device = Some(d);
@@ -1161,8 +1163,10 @@ impl CmService {
 
     fn listen(&mut self, h: u32) -> Reply {
         if self.ids.get(&h).is_some_and(|x| x.port.is_none()) {
-            if let Err(e) = self.bind(h, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0)) {
-                return e;
+            if let Err((errno, why)) =
+                self.bind(h, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0))
+            {
+                return error(errno, why);
             }
         }
         let Some(x) = self.ids.get(&h) else {
@@ -1652,6 +1656,533 @@ mod tests {
         assert_eq!(gsi_payload(&p[..100]), None);
     }
 
+    use crate::config::{device_info, DeviceConfig};
+    use std::sync::{Arc, Mutex};
+
+    type Wire = Arc<Mutex<Vec<(IpAddr, IpAddr, Vec<u8>)>>>;
+
+    /// A CM service of one device whose MADs loop back to it when addressed to one of its
+    /// addresses (and are dropped otherwise): the daemon talking to itself, without sockets.
+    fn service(addrs: &[&str], mode: RoceVersion) -> (CmService, Wire) {
+        let mut cfg = DeviceConfig::new("srxe0");
+        cfg.addr = addrs.iter().map(|a| a.parse().unwrap()).collect();
+        let wire: Wire = Arc::default();
+        let w = Arc::clone(&wire);
+        let send: DeviceSender = Box::new(move |m| {
+            if let DevMsg::SendGsi { src, dst, packet } = m {
+                w.lock().unwrap().push((src, dst, packet));
+            }
+            true
+        });
+        let setup = CmDeviceSetup {
+            info: device_info(&cfg).unwrap(),
+            default_roce_mode: mode,
+            cm_response_timeout: 20,
+            cm_max_retries: 15,
+        };
+        (CmService::new(vec![(setup, send)]), wire)
+    }
+
+    /// Delivers MADs until the wire is quiet; returns how many went to a foreign address.
+    fn settle(svc: &mut CmService, wire: &Wire) -> usize {
+        let mut lost = 0;
+        loop {
+            svc.drain();
+            let sent: Vec<_> = std::mem::take(&mut *wire.lock().unwrap());
+            if sent.is_empty() {
+                return lost;
+            }
+            for (src, dst, packet) in sent {
+                if !svc.devices[0].addrs.contains(&dst) {
+                    lost += 1;
+                    continue;
+                }
+                let mad = gsi_payload(&packet).expect("a GSI packet").to_vec();
+                let now = svc.now();
+                svc.devices[0].endpoint.handle_mad(now, src, &mad).unwrap();
+            }
+        }
+    }
+
+    fn call(svc: &mut CmService, client: u64, r: Request) -> Response {
+        svc.request(client, r).0
+    }
+
+    fn ok(svc: &mut CmService, client: u64, r: Request) -> Response {
+        let resp = call(svc, client, r);
+        assert!(!matches!(resp, Response::Error { .. }), "{resp:?}");
+        resp
+    }
+
+    fn errno_of(r: Response) -> i32 {
+        match r {
+            Response::Error { errno, .. } => errno,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    /// A channel: its handle and the client's end.
+    fn channel(svc: &mut CmService, client: u64) -> (u32, OwnedFd) {
+        let (r, mut fds) = svc.request(client, Request::CmCreateChannel);
+        let Response::CmChannel { channel } = r else {
+            panic!("{r:?}")
+        };
+        (channel, fds.pop().unwrap())
+    }
+
+    fn id(svc: &mut CmService, client: u64, ch: u32, ps: u16, qpt: u32) -> u32 {
+        let Response::CmId { id } = ok(
+            svc,
+            client,
+            Request::CmCreateId {
+                channel: ch,
+                ps,
+                qp_type: qpt,
+            },
+        ) else {
+            panic!()
+        };
+        id
+    }
+
+    fn events(fd: &OwnedFd) -> Vec<CmEventMsg> {
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 4096];
+        while let Ok(n) = socket::recv(fd.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            out.push(ctl::decode(&buf[..n]).unwrap());
+        }
+        out
+    }
+
+    fn kinds(evs: &[CmEventMsg]) -> Vec<u32> {
+        evs.iter().map(|e| e.event).collect()
+    }
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    /// Listener `l` on `listen`, an active id resolved to `dst` and connecting; returns the
+    /// active id and the CONNECT_REQUEST (or whatever the listener's channel got).
+    fn start_connect(
+        svc: &mut CmService,
+        wire: &Wire,
+        ch: (u32, &OwnedFd),
+        dst: SocketAddr,
+        qpn: u32,
+    ) -> u32 {
+        let a = id(svc, 2, ch.0, cm_ps::TCP, qp_type::RC);
+        ok(
+            svc,
+            2,
+            Request::CmResolveAddr {
+                id: a,
+                src: None,
+                dst,
+                timeout_ms: 1000,
+            },
+        );
+        ok(
+            svc,
+            2,
+            Request::CmResolveRoute {
+                id: a,
+                timeout_ms: 1000,
+            },
+        );
+        assert_eq!(
+            kinds(&events(ch.1)),
+            vec![Ev::AddrResolved as u32, Ev::RouteResolved as u32]
+        );
+        ok(
+            svc,
+            2,
+            Request::CmConnect {
+                id: a,
+                conn: CmConnParam {
+                    qp_num: qpn,
+                    responder_resources: 2,
+                    initiator_depth: 3,
+                    retry_count: 6,
+                    rnr_retry_count: 5,
+                    ..CmConnParam::default()
+                },
+                psn: Some(0x42),
+            },
+        );
+        settle(svc, wire);
+        a
+    }
+
+    #[test]
+    fn ports_are_one_namespace_per_port_space() {
+        let (mut svc, _) = service(&["127.0.0.1", "::1"], RoceVersion::V2);
+        let (ch, _fd) = channel(&mut svc, 1);
+        let a = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        let b = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        let u = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
+        let e = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: a,
+                addr: sa("0.0.0.0:7000"),
+            },
+        );
+        let r = call(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: b,
+                addr: sa("127.0.0.1:7000"),
+            },
+        );
+        assert_eq!(
+            errno_of(r),
+            libc::EADDRINUSE,
+            "a wildcard covers every address"
+        );
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: b,
+                addr: sa("[::1]:7000"),
+            },
+        );
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: u,
+                addr: sa("127.0.0.1:7000"),
+            },
+        );
+        let Response::CmIdInfo(info) = ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: e,
+                addr: sa("127.0.0.1:0"),
+            },
+        ) else {
+            panic!()
+        };
+        let port = info.src_addr.unwrap().port();
+        assert!(EPHEMERAL.contains(&port) && port != 7000, "{port}");
+        assert_eq!(info.device.as_deref(), Some("srxe0"));
+        assert_eq!(info.gid_type, Some(RoceVersion::V2));
+        let f = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        let r = call(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: f,
+                addr: sa("10.9.9.9:1"),
+            },
+        );
+        assert_eq!(errno_of(r), libc::EADDRNOTAVAIL);
+        // Ids are their client's: another client cannot use or destroy them.
+        assert_eq!(
+            errno_of(call(&mut svc, 9, Request::CmDestroyId { id: a })),
+            libc::EINVAL
+        );
+        assert_eq!(
+            errno_of(call(&mut svc, 1, Request::CmDestroyChannel { channel: ch })),
+            libc::EBUSY
+        );
+        // Its client gone, the port is free again.
+        svc.client_gone(1);
+        let (ch2, _fd2) = channel(&mut svc, 3);
+        let g = id(&mut svc, 3, ch2, cm_ps::TCP, qp_type::RC);
+        ok(
+            &mut svc,
+            3,
+            Request::CmBind {
+                id: g,
+                addr: sa("127.0.0.1:7000"),
+            },
+        );
+    }
+
+    #[test]
+    fn an_ipv6_wildcard_listener_takes_ipv4_unless_afonly() {
+        let (mut svc, wire) = service(&["127.0.0.1", "::1"], RoceVersion::V2);
+        let (ch, fd) = channel(&mut svc, 1);
+        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: l,
+                addr: sa("[::]:7100"),
+            },
+        );
+        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        let (cch, cfd) = channel(&mut svc, 2);
+        let a = start_connect(&mut svc, &wire, (cch, &cfd), sa("127.0.0.1:7100"), 0x10011);
+        let evs = events(&fd);
+        assert_eq!(kinds(&evs), vec![Ev::ConnectRequest as u32]);
+        let req = &evs[0];
+        assert_eq!(req.id, l);
+        assert_eq!(
+            (
+                req.conn.qp_num,
+                req.conn.responder_resources,
+                req.conn.initiator_depth
+            ),
+            (0x10011, 2, 3)
+        );
+        let child = req.child.clone().unwrap();
+        assert_eq!(child.src_addr, Some(sa("127.0.0.1:7100")));
+        assert_eq!(
+            child.dst_addr.map(|d| d.ip()),
+            Some("127.0.0.1".parse().unwrap())
+        );
+        // The child's QP attributes come from the REQ: our rd_atomic bounds are the peer's
+        // initiator depth and responder resources.
+        let Response::CmQpAttr { attr, mask } = ok(
+            &mut svc,
+            1,
+            Request::CmInitQpAttr {
+                id: child.id,
+                qp_state: 2,
+            },
+        ) else {
+            panic!()
+        };
+        assert_eq!((attr.dest_qp_num, attr.rq_psn), (0x10011, 0x42));
+        assert_eq!(attr.max_dest_rd_atomic, 3);
+        assert_eq!(attr.min_rnr_timer, 0, "rdma_cm's default (facts §5.2)");
+        assert_eq!(
+            mask,
+            qp_mask::STATE
+                | qp_mask::AV
+                | qp_mask::PATH_MTU
+                | qp_mask::DEST_QPN
+                | qp_mask::RQ_PSN
+                | qp_mask::MAX_DEST_RD_ATOMIC
+                | qp_mask::MIN_RNR_TIMER
+        );
+        // Destroying the child before accepting it rejects the request (consumer defined).
+        ok(&mut svc, 1, Request::CmDestroyId { id: child.id });
+        settle(&mut svc, &wire);
+        let evs = events(&cfd);
+        assert_eq!(kinds(&evs), vec![Ev::Rejected as u32]);
+        assert_eq!((evs[0].id, evs[0].status), (a, 28));
+
+        // AFONLY: the IPv6 wildcard no longer takes IPv4; nobody else listens on that port,
+        // yet the service ID is listened on, so the answer is REJ 28 from rdma_cm.
+        ok(
+            &mut svc,
+            1,
+            Request::CmSetOption {
+                id: l,
+                level: cm_option::LEVEL_ID,
+                name: cm_option::ID_AFONLY,
+                value: 1i32.to_ne_bytes().to_vec(),
+            },
+        );
+        let b = start_connect(&mut svc, &wire, (cch, &cfd), sa("127.0.0.1:7100"), 0x10012);
+        assert!(events(&fd).is_empty());
+        let evs = events(&cfd);
+        assert_eq!((evs[0].id, evs[0].event), (b, Ev::Rejected as u32));
+    }
+
+    #[test]
+    fn options_shape_the_qp_attributes_and_migrate_moves_events() {
+        let (mut svc, wire) = service(&["127.0.0.1"], RoceVersion::V2);
+        let (ch, fd) = channel(&mut svc, 1);
+        let (ch_b, fd_b) = channel(&mut svc, 1);
+        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: l,
+                addr: sa("127.0.0.1:7200"),
+            },
+        );
+        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        ok(
+            &mut svc,
+            1,
+            Request::CmMigrateId {
+                id: l,
+                channel: ch_b,
+            },
+        );
+        let (cch, cfd) = channel(&mut svc, 2);
+        let a = id(&mut svc, 2, cch, cm_ps::TCP, qp_type::RC);
+        for (name, v) in [(cm_option::ID_TOS, 0x20u8), (cm_option::ID_ACK_TIMEOUT, 14)] {
+            ok(
+                &mut svc,
+                2,
+                Request::CmSetOption {
+                    id: a,
+                    level: cm_option::LEVEL_ID,
+                    name,
+                    value: vec![v],
+                },
+            );
+        }
+        let r = call(
+            &mut svc,
+            2,
+            Request::CmSetOption {
+                id: a,
+                level: cm_option::LEVEL_IB,
+                name: cm_option::IB_PATH,
+                value: vec![0; 64],
+            },
+        );
+        assert_eq!(errno_of(r), libc::ENOSYS);
+        ok(
+            &mut svc,
+            2,
+            Request::CmResolveAddr {
+                id: a,
+                src: None,
+                dst: sa("127.0.0.1:7200"),
+                timeout_ms: 1000,
+            },
+        );
+        ok(
+            &mut svc,
+            2,
+            Request::CmResolveRoute {
+                id: a,
+                timeout_ms: 1000,
+            },
+        );
+        let evs = events(&cfd);
+        let path = evs[1].info.as_ref().unwrap().path.unwrap();
+        assert_eq!((path.traffic_class, path.packet_life_time), (0x20, 13));
+        assert_eq!(
+            path.flow_label,
+            rc::rdma_flow_label(evs[1].info.as_ref().unwrap().src_addr.unwrap().port(), 7200)
+        );
+        let r = call(&mut svc, 2, Request::CmInitQpAttr { id: a, qp_state: 2 });
+        assert_eq!(errno_of(r), libc::EINVAL, "RTR needs the peer's REP");
+        ok(
+            &mut svc,
+            2,
+            Request::CmConnect {
+                id: a,
+                conn: CmConnParam {
+                    qp_num: 0x20011,
+                    ..CmConnParam::default()
+                },
+                psn: Some(7),
+            },
+        );
+        settle(&mut svc, &wire);
+        assert!(events(&fd).is_empty(), "the listener's events moved");
+        let evs = events(&fd_b);
+        let child = evs[0].child.clone().unwrap().id;
+        ok(
+            &mut svc,
+            1,
+            Request::CmAccept {
+                id: child,
+                conn: CmConnParam {
+                    qp_num: 0x30011,
+                    rnr_retry_count: 6,
+                    private_data: b"ok".to_vec(),
+                    ..CmConnParam::default()
+                },
+            },
+        );
+        settle(&mut svc, &wire);
+        let evs = events(&cfd);
+        assert_eq!(kinds(&evs), vec![Ev::ConnectResponse as u32]);
+        assert_eq!(evs[0].conn.qp_num, 0x30011);
+        let Response::CmQpAttr { attr, .. } =
+            ok(&mut svc, 2, Request::CmInitQpAttr { id: a, qp_state: 3 })
+        else {
+            panic!()
+        };
+        assert_eq!(attr.timeout, 14, "the ACK timeout option");
+        assert_eq!(
+            (attr.sq_psn, attr.rnr_retry),
+            (7, 6),
+            "RNR retry from the REP"
+        );
+        let Response::CmQpAttr { attr, .. } =
+            ok(&mut svc, 2, Request::CmInitQpAttr { id: a, qp_state: 2 })
+        else {
+            panic!()
+        };
+        assert_eq!(attr.ah_attr.traffic_class, 0x20);
+        assert_eq!(attr.ah_attr.dgid, ctl::gid_of("127.0.0.1".parse().unwrap()));
+        ok(&mut svc, 2, Request::CmEstablish { id: a });
+        settle(&mut svc, &wire);
+        assert!(
+            events(&cfd).is_empty(),
+            "the shim reports the active ESTABLISHED"
+        );
+        assert_eq!(kinds(&events(&fd_b)), vec![Ev::Established as u32]);
+        // The active client dies: its connection sends DREQ; the passive side hears it.
+        svc.client_gone(2);
+        settle(&mut svc, &wire);
+        let evs = events(&fd_b);
+        assert_eq!((evs[0].id, evs[0].event), (child, Ev::Disconnected as u32));
+    }
+
+    #[test]
+    fn a_mode_the_device_lacks_is_an_address_error() {
+        let (mut svc, _) = service(&["127.0.0.1"], RoceVersion::V1);
+        let (ch, fd) = channel(&mut svc, 1);
+        let a = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        ok(
+            &mut svc,
+            1,
+            Request::CmResolveAddr {
+                id: a,
+                src: None,
+                dst: sa("127.0.0.1:1"),
+                timeout_ms: 1000,
+            },
+        );
+        let evs = events(&fd);
+        assert_eq!(
+            (evs[0].event, evs[0].status),
+            (Ev::AddrError as u32, -libc::EINVAL)
+        );
+    }
+
+    #[test]
+    fn multicast_join_names_the_group_gid() {
+        let (mut svc, _) = service(&["127.0.0.1"], RoceVersion::V2);
+        let (ch, fd) = channel(&mut svc, 1);
+        let a = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
+        let r = call(
+            &mut svc,
+            1,
+            Request::CmJoinMcast {
+                id: a,
+                addr: sa("127.0.0.1:0"),
+                join_state: 1,
+            },
+        );
+        assert_eq!(errno_of(r), libc::EINVAL);
+        ok(
+            &mut svc,
+            1,
+            Request::CmJoinMcast {
+                id: a,
+                addr: sa("239.1.2.3:0"),
+                join_state: 1,
+            },
+        );
+        let evs = events(&fd);
+        let ud = evs[0].ud.unwrap();
+        assert_eq!(evs[0].event, Ev::MulticastJoin as u32);
+        assert_eq!(ud.ah_attr.dgid, ctl::gid_of("239.1.2.3".parse().unwrap()));
+        assert_eq!((ud.qp_num, ud.qkey), (0xff_ffff, rc::RDMA_UDP_QKEY));
+    }
+
     #[test]
     fn listener_address_rules() {
         let any4: IpAddr = Ipv4Addr::UNSPECIFIED.into();
@@ -1665,5 +2196,6 @@ mod tests {
         assert!(listener_takes(lo, false, lo));
         assert!(!listener_takes(lo, false, "127.0.0.2".parse().unwrap()));
         assert!(overlaps(any4, lo) && overlaps(lo, lo) && !overlaps(lo, lo6));
+        assert!(overlaps(any6, lo) && !overlaps(any4, lo6));
     }
 }

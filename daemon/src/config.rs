@@ -316,6 +316,29 @@ mod tests {
     }
 
     #[test]
+    fn rdma_cm_settings_parse_and_a_mode_the_device_lacks_is_refused() {
+        let c = Config::from_toml(
+            "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\ndefault_roce_mode=\"v2\"\ncm_response_timeout=12\ncm_max_retries=3",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let d = &c.devices[0];
+        assert_eq!(
+            (d.default_roce_mode, d.cm_response_timeout, d.cm_max_retries),
+            (RoceVersion::V2, 12, 3)
+        );
+        let plain = DeviceConfig::loopback_default();
+        assert_eq!((plain.cm_response_timeout, plain.cm_max_retries), (20, 15));
+        let mut v1 = plain.clone();
+        v1.default_roce_mode = RoceVersion::V1;
+        let why = v1.validate().unwrap_err().to_string();
+        assert!(why.contains("default_roce_mode v1 is not offered"), "{why}");
+        let mut fast = plain;
+        fast.cm_max_retries = 16;
+        assert!(fast.validate().is_err());
+    }
+
+    #[test]
     fn default_device_has_rxe_like_gids() {
         let info = device_info(&DeviceConfig::loopback_default()).unwrap();
         assert_eq!(info.gids.len(), 2);

@@ -430,7 +430,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
         .zip(&links)
         .map(|(d, link): (&Device, &DeviceLink)| {
             let link = link.clone();
-            let send: Box<dyn Fn(DevMsg) -> bool + Send> = Box::new(move |m| link.send(m));
+            let send: cm::DeviceSender = Box::new(move |m| link.send(m));
             (
                 CmDeviceSetup {
                     info: d.info.clone(),

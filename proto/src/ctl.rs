@@ -26,8 +26,10 @@ pub const MAX_MESSAGE: usize = 64 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RoceVersion {
     /// Ethertype 0x8915 with a GRH, one L2 domain (IBTA Annex A16).
+    #[serde(alias = "v1")]
     V1,
     /// UDP port 4791 over IPv4 or IPv6 (IBTA Annex A17).
+    #[serde(alias = "v2")]
     V2,
 }
 
