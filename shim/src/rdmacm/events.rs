@@ -122,11 +122,7 @@ fn process(msg: CmEventMsg) -> Result<Option<*mut ShimEvent>, Errno> {
             }
             let _ = qp::modify_qp_err(id);
         }
-        RDMA_CM_EVENT_DISCONNECTED => {
-            if id.state().connect_error {
-                return Ok(None);
-            }
-        }
+        RDMA_CM_EVENT_DISCONNECTED if id.state().connect_error => return Ok(None),
         RDMA_CM_EVENT_MULTICAST_JOIN | RDMA_CM_EVENT_MULTICAST_ERROR => {
             return Ok(Some(multicast_event(id, ev, &msg)?));
         }
@@ -265,7 +261,7 @@ fn new_child<'a>(listen: &ShimCmId, info: &ctl::CmIdInfo) -> Result<&'a ShimCmId
         Ok(())
     })();
     if let Err(e) = setup {
-        state::unregister_id(p);
+        state::unregister_id(child);
         let _ = call_done(&Request::CmDestroyId { id: info.id });
         // SAFETY: unregistered; nobody else holds it.
         drop(unsafe { Box::from_raw(p) });

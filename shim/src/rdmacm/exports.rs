@@ -174,7 +174,7 @@ pub(crate) fn destroy_id(p: *mut RdmaCmId) -> Result<(), Errno> {
         }
     }
     let sp = p.cast::<ShimCmId>();
-    if !state::unregister_id(sp) {
+    if !state::unregister_id(id) {
         return Err(Errno::INVAL);
     }
     let _ = call_done(&Request::CmDestroyId { id: id.handle });

@@ -279,15 +279,14 @@ pub fn id_by_handle<'a>(handle: u32) -> Option<&'a ShimCmId> {
 }
 
 /// Unregisters an id (its daemon handle too); false if it was not live.
-pub fn unregister_id(p: *mut ShimCmId) -> bool {
+pub fn unregister_id(id: &ShimCmId) -> bool {
+    let p = id as *const ShimCmId;
     if !IDS.remove(p) {
         return false;
     }
-    // SAFETY: it was registered until now: a live Box<ShimCmId>.
-    let handle = unsafe { (*p).handle };
     let mut map = id_map();
-    if map.get(&handle) == Some(&(p as usize)) {
-        map.remove(&handle);
+    if map.get(&id.handle) == Some(&(p as usize)) {
+        map.remove(&id.handle);
     }
     true
 }
@@ -343,8 +342,9 @@ pub fn default_pd(context: *mut IbvContext) -> Result<*mut IbvPd, Errno> {
         return Err(Errno::INVAL);
     }
     if entry.pd == 0 {
+        let shared = entry.context as *mut IbvContext;
         // SAFETY: the shared context is live for the life of the process.
-        let pd = unsafe { crate::verbs::pd::ibv_alloc_pd(context) };
+        let pd = unsafe { crate::verbs::pd::ibv_alloc_pd(shared) };
         if pd.is_null() {
             return Err(Errno::last());
         }
