@@ -214,3 +214,33 @@ fn perftest_over_rdma_cm() {
     }
     let _ = LIMIT;
 }
+
+/// A C program (linked against the real librdmacm, so every call is a versioned reference the
+/// shim must take over) drives the API itself and checks what the man pages promise.
+#[test]
+fn c_program_drives_the_cm_api() {
+    let exe = shim_support::compile_c(
+        "rdmacm_api",
+        include_str!("shim_support/rdmacm_api.c"),
+        &["rdmacm", "ibverbs"],
+    );
+    let d = loopback_daemon("rdmacm-api", 189);
+    let since = Instant::now();
+    let mut cmd = d.command(&exe);
+    cmd.arg("127.0.0.189");
+    let out = cmd.output().expect("run rdmacm_api");
+    assert!(
+        since.elapsed() < LIMIT,
+        "rdmacm_api took {:?}",
+        since.elapsed()
+    );
+    assert!(
+        out.status.success(),
+        "rdmacm_api failed ({}):\n{}{}\n--- daemon\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}
