@@ -97,7 +97,19 @@ pub fn start<'a>(
     program: &str,
     args: &[&str],
 ) -> Side<'a> {
-    let mut cmd = daemon.command(&require_program(program));
+    start_exe(daemon, test, role, &require_program(program), args)
+}
+
+/// [`start`] for a program given by path (a compiled test program).
+pub fn start_exe<'a>(
+    daemon: &'a Daemon,
+    test: &str,
+    role: &str,
+    exe: &std::path::Path,
+    args: &[&str],
+) -> Side<'a> {
+    let program = exe.display().to_string();
+    let mut cmd = daemon.command(exe);
     cmd.args(args);
     let dir = scratch("rdmacm", test);
     Side {
