@@ -47,7 +47,13 @@ pub fn get_event(ch: &ShimChannel) -> Result<*mut ShimEvent, Errno> {
             Ok(m) => m,
             Err(_) => return Err(Errno::PROTO),
         };
-        if let Some(ev) = process(msg)? {
+        // Processing holds PROCESSING shared: rdma_destroy_id frees an id only under it
+        // exclusively, so an id found by its handle here stays alive until handed out.
+        let processed = {
+            let _shared = state::PROCESSING.read().unwrap_or_else(|e| e.into_inner());
+            process(msg)
+        };
+        if let Some(ev) = processed? {
             return Ok(ev);
         }
     }
@@ -282,8 +288,10 @@ pub fn ack(p: *mut RdmaCmEvent) -> Result<(), Errno> {
         let owner = unsafe { &*ev.owner };
         let mut st = owner.state();
         st.events_out = st.events_out.saturating_sub(1);
-        drop(st);
+        // Notified under the lock: rdma_destroy_id, woken by this, may free the id as soon as
+        // it gets the lock, so nothing of the id is touched after the guard is dropped.
         owner.acked.notify_all();
+        drop(st);
     }
     Ok(())
 }

@@ -174,12 +174,15 @@ pub(crate) fn destroy_id(p: *mut RdmaCmId) -> Result<(), Errno> {
         }
     }
     let sp = p.cast::<ShimCmId>();
+    let exclusive = state::PROCESSING.write().unwrap_or_else(|e| e.into_inner());
     if !state::unregister_id(id) {
         return Err(Errno::INVAL);
     }
+    drop(exclusive);
     let _ = call_done(&Request::CmDestroyId { id: id.handle });
     let private = id.state().private_channel;
-    // SAFETY: unregistered: ours alone now.
+    // SAFETY: unregistered (under PROCESSING exclusively, so no event processing still holds
+    // it): ours alone now.
     let b = unsafe { Box::from_raw(sp) };
     drop(b);
     if private != 0 && CHANNELS.remove(private as *mut ShimChannel) {

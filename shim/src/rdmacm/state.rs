@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 
 use libc::{c_int, c_void};
 use proto::ctl::{CmIdInfo, Request, Response};
@@ -25,6 +25,8 @@ pub static CHANNELS: Registry = Registry::new();
 pub static IDS: Registry = Registry::new();
 /// Live `rdma_cm_event *` values (handed out, not yet acknowledged).
 pub static EVENTS: Registry = Registry::new();
+/// Event processing (shared) against freeing an id (exclusive): see `events::get_event`.
+pub static PROCESSING: RwLock<()> = RwLock::new(());
 
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
