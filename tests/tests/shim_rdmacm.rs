@@ -6,7 +6,9 @@
 mod shim_support;
 
 use shim_support::programs::loopback_daemon;
-use shim_support::rdmacm::{rping_data, rping_expected, run_pair, start, start_exe, Finished};
+use shim_support::rdmacm::{
+    rping_data, rping_expected, run_pair, start, start_exe, Capture, Finished,
+};
 use shim_support::Daemon;
 use std::time::Instant;
 
@@ -233,4 +235,72 @@ fn c_program_drives_the_cm_api() {
         d.log()
     );
     assert_eq!(out.output.trim(), "ok");
+}
+
+#[test]
+fn rping_with_program_managed_qp() {
+    // `-q`: rping creates and moves its own QP with rdma_init_qp_attr + ibv_modify_qp and
+    // finishes the handshake with rdma_establish (CONNECT_RESPONSE reaches the program).
+    let d = loopback_daemon("rdmacm-rping-q", 190);
+    let (s, c) = run_pair(
+        "rping-q",
+        (
+            &d,
+            "rping",
+            &["-s", "-a", "127.0.0.190", "-C", "100", "-v", "-q"],
+        ),
+        (
+            &d,
+            "rping",
+            &["-c", "-a", "127.0.0.190", "-C", "100", "-v", "-q"],
+        ),
+        REFUSED,
+    );
+    assert_ok("rping -c -q", &c, &d);
+    check_rping(&s, &c);
+}
+
+/// rping across two daemons under tcpdump: the CM exchange (REQ, REP, RTU, DREQ, DREP) and the
+/// data pass both packet checkers, and the REQ/REP carry real QPNs.
+#[test]
+fn rping_cm_mads_between_two_daemons_pass_both_checkers() {
+    let cap = Capture::start("pcap-two", "udp port 4791 and host 127.0.0.191");
+    let a = loopback_daemon("rdmacm-pcap-a", 191);
+    let b = loopback_daemon("rdmacm-pcap-b", 192);
+    let (s, c) = run_pair(
+        "pcap-two-rping",
+        (&a, "rping", &["-s", "-a", "127.0.0.191", "-C", "10", "-v"]),
+        (&b, "rping", &["-c", "-a", "127.0.0.191", "-C", "10", "-v"]),
+        REFUSED,
+    );
+    assert_ok("rping -c", &c, &b);
+    assert_eq!(rping_data(&s.output).len(), 10, "{}", s.output);
+    let text = cap.check();
+    for m in ["REQ", "REP", "RTU", "DREQ", "DREP"] {
+        assert!(
+            text.contains(&format!("CM   {m} ")),
+            "no {m} in the capture:\n{text}"
+        );
+    }
+    // The REQ's starting PSN and the REP's QPN are what the client's first send uses: the
+    // CM exchange really set up the data path.
+    let field = |msg: &str, name: &str| -> String {
+        text.lines()
+            .find(|l| l.contains(&format!("CM {msg} ")))
+            .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix(name)))
+            .unwrap_or_else(|| panic!("no {name} in a {msg}:\n{text}"))
+            .to_owned()
+    };
+    let spsn = field("REQ", "spsn=");
+    let rep_qpn =
+        u32::from_str_radix(field("REP", "qpn=").trim_start_matches("0x"), 16).expect("hex QPN");
+    let first_send = format!("-> 127.0.0.191:4791  RC_SEND_ONLY QP={rep_qpn:#08x} PSN={spsn} ");
+    assert!(
+        text.contains(&first_send),
+        "no {first_send:?} in the capture:\n{text}"
+    );
+    assert!(
+        text.contains("RDMA_READ"),
+        "rping's RDMA READs are in the capture:\n{text}"
+    );
 }

@@ -228,3 +228,87 @@ pub fn rping_expected(i: usize) -> String {
     }
     format!("ping data: {s}")
 }
+
+/// A tcpdump capture of loopback UDP 4791 traffic matching a filter, stopped by [`Capture::check`].
+pub struct Capture {
+    child: Child,
+    pub pcap: PathBuf,
+}
+
+impl Capture {
+    pub fn start(name: &str, filter: &str) -> Capture {
+        let dir = scratch("rdmacm", name);
+        let pcap = dir.join("capture.pcap");
+        let _ = std::fs::remove_file(&pcap);
+        let errlog = dir.join("tcpdump.err");
+        let mut child = Command::new(require_program("tcpdump"))
+            .args([
+                "-i",
+                "lo",
+                "--immediate-mode",
+                "-U",
+                "-s",
+                "0",
+                "-Z",
+                "root",
+                "-w",
+            ])
+            .arg(&pcap)
+            .arg(filter)
+            .stdout(Stdio::null())
+            .stderr(File::create(&errlog).expect("tcpdump log"))
+            .spawn()
+            .expect("start tcpdump (scripts/install-deps installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&errlog)
+            .unwrap_or_default()
+            .contains("listening on")
+        {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "tcpdump exited with {status}: {}",
+                    std::fs::read_to_string(&errlog).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "tcpdump did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Capture { child, pcap }
+    }
+
+    /// Stops the capture (SIGINT, so the file is complete) and runs `softroce pcap check -v`
+    /// and the independent `roce-pcap-check` on it; both must find no bad packet. Returns
+    /// softroce's decoding.
+    pub fn check(mut self) -> String {
+        std::thread::sleep(Duration::from_millis(300));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
+        let _ = self.child.wait();
+        let ours = Command::new(super::softroce_bin())
+            .args(["pcap", "check", "-v"])
+            .arg(&self.pcap)
+            .output()
+            .expect("run softroce pcap check");
+        let text = String::from_utf8_lossy(&ours.stdout).into_owned();
+        assert!(ours.status.success(), "softroce pcap check:\n{text}");
+        assert!(text.contains("bad 0"), "{text}");
+        let oracle = Command::new(require_program("python3"))
+            .arg(super::workspace_root().join("../shared/tools/roce-pcap-check"))
+            .arg(&self.pcap)
+            .output()
+            .expect("run roce-pcap-check");
+        let otext = String::from_utf8_lossy(&oracle.stdout);
+        assert!(oracle.status.success(), "roce-pcap-check:\n{otext}");
+        assert!(otext.contains("icrc_bad=0"), "{otext}");
+        text
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
