@@ -92,6 +92,11 @@ pub enum CmMsg {
     ClientGone {
         client: u64,
     },
+    /// A device's addresses changed (`--netdev`).
+    UpdateInfo {
+        device: usize,
+        info: DeviceInfo,
+    },
     Shutdown,
 }
 
@@ -418,6 +423,12 @@ impl CmService {
                         let _ = reply.send(r);
                     }
                     Ok(CmMsg::ClientGone { client }) => self.client_gone(client),
+                    Ok(CmMsg::UpdateInfo { device, info }) => {
+                        if let Some(d) = self.devices.get_mut(device) {
+                            d.addrs = crate::device::gid_addrs(&info);
+                            d.setup.info = info;
+                        }
+                    }
                     Ok(CmMsg::Shutdown) | Err(_) => return,
                 },
                 recv(mads) -> m => if let Ok(m) = m {
@@ -1379,11 +1390,15 @@ impl CmService {
         };
         let ep = &mut self.devices[d].endpoint;
         let r = if x.role == Role::SidrPassive {
-            x.conn = None;
             ep.sidr_reply(now, c, sidr_status::REJECT, 0, 0, private_data)
         } else {
             ep.reject(now, c, RejReason::CONSUMER_DEFINED, &[], private_data)
         };
+        // A rejected request is forgotten at once; a rejected REP waits out timewait.
+        if ep.state(c).is_none() {
+            x.conn = None;
+            self.conns.remove(&(d, c));
+        }
         match r {
             Ok(()) => done(),
             Err(e) => error(libc::EINVAL, e.to_string()),

@@ -199,6 +199,11 @@ pub struct DeviceThread {
     clients: BTreeMap<u64, ClientDev>,
     /// QPN block -> client.
     blocks: HashMap<u32, u64>,
+    /// The block handed out last: blocks go round-robin, so that a new client does not get
+    /// the QPNs of one that just exited, whose connections may still be in CM timewait on a
+    /// peer (a REQ from a QPN the peer still holds is refused as a stale connection, REJ 10;
+    /// rxe likewise allocates QPNs cyclically).
+    last_block: u32,
     start: Instant,
     tx_buf: Vec<u8>,
     rx_buf: Vec<u8>,
@@ -316,6 +321,7 @@ impl DeviceThread {
             rx,
             clients: BTreeMap::new(),
             blocks: HashMap::new(),
+            last_block: 0,
             start: Instant::now(),
             tx_buf: vec![0u8; tp::MAX_FRAME_LEN + 64],
             rx_buf: vec![0u8; 64 * 1024],
@@ -565,12 +571,15 @@ impl DeviceThread {
             let Some(&first) = self.gids.first() else {
                 return Err((libc::ENETDOWN, "the device has no address (port down)"));
             };
-            let Some(block) = (1..(Qpn::MASK / QPN_BLOCK))
+            let last = Qpn::MASK / QPN_BLOCK;
+            let Some(block) = (1..last)
+                .map(|i| (self.last_block + i - 1) % (last - 1) + 1)
                 .filter(|b| b % self.devices == self.index)
                 .find(|b| !self.blocks.contains_key(b))
             else {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
+            self.last_block = block;
             let mut config = tp::DeviceConfig::new(first, random_u64());
             config.gids = self.gids.clone();
             config.port_mtu =

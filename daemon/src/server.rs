@@ -71,6 +71,8 @@ struct Registry {
     links: Vec<DeviceLink>,
     clients: BTreeMap<u64, ClientResources>,
     next_client: u64,
+    /// The rdma_cm thread, told of address changes too.
+    cm: Sender<CmMsg>,
 }
 
 impl Registry {
@@ -124,7 +126,7 @@ impl Registry {
     }
 
     fn rescan_netdevs(&mut self) {
-        for (d, link) in self.devices.iter_mut().zip(&self.links) {
+        for (index, (d, link)) in self.devices.iter_mut().zip(&self.links).enumerate() {
             if d.config.netdev.is_none() {
                 continue;
             }
@@ -132,6 +134,10 @@ impl Registry {
                 Ok(info) if info != d.info => {
                     info!(device = %info.name, gids = info.gids.len(), "addresses changed");
                     link.send(DevMsg::UpdateInfo(info.clone()));
+                    let _ = self.cm.send(CmMsg::UpdateInfo {
+                        device: index,
+                        info: info.clone(),
+                    });
                     d.info = info;
                 }
                 Ok(_) => {}
@@ -456,6 +462,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
         links: links.clone(),
         clients: BTreeMap::new(),
         next_client: 0,
+        cm: cm_tx.clone(),
     };
     let registry_thread = std::thread::Builder::new()
         .name("registry".into())

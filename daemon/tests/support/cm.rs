@@ -37,6 +37,18 @@ pub fn try_event(ch: &Channel, timeout: Duration) -> Option<CmEventMsg> {
     Some(ctl::decode(&buf[..len]).expect("an undecodable event"))
 }
 
+/// An event already waiting on `ch`, if any (never blocks).
+pub fn poll_event(ch: &Channel) -> Option<CmEventMsg> {
+    use nix::sys::socket::{recv, MsgFlags};
+    let mut buf = vec![0u8; ctl::MAX_MESSAGE];
+    match recv(ch.fd.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+        Ok(n) if n > 0 => Some(ctl::decode(&buf[..n]).expect("an undecodable event")),
+        Ok(_) => panic!("event channel closed by the daemon"),
+        Err(nix::errno::Errno::EAGAIN) => None,
+        Err(e) => panic!("reading the event channel: {e}"),
+    }
+}
+
 /// The next event, which must be `want` (20 s at most: CM retries on loopback never take that
 /// long unless something is broken).
 pub fn expect_event(ch: &Channel, want: Ev) -> CmEventMsg {
