@@ -3,6 +3,7 @@
  * and port checks, options, resolve, rdma_create_qp with default PD/CQs, private data, accept,
  * the QP attributes the CM gave, disconnect as ib_cm does it, destroy. argv[1]: the address. */
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -79,7 +80,12 @@ int main(int argc, char **argv) {
     CHECK(child->verbs == devs[0] && child->context == (void *)0x1234, 33);
     CHECK(ev->param.conn.private_data_len >= sizeof hello && memcmp(ev->param.conn.private_data, hello, sizeof hello) == 0, 34);
     CHECK(rdma_ack_cm_event(ev) == 0, 35);
-    CHECK(rdma_create_qp(child, NULL, &qa) == 0, 36);
+    /* An SRQ made for the id is used by the id's QP (rdma_create_qp_ex takes id->srq). */
+    struct ibv_srq_init_attr sa = { .attr = { .max_wr = 8, .max_sge = 1 } };
+    CHECK(rdma_create_srq(child, NULL, &sa) == 0 && child->srq && child->pd, 60);
+    struct ibv_qp_init_attr qa2 = qa;
+    CHECK(rdma_create_qp(child, NULL, &qa2) == 0, 36);
+    CHECK(child->qp->srq == child->srq, 61);
     CHECK(rdma_accept(child, NULL) == 0, 37);
     /* Both sides see ESTABLISHED (the client's after its QP went to RTS). */
     for (int i = 0; i < 2; i++) {
@@ -106,6 +112,8 @@ int main(int argc, char **argv) {
     rdma_ack_cm_event(ev);
     rdma_destroy_qp(client);
     rdma_destroy_qp(child);
+    rdma_destroy_srq(child);
+    CHECK(child->srq == NULL, 62);
     CHECK(rdma_destroy_id(client) == 0 && rdma_destroy_id(child) == 0 && rdma_destroy_id(listen_id) == 0, 49);
     CHECK(rdma_destroy_id(client) == -1 && errno == EINVAL, 50);  /* already gone */
     rdma_free_devices(devs);
