@@ -7,8 +7,8 @@ mod shim_support;
 
 use shim_support::programs::loopback_daemon;
 use shim_support::rdmacm::{
-    rping_data, rping_expected, run_pair, start, start_exe, wait_for_output, Capture, Finished,
-    LIMIT,
+    rping_data, rping_expected, run_pair, start, start_exe, start_replacement, wait_for_output,
+    Capture, Finished, LIMIT,
 };
 use shim_support::Daemon;
 use std::time::Instant;
@@ -153,6 +153,44 @@ fn rdma_server_and_rdma_client() {
     assert_ok("rdma_client", &c, &d);
     assert!(s.output.contains("rdma_server: end 0"), "{}", s.output);
     assert!(c.output.contains("rdma_client: end 0"), "{}", c.output);
+}
+
+/// rping with the replacement libraries (`LD_LIBRARY_PATH`, no preload): the form for
+/// programs that `dlopen` librdmacm.
+#[test]
+fn rping_with_the_replacement_librdmacm() {
+    let d = loopback_daemon("rdmacm-replacement", 194);
+    let since = Instant::now();
+    let mut server = start_replacement(
+        &d,
+        "replacement",
+        "server",
+        "rping",
+        &["-s", "-a", "127.0.0.194", "-C", "10", "-v"],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    server.assert_running();
+    let mut attempt = 0;
+    let client = loop {
+        attempt += 1;
+        let c = start_replacement(
+            &d,
+            "replacement",
+            &format!("client{attempt}"),
+            "rping",
+            &["-c", "-a", "127.0.0.194", "-C", "10", "-v"],
+        )
+        .finish(since);
+        if c.ok() || attempt == 20 || !REFUSED.iter().any(|m| c.output.contains(m)) {
+            break c;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let server = server.finish(since);
+    assert_ok("rping -c (replacement)", &client, &d);
+    let expected: Vec<String> = (0..10).map(rping_expected).collect();
+    assert_eq!(rping_data(&client.output), expected);
+    assert_eq!(rping_data(&server.output), expected);
 }
 
 /// UD multicast on one daemon: the sender's datagrams reach the receiver's attached QP. The

@@ -108,8 +108,39 @@ pub fn start_exe<'a>(
     exe: &std::path::Path,
     args: &[&str],
 ) -> Side<'a> {
-    let program = exe.display().to_string();
-    let mut cmd = daemon.command(exe);
+    spawn(
+        daemon,
+        test,
+        role,
+        daemon.command(exe),
+        &exe.display().to_string(),
+        args,
+    )
+}
+
+/// [`start`] with the replacement `librdmacm.so.1`/`libibverbs.so.1` found through
+/// `LD_LIBRARY_PATH` instead of the preloaded shim.
+pub fn start_replacement<'a>(
+    daemon: &'a Daemon,
+    test: &str,
+    role: &str,
+    program: &str,
+    args: &[&str],
+) -> Side<'a> {
+    let mut cmd = Command::new(require_program(program));
+    cmd.env("LD_LIBRARY_PATH", &super::shim_libs().replacement_dir)
+        .env("SOFTROCE_SOCKET", &daemon.socket);
+    spawn(daemon, test, role, cmd, program, args)
+}
+
+fn spawn<'a>(
+    daemon: &'a Daemon,
+    test: &str,
+    role: &str,
+    mut cmd: Command,
+    program: &str,
+    args: &[&str],
+) -> Side<'a> {
     cmd.args(args);
     let dir = scratch("rdmacm", test);
     Side {
