@@ -1,5 +1,5 @@
 //! Layout test: every `#[repr(C)]` struct in `softroce::abi` against the system
-//! `<infiniband/verbs.h>` (rdma-core 44). A C program generated from the same list prints
+//! `<infiniband/verbs.h>` and `<rdma/rdma_cma.h>` (rdma-core 44). A C program generated from the same list prints
 //! `sizeof`, `_Alignof` and `offsetof` of every field; the Rust side computes the same with
 //! `size_of`/`align_of`/`offset_of!`; any difference fails with the struct and field named.
 //!
@@ -290,7 +290,7 @@ fn run_c_layout_program(source: &str) -> BTreeMap<(String, String), usize> {
         .unwrap_or_else(|e| panic!("cannot run cc ({e}); run scripts/test, which installs the toolchain and libibverbs-dev"));
     assert!(
         out.status.success(),
-        "compiling the layout probe against <infiniband/verbs.h> failed (is libibverbs-dev installed? run scripts/test):\n{}",
+        "compiling the layout probe against <infiniband/verbs.h> and <rdma/rdma_cma.h> failed (are libibverbs-dev and librdmacm-dev installed? run scripts/test):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let out = Command::new(&exe).output().expect("run layout probe");

@@ -67,8 +67,20 @@ fn rping_across_two_daemons() {
 #[test]
 fn rping_over_ipv6_on_one_daemon() {
     // The daemon sends CM MADs and data to UDP 4791 as the kernel does, so ::1 needs that
-    // port (daemon/tests/datapath.rs `ipv6_loopback` uses it too: run apart from it).
-    let d = Daemon::start("rdmacm-rping6", &["--addr", "::1", "--port", "4791"]);
+    // port, which other suites' daemons use too (daemon/tests): wait for it to be free.
+    let deadline = Instant::now() + std::time::Duration::from_secs(120);
+    let d = loop {
+        let started = std::panic::catch_unwind(|| {
+            Daemon::start("rdmacm-rping6", &["--addr", "::1", "--port", "4791"])
+        });
+        match started {
+            Ok(d) => break d,
+            Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(200))
+            }
+            Err(e) => std::panic::resume_unwind(e),
+        }
+    };
     rping_pair("rping-v6", &d, &d, "::1");
 }
 
