@@ -233,12 +233,26 @@ fn perftest_rdma_cm(program: &str, port: u16, d: &Daemon) {
     let port = port.to_string();
     let common = ["-d", "srxe0", "-F", "-R", "-n", "50", "-p", port.as_str()];
     let client: Vec<&str> = common.iter().copied().chain(["127.0.0.187"]).collect();
-    let (s, c) = run_pair(
-        &format!("perftest-{program}"),
-        (d, program, &common),
-        (d, program, &client),
-        REFUSED,
-    );
+    // perftest's -R makes two connections: a control one, then the test QPs' to a listener
+    // the server creates only after the first is up. A client that comes too early for either
+    // is REJECTED (no listener, as ib_cm answers) and perftest does not retry, leaving its
+    // server waiting; so the whole pair is started again (the same race exists with the
+    // kernel, only narrower).
+    let test = format!("perftest-{program}");
+    let since = Instant::now();
+    let mut attempt = 0;
+    let (s, c) = loop {
+        attempt += 1;
+        let server = start(d, &test, &format!("server{attempt}"), program, &common);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let c = start(d, &test, &format!("client{attempt}"), program, &client).finish(since);
+        let refused = !c.ok() && REFUSED.iter().any(|m| c.output.contains(m));
+        if refused && attempt < 5 {
+            drop(server); // killed
+            continue;
+        }
+        break (server.finish(since), c);
+    };
     assert_ok(&format!("{program} -R server"), &s, d);
     assert_ok(&format!("{program} -R client"), &c, d);
     for f in [&s, &c] {
