@@ -42,6 +42,9 @@ use tracing::{debug, info, warn};
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
 /// The hop limit of a RoCE route (the route's default, facts §7.2).
 const ROUTE_HOP_LIMIT: u8 = 64;
+/// Most connection requests a listener holds unanswered (ucma's `max_backlog`); more are
+/// refused as the kernel does when the backlog is exhausted (REJ 28).
+const MAX_BACKLOG: usize = 1024;
 /// Longest the thread sleeps when nothing is due (events waiting for room are retried).
 const MAX_SLEEP: Duration = Duration::from_millis(200);
 
@@ -262,6 +265,8 @@ struct Id {
     afonly: bool,
     ack_timeout: Option<u8>,
     min_rnr_timer: Option<u8>,
+    /// A CONNECT_REQUEST child not yet accepted or rejected: the listener it came from.
+    pending_on: Option<u32>,
 }
 
 impl Id {
@@ -289,6 +294,7 @@ impl Id {
             afonly: false,
             ack_timeout: None,
             min_rnr_timer: None,
+            pending_on: None,
         }
     }
 
@@ -608,6 +614,7 @@ impl CmService {
                 };
                 if let Some(x) = self.ids.get_mut(&h) {
                     x.conn = None;
+                    x.pending_on = None;
                 }
                 let mut m = Self::event(kind, status);
                 m.conn.private_data = private_data;
@@ -619,6 +626,7 @@ impl CmService {
                 };
                 if let Some(x) = self.ids.get_mut(&h) {
                     x.conn = None;
+                    x.pending_on = None;
                 }
                 self.emit(h, Self::event(kind, status));
             }
@@ -715,10 +723,29 @@ impl CmService {
             }
             return;
         };
+        let waiting = self
+            .ids
+            .values()
+            .filter(|x| x.pending_on == Some(lh))
+            .count();
+        if waiting >= MAX_BACKLOG {
+            debug!(listener = lh, "connection request refused: backlog full");
+            if sidr {
+                let _ = d
+                    .endpoint
+                    .sidr_reply(now, conn, sidr_status::REJECT, 0, 0, &[]);
+            } else {
+                let _ = d
+                    .endpoint
+                    .reject(now, conn, RejReason::CONSUMER_DEFINED, &[], &[]);
+            }
+            return;
+        }
         let Some(l) = self.ids.get(&lh) else { return };
         let local_ip = d.local_for(peer).unwrap_or(hdr.dst_addr);
         let mut child = Id::new(l.client, l.channel, l.ps, l.qp_type);
         child.device = Some(device);
+        child.pending_on = Some(lh);
         child.src = Some(SocketAddr::new(hdr.dst_addr, l.port.unwrap_or(0)));
         child.dst = Some(SocketAddr::new(hdr.src_addr, hdr.src_port));
         child.peer_ip = Some(peer);
@@ -1332,6 +1359,7 @@ impl CmService {
         let Some(x) = self.ids.get_mut(&h) else {
             return error(libc::EINVAL, "no such id");
         };
+        x.pending_on = None;
         let (Some(d), Some(c)) = (x.device, x.conn) else {
             return error(libc::EINVAL, "the id has no connection request");
         };
@@ -1385,6 +1413,7 @@ impl CmService {
         let Some(x) = self.ids.get_mut(&h) else {
             return error(libc::EINVAL, "no such id");
         };
+        x.pending_on = None;
         let (Some(d), Some(c)) = (x.device, x.conn) else {
             return error(libc::EINVAL, "nothing to reject");
         };
@@ -1672,6 +1701,7 @@ mod tests {
     }
 
     use crate::config::{device_info, DeviceConfig};
+    use std::path::Path;
     use std::sync::{Arc, Mutex};
 
     type Wire = Arc<Mutex<Vec<(IpAddr, IpAddr, Vec<u8>)>>>;
@@ -2196,6 +2226,240 @@ mod tests {
         assert_eq!(evs[0].event, Ev::MulticastJoin as u32);
         assert_eq!(ud.ah_attr.dgid, ctl::gid_of("239.1.2.3".parse().unwrap()));
         assert_eq!((ud.qp_num, ud.qkey), (0xff_ffff, rc::RDMA_UDP_QKEY));
+    }
+
+    /// The CM MADs of a kernel capture: (source address, MAD) in order.
+    fn captured_mads(name: &str) -> Vec<(IpAddr, Vec<u8>)> {
+        use crate::pcap::{parse_record, CaptureReader};
+        use proto::wire::NetRepr;
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/captures")
+            .join(name);
+        let mut r = CaptureReader::from_bytes(std::fs::read(&path).unwrap()).unwrap();
+        let mut out = Vec::new();
+        while let Some(rec) = r.next_record() {
+            let rec = rec.unwrap();
+            let Ok(f) = parse_record(&rec) else { continue };
+            if f.repr.transport.bth.dest_qpn.value() != GSI_QPN {
+                continue;
+            }
+            let src = match f.repr.net {
+                NetRepr::Ipv4(ip) => IpAddr::V4(ip.src),
+                NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => IpAddr::V6(ip.src),
+            };
+            out.push((src, f.payload.to_vec()));
+        }
+        out
+    }
+
+    /// A kernel rxe client's REQ (rping's, from the lab capture) reaches a softroce listener,
+    /// which answers with a REP naming the kernel's comm ID, TID and PSN as ib_cm would.
+    #[test]
+    fn a_kernel_rxe_request_is_answered() {
+        use proto::cm::{CmMad, CmMessage};
+        let (mut svc, wire) = service(&["10.77.0.12"], RoceVersion::V2);
+        let (ch, fd) = channel(&mut svc, 1);
+        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: l,
+                addr: sa("10.77.0.12:7174"),
+            },
+        );
+        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        let mads = captured_mads("rping.pcap");
+        let (src, req_mad) = &mads[0];
+        let req = CmMad::parse(req_mad).unwrap();
+        let CmMessage::Req(kreq) = &req.message else {
+            panic!("the capture starts with the REQ")
+        };
+        let now = svc.now();
+        svc.devices[0]
+            .endpoint
+            .handle_mad(now, *src, req_mad)
+            .unwrap();
+        svc.drain();
+        let evs = events(&fd);
+        assert_eq!(kinds(&evs), vec![Ev::ConnectRequest as u32]);
+        let child = evs[0].child.clone().unwrap();
+        assert_eq!(evs[0].conn.qp_num, 0x21);
+        assert_eq!(child.src_addr, Some(sa("10.77.0.12:7174")));
+        assert_eq!(child.dst_addr.map(|a| a.ip()), Some(*src));
+        let Response::CmQpAttr { attr, .. } = ok(
+            &mut svc,
+            1,
+            Request::CmInitQpAttr {
+                id: child.id,
+                qp_state: 2,
+            },
+        ) else {
+            panic!()
+        };
+        assert_eq!((attr.dest_qp_num, attr.rq_psn), (0x21, kreq.starting_psn));
+        assert_eq!(
+            attr.path_mtu, 3,
+            "the kernel's path MTU (1024 on a 1500-byte link)"
+        );
+        assert_eq!(attr.ah_attr.dgid, ctl::gid_of(*src));
+        assert_eq!(attr.ah_attr.flow_label, kreq.primary_path.flow_label);
+        let Response::CmQpAttr { attr: rts, .. } = ok(
+            &mut svc,
+            1,
+            Request::CmInitQpAttr {
+                id: child.id,
+                qp_state: 3,
+            },
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            rts.timeout, kreq.primary_path.local_ack_timeout,
+            "PLT 18 + 1"
+        );
+        ok(
+            &mut svc,
+            1,
+            Request::CmAccept {
+                id: child.id,
+                conn: CmConnParam {
+                    qp_num: 0x10011,
+                    responder_resources: 1,
+                    initiator_depth: 1,
+                    rnr_retry_count: 7,
+                    ..CmConnParam::default()
+                },
+            },
+        );
+        svc.drain();
+        let sent = std::mem::take(&mut *wire.lock().unwrap());
+        assert_eq!(sent.len(), 1);
+        let (from, to, packet) = &sent[0];
+        assert_eq!((*from, *to), ("10.77.0.12".parse().unwrap(), *src));
+        let rep = CmMad::parse(gsi_payload(packet).unwrap()).unwrap();
+        assert_eq!(rep.header.transaction_id, req.header.transaction_id);
+        let CmMessage::Rep(r) = rep.message else {
+            panic!("{rep:?}")
+        };
+        assert_eq!(r.remote_comm_id, kreq.local_comm_id);
+        assert_eq!((r.local_qpn, r.starting_psn), (0x10011, rts.sq_psn));
+        assert_eq!(r.target_ack_delay, rc::RXE_ACK_DELAY);
+    }
+
+    /// udaddy's SIDR_REQ from the lab capture gets a SIDR_REP with our QPN and Q_Key.
+    #[test]
+    fn a_kernel_rxe_sidr_request_is_answered() {
+        use proto::cm::{CmMad, CmMessage};
+        let (mut svc, wire) = service(&["10.77.0.12"], RoceVersion::V2);
+        let (ch, fd) = channel(&mut svc, 1);
+        let l = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: l,
+                addr: sa("0.0.0.0:7174"),
+            },
+        );
+        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        let mads = captured_mads("udaddy.pcap");
+        let (src, req_mad) = &mads[0];
+        let now = svc.now();
+        svc.devices[0]
+            .endpoint
+            .handle_mad(now, *src, req_mad)
+            .unwrap();
+        svc.drain();
+        let evs = events(&fd);
+        assert_eq!(kinds(&evs), vec![Ev::ConnectRequest as u32]);
+        let child = evs[0].child.clone().unwrap().id;
+        ok(
+            &mut svc,
+            1,
+            Request::CmAccept {
+                id: child,
+                conn: CmConnParam {
+                    qp_num: 0x10012,
+                    ..CmConnParam::default()
+                },
+            },
+        );
+        svc.drain();
+        let sent = std::mem::take(&mut *wire.lock().unwrap());
+        let rep = CmMad::parse(gsi_payload(&sent[0].2).unwrap()).unwrap();
+        let CmMessage::SidrRep(r) = rep.message else {
+            panic!("{rep:?}")
+        };
+        assert_eq!((r.status, r.qpn, r.qkey), (0, 0x10012, rc::RDMA_UDP_QKEY));
+        assert_eq!(r.service_id, rc::service_id(PortSpace::Udp, 7174));
+    }
+
+    /// Random CM MADs (valid header, random attribute and body) from the wire never panic the
+    /// service, whatever listeners and connections exist.
+    #[test]
+    fn garbage_mads_are_survived() {
+        let (mut svc, wire) = service(&["127.0.0.1"], RoceVersion::V2);
+        let (ch, _fd) = channel(&mut svc, 1);
+        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: l,
+                addr: sa("0.0.0.0:7174"),
+            },
+        );
+        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        let u = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
+        ok(
+            &mut svc,
+            1,
+            Request::CmBind {
+                id: u,
+                addr: sa("0.0.0.0:7174"),
+            },
+        );
+        ok(&mut svc, 1, Request::CmListen { id: u, backlog: 1 });
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let peer: IpAddr = "127.0.0.9".parse().unwrap();
+        for i in 0..20_000u32 {
+            let mut mad = [0u8; proto::wire::mad::MAD_LEN];
+            for b in mad.iter_mut() {
+                *b = next() as u8;
+            }
+            mad[..4].copy_from_slice(&[1, 7, 2, 3]);
+            mad[16..18].copy_from_slice(&(0x10 + (i % 10) as u16).to_be_bytes());
+            if i % 3 == 0 {
+                // Often name the listeners' service IDs, so requests reach them.
+                let sid = rc::service_id(PortSpace::Tcp, 7174).to_be_bytes();
+                mad[24 + 8..24 + 16].copy_from_slice(&sid);
+                // ...in REQs with an IPv4 rdma_cm header in their private data.
+                mad[16..18].copy_from_slice(&0x10u16.to_be_bytes());
+                mad[24 + 140] = 0;
+                mad[24 + 141] = 0x40;
+            }
+            let now = svc.now();
+            let _ = svc.devices[0].endpoint.handle_mad(now, peer, &mad);
+            svc.drain();
+            wire.lock().unwrap().clear();
+        }
+        // Unanswered requests are bounded by the listeners' backlog.
+        assert!(
+            svc.ids.len() > MAX_BACKLOG,
+            "the flood reached the listener"
+        );
+        assert!(
+            svc.ids.len() <= 2 * MAX_BACKLOG + 2,
+            "{} ids",
+            svc.ids.len()
+        );
     }
 
     #[test]

@@ -314,6 +314,27 @@ struct Capture {
     pcap: PathBuf,
 }
 
+/// A failing test must not leave tcpdump running.
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a daemon, waiting (up to two minutes) for its address to be free: port 4791 on a
+/// loopback address is shared with every other suite on the host.
+fn daemon_when_free(name: &str, args: &[&str]) -> Daemon {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        match std::panic::catch_unwind(|| start_daemon_with(name, args, &[])) {
+            Ok(d) => return d,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            Err(e) => std::panic::resume_unwind(e),
+        }
+    }
+}
+
 fn start_capture(name: &str, filter: &str) -> Capture {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cm");
     std::fs::create_dir_all(&dir).unwrap();
@@ -356,13 +377,13 @@ fn start_capture(name: &str, filter: &str) -> Capture {
 }
 
 /// Stops the capture and runs both checkers on it; returns `softroce pcap check -v`'s output.
-fn check_capture(mut c: Capture) -> String {
+fn check_capture(c: Capture) -> String {
     std::thread::sleep(Duration::from_millis(300));
-    let _ = kill(Pid::from_raw(c.child.id() as i32), Signal::SIGINT);
-    let _ = c.child.wait();
+    let pcap = c.pcap.clone();
+    drop(c);
     let ours = Command::new(env!("CARGO_BIN_EXE_softroce"))
         .args(["pcap", "check", "-v"])
-        .arg(&c.pcap)
+        .arg(&pcap)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&ours.stdout).into_owned();
@@ -370,7 +391,7 @@ fn check_capture(mut c: Capture) -> String {
     assert!(text.contains("bad 0"), "{text}");
     let oracle = Command::new("python3")
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-pcap-check"))
-        .arg(&c.pcap)
+        .arg(&pcap)
         .output()
         .unwrap();
     let otext = String::from_utf8_lossy(&oracle.stdout);
@@ -383,8 +404,8 @@ fn check_capture(mut c: Capture) -> String {
 fn two_daemons_connect_through_the_cm_on_the_wire() {
     let (addr_s, addr_c) = ("127.0.0.170", "127.0.0.171");
     let cap = start_capture("two-daemons", &format!("udp port 4791 and host {addr_s}"));
-    let ds = start_daemon("cm-170", addr_s);
-    let dc = start_daemon("cm-171", addr_c);
+    let ds = daemon_when_free("cm-170", &["--addr", addr_s]);
+    let dc = daemon_when_free("cm-171", &["--addr", addr_c]);
     let listen = sock("127.0.0.170:7471");
     let mut p = establish(
         Side::new(&ds.socket, 1 << 16),
@@ -439,7 +460,7 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
     let addr = "127.0.0.172";
     // Short CM timeouts (4.096 µs · 2^12 ≈ 16 ms, 3 retries): a REQ to a dead address gives
     // up after 4 × (2 · 2^(16-8) + 2^(12-8)) ms ≈ 2.1 s.
-    let d = start_daemon_with(
+    let d = daemon_when_free(
         "cm-172",
         &[
             "--addr",
@@ -449,7 +470,6 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
             "--cm-max-retries",
             "3",
         ],
-        &[],
     );
     let listen = sock("127.0.0.172:7471");
     let mut p = establish(
@@ -511,15 +531,7 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
 
 #[test]
 fn ipv6_loopback_connection() {
-    // ::1 port 4791 is shared with other suites' daemons: wait for it to be free.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let d = loop {
-        match std::panic::catch_unwind(|| start_daemon("cm-v6", "::1")) {
-            Ok(d) => break d,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
-            Err(e) => std::panic::resume_unwind(e),
-        }
-    };
+    let d = daemon_when_free("cm-v6", &["--addr", "::1"]);
     let listen = sock("[::1]:7471");
     let mut p = establish(
         Side::new(&d.socket, 1 << 16),

@@ -331,7 +331,11 @@ pub enum Request {
     /// `rdma_listen`. A REQ (or SIDR_REQ for RDMA_PS_UDP) for the id's port, whose rdma_cm
     /// header names the bound address (or any address if the bind was a wildcard), raises
     /// `CONNECT_REQUEST` on the listener's channel with a new id in [`CmEventMsg::child`].
-    /// An unbound id listens on the wildcard address with an ephemeral port.
+    /// An unbound id is first bound to 0.0.0.0 with an ephemeral port, as the kernel does.
+    /// Listeners are matched on port space, port and address (an exact address before a
+    /// wildcard; an IPv6 wildcard takes IPv4 requests unless AFONLY); a REQ whose service ID
+    /// nobody listens on is answered with REJ 8 by the daemon's ib_cm, one whose service ID
+    /// is listened on but whose address no listener takes with REJ 28.
     CmListen {
         id: u32,
         backlog: i32,
@@ -378,8 +382,9 @@ pub enum Request {
         id: u32,
     },
     /// `rdma_disconnect`: DREQ (or DREP if the peer's DREQ came first). `DISCONNECTED`
-    /// follows on this id when the DREP arrives or the DREQ times out. EINVAL if not
-    /// connected.
+    /// follows on this id when the DREP arrives or the DREQ times out (a DREQ from the peer
+    /// raises `DISCONNECTED` by itself, before any `CmDisconnect`). EINVAL if not connected.
+    /// After timewait (2^(ACK timeout − 8) ms) `TIMEWAIT_EXIT` follows, as with the kernel.
     CmDisconnect {
         id: u32,
         private_data: Vec<u8>,
