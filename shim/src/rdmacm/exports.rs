@@ -7,7 +7,7 @@ use std::ffi::c_char;
 use std::ptr;
 
 use libc::{c_int, c_void, sockaddr};
-use proto::ctl::{self, CmConnParam, Request, Response};
+use proto::ctl::{CmConnParam, Request, Response};
 
 use crate::abi::*;
 use crate::ffi::{self, Errno};
@@ -429,8 +429,6 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, conn_param: *mut RdmaCon
                 return Err(e);
             }
         }
-        // SAFETY: live id; a held request event is acknowledged now (ucma_complete would).
-        let p = id.as_id_ptr();
         if let Err(e) = call_done(&Request::CmAccept {
             id: id.handle,
             conn: c,
@@ -438,10 +436,11 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, conn_param: *mut RdmaCon
             let _ = qp::modify_qp_err(id);
             return Err(e);
         }
+        // A synchronous id waits for ESTABLISHED (its held request event is acknowledged
+        // first, as ucma_complete does).
         if id.sync && !qp::is_ud(id) {
             return events::complete(id);
         }
-        let _ = p;
         Ok(())
     })
 }
@@ -979,7 +978,3 @@ pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut RdmaCmId, ece: *mut IbvEce
         Ok(())
     })
 }
-
-// Unused-import guard for `ctl` when only types are used through paths.
-#[allow(dead_code)]
-type _Ctl = ctl::CmConnParam;
