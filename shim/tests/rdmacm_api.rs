@@ -288,3 +288,37 @@ fn null_and_foreign_pointers_fail_cleanly() {
         );
     }
 }
+
+#[test]
+fn a_channel_the_daemon_closes_reports_device_removal_then_enodev() {
+    daemon();
+    let ch = rdma_create_event_channel();
+    let on_device = new_id(ch, RDMA_PS_TCP);
+    let unbound = new_id(ch, RDMA_PS_TCP);
+    let mut sin: libc::sockaddr_in =
+        // SAFETY: plain bytes.
+        unsafe { std::mem::zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    // SAFETY: live id, a valid sockaddr_in.
+    assert_eq!(
+        unsafe { rdma_bind_addr(on_device, (&mut sin as *mut libc::sockaddr_in).cast()) },
+        0
+    );
+    daemon().close_channel(channel_handle(ch));
+    // As the kernel on device removal: the id on the device hears of it once, the unbound
+    // one does not; then the channel is dead.
+    let ev = get(ch);
+    // SAFETY: live event, ids and channel.
+    unsafe {
+        assert_eq!((*ev).event, RDMA_CM_EVENT_DEVICE_REMOVAL as c_int);
+        assert_eq!((*ev).id, on_device);
+        rdma_ack_cm_event(ev);
+        let mut ev = ptr::null_mut();
+        assert_eq!(rdma_get_cm_event(ch, &mut ev), -1);
+        assert_eq!(errno(), libc::ENODEV);
+        assert_eq!(rdma_destroy_id(on_device), 0);
+        assert_eq!(rdma_destroy_id(unbound), 0);
+        rdma_destroy_event_channel(ch);
+    }
+}

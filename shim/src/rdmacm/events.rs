@@ -40,7 +40,12 @@ pub fn get_event(ch: &ShimChannel) -> Result<*mut ShimEvent, Errno> {
                     std::thread::park();
                 }
             }
-            // The daemon closed the channel: as the kernel's rdma_cm file going away.
+            // The daemon closed the channel (it is gone): as when the kernel removes the
+            // device, every id of the channel that is on a device gets DEVICE_REMOVAL once;
+            // after that, ENODEV.
+            if let Some(ev) = device_removal(ch_ptr) {
+                return Ok(ev);
+            }
             return Err(Errno(libc::ENODEV));
         }
         let msg: CmEventMsg = match ctl::decode(&buf[..n]) {
@@ -57,6 +62,38 @@ pub fn get_event(ch: &ShimChannel) -> Result<*mut ShimEvent, Errno> {
             return Ok(ev);
         }
     }
+}
+
+/// The next `DEVICE_REMOVAL` for an id of channel `ch` not told yet, if any.
+fn device_removal(ch: *const ShimChannel) -> Option<*mut ShimEvent> {
+    let mut target = 0usize;
+    state::IDS.for_each_live(|addr| {
+        if target != 0 {
+            return;
+        }
+        // SAFETY: registered (the registry lock is held), so a live ShimCmId.
+        let id = unsafe { &*(addr as *const ShimCmId) };
+        if std::ptr::eq(id.id.channel.cast::<ShimChannel>(), ch) && !id.id.verbs.is_null() {
+            let mut st = id.state();
+            if !st.removal_reported && !st.destroying {
+                st.removal_reported = true;
+                target = addr;
+            }
+        }
+    });
+    if target == 0 {
+        return None;
+    }
+    let _shared = state::PROCESSING.read().unwrap_or_else(|e| e.into_inner());
+    let id = state::id_from_ptr(target as *mut RdmaCmId).ok()?;
+    let mut ev = Box::new(ShimEvent {
+        ev: RdmaCmEvent::zeroed(),
+        private_data: Vec::new(),
+        owner: ptr::null_mut(),
+    });
+    ev.ev.id = id.as_id_ptr();
+    ev.ev.event = RDMA_CM_EVENT_DEVICE_REMOVAL as c_int;
+    Some(hand_out(ev, id))
 }
 
 /// Turns one message into a handed-out event, or `None` when it is consumed here (its id is

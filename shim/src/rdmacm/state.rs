@@ -152,6 +152,8 @@ pub struct IdState {
     pub mcast: Vec<McastGroup>,
     /// Set by `rdma_destroy_id`: events read for it later are dropped.
     pub destroying: bool,
+    /// `DEVICE_REMOVAL` was reported (the daemon went away).
+    pub removal_reported: bool,
 }
 
 // SAFETY: the raw pointers inside (init attrs' CQ/SRQ pointers) are only used under the lock

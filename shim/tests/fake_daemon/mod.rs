@@ -128,6 +128,11 @@ impl FakeDaemon {
         nix::sys::socket::send(fd, &bytes, MsgFlags::empty()).unwrap();
     }
 
+    /// Closes the daemon's end of rdma_cm channel `channel`, as a dying daemon does.
+    pub fn close_channel(&self, channel: u32) {
+        self.cm.lock().unwrap().channels.remove(&channel);
+    }
+
     /// Closes every client connection, as the kernel does when the daemon process dies.
     pub fn hang_up(&self) {
         for conn in self.clients.lock().unwrap().drain(..) {
