@@ -337,6 +337,8 @@ fn read_conn_param(id: &ShimCmId, param: *const RdmaConnParam) -> Result<CmConnP
         c.srq = p.srq;
         c.qp_num = p.qp_num;
     } else {
+        // librdmacm's defaults for a NULL rdma_conn_param (ucma_copy_conn_param_to_kern).
+        c.flow_control = 1;
         c.retry_count = 7;
         c.rnr_retry_count = 7;
     }
