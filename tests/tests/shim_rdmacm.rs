@@ -368,3 +368,39 @@ fn rping_cm_mads_between_two_daemons_pass_both_checkers() {
         "rping's RDMA READs are in the capture:\n{text}"
     );
 }
+
+/// ucmatose (RC, several connections) and udaddy (UD, SIDR) with the two sides on two daemons:
+/// every CM exchange crosses the wire.
+#[test]
+fn ucmatose_and_udaddy_across_two_daemons() {
+    let a = loopback_daemon("rdmacm-two-a", 195);
+    let b = loopback_daemon("rdmacm-two-b", 196);
+    for (program, extra) in [
+        ("ucmatose", &["-c", "4", "-C", "10"][..]),
+        ("udaddy", &[][..]),
+    ] {
+        let server_args: Vec<&str> = ["-b", "127.0.0.195"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let client_args: Vec<&str> = ["-s", "127.0.0.195"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let (s, c) = run_pair(
+            &format!("two-{program}"),
+            (&a, program, &server_args),
+            (&b, program, &client_args),
+            REFUSED,
+        );
+        assert_ok(&format!("{program} server"), &s, &a);
+        assert_ok(&format!("{program} client"), &c, &b);
+        for f in [&s, &c] {
+            assert!(
+                f.output.contains("return status 0"),
+                "{program}: {}",
+                f.output
+            );
+        }
+    }
+}
