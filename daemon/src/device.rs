@@ -524,6 +524,10 @@ impl DeviceThread {
         let now = self.now();
         let index = self.index;
         let (net, tx_buf) = (&mut self.net, &mut self.tx_buf);
+        // Multicast sends, kept as the engine framed them (its ICRC covers these headers) for
+        // the device's own attached QPs: the socket bound to a unicast address never receives
+        // a group's datagrams back, while rxe's members on the sending host get them.
+        let mut local_mcast: Vec<Vec<u8>> = Vec::new();
         for (&id, c) in self.clients.iter_mut() {
             let outcome = contained(|| {
                 let mut busy = false;
@@ -535,6 +539,11 @@ impl DeviceThread {
                 busy |= retry_pending(c);
                 while let Some(t) = c.engine.poll_transmit(now, tx_buf) {
                     busy = true;
+                    if t.dst.is_multicast() {
+                        if let Some(frame) = tx_buf.get(..t.len) {
+                            local_mcast.push(frame.to_vec());
+                        }
+                    }
                     send_frame(net, tx_buf, &t);
                 }
                 busy | deliver_completions(c, index)
@@ -542,6 +551,15 @@ impl DeviceThread {
             match outcome {
                 Some(b) => busy |= b,
                 None => broken.push(id),
+            }
+        }
+        // The receivers' completions go out on the next round.
+        busy |= !local_mcast.is_empty();
+        for packet in &local_mcast {
+            for (&id, c) in self.clients.iter_mut() {
+                if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
+                    broken.push(id);
+                }
             }
         }
         broken.sort_unstable();
