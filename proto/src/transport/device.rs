@@ -687,6 +687,21 @@ impl<M: MemoryAccess> Device<M> {
     /// Feeds one received RoCE v2 packet: a whole IPv4 or IPv6 packet (UDP, BTH .. ICRC).
     /// Headers are checked, then the ICRC; a bad packet is counted and dropped.
     pub fn handle_packet(&mut self, now: Nanos, packet: &[u8]) {
+        // The common case (a well-formed IPv4 packet with a good ICRC) without the general
+        // frame parser; anything else goes through it and is judged and counted there.
+        if let Some(a) = super::packet_io::parse_ipv4(packet) {
+            let rx = RxPacket {
+                t: a.t,
+                payload: a.payload,
+                src: IpAddr::V4(a.src),
+                dst: IpAddr::V4(a.dst),
+                ecn_ce: a.tos & 3 == 3,
+                net_header: &packet[..ipv4::HEADER_LEN],
+                wire_len: packet.len(),
+            };
+            self.dispatch(now, &rx);
+            return;
+        }
         let parsed = match FrameRepr::parse_ip(packet, packet.len()) {
             Ok(p) => p,
             Err(_) => {
@@ -1042,7 +1057,7 @@ pub(crate) fn frame_for<M>(
         }),
         _ => return None,
     };
-    let mut f = FrameRepr {
+    let f = FrameRepr {
         link: LinkRepr::None,
         net,
         udp: Some(UdpRepr {
@@ -1053,35 +1068,17 @@ pub(crate) fn frame_for<M>(
         }),
         transport,
     };
-    f.fill_lengths();
+    // No `fill_lengths`: `emit_frame` computes the lengths as it writes them.
     Some(f)
 }
 
 /// Writes `frame` into `buf`, letting `fill` place the payload first (one copy from memory).
-/// `fill` gets the payload slice; an error from it aborts the packet.
+/// `fill` gets the payload slice; an error from it aborts the packet. The frame's length
+/// fields are computed here (see [`super::packet_io::emit`]).
 pub(crate) fn emit_frame<E>(
     frame: &FrameRepr,
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Option<Result<Transmit, E>> {
-    let len = frame.buffer_len();
-    if buf.len() < len {
-        return None;
-    }
-    let at = frame.payload_offset();
-    if let Err(e) = fill(&mut buf[at..at + frame.transport.payload_len]) {
-        return Some(Err(e));
-    }
-    frame.emit_in_place(buf).ok()?;
-    let (src, dst) = match frame.net {
-        NetRepr::Ipv4(ip) => (IpAddr::V4(ip.src), IpAddr::V4(ip.dst)),
-        NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => (IpAddr::V6(ip.src), IpAddr::V6(ip.dst)),
-    };
-    Some(Ok(Transmit {
-        len,
-        src,
-        dst,
-        src_port: frame.udp.map_or(0, |u| u.src_port),
-        transport_offset: frame.net.header_len() + 8,
-    }))
+    super::packet_io::emit(frame, buf, fill)
 }
