@@ -128,6 +128,11 @@ mod fold {
     const K512: (i64, i64) = (0x154442bd4, 0x1c6e41596);
     const K1024: (i64, i64) = (0x1e88ef372, 0x14a7fe880);
     const K2048: (i64, i64) = (0x11542778a, 0x1322d1430);
+    /// x^64 mod P, for the 64 -> 32 bit step.
+    const K5: i64 = 0x163cd6124;
+    /// P itself (33 bits, reflected) and mu = floor(x^64 / P) (reflected), for Barrett.
+    const P_X: i64 = 0x1DB710641;
+    const U_PRIME: i64 = 0x1F7011641;
 
     /// 0 = not probed yet, 1 = absent, 2 = present.
     static WIDE: AtomicU8 = AtomicU8::new(0);
@@ -153,11 +158,16 @@ mod fold {
         if prefix.is_empty() || prefix.len() % 16 != 0 || !wide_available() {
             return None;
         }
-        // SAFETY: the features `fold` needs were detected above.
+        // SAFETY: the features `fold` and `reduce` need were detected above.
         let (state, tail) = unsafe { fold(prefix, rest) };
+        if tail.is_empty() {
+            // The usual case: headers and payload are whole 16-byte blocks.
+            // SAFETY: as above.
+            return Some(unsafe { reduce(state) });
+        }
         // The 128-bit state stands for the bytes hashed so far (hashing it from a zero
-        // register gives the same register); the last < 16 bytes and the 32-bit reduction go
-        // through crc32fast.
+        // register gives the same register); a last partial block and the 32-bit reduction
+        // go through crc32fast.
         let mut last = [0u8; 32];
         last[..16].copy_from_slice(&state);
         last[16..16 + tail.len()].copy_from_slice(tail);
@@ -207,6 +217,29 @@ mod fold {
         let mut out = [0u8; 16];
         _mm_storeu_si128(out.as_mut_ptr().cast(), x);
         (out, rest)
+    }
+
+    /// Reduces the folded 128-bit state to the final CRC-32 (inverted, as transmitted):
+    /// 128 to 64 bits by one more fold, 64 to 32 bits, then a Barrett reduction (the
+    /// paper's step 3, in its bit-reflected form).
+    #[target_feature(enable = "pclmulqdq,sse4.1")]
+    unsafe fn reduce(state: [u8; 16]) -> u32 {
+        let x = _mm_loadu_si128(state.as_ptr().cast());
+        let low32 = _mm_set_epi32(0, 0, 0, -1);
+        // 128 -> 96 bits: the low half carried over 64 bits by x^64 mod P (K128.1).
+        let k = _mm_set_epi64x(K128.1, K128.0);
+        let x = _mm_xor_si128(_mm_clmulepi64_si128::<0x10>(x, k), _mm_srli_si128::<8>(x));
+        // 96 -> 64 bits: the low 32 bits carried over 32 bits by x^64 mod P (K5).
+        let k5 = _mm_set_epi64x(0, K5);
+        let x = _mm_xor_si128(
+            _mm_clmulepi64_si128::<0x00>(_mm_and_si128(x, low32), k5),
+            _mm_srli_si128::<4>(x),
+        );
+        // Barrett: quotient estimate by mu = floor(x^64 / P), then the remainder.
+        let pu = _mm_set_epi64x(U_PRIME, P_X);
+        let t1 = _mm_clmulepi64_si128::<0x10>(_mm_and_si128(x, low32), pu);
+        let t2 = _mm_clmulepi64_si128::<0x00>(_mm_and_si128(t1, low32), pu);
+        !(_mm_extract_epi32::<1>(_mm_xor_si128(x, t2)) as u32)
     }
 
     #[target_feature(enable = "avx512f")]
