@@ -1075,10 +1075,10 @@ pub(crate) fn frame_for<M>(
 /// Writes `frame` into `buf`, letting `fill` place the payload first (one copy from memory).
 /// `fill` gets the payload slice; an error from it aborts the packet. The frame's length
 /// fields are computed here (see [`super::packet_io::emit`]).
-pub(crate) fn emit_frame<E>(
+pub(crate) fn emit_frame<'a, E>(
     frame: &FrameRepr,
     buf: &mut [u8],
-    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    fill: impl FnOnce(&mut [u8]) -> Result<super::packet_io::Payload<'a>, E>,
 ) -> Option<Result<Transmit, E>> {
     super::packet_io::emit(frame, buf, fill)
 }

@@ -178,14 +178,24 @@ fn emit_headers(t: &TransportRepr, l: &OpLayout, buf: &mut [u8]) {
     }
 }
 
-/// Writes `frame` into `buf`, letting `fill` place the payload first (read from registered
-/// memory straight into the frame). Returns None when `buf` is too short or the repr is
-/// inconsistent, `Some(Err)` when `fill` failed. The lengths of the network and UDP headers
-/// are computed here (the repr's are ignored, as if `fill_lengths` had been called).
-pub(crate) fn emit<E>(
+/// How a transmit path provided a packet's payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Payload<'a> {
+    /// It wrote the payload into the slice it was given.
+    Written,
+    /// It lends the payload's bytes (registered memory in this process): [`emit`] copies
+    /// them into the frame in the pass that computes the ICRC.
+    Lent(&'a [u8]),
+}
+
+/// Writes `frame` into `buf`, letting `fill` provide the payload (read from registered
+/// memory straight into the frame, or lent). Returns None when `buf` is too short or the
+/// repr is inconsistent, `Some(Err)` when `fill` failed. The lengths of the network and UDP
+/// headers are computed here (the repr's are ignored, as if `fill_lengths` had been called).
+pub(crate) fn emit<'a, E>(
     frame: &FrameRepr,
     buf: &mut [u8],
-    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    fill: impl FnOnce(&mut [u8]) -> Result<Payload<'a>, E>,
 ) -> Option<Result<Transmit, E>> {
     let t = &frame.transport;
     let l = layout_of(t.bth.opcode)?;
@@ -201,9 +211,12 @@ pub(crate) fn emit<E>(
     }
     let buf = &mut buf[..len];
     let payload_at = transport_at + l.header_len;
-    if let Err(e) = fill(&mut buf[payload_at..payload_at + t.payload_len]) {
-        return Some(Err(e));
-    }
+    let lent = match fill(&mut buf[payload_at..payload_at + t.payload_len]) {
+        Err(e) => return Some(Err(e)),
+        Ok(Payload::Written) => None,
+        Ok(Payload::Lent(bytes)) if bytes.len() == t.payload_len => Some(bytes),
+        Ok(Payload::Lent(_)) => return None,
+    };
     let (net, rest) = buf.split_at_mut(net_len);
     let (src, dst) = match frame.net {
         NetRepr::Ipv4(mut ip) => {
@@ -225,11 +238,21 @@ pub(crate) fn emit<E>(
     emit_headers(t, l, transport);
     let pad_at = l.header_len + t.payload_len;
     let covered = transport_len - crate::wire::ICRC_LEN;
-    transport[pad_at..covered].fill(0);
     let (body, trailer) = transport.split_at_mut(covered);
-    let crc = match frame.net {
-        NetRepr::Ipv4(_) => icrc::v2_ipv4(net, udp_hdr, body),
-        _ => icrc::v2_ipv6(net, udp_hdr, body),
+    let crc = match (lent, frame.net) {
+        (Some(payload), _) => {
+            // Copy and hash in one pass; it writes the pad too.
+            let (headers, out) = body.split_at_mut(l.header_len);
+            icrc::v2_copying_payload(net, udp_hdr, headers, payload, out)
+        }
+        (None, NetRepr::Ipv4(_)) => {
+            body[pad_at..].fill(0);
+            icrc::v2_ipv4(net, udp_hdr, body)
+        }
+        (None, _) => {
+            body[pad_at..].fill(0);
+            icrc::v2_ipv6(net, udp_hdr, body)
+        }
     };
     trailer.copy_from_slice(&crc.to_le_bytes());
     Some(Ok(Transmit {
@@ -452,10 +475,17 @@ mod tests {
                     let mut got = vec![0x11u8; 1200];
                     let tx = emit(&f, &mut got, |out| {
                         out.copy_from_slice(&data);
-                        Ok::<(), ()>(())
+                        Ok::<_, ()>(Payload::Written)
                     })
                     .unwrap()
                     .unwrap();
+                    // Lending the payload instead writes the same bytes.
+                    let mut lent = vec![0x22u8; 1200];
+                    let tx2 = emit(&f, &mut lent, |_| Ok::<_, ()>(Payload::Lent(&data)))
+                        .unwrap()
+                        .unwrap();
+                    assert_eq!(tx2, tx);
+                    assert_eq!(&lent[..tx.len], &want[..tx.len], "lent, opcode {code:#x}");
                     assert_eq!(tx.len, f.buffer_len(), "opcode {code:#x}");
                     assert_eq!(frame_len(&f), Some(f.buffer_len()));
                     assert_eq!(&got[..tx.len], &want[..tx.len], "opcode {code:#x} v6 {v6}");
@@ -472,11 +502,14 @@ mod tests {
         let mut t = repr(Opcode::RC_RDMA_WRITE_FIRST, 1, 256);
         t.reth = None;
         let mut buf = vec![0u8; 2000];
-        let fill = |_: &mut [u8]| Ok::<(), ()>(());
+        let fill = |_: &mut [u8]| Ok::<_, ()>(Payload::Written);
         assert!(emit(&frame(t, false), &mut buf, fill).is_none());
         let f = frame(repr(Opcode::RC_RDMA_WRITE_FIRST, 1, 256), false);
         assert!(emit(&f, &mut buf[..f.buffer_len() - 1], fill).is_none());
         assert_eq!(emit(&f, &mut buf, |_| Err(7)), Some(Err(7)));
+        // A lent payload of the wrong length is refused.
+        let short = [0u8; 255];
+        assert!(emit(&f, &mut buf, |_| Ok::<_, ()>(Payload::Lent(&short))).is_none());
     }
 
     #[test]

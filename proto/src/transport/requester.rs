@@ -4,6 +4,7 @@
 
 use super::device::{complete, emit_frame, frame_for, Ctx, Transmit};
 use super::memory::MemoryAccess;
+use super::packet_io::Payload;
 use super::qp::{Qp, SendWqe};
 use super::qp_attr::{QpState, QpType};
 use super::timers::{ack_timeout, Nanos};
@@ -475,11 +476,11 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     let res = emit_frame(&frame, buf, |out| {
         if let SendOp::AtomicWrite { value, .. } = w.wr.op {
             out.copy_from_slice(&value.to_ne_bytes());
-            Ok(())
+            Ok(Payload::Written)
         } else if w.wr.flags.contains(SendFlags::INLINE) {
             let start = offset as usize;
             out.copy_from_slice(&w.wr.inline_data[start..start + out.len()]);
-            Ok(())
+            Ok(Payload::Written)
         } else {
             ctx.gather(pd, &w.wr.sg_list, offset, out)
         }

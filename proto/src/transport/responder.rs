@@ -5,6 +5,7 @@
 
 use super::device::{complete, emit_frame, flush_qp, frame_for, schedule, Ctx, RxPacket, Transmit};
 use super::memory::MemoryAccess;
+use super::packet_io::Payload;
 use super::qp::{npkts, InMessage, Qp, Resource, ResourceKind, RespOut};
 use super::qp_attr::QpType;
 use super::timers::Nanos;
@@ -652,9 +653,13 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 let space = ctx
                     .remote_space(pd, qpn, rkey, va, u64::from(plen), Access::REMOTE_READ)
                     .ok_or(())?;
-                ctx.mem.read(space, va, out).map_err(|_| ())
+                if let Some(bytes) = ctx.mem.lend(space, va, out.len()) {
+                    return Ok(Payload::Lent(bytes));
+                }
+                ctx.mem.read(space, va, out).map_err(|_| ())?;
+                Ok(Payload::Written)
             }
-            _ => Ok(()),
+            _ => Ok(Payload::Written),
         });
         match res {
             None => {

@@ -23,8 +23,9 @@ const LRH_ONES: [u8; 8] = [0xff; 8];
 /// `[0xff; 4] + headers` from a zero register, and leading zero bytes do not change a zero
 /// register. So the masked headers are right-aligned after zero padding to a multiple of
 /// 16 bytes (48 bytes for IPv4, 64 for IPv6 and for RoCE v1), which lets the carry-less
-/// multiply kernel below fold them as whole 128-bit blocks.
-const PREFIX_MAX: usize = 64;
+/// multiply kernel below fold them as whole 128-bit blocks. [`v2_copying_payload`] also
+/// puts the extended headers there (up to 28 bytes more).
+const PREFIX_MAX: usize = 96;
 
 /// Network header masking rules.
 #[derive(Clone, Copy)]
@@ -34,8 +35,15 @@ enum Net {
     V6,
 }
 
-/// Hashes the masked prefix and the rest of the transport packet.
-fn icrc(net: Net, ip: &[u8], udp_header: Option<&[u8]>, transport: &[u8]) -> u32 {
+/// The masked prefix for a packet whose transport starts with `headers` (the BTH, and
+/// possibly the extended headers after it), right-aligned in a zero-padded buffer; returns
+/// the buffer and its used length (a multiple of 16).
+fn masked_prefix(
+    net: Net,
+    ip: &[u8],
+    udp_header: Option<&[u8]>,
+    headers: &[u8],
+) -> ([u8; PREFIX_MAX], usize) {
     let net_len = match net {
         Net::V4 => ipv4::HEADER_LEN,
         Net::V6 => ipv6::HEADER_LEN,
@@ -45,7 +53,7 @@ fn icrc(net: Net, ip: &[u8], udp_header: Option<&[u8]>, transport: &[u8]) -> u32
     } else {
         0
     };
-    let raw_len = 4 + net_len + udp_len + bth::HEADER_LEN;
+    let raw_len = 4 + net_len + udp_len + headers.len();
     let total = raw_len.next_multiple_of(16);
     let mut prefix = [0u8; PREFIX_MAX];
     let mut at = total - raw_len;
@@ -78,16 +86,55 @@ fn icrc(net: Net, ip: &[u8], udp_header: Option<&[u8]>, transport: &[u8]) -> u32
         m[7] = 0xff;
         at += udp::HEADER_LEN;
     }
-    let m = &mut prefix[at..at + bth::HEADER_LEN];
-    m.copy_from_slice(&transport[..bth::HEADER_LEN]);
-    m[4] = 0xff; // FECN, BECN, Resv6
-    let prefix = &prefix[..total];
+    let m = &mut prefix[at..at + headers.len()];
+    m.copy_from_slice(headers);
+    m[4] = 0xff; // BTH: FECN, BECN, Resv6
+    (prefix, total)
+}
+
+/// Hashes the masked prefix and the rest of the transport packet.
+fn icrc(net: Net, ip: &[u8], udp_header: Option<&[u8]>, transport: &[u8]) -> u32 {
+    let (prefix, len) = masked_prefix(net, ip, udp_header, &transport[..bth::HEADER_LEN]);
+    let prefix = &prefix[..len];
     let rest = &transport[bth::HEADER_LEN..];
     #[cfg(target_arch = "x86_64")]
     if let Some(crc) = fold::icrc(prefix, rest) {
         return crc;
     }
     portable(prefix, rest)
+}
+
+/// The ICRC of a RoCE v2 packet being built, with the payload copied into the packet by the
+/// same pass that hashes it (a transmit path reading registered memory: one trip through
+/// the payload instead of a copy and then a hash).
+///
+/// `ip` is the IPv4 (20 bytes) or IPv6 (40 bytes) header, `udp` the UDP header, `headers`
+/// the BTH and extended headers, already written. `out` is the payload's place in the
+/// packet followed by its pad: `payload` is copied to its start and the pad (under 4 bytes)
+/// is zeroed. Panics if `out` is shorter than `payload` or `headers` than a BTH, or if the
+/// headers are longer than any opcode's (40 bytes): callers pass a layout they computed.
+pub fn v2_copying_payload(
+    ip: &[u8],
+    udp: &[u8],
+    headers: &[u8],
+    payload: &[u8],
+    out: &mut [u8],
+) -> u32 {
+    let net = if ip.len() == ipv6::HEADER_LEN {
+        Net::V6
+    } else {
+        Net::V4
+    };
+    let (prefix, len) = masked_prefix(net, ip, Some(udp), headers);
+    let prefix = &prefix[..len];
+    #[cfg(target_arch = "x86_64")]
+    if let Some(crc) = fold::icrc_copying(prefix, payload, out) {
+        return crc;
+    }
+    let (data, pad) = out.split_at_mut(payload.len());
+    data.copy_from_slice(payload);
+    pad.fill(0);
+    portable(prefix, out)
 }
 
 /// The ICRC of `prefix` (hashed from a zero register) and `rest`, through crc32fast.
@@ -158,47 +205,76 @@ mod fold {
         if prefix.is_empty() || prefix.len() % 16 != 0 || !wide_available() {
             return None;
         }
-        // SAFETY: the features `fold` and `reduce` need were detected above.
-        let (state, tail) = unsafe { fold(prefix, rest) };
+        // SAFETY: the features `fold` and `finish` need were detected above.
+        unsafe {
+            let (state, tail) = fold::<false>(prefix, rest, &mut []);
+            Some(finish(state, tail))
+        }
+    }
+
+    /// As [`icrc`] over `prefix`, `payload` and zeros up to `out.len()`, copying `payload`
+    /// to the start of `out` and zeroing the rest of it on the way.
+    pub(super) fn icrc_copying(prefix: &[u8], payload: &[u8], out: &mut [u8]) -> Option<u32> {
+        if prefix.is_empty() || prefix.len() % 16 != 0 || !wide_available() {
+            return None;
+        }
+        let (data, pad) = out.split_at_mut(payload.len());
+        pad.fill(0);
+        // SAFETY: the features `fold` needs were detected above.
+        let (state, tail) = unsafe { fold::<true>(prefix, payload, data) };
+        // The bytes `fold` left over were not copied yet; they and the pad end the input.
+        let done = payload.len() - tail.len();
+        out[done..payload.len()].copy_from_slice(tail);
+        // SAFETY: as above.
+        Some(unsafe { finish(state, &out[done..]) })
+    }
+
+    /// The final CRC from the folded state and the last bytes (under 20).
+    #[target_feature(enable = "pclmulqdq,sse4.1")]
+    unsafe fn finish(state: [u8; 16], tail: &[u8]) -> u32 {
         if tail.is_empty() {
             // The usual case: headers and payload are whole 16-byte blocks.
-            // SAFETY: as above.
-            return Some(unsafe { reduce(state) });
+            return reduce(state);
         }
         // The 128-bit state stands for the bytes hashed so far (hashing it from a zero
         // register gives the same register); a last partial block and the 32-bit reduction
         // go through crc32fast.
-        let mut last = [0u8; 32];
+        let mut last = [0u8; 48];
         last[..16].copy_from_slice(&state);
         last[16..16 + tail.len()].copy_from_slice(tail);
         let mut h = crc32fast::Hasher::new_with_initial(super::ZERO_REGISTER);
         h.update(&last[..16 + tail.len()]);
-        Some(h.finalize())
+        h.finalize()
     }
 
     /// Folds `prefix` then `rest` down to one 128-bit block; returns it and the unfolded
-    /// tail of `rest` (under 16 bytes).
+    /// tail of `rest` (under 16 bytes). With `COPY`, every folded byte of `rest` is also
+    /// stored to the same place in `dst` (as long as `rest`).
     #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1")]
-    unsafe fn fold<'a>(mut prefix: &[u8], mut rest: &'a [u8]) -> ([u8; 16], &'a [u8]) {
+    unsafe fn fold<'a, const COPY: bool>(
+        mut prefix: &[u8],
+        mut rest: &'a [u8],
+        mut dst: &mut [u8],
+    ) -> ([u8; 16], &'a [u8]) {
         let k128 = _mm_set_epi64x(K128.1, K128.0);
         let mut x = load128(&mut prefix);
         while !prefix.is_empty() {
             x = fold128(x, load128(&mut prefix), k128);
         }
         if rest.len() >= 256 {
-            let mut v0 = load512(&mut rest);
-            let mut v1 = load512(&mut rest);
-            let mut v2 = load512(&mut rest);
-            let mut v3 = load512(&mut rest);
+            let mut v0 = take512::<COPY>(&mut rest, &mut dst);
+            let mut v1 = take512::<COPY>(&mut rest, &mut dst);
+            let mut v2 = take512::<COPY>(&mut rest, &mut dst);
+            let mut v3 = take512::<COPY>(&mut rest, &mut dst);
             // The prefix state sits one block before v0's first lane: carry it there.
             let carry = fold128(x, _mm_setzero_si128(), k128);
             v0 = _mm512_xor_si512(v0, _mm512_zextsi128_si512(carry));
             let k = wide_keys(K2048);
             while rest.len() >= 256 {
-                v0 = fold512(v0, load512(&mut rest), k);
-                v1 = fold512(v1, load512(&mut rest), k);
-                v2 = fold512(v2, load512(&mut rest), k);
-                v3 = fold512(v3, load512(&mut rest), k);
+                v0 = fold512(v0, take512::<COPY>(&mut rest, &mut dst), k);
+                v1 = fold512(v1, take512::<COPY>(&mut rest, &mut dst), k);
+                v2 = fold512(v2, take512::<COPY>(&mut rest, &mut dst), k);
+                v3 = fold512(v3, take512::<COPY>(&mut rest, &mut dst), k);
             }
             // Collapse as a tree: v0 and v1 onto v2 and v3 (128 bytes on), v2 onto v3 (64
             // bytes on), then v3's four lanes one after the other.
@@ -212,7 +288,11 @@ mod fold {
             x = fold128(x, _mm512_extracti32x4_epi32::<3>(v3), k128);
         }
         while rest.len() >= 16 {
-            x = fold128(x, load128(&mut rest), k128);
+            let b = load128(&mut rest);
+            if COPY {
+                store128(&mut dst, b);
+            }
+            x = fold128(x, b, k128);
         }
         let mut out = [0u8; 16];
         _mm_storeu_si128(out.as_mut_ptr().cast(), x);
@@ -273,7 +353,32 @@ mod fold {
         v
     }
 
+    /// Loads the next 64 bytes of `src` (and with `COPY` stores them to the next 64 bytes
+    /// of `dst`), advancing both.
+    #[target_feature(enable = "avx512f")]
+    fn take512<const COPY: bool>(src: &mut &[u8], dst: &mut &mut [u8]) -> __m512i {
+        let v = load512(src);
+        if COPY {
+            let (head, tail) = std::mem::take(dst).split_at_mut(64);
+            // SAFETY: `head` is 64 writable bytes; the store has no alignment requirement.
+            unsafe { _mm512_storeu_si512(head.as_mut_ptr().cast(), v) };
+            *dst = tail;
+        }
+        v
+    }
+
+    /// Stores 16 bytes to the start of `dst` and advances past them (panics rather than
+    /// over-writes).
+    #[target_feature(enable = "sse4.1")]
+    fn store128(dst: &mut &mut [u8], v: __m128i) {
+        let (head, tail) = std::mem::take(dst).split_at_mut(16);
+        // SAFETY: `head` is 16 writable bytes; the store has no alignment requirement.
+        unsafe { _mm_storeu_si128(head.as_mut_ptr().cast(), v) };
+        *dst = tail;
+    }
+
     /// Loads the next 64 bytes and advances past them (panics rather than over-reads).
+
     #[target_feature(enable = "avx512f")]
     fn load512(a: &mut &[u8]) -> __m512i {
         let bytes = &a[..64];
@@ -524,6 +629,36 @@ mod tests {
                 whole.extend_from_slice(rest);
                 // A zero register is all ones cancelled by four bytes of ones.
                 assert_eq!(crc32fast::hash(&whole), want);
+            }
+        }
+    }
+
+    #[test]
+    fn copying_payload_writes_the_packet_and_its_icrc() {
+        let bytes: Vec<u8> = (0..9000u32).map(|i| (i * 151 + i / 3) as u8).collect();
+        let ip4 = &bytes[..20];
+        let ip6 = &bytes[20..60];
+        let udp_h = &bytes[60..68];
+        let lens = (0..600).chain([1020, 1021, 1024, 2048, 4093, 4096, 4100]);
+        for payload_len in lens {
+            for ext in [0usize, 4, 8, 16, 20, 28] {
+                let headers = &bytes[100..112 + ext];
+                let payload = &bytes[300 + (payload_len % 5)..][..payload_len];
+                let pad = payload_len.wrapping_neg() & 3;
+                for ip in [ip4, ip6] {
+                    let mut out = vec![0xa5u8; payload_len + pad];
+                    let got = v2_copying_payload(ip, udp_h, headers, payload, &mut out);
+                    assert_eq!(&out[..payload_len], payload, "len {payload_len}");
+                    assert!(out[payload_len..].iter().all(|&b| b == 0));
+                    let mut transport = headers.to_vec();
+                    transport.extend_from_slice(&out);
+                    let want = if ip.len() == 20 {
+                        v2_ipv4(ip, udp_h, &transport)
+                    } else {
+                        v2_ipv6(ip, udp_h, &transport)
+                    };
+                    assert_eq!(got, want, "len {payload_len} ext {ext}");
+                }
             }
         }
     }
