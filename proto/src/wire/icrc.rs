@@ -92,16 +92,104 @@ fn masked_prefix(
     (prefix, total)
 }
 
+/// The masked prefix as little-endian 64-bit words (each 16-byte block a pair), for the
+/// folding kernel. Built in registers from 32-bit loads: bytes written one at a time and
+/// then read back as a 16-byte block stall the CPU's store forwarding, which showed as a
+/// hot spot of its own. Returns None unless `headers` is whole 32-bit words (every BTH
+/// and extended header is) and short enough.
+fn masked_prefix_words(
+    net: Net,
+    ip: &[u8],
+    udp_header: Option<&[u8]>,
+    headers: &[u8],
+    w: &mut WordStream,
+) -> Option<usize> {
+    let net_len = match net {
+        Net::V4 => ipv4::HEADER_LEN,
+        Net::V6 => ipv6::HEADER_LEN,
+    };
+    let udp_len = if udp_header.is_some() {
+        udp::HEADER_LEN
+    } else {
+        0
+    };
+    if headers.len() % 4 != 0 || headers.len() < bth::HEADER_LEN || ip.len() < net_len {
+        return None;
+    }
+    let raw_len = 4 + net_len + udp_len + headers.len();
+    let total = raw_len.next_multiple_of(16);
+    if total > PREFIX_MAX {
+        return None;
+    }
+    w.count = 0;
+    for _ in 0..(total - raw_len) / 4 {
+        w.push(0);
+    }
+    w.push(u32::MAX);
+    let word = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    match net {
+        Net::V4 => {
+            // TOS; TTL and header checksum.
+            w.push(word(ip, 0) | 0x0000_ff00);
+            w.push(word(ip, 4));
+            w.push(word(ip, 8) | 0xffff_00ff);
+            w.push(word(ip, 12));
+            w.push(word(ip, 16));
+        }
+        Net::V6 => {
+            // Traffic class and flow label; hop limit.
+            w.push(word(ip, 0) | 0xffff_ff0f);
+            w.push(word(ip, 4) | 0xff00_0000);
+            for i in (8..40).step_by(4) {
+                w.push(word(ip, i));
+            }
+        }
+    }
+    if let Some(u) = udp_header {
+        w.push(word(u, 0));
+        w.push(word(u, 4) | 0xffff_0000); // UDP checksum
+    }
+    w.push(word(headers, 0));
+    w.push(word(headers, 4) | 0x0000_00ff); // BTH: FECN, BECN, Resv6
+    for i in (8..headers.len()).step_by(4) {
+        w.push(word(headers, i));
+    }
+    Some(total / 8)
+}
+
+/// Packs 32-bit words into 64-bit ones in registers, storing each 64-bit word once (the
+/// caller provides it, so that the words are not copied again on return).
+#[derive(Default)]
+struct WordStream {
+    words: [u64; PREFIX_MAX / 8],
+    count: usize,
+    pending: u32,
+}
+
+impl WordStream {
+    fn push(&mut self, v: u32) {
+        if self.count % 2 == 0 {
+            self.pending = v;
+        } else {
+            self.words[self.count / 2] = u64::from(self.pending) | (u64::from(v) << 32);
+        }
+        self.count += 1;
+    }
+}
+
 /// Hashes the masked prefix and the rest of the transport packet.
 fn icrc(net: Net, ip: &[u8], udp_header: Option<&[u8]>, transport: &[u8]) -> u32 {
-    let (prefix, len) = masked_prefix(net, ip, udp_header, &transport[..bth::HEADER_LEN]);
-    let prefix = &prefix[..len];
+    let headers = &transport[..bth::HEADER_LEN];
     let rest = &transport[bth::HEADER_LEN..];
     #[cfg(target_arch = "x86_64")]
-    if let Some(crc) = fold::icrc(prefix, rest) {
-        return crc;
+    if fold::available() {
+        let mut w = WordStream::default();
+        if let Some(n) = masked_prefix_words(net, ip, udp_header, headers, &mut w) {
+            return fold::icrc(&w.words[..n], rest);
+        }
     }
-    portable(prefix, rest)
+    let (prefix, len) = masked_prefix(net, ip, udp_header, headers);
+    portable(&prefix[..len], rest)
 }
 
 /// The ICRC of a RoCE v2 packet being built, with the payload copied into the packet by the
@@ -125,16 +213,18 @@ pub fn v2_copying_payload(
     } else {
         Net::V4
     };
-    let (prefix, len) = masked_prefix(net, ip, Some(udp), headers);
-    let prefix = &prefix[..len];
     #[cfg(target_arch = "x86_64")]
-    if let Some(crc) = fold::icrc_copying(prefix, payload, out) {
-        return crc;
+    if fold::available() {
+        let mut w = WordStream::default();
+        if let Some(n) = masked_prefix_words(net, ip, Some(udp), headers, &mut w) {
+            return fold::icrc_copying(&w.words[..n], payload, out);
+        }
     }
+    let (prefix, len) = masked_prefix(net, ip, Some(udp), headers);
     let (data, pad) = out.split_at_mut(payload.len());
     data.copy_from_slice(payload);
     pad.fill(0);
-    portable(prefix, out)
+    portable(&prefix[..len], out)
 }
 
 /// The ICRC of `prefix` (hashed from a zero register) and `rest`, through crc32fast.
@@ -199,34 +289,35 @@ mod fold {
         }
     }
 
-    /// The ICRC of `prefix` (a non-empty multiple of 16 bytes, hashed from a zero register)
-    /// followed by `rest`, or None when the CPU lacks the instructions.
-    pub(super) fn icrc(prefix: &[u8], rest: &[u8]) -> Option<u32> {
-        if prefix.is_empty() || prefix.len() % 16 != 0 || !wide_available() {
-            return None;
-        }
-        // SAFETY: the features `fold` and `finish` need were detected above.
+    /// Whether the CPU has the instructions of this kernel.
+    pub(super) fn available() -> bool {
+        wide_available()
+    }
+
+    /// The ICRC of `prefix` (little-endian 64-bit words, an even number of them, hashed from
+    /// a zero register) followed by `rest`. Call only when [`available`].
+    pub(super) fn icrc(prefix: &[u64], rest: &[u8]) -> u32 {
+        assert!(wide_available() && !prefix.is_empty() && prefix.len() % 2 == 0);
+        // SAFETY: the features `fold` and `finish` need were checked above.
         unsafe {
             let (state, tail) = fold::<false>(prefix, rest, &mut []);
-            Some(finish(state, tail))
+            finish(state, tail)
         }
     }
 
     /// As [`icrc`] over `prefix`, `payload` and zeros up to `out.len()`, copying `payload`
     /// to the start of `out` and zeroing the rest of it on the way.
-    pub(super) fn icrc_copying(prefix: &[u8], payload: &[u8], out: &mut [u8]) -> Option<u32> {
-        if prefix.is_empty() || prefix.len() % 16 != 0 || !wide_available() {
-            return None;
-        }
+    pub(super) fn icrc_copying(prefix: &[u64], payload: &[u8], out: &mut [u8]) -> u32 {
+        assert!(wide_available() && !prefix.is_empty() && prefix.len() % 2 == 0);
         let (data, pad) = out.split_at_mut(payload.len());
         pad.fill(0);
-        // SAFETY: the features `fold` needs were detected above.
+        // SAFETY: the features `fold` needs were checked above.
         let (state, tail) = unsafe { fold::<true>(prefix, payload, data) };
         // The bytes `fold` left over were not copied yet; they and the pad end the input.
         let done = payload.len() - tail.len();
         out[done..payload.len()].copy_from_slice(tail);
         // SAFETY: as above.
-        Some(unsafe { finish(state, &out[done..]) })
+        unsafe { finish(state, &out[done..]) }
     }
 
     /// The final CRC from the folded state and the last bytes (under 20).
@@ -247,19 +338,21 @@ mod fold {
         h.finalize()
     }
 
-    /// Folds `prefix` then `rest` down to one 128-bit block; returns it and the unfolded
+    /// Folds `prefix` (64-bit words) then `rest` down to one 128-bit block; returns it and the unfolded
     /// tail of `rest` (under 16 bytes). With `COPY`, every folded byte of `rest` is also
     /// stored to the same place in `dst` (as long as `rest`).
     #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1")]
     unsafe fn fold<'a, const COPY: bool>(
-        mut prefix: &[u8],
+        prefix: &[u64],
         mut rest: &'a [u8],
         mut dst: &mut [u8],
     ) -> ([u8; 16], &'a [u8]) {
         let k128 = _mm_set_epi64x(K128.1, K128.0);
-        let mut x = load128(&mut prefix);
-        while !prefix.is_empty() {
-            x = fold128(x, load128(&mut prefix), k128);
+        let block = |p: &[u64]| _mm_set_epi64x(p[1] as i64, p[0] as i64);
+        let mut blocks = prefix.chunks_exact(2);
+        let mut x = blocks.next().map_or(_mm_setzero_si128(), block);
+        for p in blocks {
+            x = fold128(x, block(p), k128);
         }
         if rest.len() >= 256 {
             let mut v0 = take512::<COPY>(&mut rest, &mut dst);
@@ -621,8 +714,12 @@ mod tests {
                 let rest = &rest[..len];
                 let want = portable(prefix, rest);
                 #[cfg(target_arch = "x86_64")]
-                if let Some(got) = fold::icrc(prefix, rest) {
-                    assert_eq!(got, want, "prefix {plen} rest {len}");
+                if fold::available() {
+                    let words: Vec<u64> = prefix
+                        .chunks(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                        .collect();
+                    assert_eq!(fold::icrc(&words, rest), want, "prefix {plen} rest {len}");
                 }
                 let mut whole = vec![0xffu8; 4];
                 whole.extend_from_slice(prefix);
@@ -661,6 +758,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn prefix_words_are_the_prefix_bytes() {
+        let bytes: Vec<u8> = (0..200u32).map(|i| (i * 37 + 5) as u8).collect();
+        for (net, ip) in [(Net::V4, &bytes[..20]), (Net::V6, &bytes[..40])] {
+            for udp_h in [Some(&bytes[40..48]), None] {
+                for ext in (0..=28).step_by(4) {
+                    let headers = &bytes[60..72 + ext];
+                    let (want, len) = masked_prefix(net, ip, udp_h, headers);
+                    let mut w = WordStream::default();
+                    let n = masked_prefix_words(net, ip, udp_h, headers, &mut w).unwrap();
+                    let got: Vec<u8> = w.words[..n].iter().flat_map(|w| w.to_le_bytes()).collect();
+                    assert_eq!(got, &want[..len]);
+                }
+            }
+        }
+        let mut w = WordStream::default();
+        assert!(masked_prefix_words(Net::V4, &bytes[..20], None, &bytes[..14], &mut w).is_none());
     }
 
     #[test]
