@@ -8,12 +8,12 @@ use super::memory::MemoryAccess;
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
+use super::packet_io::{Payload, Route};
 use super::timers::Nanos;
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
 use crate::wire::{
-    ipv4, ipv6, FrameRepr, Ipv4Repr, Ipv6Repr, LinkRepr, NetRepr, TransportRepr, UdpRepr,
-    ROCE_V2_PORT,
+    ipv4, ipv6, FrameRepr, Ipv4Repr, Ipv6Repr, NetRepr, TransportRepr,
 };
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -689,16 +689,7 @@ impl<M: MemoryAccess> Device<M> {
     pub fn handle_packet(&mut self, now: Nanos, packet: &[u8]) {
         // The common case (a well-formed IPv4 packet with a good ICRC) without the general
         // frame parser; anything else goes through it and is judged and counted there.
-        if let Some(a) = super::packet_io::parse_ipv4(packet) {
-            let rx = RxPacket {
-                t: a.t,
-                payload: a.payload,
-                src: IpAddr::V4(a.src),
-                dst: IpAddr::V4(a.dst),
-                ecn_ce: a.tos & 3 == 3,
-                net_header: &packet[..ipv4::HEADER_LEN],
-                wire_len: packet.len(),
-            };
+        if let Some(rx) = super::packet_io::parse_ipv4(packet) {
             self.dispatch(now, &rx);
             return;
         }
@@ -1017,16 +1008,16 @@ pub(crate) fn check_sq_drained<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     }
 }
 
-/// Builds the frame headers for a packet of `qp_src_port` to `av`, or None if the AV's
-/// source GID does not exist or the address families differ.
-pub(crate) fn frame_for<M>(
+/// The route of a packet from `src_port` to `av`, or None if the AV's source GID does not
+/// exist or the address families differ. `data` packets carry the congestion controller's
+/// ECN codepoint.
+pub(crate) fn route_for<M>(
     ctx: &mut Ctx<M>,
     qpn: Qpn,
     av: &AddressVector,
     src_port: u16,
-    transport: TransportRepr,
     data: bool,
-) -> Option<FrameRepr> {
+) -> Option<Route> {
     let src = *ctx.config.gids.get(usize::from(av.sgid_index))?;
     let mut tos = av.traffic_class;
     if data {
@@ -1057,28 +1048,16 @@ pub(crate) fn frame_for<M>(
         }),
         _ => return None,
     };
-    let f = FrameRepr {
-        link: LinkRepr::None,
-        net,
-        udp: Some(UdpRepr {
-            src_port,
-            dst_port: ROCE_V2_PORT,
-            checksum: 0,
-            payload_len: 0,
-        }),
-        transport,
-    };
-    // No `fill_lengths`: `emit_frame` computes the lengths as it writes them.
-    Some(f)
+    Some(Route { net, src_port })
 }
 
-/// Writes `frame` into `buf`, letting `fill` place the payload first (one copy from memory).
-/// `fill` gets the payload slice; an error from it aborts the packet. The frame's length
-/// fields are computed here (see [`super::packet_io::emit`]).
+/// Writes the packet of `t` along `route` into `buf`, letting `fill` provide the payload
+/// (see [`super::packet_io::emit`]).
 pub(crate) fn emit_frame<'a, E>(
-    frame: &FrameRepr,
+    route: &Route,
+    t: &TransportRepr,
     buf: &mut [u8],
-    fill: impl FnOnce(&mut [u8]) -> Result<super::packet_io::Payload<'a>, E>,
+    fill: impl FnOnce(&mut [u8]) -> Result<Payload<'a>, E>,
 ) -> Option<Result<Transmit, E>> {
-    super::packet_io::emit(frame, buf, fill)
+    super::packet_io::emit(route, t, buf, fill)
 }

@@ -17,12 +17,12 @@
 //!   the fast path never accepts what the wire layer would refuse, and errors are counted
 //!   exactly as before.
 
-use super::device::Transmit;
+use super::device::{RxPacket, Transmit};
 use crate::types::Rkey;
 use crate::wire::{
     bth, icrc, ipv4, udp, AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr,
-    FethRepr, FrameRepr, HeaderSet, Ipv4Packet, LinkRepr, NetRepr, OpInfo, Opcode, RethRepr,
-    TransportRepr, ROCE_V2_PORT,
+    FethRepr, HeaderSet, Ipv4Packet, NetRepr, OpInfo, Opcode, RethRepr, TransportRepr,
+    UdpRepr, ROCE_V2_PORT,
 };
 use std::net::IpAddr;
 use std::sync::OnceLock;
@@ -107,15 +107,18 @@ pub(crate) fn transport_len(t: &TransportRepr) -> Option<usize> {
     Some(l.header_len + t.payload_len + pad_of(t.payload_len) + crate::wire::ICRC_LEN)
 }
 
-/// The whole frame's length (what `FrameRepr::buffer_len` returns), or None for an unknown
-/// opcode.
-pub(crate) fn frame_len(frame: &FrameRepr) -> Option<usize> {
-    Some(
-        frame.link.header_len()
-            + frame.net.header_len()
-            + frame.udp.map_or(0, |u| u.header_len())
-            + transport_len(&frame.transport)?,
-    )
+/// Where a packet the engine sends goes: its network header (lengths are filled in when it
+/// is written) and its UDP source port. Kept apart from the transport headers so that
+/// neither is copied around per packet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Route {
+    pub net: NetRepr,
+    pub src_port: u16,
+}
+
+/// The whole packet's length: network header through ICRC, or None for an unknown opcode.
+pub(crate) fn frame_len(route: &Route, t: &TransportRepr) -> Option<usize> {
+    Some(route.net.header_len() + udp::HEADER_LEN + transport_len(t)?)
 }
 
 /// [`TransportRepr::check`] by the table: the headers present are exactly the opcode's, and
@@ -188,21 +191,21 @@ pub(crate) enum Payload<'a> {
     Lent(&'a [u8]),
 }
 
-/// Writes `frame` into `buf`, letting `fill` provide the payload (read from registered
+/// Writes the packet of `t` along `route` into `buf`, letting `fill` provide the payload (read from registered
 /// memory straight into the frame, or lent). Returns None when `buf` is too short or the
-/// repr is inconsistent, `Some(Err)` when `fill` failed. The lengths of the network and UDP
-/// headers are computed here (the repr's are ignored, as if `fill_lengths` had been called).
+/// repr is inconsistent, `Some(Err)` when `fill` failed. The UDP checksum is 0, as rxe sends
+/// it; the length fields are computed here.
 pub(crate) fn emit<'a, E>(
-    frame: &FrameRepr,
+    route: &Route,
+    t: &TransportRepr,
     buf: &mut [u8],
     fill: impl FnOnce(&mut [u8]) -> Result<Payload<'a>, E>,
 ) -> Option<Result<Transmit, E>> {
-    let t = &frame.transport;
     let l = layout_of(t.bth.opcode)?;
-    if !check(t, l) || frame.link != LinkRepr::None || frame.udp.is_none() {
+    if !check(t, l) {
         return None;
     }
-    let net_len = frame.net.header_len();
+    let net_len = route.net.header_len();
     let transport_at = net_len + udp::HEADER_LEN;
     let transport_len = transport_len(t)?;
     let len = transport_at + transport_len;
@@ -218,7 +221,7 @@ pub(crate) fn emit<'a, E>(
         Ok(Payload::Lent(_)) => return None,
     };
     let (net, rest) = buf.split_at_mut(net_len);
-    let (src, dst) = match frame.net {
+    let (src, dst) = match route.net {
         NetRepr::Ipv4(mut ip) => {
             ip.payload_len = udp::HEADER_LEN + transport_len;
             ip.emit(net);
@@ -232,14 +235,18 @@ pub(crate) fn emit<'a, E>(
         NetRepr::Grh(_) => return None,
     };
     let (udp_hdr, transport) = rest.split_at_mut(udp::HEADER_LEN);
-    let mut u = frame.udp?;
-    u.payload_len = transport_len;
+    let u = UdpRepr {
+        src_port: route.src_port,
+        dst_port: ROCE_V2_PORT,
+        checksum: 0,
+        payload_len: transport_len,
+    };
     u.emit(udp_hdr);
     emit_headers(t, l, transport);
     let pad_at = l.header_len + t.payload_len;
     let covered = transport_len - crate::wire::ICRC_LEN;
     let (body, trailer) = transport.split_at_mut(covered);
-    let crc = match (lent, frame.net) {
+    let crc = match (lent, route.net) {
         (Some(payload), _) => {
             // Copy and hash in one pass; it writes the pad too.
             let (headers, out) = body.split_at_mut(l.header_len);
@@ -264,19 +271,9 @@ pub(crate) fn emit<'a, E>(
     }))
 }
 
-/// What [`parse_ipv4`] found in an accepted packet.
-#[derive(Debug)]
-pub(crate) struct Accepted<'a> {
-    pub t: TransportRepr,
-    pub payload: &'a [u8],
-    pub src: std::net::Ipv4Addr,
-    pub dst: std::net::Ipv4Addr,
-    pub tos: u8,
-}
-
 /// Parses a whole IPv4 RoCE v2 packet whose ICRC is right, or returns None (then the wire
 /// parser decides; see the module documentation).
-pub(crate) fn parse_ipv4(packet: &[u8]) -> Option<Accepted<'_>> {
+pub(crate) fn parse_ipv4(packet: &[u8]) -> Option<RxPacket<'_>> {
     let total = packet.len();
     if total < ipv4::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN + crate::wire::ICRC_LEN {
         return None;
@@ -321,17 +318,20 @@ pub(crate) fn parse_ipv4(packet: &[u8]) -> Option<Accepted<'_>> {
     if icrc::v2_ipv4(net, udp_hdr, body) != carried {
         return None;
     }
-    let t = parse_headers(transport, l, payload_len)?;
-    Some(Accepted {
-        t,
+    // Built in place: the repr is large, and copies of it showed in the profile.
+    Some(RxPacket {
+        t: parse_headers(transport, l, payload_len)?,
         payload: &transport[l.header_len..l.header_len + payload_len],
-        src: p.src_addr(),
-        dst: p.dst_addr(),
-        tos: p.tos(),
+        src: IpAddr::V4(p.src_addr()),
+        dst: IpAddr::V4(p.dst_addr()),
+        ecn_ce: p.tos() & 3 == 3,
+        net_header: net,
+        wire_len: total,
     })
 }
 
 /// `TransportRepr::parse_headers` by the table.
+#[inline(always)]
 fn parse_headers(head: &[u8], l: &OpLayout, payload_len: usize) -> Option<TransportRepr> {
     let bth = BthRepr::parse(&Bth::new_unchecked(head)).ok()?;
     let ext = &head[bth::HEADER_LEN..l.header_len];
@@ -360,7 +360,14 @@ fn parse_headers(head: &[u8], l: &OpLayout, payload_len: usize) -> Option<Transp
 mod tests {
     use super::*;
     use crate::types::{Psn, Qkey, Qpn};
-    use crate::wire::{AethSyndrome, Ipv4Repr, Ipv6Repr, UdpRepr};
+    use crate::wire::{AethSyndrome, FrameRepr, Ipv4Repr, Ipv6Repr, LinkRepr};
+
+    fn route(f: &FrameRepr) -> Route {
+        Route {
+            net: f.net,
+            src_port: f.udp.unwrap().src_port,
+        }
+    }
 
     /// A repr for `opcode` with every header it calls for, fields varied by `seed`.
     fn repr(opcode: Opcode, seed: u32, payload_len: usize) -> TransportRepr {
@@ -473,7 +480,7 @@ mod tests {
                     let mut want = vec![0xeeu8; 1200];
                     f.emit(&mut want, &data).unwrap();
                     let mut got = vec![0x11u8; 1200];
-                    let tx = emit(&f, &mut got, |out| {
+                    let tx = emit(&route(&f), &f.transport, &mut got, |out| {
                         out.copy_from_slice(&data);
                         Ok::<_, ()>(Payload::Written)
                     })
@@ -481,13 +488,15 @@ mod tests {
                     .unwrap();
                     // Lending the payload instead writes the same bytes.
                     let mut lent = vec![0x22u8; 1200];
-                    let tx2 = emit(&f, &mut lent, |_| Ok::<_, ()>(Payload::Lent(&data)))
+                    let tx2 = emit(&route(&f), &f.transport, &mut lent, |_| {
+                        Ok::<_, ()>(Payload::Lent(&data))
+                    })
                         .unwrap()
                         .unwrap();
                     assert_eq!(tx2, tx);
                     assert_eq!(&lent[..tx.len], &want[..tx.len], "lent, opcode {code:#x}");
                     assert_eq!(tx.len, f.buffer_len(), "opcode {code:#x}");
-                    assert_eq!(frame_len(&f), Some(f.buffer_len()));
+                    assert_eq!(frame_len(&route(&f), &f.transport), Some(f.buffer_len()));
                     assert_eq!(&got[..tx.len], &want[..tx.len], "opcode {code:#x} v6 {v6}");
                     assert_eq!(tx.transport_offset, f.net.header_len() + 8);
                     checked += 1;
@@ -503,13 +512,15 @@ mod tests {
         t.reth = None;
         let mut buf = vec![0u8; 2000];
         let fill = |_: &mut [u8]| Ok::<_, ()>(Payload::Written);
-        assert!(emit(&frame(t, false), &mut buf, fill).is_none());
         let f = frame(repr(Opcode::RC_RDMA_WRITE_FIRST, 1, 256), false);
-        assert!(emit(&f, &mut buf[..f.buffer_len() - 1], fill).is_none());
-        assert_eq!(emit(&f, &mut buf, |_| Err(7)), Some(Err(7)));
+        let r = route(&f);
+        assert!(emit(&r, &t, &mut buf, fill).is_none());
+        assert!(emit(&r, &f.transport, &mut buf[..f.buffer_len() - 1], fill).is_none());
+        assert_eq!(emit(&r, &f.transport, &mut buf, |_| Err(7)), Some(Err(7)));
         // A lent payload of the wrong length is refused.
         let short = [0u8; 255];
-        assert!(emit(&f, &mut buf, |_| Ok::<_, ()>(Payload::Lent(&short))).is_none());
+        let lend = |_: &mut [u8]| Ok::<_, ()>(Payload::Lent(&short));
+        assert!(emit(&r, &f.transport, &mut buf, lend).is_none());
     }
 
     #[test]
@@ -556,7 +567,11 @@ mod tests {
                             let NetRepr::Ipv4(ip) = wire.repr.net else {
                                 panic!("not IPv4")
                             };
-                            assert_eq!((fast.src, fast.dst, fast.tos), (ip.src, ip.dst, ip.tos));
+                            assert_eq!(fast.src, IpAddr::V4(ip.src));
+                            assert_eq!(fast.dst, IpAddr::V4(ip.dst));
+                            assert_eq!(fast.ecn_ce, ip.tos & 3 == 3);
+                            assert_eq!(fast.net_header, &v[..20]);
+                            assert_eq!(fast.wire_len, v.len());
                             accepted += 1;
                         }
                         None => {

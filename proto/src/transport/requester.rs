@@ -2,7 +2,7 @@
 //! MTU, assigning PSNs, setting AckReq, honouring the window, the `max_rd_atomic` depth and
 //! fences, and going back N when the completer asks for a retry.
 
-use super::device::{complete, emit_frame, frame_for, Ctx, Transmit};
+use super::device::{complete, emit_frame, route_for, Ctx, Transmit};
 use super::memory::MemoryAccess;
 use super::packet_io::Payload;
 use super::qp::{Qp, SendWqe};
@@ -459,12 +459,12 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         _ => {}
     }
-    let Some(frame) = frame_for(ctx, qpn, &av, qp.src_port, t, true) else {
+    let Some(route) = route_for(ctx, qpn, &av, qp.src_port, true) else {
         let w = qp.sq.get_mut(idx)?;
         w.error = Some(WcStatus::LocQpOpErr);
         return poll_request(qp, ctx, now, buf);
     };
-    if let Some(at) = ctx.cc.pacing(qpn, now, super::packet_io::frame_len(&frame).unwrap_or(0)) {
+    if let Some(at) = ctx.cc.pacing(qpn, now, super::packet_io::frame_len(&route, &t).unwrap_or(0)) {
         if at > now {
             qp.paced_until = Some(at);
             qp.noack_pkts = qp.noack_pkts.saturating_sub(1);
@@ -473,7 +473,7 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     }
     let pd = qp.init.pd;
     let w = qp.sq.get(idx)?;
-    let res = emit_frame(&frame, buf, |out| {
+    let res = emit_frame(&route, &t, buf, |out| {
         if let SendOp::AtomicWrite { value, .. } = w.wr.op {
             out.copy_from_slice(&value.to_ne_bytes());
             Ok(Payload::Written)

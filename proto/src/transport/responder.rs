@@ -3,7 +3,7 @@
 //! NAKs, read responses, atomic ACKs. Duplicates are answered from the replay resources,
 //! never executed twice (IBTA §9.7.5.1).
 
-use super::device::{complete, emit_frame, flush_qp, frame_for, schedule, Ctx, RxPacket, Transmit};
+use super::device::{complete, emit_frame, flush_qp, route_for, schedule, Ctx, RxPacket, Transmit};
 use super::memory::MemoryAccess;
 use super::packet_io::Payload;
 use super::qp::{npkts, InMessage, Qp, Resource, ResourceKind, RespOut};
@@ -644,9 +644,9 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 (t, Some((va, rkey, plen, last)))
             }
         };
-        let frame = frame_for(ctx, qp.qpn, &av, qp.src_port, t, read.is_some())?;
+        let route = route_for(ctx, qp.qpn, &av, qp.src_port, read.is_some())?;
         let (pd, qpn) = (qp.init.pd, qp.qpn);
-        let res = emit_frame(&frame, buf, |out| match read {
+        let res = emit_frame(&route, &t, buf, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
                 // The MR is validated again for each packet: it may have been invalidated
                 // since the request (and replays re-check it, facts §4.5).
