@@ -1010,21 +1010,42 @@ pub(crate) fn check_sq_drained<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
 
 /// The route of a packet from `src_port` to `av`, or None if the AV's source GID does not
 /// exist or the address families differ. `data` packets carry the congestion controller's
-/// ECN codepoint.
+/// ECN codepoint. The route is kept in `cache` for the next packet to the same place: built
+/// afresh each time, copying it out of the function stalled on store forwarding (its fields
+/// are written one by one, then read back as whole blocks).
+#[inline(always)]
 pub(crate) fn route_for<M>(
     ctx: &mut Ctx<M>,
     qpn: Qpn,
     av: &AddressVector,
     src_port: u16,
     data: bool,
+    cache: &mut Option<(AddressVector, u16, Route)>,
 ) -> Option<Route> {
-    let src = *ctx.config.gids.get(usize::from(av.sgid_index))?;
-    let mut tos = av.traffic_class;
+    let mut route = match cache {
+        Some((a, p, r)) if a == av && *p == src_port => *r,
+        _ => {
+            let r = new_route(ctx, av, src_port)?;
+            *cache = Some((*av, src_port, r));
+            r
+        }
+    };
     if data {
         if let Some(ecn) = ctx.cc.ecn_codepoint(qpn) {
-            tos = (tos & !3) | (ecn & 3);
+            match &mut route.net {
+                NetRepr::Ipv4(ip) => ip.tos = (ip.tos & !3) | (ecn & 3),
+                NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => {
+                    ip.traffic_class = (ip.traffic_class & !3) | (ecn & 3)
+                }
+            }
         }
     }
+    Some(route)
+}
+
+fn new_route<M>(ctx: &Ctx<M>, av: &AddressVector, src_port: u16) -> Option<Route> {
+    let src = *ctx.config.gids.get(usize::from(av.sgid_index))?;
+    let tos = av.traffic_class;
     let net = match (src, av.dgid) {
         (IpAddr::V4(s), IpAddr::V4(d)) => NetRepr::Ipv4(Ipv4Repr {
             src: s,
@@ -1053,6 +1074,7 @@ pub(crate) fn route_for<M>(
 
 /// Writes the packet of `t` along `route` into `buf`, letting `fill` provide the payload
 /// (see [`super::packet_io::emit`]).
+#[inline(always)]
 pub(crate) fn emit_frame<'a, E>(
     route: &Route,
     t: &TransportRepr,

@@ -117,6 +117,7 @@ pub(crate) struct Route {
 }
 
 /// The whole packet's length: network header through ICRC, or None for an unknown opcode.
+#[inline]
 pub(crate) fn frame_len(route: &Route, t: &TransportRepr) -> Option<usize> {
     Some(route.net.header_len() + udp::HEADER_LEN + transport_len(t)?)
 }
@@ -195,6 +196,7 @@ pub(crate) enum Payload<'a> {
 /// memory straight into the frame, or lent). Returns None when `buf` is too short or the
 /// repr is inconsistent, `Some(Err)` when `fill` failed. The UDP checksum is 0, as rxe sends
 /// it; the length fields are computed here.
+#[inline(always)]
 pub(crate) fn emit<'a, E>(
     route: &Route,
     t: &TransportRepr,
@@ -273,6 +275,7 @@ pub(crate) fn emit<'a, E>(
 
 /// Parses a whole IPv4 RoCE v2 packet whose ICRC is right, or returns None (then the wire
 /// parser decides; see the module documentation).
+#[inline]
 pub(crate) fn parse_ipv4(packet: &[u8]) -> Option<RxPacket<'_>> {
     let total = packet.len();
     if total < ipv4::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN + crate::wire::ICRC_LEN {

@@ -459,7 +459,7 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         _ => {}
     }
-    let Some(route) = route_for(ctx, qpn, &av, qp.src_port, true) else {
+    let Some(route) = route_for(ctx, qpn, &av, qp.src_port, true, &mut qp.route_cache) else {
         let w = qp.sq.get_mut(idx)?;
         w.error = Some(WcStatus::LocQpOpErr);
         return poll_request(qp, ctx, now, buf);

@@ -644,7 +644,14 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 (t, Some((va, rkey, plen, last)))
             }
         };
-        let route = route_for(ctx, qp.qpn, &av, qp.src_port, read.is_some())?;
+        let route = route_for(
+            ctx,
+            qp.qpn,
+            &av,
+            qp.src_port,
+            read.is_some(),
+            &mut qp.route_cache,
+        )?;
         let (pd, qpn) = (qp.init.pd, qp.qpn);
         let res = emit_frame(&route, &t, buf, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
