@@ -2,7 +2,7 @@
 //! 4096 and 1024, printing bytes/s, packets/s, and the ratio to what memcpy plus crc32fast
 //! alone achieve on the same bytes on this machine.
 //!
-//! Run: `cargo run --release -p softroce-proto --example engine_bench [MiB]`
+//! Run: `cargo run --release -p softroce-proto --example engine_bench [MiB [trials]]`
 //!
 //! What the ratio means: per payload byte, the engine does one gather copy and one ICRC at
 //! the sender, one ICRC and one scatter copy at the receiver; the baseline does one copy and
@@ -169,23 +169,74 @@ fn run_baseline(mtu: usize, total: u64) -> f64 {
     (msgs * u64::from(MSG)) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// This thread's CPU time (user + system) in seconds, from `/proc/thread-self/stat` (Linux;
+/// clock ticks of 10 ms), or None where that is not available. On a shared machine the wall
+/// clock also counts time the thread waited for a CPU; the CPU time does not.
+fn thread_cpu_secs() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}
+
+/// The median of `v` (sorted in place).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn main() {
-    let mib: u64 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(2048);
+    let mut args = std::env::args().skip(1);
+    let mib: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(2048);
+    let trials: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(5).max(1);
     let total = mib << 20;
-    println!("RDMA WRITE, {mib} MiB in 1 MiB messages, two engines in one thread");
+    println!(
+        "RDMA WRITE, {mib} MiB in 1 MiB messages, two engines in one thread; \
+         median of {trials} trials, each the engine then the baseline on the same bytes"
+    );
     for mtu in [Mtu::Mtu4096, Mtu::Mtu1024] {
-        let (bps, pps) = run_engine(mtu, total);
-        let base = run_baseline(mtu.bytes() as usize, total);
-        println!(
-            "MTU {:>4}: engine {:>8.1} MB/s {:>9.0} pkt/s | memcpy+crc32fast {:>8.1} MB/s | ratio {:.2}",
-            mtu.bytes(),
-            bps / 1e6,
-            pps,
-            base / 1e6,
-            bps / base
+        // Each trial measures the engine and the baseline back to back, so that a ratio
+        // compares runs under the same load (the machine may be shared and noisy).
+        let (mut bps, mut pps, mut base, mut ratio) = (vec![], vec![], vec![], vec![]);
+        let mut cpu_ratio = vec![];
+        for _ in 0..trials {
+            let c0 = thread_cpu_secs();
+            let (b, p) = run_engine(mtu, total);
+            let c1 = thread_cpu_secs();
+            let c = run_baseline(mtu.bytes() as usize, total);
+            let c2 = thread_cpu_secs();
+            bps.push(b);
+            pps.push(p);
+            base.push(c);
+            ratio.push(b / c);
+            if let (Some(c0), Some(c1), Some(c2)) = (c0, c1, c2) {
+                if c1 > c0 && c2 > c1 {
+                    // Same bytes: the ratio of throughputs is the inverse ratio of times.
+                    cpu_ratio.push((c2 - c1) / (c1 - c0));
+                }
+            }
+        }
+        let (lo, hi) = (
+            ratio.iter().copied().fold(f64::MAX, f64::min),
+            ratio.iter().copied().fold(0.0, f64::max),
         );
+        println!(
+            "MTU {:>4}: engine {:>8.1} MB/s {:>9.0} pkt/s | memcpy+crc32fast {:>8.1} MB/s | \
+             ratio {:.2} (trials {lo:.2}..{hi:.2})",
+            mtu.bytes(),
+            median(&mut bps) / 1e6,
+            median(&mut pps),
+            median(&mut base) / 1e6,
+            median(&mut ratio),
+        );
+        if cpu_ratio.len() == trials {
+            println!(
+                "          by CPU time instead of wall time (ticks of 10 ms): ratio {:.2}",
+                median(&mut cpu_ratio)
+            );
+        }
     }
 }
