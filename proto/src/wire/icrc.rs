@@ -265,6 +265,10 @@ mod fold {
     const K512: (i64, i64) = (0x154442bd4, 0x1c6e41596);
     const K1024: (i64, i64) = (0x1e88ef372, 0x14a7fe880);
     const K2048: (i64, i64) = (0x11542778a, 0x1322d1430);
+    // For collapsing the four lanes of a 512-bit register at once (computed with the same
+    // rule; the unit tests check the kernel against crc32fast).
+    const K256: (i64, i64) = (0x0f1da05aa, 0x15a546366);
+    const K384: (i64, i64) = (0x03db1ecdc, 0x174359406);
     /// x^64 mod P, for the 64 -> 32 bit step.
     const K5: i64 = 0x163cd6124;
     /// P itself (33 bits, reflected) and mu = floor(x^64 / P) (reflected), for Barrett.
@@ -369,16 +373,29 @@ mod fold {
                 v2 = fold512(v2, take512::<COPY>(&mut rest, &mut dst), k);
                 v3 = fold512(v3, take512::<COPY>(&mut rest, &mut dst), k);
             }
-            // Collapse as a tree: v0 and v1 onto v2 and v3 (128 bytes on), v2 onto v3 (64
-            // bytes on), then v3's four lanes one after the other.
+            // Collapse as a tree, each level one multiply deep: v0 and v1 onto v2 and v3
+            // (128 bytes on), v2 onto v3 (64 bytes on), then v3's first three lanes onto its
+            // last (48, 32 and 16 bytes on), side by side.
             let k = wide_keys(K1024);
             let v2 = fold512(v0, v2, k);
             let v3 = fold512(v1, v3, k);
             let v3 = fold512(v2, v3, wide_keys(K512));
-            x = _mm512_castsi512_si128(v3);
-            x = fold128(x, _mm512_extracti32x4_epi32::<1>(v3), k128);
-            x = fold128(x, _mm512_extracti32x4_epi32::<2>(v3), k128);
-            x = fold128(x, _mm512_extracti32x4_epi32::<3>(v3), k128);
+            let lanes = _mm512_set_epi64(0, 0, K128.1, K128.0, K256.1, K256.0, K384.1, K384.0);
+            let lo = _mm512_clmulepi64_epi128::<0x00>(v3, lanes);
+            let hi = _mm512_clmulepi64_epi128::<0x11>(v3, lanes);
+            // Lane 3's own products are zero (its keys are), so v3's lane 3 stays as is.
+            let last = _mm512_maskz_mov_epi64(0xc0, v3);
+            let sum = _mm512_ternarylogic_epi64::<0x96>(lo, hi, last);
+            // Add the four lanes together.
+            let half = _mm_xor_si128(
+                _mm512_castsi512_si128(sum),
+                _mm512_extracti32x4_epi32::<1>(sum),
+            );
+            let other = _mm_xor_si128(
+                _mm512_extracti32x4_epi32::<2>(sum),
+                _mm512_extracti32x4_epi32::<3>(sum),
+            );
+            x = _mm_xor_si128(half, other);
         }
         while rest.len() >= 16 {
             let b = load128(&mut rest);
