@@ -126,7 +126,11 @@ fn masked_prefix_words(
         w.push(0);
     }
     w.push(u32::MAX);
-    let word = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let word = |b: &[u8], i: usize| {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(&b[i..i + 4]);
+        u32::from_le_bytes(w)
+    };
     match net {
         Net::V4 => {
             // TOS; TTL and header checksum.
