@@ -368,7 +368,23 @@ pub(crate) fn parse_ipv4(packet: &[u8]) -> Option<RxPacket<'_>> {
 /// `TransportRepr::parse_headers` by the table.
 #[inline(always)]
 fn parse_headers(head: &[u8], l: &OpLayout, payload_len: usize) -> Option<TransportRepr> {
-    let bth = BthRepr::parse(&Bth::new_unchecked(head)).ok()?;
+    // `BthRepr::parse`, here so that the repr is built in place (returned through a
+    // `Result`, it was read back before its bytes were stored: a stall in the profile).
+    let b = Bth::new_unchecked(head);
+    if b.tver() != 0 {
+        return None;
+    }
+    let bth = BthRepr {
+        opcode: b.opcode(),
+        solicited: b.solicited(),
+        mig_req: b.mig_req(),
+        pkey: b.pkey(),
+        fecn: b.fecn(),
+        becn: b.becn(),
+        dest_qpn: b.dest_qpn(),
+        ack_req: b.ack_req(),
+        psn: b.psn(),
+    };
     let ext = &head[bth::HEADER_LEN..l.header_len];
     let at = |i: usize| l.at(i).map(|o| &ext[o..]);
     Some(TransportRepr {
