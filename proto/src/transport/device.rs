@@ -5,16 +5,14 @@
 use super::cc::{CongestionControl, NoCongestionControl};
 use super::counters::Counters;
 use super::memory::MemoryAccess;
+use super::packet_io::{Payload, Route};
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
-use super::packet_io::{Payload, Route};
 use super::timers::Nanos;
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
-use crate::wire::{
-    ipv4, ipv6, FrameRepr, Ipv4Repr, Ipv6Repr, NetRepr, TransportRepr,
-};
+use crate::wire::{ipv4, ipv6, FrameRepr, Ipv4Repr, Ipv6Repr, NetRepr, TransportRepr};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;

@@ -21,8 +21,8 @@ use super::device::{RxPacket, Transmit};
 use crate::types::Rkey;
 use crate::wire::{
     bth, icrc, ipv4, udp, AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr,
-    FethRepr, HeaderSet, Ipv4Packet, NetRepr, OpInfo, Opcode, RethRepr, TransportRepr,
-    UdpRepr, ROCE_V2_PORT,
+    FethRepr, HeaderSet, Ipv4Packet, NetRepr, OpInfo, Opcode, RethRepr, TransportRepr, UdpRepr,
+    ROCE_V2_PORT,
 };
 use std::net::IpAddr;
 use std::sync::OnceLock;
@@ -392,10 +392,7 @@ fn parse_headers(head: &[u8], l: &OpLayout, payload_len: usize) -> Option<Transp
         deth: at(DETH).map(DethRepr::parse).transpose().ok()?,
         feth: at(FETH).map(FethRepr::parse).transpose().ok()?,
         reth: at(RETH).map(RethRepr::parse).transpose().ok()?,
-        atomic_eth: at(ATOMIC_ETH)
-            .map(AtomicEthRepr::parse)
-            .transpose()
-            .ok()?,
+        atomic_eth: at(ATOMIC_ETH).map(AtomicEthRepr::parse).transpose().ok()?,
         aeth: at(AETH).map(AethRepr::parse).transpose().ok()?,
         atomic_ack_eth: at(ATOMIC_ACK_ETH)
             .map(AtomicAckEthRepr::parse)
@@ -542,8 +539,8 @@ mod tests {
                     let tx2 = emit(&route(&f), &f.transport, &mut lent, |_| {
                         Ok::<_, ()>(Payload::Lent(&data))
                     })
-                        .unwrap()
-                        .unwrap();
+                    .unwrap()
+                    .unwrap();
                     assert_eq!(tx2, tx);
                     assert_eq!(&lent[..tx.len], &want[..tx.len], "lent, opcode {code:#x}");
                     assert_eq!(tx.len, f.buffer_len(), "opcode {code:#x}");

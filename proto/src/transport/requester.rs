@@ -464,7 +464,11 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         w.error = Some(WcStatus::LocQpOpErr);
         return poll_request(qp, ctx, now, buf);
     };
-    if let Some(at) = ctx.cc.pacing(qpn, now, super::packet_io::frame_len(&route, &t).unwrap_or(0)) {
+    if let Some(at) = ctx.cc.pacing(
+        qpn,
+        now,
+        super::packet_io::frame_len(&route, &t).unwrap_or(0),
+    ) {
         if at > now {
             qp.paced_until = Some(at);
             qp.noack_pkts = qp.noack_pkts.saturating_sub(1);

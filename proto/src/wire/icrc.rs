@@ -113,7 +113,7 @@ fn masked_prefix_words(
     } else {
         0
     };
-    if headers.len() % 4 != 0 || headers.len() < bth::HEADER_LEN || ip.len() < net_len {
+    if !headers.len().is_multiple_of(4) || headers.len() < bth::HEADER_LEN || ip.len() < net_len {
         return None;
     }
     let raw_len = 4 + net_len + udp_len + headers.len();
@@ -172,7 +172,7 @@ struct WordStream {
 
 impl WordStream {
     fn push(&mut self, v: u32) {
-        if self.count % 2 == 0 {
+        if self.count.is_multiple_of(2) {
             self.pending = v;
         } else {
             self.words[self.count / 2] = u64::from(self.pending) | (u64::from(v) << 32);
@@ -305,7 +305,7 @@ mod fold {
     /// The ICRC of `prefix` (little-endian 64-bit words, an even number of them, hashed from
     /// a zero register) followed by `rest`. Call only when [`available`].
     pub(super) fn icrc(prefix: &[u64], rest: &[u8]) -> u32 {
-        assert!(wide_available() && !prefix.is_empty() && prefix.len() % 2 == 0);
+        assert!(wide_available() && !prefix.is_empty() && prefix.len().is_multiple_of(2));
         // SAFETY: the features `fold` and `finish` need were checked above.
         unsafe {
             let (state, tail) = fold::<false>(prefix, rest, &mut []);
@@ -316,7 +316,7 @@ mod fold {
     /// As [`icrc`] over `prefix`, `payload` and zeros up to `out.len()`, copying `payload`
     /// to the start of `out` and zeroing the rest of it on the way.
     pub(super) fn icrc_copying(prefix: &[u64], payload: &[u8], out: &mut [u8]) -> u32 {
-        assert!(wide_available() && !prefix.is_empty() && prefix.len() % 2 == 0);
+        assert!(wide_available() && !prefix.is_empty() && prefix.len().is_multiple_of(2));
         let (data, pad) = out.split_at_mut(payload.len());
         pad.fill(0);
         // SAFETY: the features `fold` needs were checked above.
@@ -492,7 +492,6 @@ mod fold {
     }
 
     /// Loads the next 64 bytes and advances past them (panics rather than over-reads).
-
     #[target_feature(enable = "avx512f")]
     fn load512(a: &mut &[u8]) -> __m512i {
         let bytes = &a[..64];
@@ -712,15 +711,34 @@ mod tests {
         let ip6 = &bytes[20..60];
         let udp_h = &bytes[60..68];
         let lens = (12..700).chain((700..4200).step_by(61)).chain([
-            1024 + 12, 1024 + 28, 4096 + 12, 4096 + 28, 4096 + 44, 4096 + 40, 255, 256, 257, 268,
-            271, 272, 4200,
+            1024 + 12,
+            1024 + 28,
+            4096 + 12,
+            4096 + 28,
+            4096 + 44,
+            4096 + 40,
+            255,
+            256,
+            257,
+            268,
+            271,
+            272,
+            4200,
         ]);
         for len in lens {
             // Several alignments of the transport within its buffer.
             for skew in [0usize, 1, 3, 8] {
                 let t = &bytes[64 + skew..][..len.min(4200 - skew)];
-                assert_eq!(v2_ipv4(ip4, udp_h, t), reference(ip4, Some(udp_h), t), "v4 {len}");
-                assert_eq!(v2_ipv6(ip6, udp_h, t), reference(ip6, Some(udp_h), t), "v6 {len}");
+                assert_eq!(
+                    v2_ipv4(ip4, udp_h, t),
+                    reference(ip4, Some(udp_h), t),
+                    "v4 {len}"
+                );
+                assert_eq!(
+                    v2_ipv6(ip6, udp_h, t),
+                    reference(ip6, Some(udp_h), t),
+                    "v6 {len}"
+                );
                 assert_eq!(v1(ip6, t), reference(ip6, None, t), "v1 {len}");
             }
         }
