@@ -597,6 +597,30 @@ mod tests {
     }
 
     #[test]
+    fn parse_never_panics_on_garbage() {
+        let mut rng = 0x0123_4567_89ab_cdefu64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for _ in 0..20_000 {
+            let len = (next() % 200) as usize;
+            let mut v: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            // Often a plausible start, so that the checks further in are reached too.
+            if len >= 20 && next() % 2 == 0 {
+                v[0] = 0x45;
+                v[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+                v[6] = 0;
+                v[7] = 0;
+                v[9] = 17;
+            }
+            let _ = parse_ipv4(&v);
+        }
+    }
+
+    #[test]
     fn parse_accepts_only_what_the_wire_parser_accepts_and_agrees_on_it() {
         let mut accepted = 0;
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
