@@ -732,6 +732,9 @@ impl<M: MemoryAccess> Device<M> {
         self.dispatch(now, &rx);
     }
 
+    // Inlined into both receive paths so that the freshly parsed packet's fields stay in
+    // registers (read back from memory, they stalled on store forwarding).
+    #[inline(always)]
     fn dispatch(&mut self, now: Nanos, rx: &RxPacket<'_>) {
         let t = &rx.t;
         let Some(info) = t.bth.opcode.info() else {

@@ -93,16 +93,16 @@ fn masked_prefix(
 }
 
 /// The masked prefix as little-endian 64-bit words (each 16-byte block a pair), for the
-/// folding kernel. Built in registers from 32-bit loads: bytes written one at a time and
-/// then read back as a 16-byte block stall the CPU's store forwarding, which showed as a
-/// hot spot of its own. Returns None unless `headers` is whole 32-bit words (every BTH
-/// and extended header is) and short enough.
+/// folding kernel, written into `out`; returns how many. Built in registers from 32-bit
+/// loads, each 64-bit word stored once: bytes written one at a time and then read back as a
+/// 16-byte block stall the CPU's store forwarding, which showed as a hot spot of its own. Returns None unless `headers` is whole 32-bit words (every BTH and extended
+/// header is) and short enough.
 fn masked_prefix_words(
     net: Net,
     ip: &[u8],
     udp_header: Option<&[u8]>,
     headers: &[u8],
-    w: &mut WordStream,
+    out: &mut [u64; PREFIX_MAX / 8],
 ) -> Option<usize> {
     let net_len = match net {
         Net::V4 => ipv4::HEADER_LEN,
@@ -121,64 +121,53 @@ fn masked_prefix_words(
     if total > PREFIX_MAX {
         return None;
     }
-    w.count = 0;
-    for _ in 0..(total - raw_len) / 4 {
-        w.push(0);
-    }
-    w.push(u32::MAX);
+    // Words are paired in registers and each pair stored once, as one 64-bit word (the
+    // leading zero words of the padding pair with zeros or with the first real word).
+    let mut count = (total - raw_len) / 4;
+    let mut pending = 0u32;
+    out[..count / 2].fill(0);
+    let mut push = |v: u32| {
+        if count.is_multiple_of(2) {
+            pending = v;
+        } else {
+            out[count / 2] = u64::from(pending) | (u64::from(v) << 32);
+        }
+        count += 1;
+    };
     let word = |b: &[u8], i: usize| {
         let mut w = [0u8; 4];
         w.copy_from_slice(&b[i..i + 4]);
         u32::from_le_bytes(w)
     };
+    push(u32::MAX);
     match net {
         Net::V4 => {
             // TOS; TTL and header checksum.
-            w.push(word(ip, 0) | 0x0000_ff00);
-            w.push(word(ip, 4));
-            w.push(word(ip, 8) | 0xffff_00ff);
-            w.push(word(ip, 12));
-            w.push(word(ip, 16));
+            push(word(ip, 0) | 0x0000_ff00);
+            push(word(ip, 4));
+            push(word(ip, 8) | 0xffff_00ff);
+            push(word(ip, 12));
+            push(word(ip, 16));
         }
         Net::V6 => {
             // Traffic class and flow label; hop limit.
-            w.push(word(ip, 0) | 0xffff_ff0f);
-            w.push(word(ip, 4) | 0xff00_0000);
+            push(word(ip, 0) | 0xffff_ff0f);
+            push(word(ip, 4) | 0xff00_0000);
             for i in (8..40).step_by(4) {
-                w.push(word(ip, i));
+                push(word(ip, i));
             }
         }
     }
     if let Some(u) = udp_header {
-        w.push(word(u, 0));
-        w.push(word(u, 4) | 0xffff_0000); // UDP checksum
+        push(word(u, 0));
+        push(word(u, 4) | 0xffff_0000); // UDP checksum
     }
-    w.push(word(headers, 0));
-    w.push(word(headers, 4) | 0x0000_00ff); // BTH: FECN, BECN, Resv6
+    push(word(headers, 0));
+    push(word(headers, 4) | 0x0000_00ff); // BTH: FECN, BECN, Resv6
     for i in (8..headers.len()).step_by(4) {
-        w.push(word(headers, i));
+        push(word(headers, i));
     }
     Some(total / 8)
-}
-
-/// Packs 32-bit words into 64-bit ones in registers, storing each 64-bit word once (the
-/// caller provides it, so that the words are not copied again on return).
-#[derive(Default)]
-struct WordStream {
-    words: [u64; PREFIX_MAX / 8],
-    count: usize,
-    pending: u32,
-}
-
-impl WordStream {
-    fn push(&mut self, v: u32) {
-        if self.count.is_multiple_of(2) {
-            self.pending = v;
-        } else {
-            self.words[self.count / 2] = u64::from(self.pending) | (u64::from(v) << 32);
-        }
-        self.count += 1;
-    }
 }
 
 /// Hashes the masked prefix and the rest of the transport packet.
@@ -187,9 +176,9 @@ fn icrc(net: Net, ip: &[u8], udp_header: Option<&[u8]>, transport: &[u8]) -> u32
     let rest = &transport[bth::HEADER_LEN..];
     #[cfg(target_arch = "x86_64")]
     if fold::available() {
-        let mut w = WordStream::default();
-        if let Some(n) = masked_prefix_words(net, ip, udp_header, headers, &mut w) {
-            return fold::icrc(&w.words[..n], rest);
+        let mut words = [0u64; PREFIX_MAX / 8];
+        if let Some(n) = masked_prefix_words(net, ip, udp_header, headers, &mut words) {
+            return fold::icrc(&words[..n], rest);
         }
     }
     let (prefix, len) = masked_prefix(net, ip, udp_header, headers);
@@ -219,9 +208,9 @@ pub fn v2_copying_payload(
     };
     #[cfg(target_arch = "x86_64")]
     if fold::available() {
-        let mut w = WordStream::default();
-        if let Some(n) = masked_prefix_words(net, ip, Some(udp), headers, &mut w) {
-            return fold::icrc_copying(&w.words[..n], payload, out);
+        let mut words = [0u64; PREFIX_MAX / 8];
+        if let Some(n) = masked_prefix_words(net, ip, Some(udp), headers, &mut words) {
+            return fold::icrc_copying(&words[..n], payload, out);
         }
     }
     let (prefix, len) = masked_prefix(net, ip, Some(udp), headers);
@@ -807,14 +796,14 @@ mod tests {
                 for ext in (0..=28).step_by(4) {
                     let headers = &bytes[60..72 + ext];
                     let (want, len) = masked_prefix(net, ip, udp_h, headers);
-                    let mut w = WordStream::default();
+                    let mut w = [0u64; PREFIX_MAX / 8];
                     let n = masked_prefix_words(net, ip, udp_h, headers, &mut w).unwrap();
-                    let got: Vec<u8> = w.words[..n].iter().flat_map(|w| w.to_le_bytes()).collect();
+                    let got: Vec<u8> = w[..n].iter().flat_map(|w| w.to_le_bytes()).collect();
                     assert_eq!(got, &want[..len]);
                 }
             }
         }
-        let mut w = WordStream::default();
+        let mut w = [0u64; PREFIX_MAX / 8];
         assert!(masked_prefix_words(Net::V4, &bytes[..20], None, &bytes[..14], &mut w).is_none());
     }
 
