@@ -17,36 +17,38 @@
 //!
 //! # Results (AMD EPYC, Zen 4 with AVX-512 VPCLMULQDQ; 2 vCPUs shared with other builds)
 //!
-//! Medians of 7 runs of this benchmark on a loaded machine (load average 5 to 9), before and
-//! after the work of branch `engine2` (same machine, same moment, runs interleaved):
+//! Before and after the work of branch `engine2`, same machine, same moments (runs
+//! interleaved, load average 8 to 10). "Best": the fastest of 90 runs of 64 MiB each (the
+//! least disturbed); "median": this benchmark as committed, median ratio of 3 runs of 5
+//! trials (by wall time; by CPU time in parentheses).
 //!
-//! | MTU  | before: engine / ratio | after: engine / ratio | best of 15 × 64 MiB, after |
-//! |------|------------------------|-----------------------|-----------------------------|
-//! | 4096 | 4.1 GB/s / 0.35        | 6.8 GB/s / 0.45       | 9.0 GB/s, 2.20 Mpkt/s / 0.50 |
-//! | 1024 | 2.1 GB/s / 0.12        | 3.0 GB/s / 0.20       | 3.8 GB/s, 3.72 Mpkt/s / 0.23 |
+//! | MTU  | before, best                   | after, best                    | after, median |
+//! |------|--------------------------------|--------------------------------|---------------|
+//! | 4096 | 6.7 GB/s, 1.63 Mpkt/s, ratio 0.39 | 9.2 GB/s, 2.24 Mpkt/s, ratio 0.52 | 0.47 (0.48) |
+//! | 1024 | 2.6 GB/s, 2.58 Mpkt/s, ratio 0.15 | 4.0 GB/s, 3.94 Mpkt/s, ratio 0.23 | 0.17 (0.22) |
 //!
 //! The target of 0.7 is not reached. Where the time goes now (`perf record`, engine only,
-//! share of samples; per packet at the best-of-15 rate, 455 ns at 4096 and 269 ns at 1024):
+//! share of samples; 446 ns per packet at MTU 4096, 254 ns at 1024, at the best rates):
 //!
 //! | part                                                           | MTU 4096 | MTU 1024 |
 //! |----------------------------------------------------------------|----------|----------|
-//! | ICRC folding, sender (fused with the copy from memory)          | 19 %     | 12 %     |
-//! | ICRC folding, receiver (packet in L1)                          | 18 %     | 11 %     |
-//! | ICRC fixed costs: masked headers, final reduction (both sides) | 9 %      | 16 %     |
+//! | ICRC folding, sender (fused with the copy from memory)          | 19 %     | 13 %     |
+//! | ICRC folding, receiver (packet in L1)                          | 18 %     | 12 %     |
+//! | ICRC fixed costs: masked headers, final reduction (both sides) | 11 %     | 17 %     |
 //! | receiver's copy into memory (`memcpy` to a cold destination)   | 19 %     | 8 %      |
-//! | engine bookkeeping, both engines (requester, responder, ACKs, parse, emit, key and memory lookups, queues) | 33 % | 51 % |
+//! | engine bookkeeping, both engines (requester, responder, ACKs, parse, emit, key and memory lookups, queues) | 33 % | 50 % |
 //!
 //! What bounds it:
 //! - The folding runs at about 48 GB/s, 14 bytes per cycle: the throughput of VPCLMULQDQ on
 //!   this core (8 carry-less multiplies per 256 bytes), so each ICRC pass costs about what
 //!   the baseline's one CRC pass costs, and the engine must make two (seal and verify), plus
 //!   the copy out of the packet. With no bookkeeping at all the data work alone is about
-//!   300 ns per 4 KiB packet against the baseline's 235 ns: a ceiling near 0.78 at MTU 4096.
+//!   300 ns per 4 KiB packet against the baseline's 233 ns: a ceiling near 0.78 at MTU 4096.
 //! - At MTU 1024 the per-packet costs dominate. The fixed part of each ICRC (masking and
 //!   folding the 48 header bytes, the 128 to 32 bit reduction: a chain of dependent
-//!   multiplies) is paid twice per packet, and the data work alone is about 135 ns per 1 KiB
-//!   packet against the baseline's 60 ns: a ceiling near 0.45 before any bookkeeping.
-//! - The bookkeeping of two engines is about 150 ns per packet, about 2,100 instructions
+//!   multiplies) is paid twice per packet, and the data work alone is about 127 ns per 1 KiB
+//!   packet against the baseline's 59 ns: a ceiling near 0.47 before any bookkeeping.
+//! - The bookkeeping of two engines is 120 to 150 ns per packet, about 2,100 instructions
 //!   (callgrind, which runs the portable ICRC path: ~1,050 in the requester and emitter,
 //!   ~430 in receive parsing and dispatch, ~190 in the responder, ~450 in memory and key
 //!   lookups, queues and ICRC glue): 0.54 instructions per payload byte at MTU 4096, 2.1 at
