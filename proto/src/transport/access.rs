@@ -63,6 +63,11 @@ impl<M: MemoryAccess> Ctx<M> {
                 if let Some(bytes) = self.mem.lend(space, at, out.len()) {
                     return Ok(Payload::Lent(bytes));
                 }
+                // Memory that does not lend (the daemon's): copy, the key already checked.
+                self.mem
+                    .read(space, at, out)
+                    .map_err(|_| WcStatus::LocProtErr)?;
+                return Ok(Payload::Written);
             }
         }
         self.gather_copy(pd, sges, offset, out)?;
