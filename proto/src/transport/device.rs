@@ -117,6 +117,9 @@ pub(crate) struct Ctx<M> {
     pub counters: Counters,
     pub events: VecDeque<AsyncEvent>,
     pub cc: Box<dyn CongestionControl + Send>,
+    /// True while `cc` is the default [`NoCongestionControl`], whose hooks do nothing: the
+    /// per-packet hooks are then not called at all (three indirect calls per packet).
+    pub cc_none: bool,
     /// Round-robin of QPs that may have a packet to send.
     pub ready: VecDeque<Qpn>,
     pub next_handle: u32,
@@ -153,6 +156,7 @@ impl<M: MemoryAccess> Device<M> {
                 counters: Counters::default(),
                 events: VecDeque::new(),
                 cc: Box::new(NoCongestionControl),
+                cc_none: true,
                 ready: VecDeque::new(),
                 next_handle: 1,
                 next_mr_index: 1,
@@ -169,6 +173,7 @@ impl<M: MemoryAccess> Device<M> {
     /// Plugs in a congestion controller (the default behaves like rxe: none).
     pub fn set_congestion_control(&mut self, cc: Box<dyn CongestionControl + Send>) {
         self.ctx.cc = cc;
+        self.ctx.cc_none = false;
     }
 
     pub fn memory(&self) -> &M {
@@ -1032,7 +1037,7 @@ pub(crate) fn route_for<M>(
         }
     };
     if data {
-        if let Some(ecn) = ctx.cc.ecn_codepoint(qpn) {
+        if let Some(ecn) = (!ctx.cc_none).then(|| ctx.cc.ecn_codepoint(qpn)).flatten() {
             match &mut route.net {
                 NetRepr::Ipv4(ip) => ip.tos = (ip.tos & !3) | (ecn & 3),
                 NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => {

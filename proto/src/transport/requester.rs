@@ -464,11 +464,13 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         w.error = Some(WcStatus::LocQpOpErr);
         return poll_request(qp, ctx, now, buf);
     };
-    if let Some(at) = ctx.cc.pacing(
-        qpn,
-        now,
-        super::packet_io::frame_len(&route, &t).unwrap_or(0),
-    ) {
+    let pace = if ctx.cc_none {
+        None
+    } else {
+        let len = super::packet_io::frame_len(&route, &t).unwrap_or(0);
+        ctx.cc.pacing(qpn, now, len)
+    };
+    if let Some(at) = pace {
         if at > now {
             qp.paced_until = Some(at);
             qp.noack_pkts = qp.noack_pkts.saturating_sub(1);
@@ -504,7 +506,9 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     if ack_req {
         qp.noack_pkts = 0;
     }
-    ctx.cc.on_sent(qpn, now, tx.len);
+    if !ctx.cc_none {
+        ctx.cc.on_sent(qpn, now, tx.len);
+    }
     let w = qp.sq.get_mut(idx)?;
     let next = if matches!(w.wr.op, SendOp::Read(_)) {
         w.last_psn.next()
