@@ -5,8 +5,10 @@
 //! Nothing here opens a socket, spawns a thread or reads a clock: time is passed in, packets go
 //! in and out as bytes. That keeps every behaviour testable deterministically.
 //!
-//! The crate denies `unsafe` with one documented exception: [`ring`], the shared-memory rings
-//! between the shim and the daemon, which must touch memory another process shares.
+//! The crate denies `unsafe` with two documented exceptions: [`ring`], the shared-memory rings
+//! between the shim and the daemon, which must touch memory another process shares, and the
+//! SIMD kernel of [`wire::icrc`] (carry-less multiply intrinsics, used after the CPU features
+//! are detected).
 
 #![deny(unsafe_code)]
 #![warn(missing_debug_implementations)]

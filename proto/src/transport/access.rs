@@ -3,9 +3,23 @@
 
 use super::device::Ctx;
 use super::memory::MemoryAccess;
+use super::packet_io::Payload;
 use super::resources::{Mr, MwBinding, MwType, MW_INDEX_BASE};
 use super::verbs::{Access, Sge, WcStatus};
 use crate::types::{Lkey, Qpn, Rkey};
+
+/// The SGE holding byte `offset` of a message, and the offset inside it.
+fn sge_at(sges: &[Sge], offset: u64) -> Option<(&Sge, u64)> {
+    let mut skip = offset;
+    for sge in sges {
+        let len = u64::from(sge.length);
+        if skip < len {
+            return Some((sge, skip));
+        }
+        skip -= len;
+    }
+    None
+}
 
 impl<M: MemoryAccess> Ctx<M> {
     /// The MR an L_Key or R_Key names (the pool index is the key without its random byte).
@@ -33,8 +47,34 @@ impl<M: MemoryAccess> Ctx<M> {
     }
 
     /// Copies `out.len()` bytes of the message described by `sges`, starting `offset` bytes
-    /// into it, into `out`.
-    pub(crate) fn gather(
+    /// into it, into `out`; or, when they lie in one SGE and the memory lends them, returns
+    /// them uncopied ([`Payload::Lent`]) for the caller to copy while it hashes them.
+    pub(crate) fn gather<'a>(
+        &'a self,
+        pd: u32,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<Payload<'a>, WcStatus> {
+        if let Some((sge, skip)) = sge_at(sges, offset).filter(|_| !out.is_empty()) {
+            if u64::from(sge.length) - skip >= out.len() as u64 {
+                let at = sge.addr.wrapping_add(skip);
+                let space = self.check_local(pd, sge, at, out.len() as u64, Access::NONE)?;
+                if let Some(bytes) = self.mem.lend(space, at, out.len()) {
+                    return Ok(Payload::Lent(bytes));
+                }
+                // Memory that does not lend (the daemon's): copy, the key already checked.
+                self.mem
+                    .read(space, at, out)
+                    .map_err(|_| WcStatus::LocProtErr)?;
+                return Ok(Payload::Written);
+            }
+        }
+        self.gather_copy(pd, sges, offset, out)?;
+        Ok(Payload::Written)
+    }
+
+    fn gather_copy(
         &self,
         pd: u32,
         sges: &[Sge],

@@ -5,16 +5,14 @@
 use super::cc::{CongestionControl, NoCongestionControl};
 use super::counters::Counters;
 use super::memory::MemoryAccess;
+use super::packet_io::{Payload, Route};
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
 use super::timers::Nanos;
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
-use crate::wire::{
-    ipv4, ipv6, FrameRepr, Ipv4Repr, Ipv6Repr, LinkRepr, NetRepr, TransportRepr, UdpRepr,
-    ROCE_V2_PORT,
-};
+use crate::wire::{ipv4, ipv6, FrameRepr, Ipv4Repr, Ipv6Repr, NetRepr, TransportRepr};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
@@ -119,6 +117,9 @@ pub(crate) struct Ctx<M> {
     pub counters: Counters,
     pub events: VecDeque<AsyncEvent>,
     pub cc: Box<dyn CongestionControl + Send>,
+    /// True while `cc` is the default [`NoCongestionControl`], whose hooks do nothing: the
+    /// per-packet hooks are then not called at all (three indirect calls per packet).
+    pub cc_none: bool,
     /// Round-robin of QPs that may have a packet to send.
     pub ready: VecDeque<Qpn>,
     pub next_handle: u32,
@@ -155,6 +156,7 @@ impl<M: MemoryAccess> Device<M> {
                 counters: Counters::default(),
                 events: VecDeque::new(),
                 cc: Box::new(NoCongestionControl),
+                cc_none: true,
                 ready: VecDeque::new(),
                 next_handle: 1,
                 next_mr_index: 1,
@@ -171,6 +173,7 @@ impl<M: MemoryAccess> Device<M> {
     /// Plugs in a congestion controller (the default behaves like rxe: none).
     pub fn set_congestion_control(&mut self, cc: Box<dyn CongestionControl + Send>) {
         self.ctx.cc = cc;
+        self.ctx.cc_none = false;
     }
 
     pub fn memory(&self) -> &M {
@@ -687,6 +690,12 @@ impl<M: MemoryAccess> Device<M> {
     /// Feeds one received RoCE v2 packet: a whole IPv4 or IPv6 packet (UDP, BTH .. ICRC).
     /// Headers are checked, then the ICRC; a bad packet is counted and dropped.
     pub fn handle_packet(&mut self, now: Nanos, packet: &[u8]) {
+        // The common case (a well-formed IPv4 packet with a good ICRC) without the general
+        // frame parser; anything else goes through it and is judged and counted there.
+        if let Some(rx) = super::packet_io::parse_ipv4(packet) {
+            self.dispatch(now, &rx);
+            return;
+        }
         let parsed = match FrameRepr::parse_ip(packet, packet.len()) {
             Ok(p) => p,
             Err(_) => {
@@ -728,6 +737,9 @@ impl<M: MemoryAccess> Device<M> {
         self.dispatch(now, &rx);
     }
 
+    // Inlined into both receive paths so that the freshly parsed packet's fields stay in
+    // registers (read back from memory, they stalled on store forwarding).
+    #[inline(always)]
     fn dispatch(&mut self, now: Nanos, rx: &RxPacket<'_>) {
         let t = &rx.t;
         let Some(info) = t.bth.opcode.info() else {
@@ -1002,23 +1014,44 @@ pub(crate) fn check_sq_drained<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     }
 }
 
-/// Builds the frame headers for a packet of `qp_src_port` to `av`, or None if the AV's
-/// source GID does not exist or the address families differ.
-pub(crate) fn frame_for<M>(
+/// The route of a packet from `src_port` to `av`, or None if the AV's source GID does not
+/// exist or the address families differ. `data` packets carry the congestion controller's
+/// ECN codepoint. The route is kept in `cache` for the next packet to the same place: built
+/// afresh each time, copying it out of the function stalled on store forwarding (its fields
+/// are written one by one, then read back as whole blocks).
+#[inline(always)]
+pub(crate) fn route_for<M>(
     ctx: &mut Ctx<M>,
     qpn: Qpn,
     av: &AddressVector,
     src_port: u16,
-    transport: TransportRepr,
     data: bool,
-) -> Option<FrameRepr> {
-    let src = *ctx.config.gids.get(usize::from(av.sgid_index))?;
-    let mut tos = av.traffic_class;
+    cache: &mut Option<(AddressVector, u16, Route)>,
+) -> Option<Route> {
+    let mut route = match cache {
+        Some((a, p, r)) if a == av && *p == src_port => *r,
+        _ => {
+            let r = new_route(ctx, av, src_port)?;
+            *cache = Some((*av, src_port, r));
+            r
+        }
+    };
     if data {
-        if let Some(ecn) = ctx.cc.ecn_codepoint(qpn) {
-            tos = (tos & !3) | (ecn & 3);
+        if let Some(ecn) = (!ctx.cc_none).then(|| ctx.cc.ecn_codepoint(qpn)).flatten() {
+            match &mut route.net {
+                NetRepr::Ipv4(ip) => ip.tos = (ip.tos & !3) | (ecn & 3),
+                NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => {
+                    ip.traffic_class = (ip.traffic_class & !3) | (ecn & 3)
+                }
+            }
         }
     }
+    Some(route)
+}
+
+fn new_route<M>(ctx: &Ctx<M>, av: &AddressVector, src_port: u16) -> Option<Route> {
+    let src = *ctx.config.gids.get(usize::from(av.sgid_index))?;
+    let tos = av.traffic_class;
     let net = match (src, av.dgid) {
         (IpAddr::V4(s), IpAddr::V4(d)) => NetRepr::Ipv4(Ipv4Repr {
             src: s,
@@ -1042,46 +1075,17 @@ pub(crate) fn frame_for<M>(
         }),
         _ => return None,
     };
-    let mut f = FrameRepr {
-        link: LinkRepr::None,
-        net,
-        udp: Some(UdpRepr {
-            src_port,
-            dst_port: ROCE_V2_PORT,
-            checksum: 0,
-            payload_len: 0,
-        }),
-        transport,
-    };
-    f.fill_lengths();
-    Some(f)
+    Some(Route { net, src_port })
 }
 
-/// Writes `frame` into `buf`, letting `fill` place the payload first (one copy from memory).
-/// `fill` gets the payload slice; an error from it aborts the packet.
-pub(crate) fn emit_frame<E>(
-    frame: &FrameRepr,
+/// Writes the packet of `t` along `route` into `buf`, letting `fill` provide the payload
+/// (see [`super::packet_io::emit`]).
+#[inline(always)]
+pub(crate) fn emit_frame<'a, E>(
+    route: &Route,
+    t: &TransportRepr,
     buf: &mut [u8],
-    fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
+    fill: impl FnOnce(&mut [u8]) -> Result<Payload<'a>, E>,
 ) -> Option<Result<Transmit, E>> {
-    let len = frame.buffer_len();
-    if buf.len() < len {
-        return None;
-    }
-    let at = frame.payload_offset();
-    if let Err(e) = fill(&mut buf[at..at + frame.transport.payload_len]) {
-        return Some(Err(e));
-    }
-    frame.emit_in_place(buf).ok()?;
-    let (src, dst) = match frame.net {
-        NetRepr::Ipv4(ip) => (IpAddr::V4(ip.src), IpAddr::V4(ip.dst)),
-        NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => (IpAddr::V6(ip.src), IpAddr::V6(ip.dst)),
-    };
-    Some(Ok(Transmit {
-        len,
-        src,
-        dst,
-        src_port: frame.udp.map_or(0, |u| u.src_port),
-        transport_offset: frame.net.header_len() + 8,
-    }))
+    super::packet_io::emit(route, t, buf, fill)
 }

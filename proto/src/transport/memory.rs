@@ -50,6 +50,14 @@ pub trait MemoryAccess {
         Ok(orig)
     }
 
+    /// The `len` bytes at `addr` as a slice, when this memory can lend them directly (it is
+    /// in this process); `None`, the default, means "use [`MemoryAccess::read`]". The
+    /// transmit path copies a lent payload into the packet by the same pass that computes
+    /// the ICRC, instead of a copy and then a hash.
+    fn lend(&self, _space: u64, _addr: u64, _len: usize) -> Option<&[u8]> {
+        None
+    }
+
     /// Reads one 64-bit word in host byte order.
     fn read_u64(&self, space: u64, addr: u64) -> Result<u64, MemoryError> {
         let mut b = [0u8; 8];
@@ -122,6 +130,10 @@ impl MemoryAccess for VecMemory {
         Ok(())
     }
 
+    fn lend(&self, _space: u64, addr: u64, len: usize) -> Option<&[u8]> {
+        self.slice(addr, len)
+    }
+
     fn write(&mut self, _space: u64, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
         let dst = self.slice_mut(addr, data.len()).ok_or(MemoryError {
             addr,
@@ -151,5 +163,7 @@ mod tests {
         let mut out = [0u8; 4];
         assert!(m.read(0, a + 14, &mut out).is_err());
         assert!(m.read(0, 0, &mut out).is_err());
+        assert_eq!(m.lend(0, a + 8, 8), Some(&42u64.to_ne_bytes()[..]));
+        assert_eq!(m.lend(0, a + 14, 4), None);
     }
 }

@@ -67,6 +67,7 @@ pub mod completer;
 pub mod counters;
 pub mod device;
 pub mod memory;
+mod packet_io;
 pub mod qp;
 pub mod qp_attr;
 pub mod requester;

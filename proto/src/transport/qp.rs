@@ -1,6 +1,7 @@
 //! A queue pair's state: the send queue with per-WQE progress, the requester/completer
 //! variables (rxe's `qp->req` and `qp->comp`), and the responder's (`qp->resp`).
 
+use super::packet_io::Route;
 use super::qp_attr::{AddressVector, Mtu, QpAttr, QpState, QpType};
 use super::timers::Nanos;
 use super::verbs::{RecvWr, SendWr};
@@ -142,6 +143,9 @@ pub(crate) struct Qp {
     pub attr: QpAttr,
     pub init: QpInit,
     pub src_port: u16,
+    /// The route last computed for this QP's packets, with the address vector and source
+    /// port it was computed for (see [`super::device::route_for`]).
+    pub route_cache: Option<(AddressVector, u16, Route)>,
 
     // Send queue and requester (rxe `qp->req`).
     pub sq: VecDeque<SendWqe>,
@@ -188,6 +192,7 @@ impl Qp {
             attr: QpAttr::default(),
             init,
             src_port: udp_sport_at_create(qpn),
+            route_cache: None,
             sq: VecDeque::new(),
             req_index: 0,
             req_psn: Psn::new(0),

@@ -2,8 +2,9 @@
 //! MTU, assigning PSNs, setting AckReq, honouring the window, the `max_rd_atomic` depth and
 //! fences, and going back N when the completer asks for a retry.
 
-use super::device::{complete, emit_frame, frame_for, Ctx, Transmit};
+use super::device::{complete, emit_frame, route_for, Ctx, Transmit};
 use super::memory::MemoryAccess;
+use super::packet_io::Payload;
 use super::qp::{Qp, SendWqe};
 use super::qp_attr::{QpState, QpType};
 use super::timers::{ack_timeout, Nanos};
@@ -458,12 +459,18 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         _ => {}
     }
-    let Some(frame) = frame_for(ctx, qpn, &av, qp.src_port, t, true) else {
+    let Some(route) = route_for(ctx, qpn, &av, qp.src_port, true, &mut qp.route_cache) else {
         let w = qp.sq.get_mut(idx)?;
         w.error = Some(WcStatus::LocQpOpErr);
         return poll_request(qp, ctx, now, buf);
     };
-    if let Some(at) = ctx.cc.pacing(qpn, now, frame.buffer_len()) {
+    let pace = if ctx.cc_none {
+        None
+    } else {
+        let len = super::packet_io::frame_len(&route, &t).unwrap_or(0);
+        ctx.cc.pacing(qpn, now, len)
+    };
+    if let Some(at) = pace {
         if at > now {
             qp.paced_until = Some(at);
             qp.noack_pkts = qp.noack_pkts.saturating_sub(1);
@@ -472,14 +479,14 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     }
     let pd = qp.init.pd;
     let w = qp.sq.get(idx)?;
-    let res = emit_frame(&frame, buf, |out| {
+    let res = emit_frame(&route, &t, buf, |out| {
         if let SendOp::AtomicWrite { value, .. } = w.wr.op {
             out.copy_from_slice(&value.to_ne_bytes());
-            Ok(())
+            Ok(Payload::Written)
         } else if w.wr.flags.contains(SendFlags::INLINE) {
             let start = offset as usize;
             out.copy_from_slice(&w.wr.inline_data[start..start + out.len()]);
-            Ok(())
+            Ok(Payload::Written)
         } else {
             ctx.gather(pd, &w.wr.sg_list, offset, out)
         }
@@ -499,7 +506,9 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     if ack_req {
         qp.noack_pkts = 0;
     }
-    ctx.cc.on_sent(qpn, now, tx.len);
+    if !ctx.cc_none {
+        ctx.cc.on_sent(qpn, now, tx.len);
+    }
     let w = qp.sq.get_mut(idx)?;
     let next = if matches!(w.wr.op, SendOp::Read(_)) {
         w.last_psn.next()

@@ -3,8 +3,9 @@
 //! NAKs, read responses, atomic ACKs. Duplicates are answered from the replay resources,
 //! never executed twice (IBTA §9.7.5.1).
 
-use super::device::{complete, emit_frame, flush_qp, frame_for, schedule, Ctx, RxPacket, Transmit};
+use super::device::{complete, emit_frame, flush_qp, route_for, schedule, Ctx, RxPacket, Transmit};
 use super::memory::MemoryAccess;
+use super::packet_io::Payload;
 use super::qp::{npkts, InMessage, Qp, Resource, ResourceKind, RespOut};
 use super::qp_attr::QpType;
 use super::timers::Nanos;
@@ -643,18 +644,29 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 (t, Some((va, rkey, plen, last)))
             }
         };
-        let frame = frame_for(ctx, qp.qpn, &av, qp.src_port, t, read.is_some())?;
+        let route = route_for(
+            ctx,
+            qp.qpn,
+            &av,
+            qp.src_port,
+            read.is_some(),
+            &mut qp.route_cache,
+        )?;
         let (pd, qpn) = (qp.init.pd, qp.qpn);
-        let res = emit_frame(&frame, buf, |out| match read {
+        let res = emit_frame(&route, &t, buf, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
                 // The MR is validated again for each packet: it may have been invalidated
                 // since the request (and replays re-check it, facts §4.5).
                 let space = ctx
                     .remote_space(pd, qpn, rkey, va, u64::from(plen), Access::REMOTE_READ)
                     .ok_or(())?;
-                ctx.mem.read(space, va, out).map_err(|_| ())
+                if let Some(bytes) = ctx.mem.lend(space, va, out.len()) {
+                    return Ok(Payload::Lent(bytes));
+                }
+                ctx.mem.read(space, va, out).map_err(|_| ())?;
+                Ok(Payload::Written)
             }
-            _ => Ok(()),
+            _ => Ok(Payload::Written),
         });
         match res {
             None => {
