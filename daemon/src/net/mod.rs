@@ -39,6 +39,7 @@
 
 mod build;
 mod cmsg;
+mod loopback;
 mod socket;
 mod syscall;
 mod transport;
@@ -46,6 +47,7 @@ mod uring;
 mod verify;
 
 pub use build::PacketBuilder;
+pub use loopback::LocalFrames;
 pub use transport::{
     Backend, BackendChoice, NetConfig, NetCounters, NetError, RxDatagram, TxMeta, UdpTransport,
     MAX_GSO_SEGMENTS,
