@@ -96,6 +96,18 @@ impl MemoryAccess for ProcMem {
     }
 }
 
+impl ProcMem {
+    /// Before the engine sends anything or completions are delivered: coalesced writes land
+    /// first, and the read-ahead snapshot of the last pass is dropped (memory::ProcessMemory).
+    fn settle(&mut self) {
+        let mut m = self.0.borrow_mut();
+        if let Err(e) = m.flush() {
+            warn!("a coalesced write into the client failed: {e}");
+        }
+        m.end_pass();
+    }
+}
+
 type Engine = tp::Device<ProcMem>;
 
 struct CqState {
@@ -513,6 +525,7 @@ impl DeviceThread {
                         c.engine.handle_timeout(now);
                         busy = true;
                     }
+                    c.engine.memory_mut().settle();
                     // Work that waited for room in the engine.
                     busy |= retry_pending(c);
                     while local.bytes() < LOCAL_BATCH_BYTES {
@@ -526,6 +539,7 @@ impl DeviceThread {
                             send_frame(net, tx_buf, &t);
                         }
                     }
+                    c.engine.memory_mut().settle();
                     busy | deliver_completions(c, index)
                 });
                 match outcome {
