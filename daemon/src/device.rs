@@ -306,8 +306,8 @@ impl DeviceThread {
             // One GSO send per run of equal packets of a flow, GRO on receive: a system call
             // per packet caps UDP at ~150k packets/s here. GSO makes the kernel checksum UDP
             // (rxe sends 0; receivers accept both, the ICRC masks it).
-            gso: true,
-            gro: true,
+            gso: std::env::var_os("SOFTROCE_NO_GSO").is_none(),
+            gro: std::env::var_os("SOFTROCE_NO_GRO").is_none(),
             rx_buffers: 256,
             ..NetConfig::default()
         })
@@ -391,7 +391,11 @@ impl DeviceThread {
                 continue;
             }
             if idle_since.elapsed() < SPIN {
-                std::hint::spin_loop();
+                // Spinning, but not against the clients: on a small machine the processes
+                // that will post the next work (or poll for this work's completion) may
+                // share this CPU, and this thread's raised priority would starve them.
+                // sched_yield lets them run first and returns at once if none waits.
+                idle_yield();
                 continue;
             }
             // Sleep: tell every ring, re-check, then block until a packet, a doorbell, a
@@ -938,6 +942,13 @@ impl DeviceThread {
 /// device thread for the CPUs: a device thread that waits a whole time slice behind a spinning
 /// application adds milliseconds to every round trip. A higher scheduling weight lets it run as
 /// soon as it wakes. Without the privilege to raise it (not root), nothing changes.
+fn idle_yield() {
+    // SAFETY: no arguments; sched_yield cannot fail on Linux.
+    unsafe {
+        libc::sched_yield();
+    }
+}
+
 fn raise_priority() {
     // SAFETY: plain system calls on this thread's own id; no memory is passed.
     unsafe {
