@@ -209,7 +209,6 @@ pub struct DeviceThread {
     /// QPN block -> client.
     blocks: HashMap<u32, u64>,
     start: Instant,
-    tx_buf: Vec<u8>,
     rx_buf: Vec<u8>,
     slot: Vec<u8>,
     /// Packets between QPs of this device, waiting for delivery.
@@ -332,7 +331,6 @@ impl DeviceThread {
             clients: BTreeMap::new(),
             blocks: HashMap::new(),
             start: Instant::now(),
-            tx_buf: vec![0u8; tp::MAX_FRAME_LEN + 64],
             rx_buf: vec![0u8; 64 * 1024],
             slot: vec![0u8; 64 * 1024],
             local: LocalFrames::new(),
@@ -466,7 +464,9 @@ impl DeviceThread {
             }
         }
         // Received packets: rebuild the IP and UDP headers the engine wants in front of each
-        // verified datagram and hand it to the engine that owns the destination QP.
+        // verified datagram and hand it to the engine that owns the destination QP. The net
+        // layer checked the ICRC (recovering the IPv4 Identification), so the engine does not
+        // compute it again.
         let (clients, blocks, rx_buf, gids) = (
             &mut self.clients,
             &self.blocks,
@@ -493,7 +493,7 @@ impl DeviceThread {
             let packet = &rx_buf[..len];
             if dqpn == Qpn::MULTICAST.value() {
                 for (&id, c) in clients.iter_mut() {
-                    if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
+                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
                         broken.push(id);
                     }
                 }
@@ -501,7 +501,7 @@ impl DeviceThread {
                 .get(&(dqpn / QPN_BLOCK))
                 .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
             {
-                if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
+                if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
                     broken.push(id);
                 }
             } else {
@@ -516,12 +516,7 @@ impl DeviceThread {
         // wait, delivers them, and goes again, so that the answers and completions they cause
         // leave in the same pump.
         for round in 0..LOCAL_ROUNDS {
-            let (net, tx_buf, gids, local) = (
-                &mut self.net,
-                &mut self.tx_buf,
-                &self.gids,
-                &mut self.local,
-            );
+            let (net, gids, local) = (&mut self.net, &self.gids, &mut self.local);
             for (&id, c) in self.clients.iter_mut() {
                 let outcome = contained(|| {
                     let mut busy = false;
@@ -532,15 +527,18 @@ impl DeviceThread {
                     c.engine.memory_mut().settle();
                     // Work that waited for room in the engine.
                     busy |= retry_pending(c);
+                    // Frames are written straight into the local queue; the ones for other
+                    // hosts are moved to the socket's send buffer from there.
                     while local.bytes() < LOCAL_BATCH_BYTES {
-                        let Some(t) = c.engine.poll_transmit(now, tx_buf) else {
+                        let room = local.reserve(tp::MAX_FRAME_LEN);
+                        let Some(t) = c.engine.poll_transmit(now, room) else {
                             break;
                         };
                         busy = true;
                         if gids.contains(&t.dst) {
-                            local.push(&tx_buf[..t.len], t.transport_offset);
+                            local.commit(t.len, t.transport_offset);
                         } else {
-                            send_frame(net, tx_buf, &t);
+                            send_frame(net, room, &t);
                         }
                     }
                     c.engine.memory_mut().settle();
@@ -578,7 +576,7 @@ impl DeviceThread {
                 .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
             {
                 Some((&id, c)) => {
-                    if !guarded(&mut c.engine, |e| e.handle_packet(now, frame)) {
+                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, frame)) {
                         broken.push(id);
                     }
                 }

@@ -8,10 +8,12 @@
 //! carries the ICRC for its own headers, which the receiving engine verifies.
 
 /// Whole IP frames (as `poll_transmit` writes them) waiting for local delivery, in one
-/// reused buffer: nothing is allocated per packet once the queue has grown.
+/// reused buffer: nothing is allocated or cleared per packet once the queue has grown.
 #[derive(Debug, Default)]
 pub struct LocalFrames {
+    /// Grows to the largest batch and stays; `data[..used]` holds the queued frames.
     data: Vec<u8>,
+    used: usize,
     /// (end offset in `data`, offset of the BTH inside the frame)
     frames: Vec<(usize, usize)>,
 }
@@ -23,8 +25,23 @@ impl LocalFrames {
 
     /// Queues a copy of `frame`, whose BTH starts at `transport_offset`.
     pub fn push(&mut self, frame: &[u8], transport_offset: usize) {
-        self.data.extend_from_slice(frame);
-        self.frames.push((self.data.len(), transport_offset));
+        self.reserve(frame.len()).copy_from_slice(frame);
+        self.commit(frame.len(), transport_offset);
+    }
+
+    /// Room for the next frame, `len` bytes, to be written in place (no copy) and kept with
+    /// [`LocalFrames::commit`]; anything not committed is overwritten by the next frame.
+    pub fn reserve(&mut self, len: usize) -> &mut [u8] {
+        if self.data.len() < self.used + len {
+            self.data.resize(self.used + len, 0);
+        }
+        &mut self.data[self.used..self.used + len]
+    }
+
+    /// Keeps the first `len` bytes written into the last [`LocalFrames::reserve`] as a frame.
+    pub fn commit(&mut self, len: usize, transport_offset: usize) {
+        self.used = (self.used + len).min(self.data.len());
+        self.frames.push((self.used, transport_offset));
     }
 
     pub fn len(&self) -> usize {
@@ -37,7 +54,7 @@ impl LocalFrames {
 
     /// Bytes queued.
     pub fn bytes(&self) -> usize {
-        self.data.len()
+        self.used
     }
 
     /// Hands every queued frame, in order, to `deliver` with the destination QPN from its BTH
@@ -53,7 +70,7 @@ impl LocalFrames {
             deliver(u32::from_be_bytes([0, q[0], q[1], q[2]]), frame);
         }
         self.frames.clear();
-        self.data.clear();
+        self.used = 0;
     }
 }
 
@@ -77,5 +94,20 @@ mod tests {
         assert_eq!(got, vec![(0x010203, a), (7, b)]);
         assert!(q.is_empty());
         assert_eq!(q.bytes(), 0);
+    }
+
+    #[test]
+    fn frames_written_in_place_keep_only_what_was_committed() {
+        let mut q = LocalFrames::new();
+        let room = q.reserve(100);
+        room[..44].fill(0xaa);
+        room[28 + 7] = 9;
+        q.commit(44, 28);
+        q.reserve(100)[0] = 0x55; // not committed: overwritten
+        q.push(&[0xbb; 44], 28);
+        assert_eq!((q.len(), q.bytes()), (2, 88));
+        let mut got = Vec::new();
+        q.drain(|qpn, f| got.push((qpn, f.len(), f[0])));
+        assert_eq!(got, vec![(0xaaaa09, 44, 0xaa), (0xbbbbbb, 44, 0xbb)]);
     }
 }
