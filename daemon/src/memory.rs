@@ -191,7 +191,8 @@ impl ProcessMemory {
     /// pieces. Returns whether at least `need` bytes arrived.
     fn fill_window(&mut self, addr: u64, need: usize) -> bool {
         let want = READ_AHEAD.max(need);
-        let mut remote: [RemoteIoVec; READ_AHEAD / PAGE + 2] = [RemoteIoVec { base: 0, len: 0 }; READ_AHEAD / PAGE + 2];
+        let mut remote: [RemoteIoVec; READ_AHEAD / PAGE + 2] =
+            [RemoteIoVec { base: 0, len: 0 }; READ_AHEAD / PAGE + 2];
         // The first piece ends at a page boundary, later ones are whole pages; a read longer
         // than the window is one piece (it must arrive whole anyway).
         let mut pieces = 0;
@@ -199,7 +200,11 @@ impl ProcessMemory {
         let end = addr.saturating_add(want as u64);
         while at < end && pieces < remote.len() {
             let page_end = (at | (PAGE as u64 - 1)).saturating_add(1);
-            let piece_end = if pieces == remote.len() - 1 { end } else { page_end.min(end) };
+            let piece_end = if pieces == remote.len() - 1 {
+                end
+            } else {
+                page_end.min(end)
+            };
             remote[pieces] = RemoteIoVec {
                 base: at as usize,
                 len: (piece_end - at) as usize,
@@ -245,7 +250,9 @@ impl ProcessMemory {
         if self.pending.overlaps(addr, len) {
             let _ = self.flush();
         }
-        if self.window.contains(addr, len) {
+        // Small reads (atomics, whose targets other agents may change at any time) always go
+        // to the process.
+        if len >= BULK && self.window.contains(addr, len) {
             let at = (addr - self.window.addr) as usize;
             out.copy_from_slice(&self.window.bytes()[at..at + len]);
             self.stats.reads_from_window += 1;
@@ -399,6 +406,7 @@ mod tests {
         for skew in [0usize, 1, 13, 31, 63] {
             let len = 65_536;
             m.write(dst[skew..].as_ptr() as u64, &src[..len]).unwrap();
+            m.flush().unwrap();
             assert_eq!(&dst[skew..skew + len], &src[..len]);
             let mut back = vec![0u8; len + 3];
             m.read(dst[skew..].as_ptr() as u64, &mut back[3..]).unwrap();
@@ -428,5 +436,100 @@ mod tests {
             gone.check_mapped(v.as_ptr() as u64, 1),
             Err(AccessError::Gone { .. })
         ));
+    }
+
+    #[test]
+    fn bulk_reads_come_from_one_window_until_the_pass_ends() {
+        let mut m = me();
+        let mut src: Vec<u8> = (0..200_000u32).map(|i| (i * 3) as u8).collect();
+        let base = src.as_ptr() as u64 + 5;
+        let mut out = vec![0u8; 4096];
+        for k in 0..16u64 {
+            m.read(base + k * 4096, &mut out).unwrap();
+            assert_eq!(&out[..], &src[5 + k as usize * 4096..][..4096]);
+        }
+        let s = m.stats();
+        assert_eq!(s.read_calls, 1, "64 KiB in one process_vm_readv");
+        assert_eq!(s.reads_from_window, 15);
+        // The window is a snapshot: a change shows only after the pass ends.
+        src[5] ^= 0xff;
+        let want = src[5];
+        let mut one = vec![0u8; 1024];
+        m.read(base, &mut one).unwrap();
+        assert_ne!(one[0], want);
+        m.end_pass();
+        m.read(base, &mut one).unwrap();
+        assert_eq!(one[0], want);
+        // Small reads (atomics) never use the window.
+        let mut eight = [0u8; 8];
+        let before = m.stats().read_calls;
+        m.read(base + 100, &mut eight).unwrap();
+        assert_eq!(m.stats().read_calls, before + 1);
+        assert_eq!(&eight, &src[105..113]);
+    }
+
+    #[test]
+    fn read_ahead_stops_at_an_unmapped_page() {
+        let mut m = me();
+        // SAFETY: a private anonymous mapping of two pages, the second unmapped again.
+        let p = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                2 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            libc::munmap(p.cast::<u8>().add(PAGE).cast(), PAGE);
+            std::slice::from_raw_parts_mut(p.cast::<u8>(), PAGE)
+        };
+        p.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        let mut out = vec![0u8; 1000];
+        m.read(p.as_ptr() as u64 + 3000, &mut out).unwrap();
+        assert_eq!(&out[..], &p[3000..4000]);
+        // Past the end is still refused.
+        let mut over = vec![0u8; 1200];
+        assert!(m.read(p.as_ptr() as u64 + 3000, &mut over).is_err());
+        // SAFETY: the first page is still ours.
+        unsafe { libc::munmap(p.as_mut_ptr().cast(), PAGE) };
+    }
+
+    #[test]
+    fn contiguous_bulk_writes_land_in_one_call_on_flush() {
+        let mut m = me();
+        let dst = vec![0u8; 100_000];
+        let base = dst.as_ptr() as u64 + 7;
+        let data: Vec<u8> = (0..4096u32).map(|i| (i * 5 + 1) as u8).collect();
+        for k in 0..10u64 {
+            m.write(base + k * 4096, &data).unwrap();
+        }
+        assert_eq!(dst[7], 0, "not written before the flush");
+        m.flush().unwrap();
+        for k in 0..10 {
+            assert_eq!(&dst[7 + k * 4096..][..4096], &data[..]);
+        }
+        let s = m.stats();
+        assert_eq!((s.write_calls, s.writes_coalesced), (1, 9));
+        // A read of pending bytes sees them (the write is flushed first).
+        m.write(base + 50_000, &data).unwrap();
+        let mut back = vec![0u8; 600];
+        m.read(base + 50_100, &mut back).unwrap();
+        assert_eq!(&back[..], &data[100..700]);
+        // A write that does not continue the pending one flushes it first; small writes go
+        // straight through.
+        m.write(base + 60_000, &data).unwrap();
+        m.write(base + 80_000, &data).unwrap();
+        m.write(base + 90_000, &[9u8; 8]).unwrap();
+        assert_eq!(&dst[7 + 60_000..][..4096], &data[..]);
+        assert_eq!(&dst[7 + 80_000..][..4096], &data[..]);
+        assert_eq!(&dst[7 + 90_000..][..8], &[9u8; 8]);
+        drop(m);
+        // A write to memory the process unmapped fails at the flush, counted.
+        let mut m = me();
+        m.write(8, &data).unwrap();
+        assert!(m.flush().is_err());
+        assert_eq!(m.stats().deferred_write_errors, 1);
     }
 }

@@ -24,7 +24,13 @@ fn setup(data: &[u8]) -> (Sim, Qpn, u64, Vec<Vec<u8>>) {
         lkey: kb.lkey,
     };
     sim.dev(1)
-        .post_recv(qb, RecvWr { wr_id: 9, sg_list: vec![sg] })
+        .post_recv(
+            qb,
+            RecvWr {
+                wr_id: 9,
+                sg_list: vec![sg],
+            },
+        )
         .unwrap();
     let sg = Some(Sge {
         addr: a,

@@ -157,6 +157,8 @@ pub struct NetCounters {
     pub tx_bytes: u64,
     /// Datagrams (GSO segments) the kernel refused.
     pub tx_errors: u64,
+    /// Sends of several segments at once (UDP GSO), as queued by the drivers.
+    pub tx_gso_sends: u64,
     /// Of `tx_errors`: refused because the socket's send buffer was full (io_uring driver;
     /// sends never wait, to stay in order). A sign to send less per poll.
     pub tx_would_block: u64,
@@ -768,6 +770,7 @@ impl UdpTransport {
         slot.sock = sock;
         // A single segment goes without the control message: the kernel would send it alike.
         let gso = (b.count > 1).then_some(b.seg as u16);
+        self.rx.counters.tx_gso_sends += u64::from(b.count > 1);
         self.tx.prepare(b.slot, &b.meta, gso);
         let fds = self.fds();
         match &mut self.driver {

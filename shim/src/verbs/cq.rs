@@ -78,7 +78,10 @@ impl ShimCq {
     /// Counts an empty poll and yields the CPU every [`poll_yield_every`] of them.
     fn empty_poll(&self) {
         let every = poll_yield_every();
-        let n = self.empty_polls.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+        let n = self
+            .empty_polls
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_add(1);
         if every > 0 && n % every == 0 {
             // SAFETY: no arguments; sched_yield cannot fail on Linux.
             unsafe { libc::sched_yield() };
