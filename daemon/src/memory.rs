@@ -17,10 +17,14 @@
 //!   snapshot, so the daemon opens it only for one transmit pass ([`ProcessMemory::end_pass`]):
 //!   every work request served in that pass was posted before it began, and its buffer must
 //!   not change until its completion (IBTA §10.8.3.1, the consumer owns it again only then);
-//! - writes of [`BULK`] bytes or more that continue the previous one are *coalesced* into one
-//!   pending write of up to [`WRITE_BEHIND`] bytes, written by [`ProcessMemory::flush`], which
-//!   the daemon calls before it sends anything or delivers a completion (so nobody can learn
-//!   that data arrived before it is in place), and before any read.
+//! - writes are *deferred*: up to [`WRITE_BEHIND`] bytes in up to [`MAX_WRITE_PIECES`]
+//!   pieces (contiguous writes merge into one piece) go to the process in one
+//!   `process_vm_writev` with a remote iovec per piece, by [`ProcessMemory::flush`], which the
+//!   daemon calls before it sends anything or delivers a completion (so nobody can learn that
+//!   data arrived before it is in place); a read of pending bytes flushes first. A deferred
+//!   write that fails (the client unmapped memory it had registered) is counted and dropped:
+//!   rxe pins registered pages, so there too such a write succeeds, into pages the process
+//!   no longer sees.
 
 use std::io::{IoSlice, IoSliceMut};
 
@@ -43,8 +47,10 @@ pub enum AccessError {
 pub const BULK: usize = 512;
 /// Longest read-ahead window.
 pub const READ_AHEAD: usize = 64 * 1024;
-/// Longest coalesced write.
+/// Most bytes held for deferred writing.
 pub const WRITE_BEHIND: usize = 256 * 1024;
+/// Most pieces of a deferred write (the kernel's IOV_MAX is 1024).
+pub const MAX_WRITE_PIECES: usize = 256;
 /// Read-ahead is split into page-sized remote pieces: the kernel transfers whole iovec
 /// elements only, so an unmapped page past the requested bytes ends the window there
 /// instead of failing the read.
@@ -105,6 +111,75 @@ impl Span {
     }
 }
 
+/// Writes held for one `process_vm_writev`: the bytes in `buf`, each piece placed at the
+/// same offset modulo 64 as its remote address (the copy runs at full speed only then).
+#[derive(Debug, Default)]
+struct WriteBehind {
+    buf: Vec<u8>,
+    used: usize,
+    /// (offset in `buf`, remote address, length)
+    pieces: Vec<(usize, u64, usize)>,
+    bytes: usize,
+    /// The lowest and highest remote address held, for a quick overlap test.
+    lo: u64,
+    hi: u64,
+}
+
+impl WriteBehind {
+    fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    fn overlaps(&self, addr: u64, len: usize) -> bool {
+        let end = addr.saturating_add(len as u64);
+        !self.is_empty()
+            && addr < self.hi
+            && end > self.lo
+            && self
+                .pieces
+                .iter()
+                .any(|&(_, a, l)| addr < a + l as u64 && end > a)
+    }
+
+    /// Whether `len` more bytes (possibly in a new piece) fit.
+    fn fits(&self, len: usize) -> bool {
+        self.bytes + len <= WRITE_BEHIND && self.pieces.len() < MAX_WRITE_PIECES
+    }
+
+    fn push(&mut self, addr: u64, data: &[u8]) {
+        if self.buf.is_empty() {
+            // Room for every byte plus the alignment padding of every piece; never grows
+            // again, so the offsets stay valid.
+            self.buf = vec![0u8; WRITE_BEHIND + 64 * (MAX_WRITE_PIECES + 1)];
+        }
+        let len = data.len();
+        match self.pieces.last_mut() {
+            Some((_, a, l)) if *a + *l as u64 == addr => *l += len,
+            _ => {
+                let base = self.buf.as_ptr() as usize;
+                self.used += (addr as usize).wrapping_sub(base + self.used) & 63;
+                self.pieces.push((self.used, addr, len));
+            }
+        }
+        self.buf[self.used..self.used + len].copy_from_slice(data);
+        self.used += len;
+        self.bytes += len;
+        let end = addr + len as u64;
+        if self.pieces.len() == 1 && self.bytes == len {
+            (self.lo, self.hi) = (addr, end);
+        } else {
+            self.lo = self.lo.min(addr);
+            self.hi = self.hi.max(end);
+        }
+    }
+
+    fn clear(&mut self) {
+        self.pieces.clear();
+        self.used = 0;
+        self.bytes = 0;
+    }
+}
+
 /// Counts of the bulk paths (for `res show`-style diagnostics and the tests).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryStats {
@@ -125,7 +200,7 @@ pub struct ProcessMemory {
     pid: Pid,
     bounce: Bounce,
     window: Span,
-    pending: Span,
+    pending: WriteBehind,
     stats: MemoryStats,
 }
 
@@ -141,7 +216,7 @@ impl ProcessMemory {
             pid: Pid::from_raw(pid),
             bounce: Bounce::default(),
             window: Span::default(),
-            pending: Span::default(),
+            pending: WriteBehind::default(),
             stats: MemoryStats::default(),
         }
     }
@@ -155,36 +230,62 @@ impl ProcessMemory {
         self.window.len = 0;
     }
 
-    /// Writes the pending coalesced write, if any. An error means the client unmapped memory
-    /// it had registered; the write is dropped (counted in `deferred_write_errors`).
+    /// Writes what is held for writing, in one call when nothing fails. An error means the
+    /// client unmapped memory it had registered; those pieces are dropped (counted in
+    /// `deferred_write_errors`), the others are written.
     pub fn flush(&mut self) -> Result<(), AccessError> {
-        if self.pending.len == 0 {
-            return Ok(());
-        }
-        let (addr, len) = (self.pending.addr, self.pending.len);
-        self.pending.len = 0;
-        self.stats.write_calls += 1;
-        let data = &self.pending.bounce.buf[self.pending.skew..self.pending.skew + len];
-        let remote = [RemoteIoVec {
-            base: addr as usize,
-            len,
-        }];
-        let done = process_vm_writev(self.pid, &[IoSlice::new(data)], &remote);
-        match done {
-            Ok(n) if n == len => Ok(()),
-            Ok(_) => {
-                self.stats.deferred_write_errors += 1;
-                Err(AccessError::Unmapped {
-                    pid: self.pid.as_raw(),
-                    addr,
+        let mut first_error = None;
+        let mut from = 0;
+        while from < self.pending.pieces.len() {
+            let pieces = &self.pending.pieces[from..];
+            let local: Vec<IoSlice<'_>> = pieces
+                .iter()
+                .map(|&(at, _, len)| IoSlice::new(&self.pending.buf[at..at + len]))
+                .collect();
+            let remote: Vec<RemoteIoVec> = pieces
+                .iter()
+                .map(|&(_, addr, len)| RemoteIoVec {
+                    base: addr as usize,
                     len,
                 })
+                .collect();
+            let want: usize = pieces.iter().map(|p| p.2).sum();
+            self.stats.write_calls += 1;
+            let done = process_vm_writev(self.pid, &local, &remote);
+            let written = match done {
+                Ok(n) if n == want => break,
+                Ok(n) => n,
+                Err(e) => {
+                    // Nothing was written: the first piece is the bad one.
+                    let (_, addr, len) = pieces[0];
+                    first_error.get_or_insert(self.error(e, addr, len));
+                    if matches!(e, nix::Error::ESRCH | nix::Error::EPERM) {
+                        break;
+                    }
+                    0
+                }
+            };
+            // The kernel stops at the first piece it cannot write whole: skip that one.
+            let mut skip = 0;
+            let mut sum = 0;
+            for &(_, _, len) in pieces {
+                if sum + len > written {
+                    break;
+                }
+                sum += len;
+                skip += 1;
             }
-            Err(e) => {
-                self.stats.deferred_write_errors += 1;
-                Err(self.error(e, addr, len))
-            }
+            let (_, addr, len) = pieces[skip.min(pieces.len() - 1)];
+            first_error.get_or_insert(AccessError::Unmapped {
+                pid: self.pid.as_raw(),
+                addr,
+                len,
+            });
+            self.stats.deferred_write_errors += 1;
+            from += skip + 1;
         }
+        self.pending.clear();
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Reads up to [`READ_AHEAD`] bytes from `addr` into the window, in page-sized remote
@@ -301,25 +402,19 @@ impl ProcessMemory {
         if self.window.overlaps(addr, len) {
             self.window.len = 0;
         }
-        if len >= BULK && len <= WRITE_BEHIND {
-            let follows = self.pending.len > 0
-                && self.pending.addr.checked_add(self.pending.len as u64) == Some(addr)
-                && self.pending.len + len <= WRITE_BEHIND;
-            if !follows {
+        if len <= WRITE_BEHIND {
+            if !self.pending.fits(len) {
                 // A failed earlier write is the client's own doing (it unmapped registered
                 // memory); it must not fail this one.
                 let _ = self.flush();
-                self.pending.skew = self.pending.bounce.skew(addr, WRITE_BEHIND);
-                self.pending.addr = addr;
-            } else {
+            }
+            if !self.pending.is_empty() {
                 self.stats.writes_coalesced += 1;
             }
-            let at = self.pending.skew + self.pending.len;
-            self.pending.bounce.buf[at..at + len].copy_from_slice(data);
-            self.pending.len += len;
+            self.pending.push(addr, data);
             return Ok(());
         }
-        if self.pending.len > 0 {
+        if !self.pending.is_empty() {
             let _ = self.flush();
         }
         self.stats.write_calls += 1;
@@ -423,10 +518,9 @@ mod tests {
             m.read(8, &mut out),
             Err(AccessError::Unmapped { .. })
         ));
-        assert!(matches!(
-            m.write(8, &out),
-            Err(AccessError::Unmapped { .. })
-        ));
+        // Writes are deferred: the error shows when they are flushed.
+        m.write(8, &out).unwrap();
+        assert!(matches!(m.flush(), Err(AccessError::Unmapped { .. })));
         assert!(m.check_mapped(8, 16).is_err());
         let v = vec![0u8; 1 << 20];
         m.check_mapped(v.as_ptr() as u64, v.len() as u64).unwrap();
@@ -517,19 +611,39 @@ mod tests {
         let mut back = vec![0u8; 600];
         m.read(base + 50_100, &mut back).unwrap();
         assert_eq!(&back[..], &data[100..700]);
-        // A write that does not continue the pending one flushes it first; small writes go
-        // straight through.
+        // Writes anywhere, small ones too, are held and go in one call, a piece each.
         m.write(base + 60_000, &data).unwrap();
         m.write(base + 80_000, &data).unwrap();
         m.write(base + 90_000, &[9u8; 8]).unwrap();
+        let calls = m.stats().write_calls;
+        m.flush().unwrap();
+        assert_eq!(m.stats().write_calls, calls + 1, "three pieces, one call");
         assert_eq!(&dst[7 + 60_000..][..4096], &data[..]);
         assert_eq!(&dst[7 + 80_000..][..4096], &data[..]);
         assert_eq!(&dst[7 + 90_000..][..8], &[9u8; 8]);
+        // More than WRITE_BEHIND bytes: flushed on the way, nothing lost.
+        let wide = vec![0u8; 3 * WRITE_BEHIND];
+        let piece: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+        let calls = m.stats().write_calls;
+        for k in 0..18u64 {
+            // 720 KB of contiguous writes: flushed whenever WRITE_BEHIND bytes are held.
+            m.write(wide.as_ptr() as u64 + k * 40_000, &piece).unwrap();
+        }
+        m.flush().unwrap();
+        assert!(m.stats().write_calls >= calls + 3);
+        for k in 0..18 {
+            assert_eq!(&wide[k * 40_000..][..40_000], &piece[..]);
+        }
         drop(m);
-        // A write to memory the process unmapped fails at the flush, counted.
+        // A piece in memory the process unmapped fails at the flush, counted; the pieces
+        // around it are still written.
         let mut m = me();
+        m.write(base, &[1u8; 100]).unwrap();
         m.write(8, &data).unwrap();
+        m.write(base + 200, &[2u8; 100]).unwrap();
         assert!(m.flush().is_err());
         assert_eq!(m.stats().deferred_write_errors, 1);
+        assert_eq!(&dst[7..107], &[1u8; 100][..]);
+        assert_eq!(&dst[207..307], &[2u8; 100][..]);
     }
 }
