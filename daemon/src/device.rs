@@ -97,14 +97,19 @@ impl MemoryAccess for ProcMem {
 }
 
 impl ProcMem {
-    /// Before the engine sends anything or completions are delivered: coalesced writes land
-    /// first, and the read-ahead snapshot of the last pass is dropped (memory::ProcessMemory).
-    fn settle(&mut self) {
-        let mut m = self.0.borrow_mut();
+    /// Before the engine sends anything or completions are delivered, deferred writes land
+    /// (memory::ProcessMemory); then a transmit pass starts (`begin`) or ends, and with it
+    /// the reads served from snapshots.
+    fn settle(&mut self, begin: bool) {
+        let m = self.0.get_mut();
         if let Err(e) = m.flush() {
-            warn!("a coalesced write into the client failed: {e}");
+            debug!("a deferred write into the client failed: {e}");
         }
-        m.end_pass();
+        if begin {
+            m.begin_pass();
+        } else {
+            m.end_pass();
+        }
     }
 }
 
@@ -524,7 +529,7 @@ impl DeviceThread {
                         c.engine.handle_timeout(now);
                         busy = true;
                     }
-                    c.engine.memory_mut().settle();
+                    c.engine.memory_mut().settle(true);
                     // Work that waited for room in the engine.
                     busy |= retry_pending(c);
                     // Frames are written straight into the local queue; the ones for other
@@ -541,7 +546,7 @@ impl DeviceThread {
                             send_frame(net, room, &t);
                         }
                     }
-                    c.engine.memory_mut().settle();
+                    c.engine.memory_mut().settle(false);
                     busy | deliver_completions(c, index)
                 });
                 match outcome {

@@ -51,6 +51,9 @@ pub const READ_AHEAD: usize = 64 * 1024;
 pub const WRITE_BEHIND: usize = 256 * 1024;
 /// Most pieces of a deferred write (the kernel's IOV_MAX is 1024).
 pub const MAX_WRITE_PIECES: usize = 256;
+/// Pages kept for small reads during a pass (a small message's buffer, read again by every
+/// work request that reuses it).
+const SMALL_READ_PAGES: usize = 32;
 /// Read-ahead is split into page-sized remote pieces: the kernel transfers whole iovec
 /// elements only, so an unmapped page past the requested bytes ends the window there
 /// instead of failing the read.
@@ -111,6 +114,54 @@ impl Span {
     }
 }
 
+/// Whole pages read for small reads during one pass.
+#[derive(Debug, Default)]
+struct PageCache {
+    /// Page addresses held, and their bytes at the same index of `data` (4 KiB each).
+    pages: Vec<u64>,
+    data: Vec<u8>,
+    next: usize,
+}
+
+impl PageCache {
+    fn find(&self, page: u64) -> Option<usize> {
+        self.pages.iter().position(|&p| p == page)
+    }
+
+    fn bytes(&self, slot: usize) -> &[u8] {
+        &self.data[slot * PAGE..(slot + 1) * PAGE]
+    }
+
+    /// A slot for `page`, replacing the oldest when all are taken; its bytes are unset.
+    fn slot_for(&mut self, page: u64) -> usize {
+        if self.data.is_empty() {
+            self.data = vec![0u8; SMALL_READ_PAGES * PAGE];
+        }
+        if self.pages.len() < SMALL_READ_PAGES {
+            self.pages.push(page);
+            return self.pages.len() - 1;
+        }
+        let slot = self.next;
+        self.next = (self.next + 1) % SMALL_READ_PAGES;
+        self.pages[slot] = page;
+        slot
+    }
+
+    fn forget_overlapping(&mut self, addr: u64, len: usize) {
+        let end = addr.saturating_add(len as u64);
+        for p in &mut self.pages {
+            if *p < end && addr < *p + PAGE as u64 {
+                *p = u64::MAX; // never a page address
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.pages.clear();
+        self.next = 0;
+    }
+}
+
 /// Writes held for one `process_vm_writev`: the bytes in `buf`, each piece placed at the
 /// same offset modulo 64 as its remote address (the copy runs at full speed only then).
 #[derive(Debug, Default)]
@@ -153,6 +204,18 @@ impl WriteBehind {
             self.buf = vec![0u8; WRITE_BEHIND + 64 * (MAX_WRITE_PIECES + 1)];
         }
         let len = data.len();
+        // The same bytes written again (a small message to one buffer, over and over): the
+        // newest data replaces the held piece, unless a piece after it overlaps.
+        let end = addr + len as u64;
+        for &(at, a, l) in self.pieces.iter().rev().take(16) {
+            if a == addr && l == len {
+                self.buf[at..at + len].copy_from_slice(data);
+                return;
+            }
+            if a < end && addr < a + l as u64 {
+                break;
+            }
+        }
         match self.pieces.last_mut() {
             Some((_, a, l)) if *a + *l as u64 == addr => *l += len,
             _ => {
@@ -164,7 +227,6 @@ impl WriteBehind {
         self.buf[self.used..self.used + len].copy_from_slice(data);
         self.used += len;
         self.bytes += len;
-        let end = addr + len as u64;
         if self.pieces.len() == 1 && self.bytes == len {
             (self.lo, self.hi) = (addr, end);
         } else {
@@ -200,6 +262,9 @@ pub struct ProcessMemory {
     pid: Pid,
     bounce: Bounce,
     window: Span,
+    pages: PageCache,
+    /// Inside a transmit pass (see [`ProcessMemory::begin_pass`]): snapshots may be used.
+    in_pass: bool,
     pending: WriteBehind,
     stats: MemoryStats,
 }
@@ -216,6 +281,8 @@ impl ProcessMemory {
             pid: Pid::from_raw(pid),
             bounce: Bounce::default(),
             window: Span::default(),
+            pages: PageCache::default(),
+            in_pass: false,
             pending: WriteBehind::default(),
             stats: MemoryStats::default(),
         }
@@ -225,9 +292,47 @@ impl ProcessMemory {
         self.stats
     }
 
-    /// Ends a transmit pass: the read-ahead snapshot may be stale from now on.
+    /// Starts a transmit pass: until [`ProcessMemory::end_pass`], reads may be served from
+    /// snapshots taken during the pass (the read-ahead window, whole pages for small reads).
+    /// Outside passes every read goes to the process.
+    pub fn begin_pass(&mut self) {
+        self.end_pass();
+        self.in_pass = true;
+    }
+
+    /// Ends a transmit pass: the snapshots may be stale from now on.
     pub fn end_pass(&mut self) {
         self.window.len = 0;
+        self.pages.clear();
+        self.in_pass = false;
+    }
+
+    /// A small read inside one page, during a pass: served from that page, read whole once.
+    fn read_small(&mut self, addr: u64, out: &mut [u8]) -> bool {
+        let page = addr & !(PAGE as u64 - 1);
+        if addr + out.len() as u64 > page + PAGE as u64 {
+            return false;
+        }
+        let at = (addr - page) as usize;
+        if let Some(slot) = self.pages.find(page) {
+            out.copy_from_slice(&self.pages.bytes(slot)[at..at + out.len()]);
+            self.stats.reads_from_window += 1;
+            return true;
+        }
+        let slot = self.pages.slot_for(page);
+        let buf = &mut self.pages.data[slot * PAGE..(slot + 1) * PAGE];
+        self.stats.read_calls += 1;
+        let remote = [RemoteIoVec {
+            base: page as usize,
+            len: PAGE,
+        }];
+        if process_vm_readv(self.pid, &mut [IoSliceMut::new(buf)], &remote) == Ok(PAGE) {
+            out.copy_from_slice(&buf[at..at + out.len()]);
+            true
+        } else {
+            self.pages.pages[slot] = u64::MAX;
+            false
+        }
     }
 
     /// Writes what is held for writing, in one call when nothing fails. An error means the
@@ -351,16 +456,17 @@ impl ProcessMemory {
         if self.pending.overlaps(addr, len) {
             let _ = self.flush();
         }
-        // Small reads (atomics, whose targets other agents may change at any time) always go
-        // to the process.
-        if len >= BULK && self.window.contains(addr, len) {
+        if self.in_pass && self.window.contains(addr, len) {
             let at = (addr - self.window.addr) as usize;
             out.copy_from_slice(&self.window.bytes()[at..at + len]);
             self.stats.reads_from_window += 1;
             return Ok(());
         }
-        if len >= BULK && len <= READ_AHEAD && self.fill_window(addr, len) {
+        if self.in_pass && len >= BULK && len <= READ_AHEAD && self.fill_window(addr, len) {
             out.copy_from_slice(&self.window.bytes()[..len]);
+            return Ok(());
+        }
+        if self.in_pass && len < BULK && self.read_small(addr, out) {
             return Ok(());
         }
         self.stats.read_calls += 1;
@@ -402,6 +508,7 @@ impl ProcessMemory {
         if self.window.overlaps(addr, len) {
             self.window.len = 0;
         }
+        self.pages.forget_overlapping(addr, len);
         if len <= WRITE_BEHIND {
             if !self.pending.fits(len) {
                 // A failed earlier write is the client's own doing (it unmapped registered
@@ -538,6 +645,7 @@ mod tests {
         let mut src: Vec<u8> = (0..200_000u32).map(|i| (i * 3) as u8).collect();
         let base = src.as_ptr() as u64 + 5;
         let mut out = vec![0u8; 4096];
+        m.begin_pass();
         for k in 0..16u64 {
             m.read(base + k * 4096, &mut out).unwrap();
             assert_eq!(&out[..], &src[5 + k as usize * 4096..][..4096]);
@@ -545,26 +653,42 @@ mod tests {
         let s = m.stats();
         assert_eq!(s.read_calls, 1, "64 KiB in one process_vm_readv");
         assert_eq!(s.reads_from_window, 15);
-        // The window is a snapshot: a change shows only after the pass ends.
+        // The window is a snapshot: a change shows only in the next pass.
         src[5] ^= 0xff;
         let want = src[5];
         let mut one = vec![0u8; 1024];
         m.read(base, &mut one).unwrap();
         assert_ne!(one[0], want);
-        m.end_pass();
+        m.begin_pass();
         m.read(base, &mut one).unwrap();
         assert_eq!(one[0], want);
-        // Small reads (atomics) never use the window.
-        let mut eight = [0u8; 8];
+        // Small reads in a pass: their page is read whole once.
+        // (outside the 64 KiB window)
+        let page = ((base + 100_000) & !(PAGE as u64 - 1)) + 100;
+        let at = (page - base) as usize + 5;
         let before = m.stats().read_calls;
-        m.read(base + 100, &mut eight).unwrap();
+        let mut eight = [0u8; 8];
+        m.read(page, &mut eight).unwrap();
+        assert_eq!(&eight, &src[at..at + 8]);
+        m.read(page + 8, &mut eight).unwrap();
+        assert_eq!(&eight, &src[at + 8..at + 16]);
         assert_eq!(m.stats().read_calls, before + 1);
-        assert_eq!(&eight, &src[105..113]);
+        // A write of ours replaces what was snapshotted.
+        m.write(page + 8, &[0xee; 8]).unwrap();
+        m.read(page + 8, &mut eight).unwrap();
+        assert_eq!(eight, [0xee; 8]);
+        // Outside a pass every read goes to the process.
+        m.end_pass();
+        let before = m.stats().read_calls;
+        m.read(page, &mut eight).unwrap();
+        m.read(base, &mut one).unwrap();
+        assert_eq!(m.stats().read_calls, before + 2);
     }
 
     #[test]
     fn read_ahead_stops_at_an_unmapped_page() {
         let mut m = me();
+        m.begin_pass();
         // SAFETY: a private anonymous mapping of two pages, the second unmapped again.
         let p = unsafe {
             let p = libc::mmap(
@@ -621,6 +745,17 @@ mod tests {
         assert_eq!(&dst[7 + 60_000..][..4096], &data[..]);
         assert_eq!(&dst[7 + 80_000..][..4096], &data[..]);
         assert_eq!(&dst[7 + 90_000..][..8], &[9u8; 8]);
+        // The same buffer written again and again: one piece, the last data.
+        for v in 0..50u8 {
+            m.write(base + 70_000, &[v; 8]).unwrap();
+            m.write(base + 70_100, &[v; 16]).unwrap();
+        }
+        m.write(base + 70_004, &[0xaa; 2]).unwrap(); // overlaps: after the last value
+        m.write(base + 70_000, &[0xbb; 8]).unwrap(); // not merged past the overlap
+        assert_eq!(m.pending.pieces.len(), 4);
+        m.flush().unwrap();
+        assert_eq!(&dst[7 + 70_000..][..8], &[0xbb; 8]);
+        assert_eq!(&dst[7 + 70_100..][..16], &[49; 16]);
         // More than WRITE_BEHIND bytes: flushed on the way, nothing lost.
         let wide = vec![0u8; 3 * WRITE_BEHIND];
         let piece: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
