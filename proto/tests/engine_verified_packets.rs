@@ -6,9 +6,15 @@ use proto::sim::{LinkModel, QpOptions, Sim};
 use proto::transport::*;
 use proto::types::Qpn;
 
-/// Node 0 sends `data` on an RC QP; returns node 1's QP and the frames node 0 emitted.
 fn setup(data: &[u8]) -> (Sim, Qpn, u64, Vec<Vec<u8>>) {
+    setup_with(data, true)
+}
+
+/// Node 0 (sealing the ICRC or not) sends `data` on an RC QP; returns node 1's QP, its
+/// receive buffer and the frames node 0 emitted.
+fn setup_with(data: &[u8], seal: bool) -> (Sim, Qpn, u64, Vec<Vec<u8>>) {
     let mut sim = Sim::pair(7, LinkModel::default());
+    sim.dev(0).set_seal_icrc(seal);
     let o = QpOptions {
         mtu: Mtu::Mtu1024,
         ..Default::default()
@@ -83,4 +89,29 @@ fn a_verified_packet_skips_the_icrc_but_not_the_headers() {
     assert_eq!(wc.byte_len, 3000);
     assert_eq!(sim.read_mem(1, b, 3000), data);
     assert_eq!(sim.dev(1).counters().icrc_errors, 3);
+}
+
+/// With `seal_icrc` off the engine leaves the ICRC to its caller: the frames are the same
+/// but for those 4 bytes, and the receiver takes them through `handle_verified_packet`.
+#[test]
+fn unsealed_frames_differ_only_in_the_icrc() {
+    let data: Vec<u8> = (0..2500u32).map(|i| (i * 7) as u8).collect();
+    let (_, _, _, sealed) = setup_with(&data, true);
+    let (mut sim, _, b, unsealed) = setup_with(&data, false);
+    assert_eq!(sealed.len(), unsealed.len());
+    for (s, u) in sealed.iter().zip(&unsealed) {
+        let n = s.len();
+        assert_eq!(n, u.len());
+        assert_eq!(&s[..n - 4], &u[..n - 4]);
+        assert_ne!(&s[n - 4..], &u[n - 4..], "the ICRC was not computed");
+    }
+    let cq = sim.nodes[1].cq;
+    for f in &unsealed {
+        sim.dev(1).handle_verified_packet(10, f);
+    }
+    assert_eq!(
+        sim.dev(1).poll_cq(cq).map(|w| w.status),
+        Some(WcStatus::Success)
+    );
+    assert_eq!(sim.read_mem(1, b, 2500), data);
 }

@@ -39,6 +39,10 @@ pub struct DeviceConfig {
     /// The port's active MTU: the largest UD message (rxe's `get_mtu` uses the port MTU for UD,
     /// whose QPs have no path MTU).
     pub port_mtu: Mtu,
+    /// Compute the ICRC of every packet `poll_transmit` writes (the default). A daemon that
+    /// seals each packet itself for the headers its socket writes, or delivers it to an
+    /// engine of its own with `handle_verified_packet`, turns it off to compute it once.
+    pub seal_icrc: bool,
 }
 
 impl DeviceConfig {
@@ -51,6 +55,7 @@ impl DeviceConfig {
             max_sge: 32,
             max_inline_data: 512,
             port_mtu: Mtu::Mtu4096,
+            seal_icrc: true,
         }
     }
 }
@@ -193,6 +198,11 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     // ----- protection domains, memory regions -------------------------------------------
+
+    /// Whether `poll_transmit` computes the ICRC ([`DeviceConfig::seal_icrc`]).
+    pub fn set_seal_icrc(&mut self, on: bool) {
+        self.ctx.config.seal_icrc = on;
+    }
 
     /// `ibv_alloc_pd` in address space 0 (one-process use, tests).
     /// Restricts the QPNs this device hands out to `first..end`, so that several devices
@@ -1087,6 +1097,7 @@ pub(crate) fn frame_for<M>(
 pub(crate) fn emit_frame<E>(
     frame: &FrameRepr,
     buf: &mut [u8],
+    seal: bool,
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Option<Result<Transmit, E>> {
     let len = frame.buffer_len();
@@ -1097,7 +1108,11 @@ pub(crate) fn emit_frame<E>(
     if let Err(e) = fill(&mut buf[at..at + frame.transport.payload_len]) {
         return Some(Err(e));
     }
-    frame.emit_in_place(buf).ok()?;
+    if seal {
+        frame.emit_in_place(buf).ok()?;
+    } else {
+        frame.emit_in_place_unsealed(buf).ok()?;
+    }
     let (src, dst) = match frame.net {
         NetRepr::Ipv4(ip) => (IpAddr::V4(ip.src), IpAddr::V4(ip.dst)),
         NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => (IpAddr::V6(ip.src), IpAddr::V6(ip.dst)),

@@ -472,7 +472,7 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     }
     let pd = qp.init.pd;
     let w = qp.sq.get(idx)?;
-    let res = emit_frame(&frame, buf, |out| {
+    let res = emit_frame(&frame, buf, ctx.config.seal_icrc, |out| {
         if let SendOp::AtomicWrite { value, .. } = w.wr.op {
             out.copy_from_slice(&value.to_ne_bytes());
             Ok(())
