@@ -15,7 +15,9 @@
 //! the control threads) write.
 
 use crate::memory::ProcessMemory;
-use crate::net::{LocalFrames, NetConfig, PacketBuilder, RxDatagram, TxMeta, UdpTransport};
+use crate::net::{
+    AdaptiveSpin, LocalFrames, NetConfig, PacketBuilder, RxDatagram, TxMeta, UdpTransport,
+};
 use crate::shm::SharedRegion;
 use crossbeam_channel::{Receiver, Sender};
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -39,8 +41,10 @@ use tracing::{debug, info, warn};
 /// QPNs per client engine: client k gets `[k * BLOCK, (k + 1) * BLOCK)`; block 0 holds the
 /// reserved QPNs 0 and 1.
 const QPN_BLOCK: u32 = 1 << 16;
-/// How long the loop keeps polling after the last piece of work before it sleeps.
-const SPIN: Duration = Duration::from_micros(30);
+/// How long the loop keeps polling after the last piece of work before it sleeps: between
+/// these, following the gaps between pieces of work (net::AdaptiveSpin).
+const SPIN_MIN: Duration = Duration::from_micros(20);
+const SPIN_MAX: Duration = Duration::from_micros(200);
 /// Longest sleep when no timer is due (the loop also re-reads nothing else periodically).
 const MAX_SLEEP: Duration = Duration::from_millis(200);
 /// Bytes of packets between local QPs taken from the engines before they are delivered.
@@ -354,6 +358,10 @@ impl DeviceThread {
     pub fn run(mut self) {
         raise_priority();
         let mut idle_since = Instant::now();
+        let mut spin = AdaptiveSpin::new(SPIN_MIN, SPIN_MAX);
+        // When the last piece of work ended, and whether the loop has been idle since.
+        let mut last_work = Instant::now();
+        let mut idle = true;
         loop {
             let mut busy = false;
             while let Ok(msg) = self.rx.try_recv() {
@@ -390,10 +398,16 @@ impl DeviceThread {
             }
             busy |= self.pump(Duration::ZERO);
             if busy {
-                idle_since = Instant::now();
+                let now = Instant::now();
+                if idle {
+                    spin.on_work_after(now - last_work);
+                    idle = false;
+                }
+                (idle_since, last_work) = (now, now);
                 continue;
             }
-            if idle_since.elapsed() < SPIN {
+            idle = true;
+            if idle_since.elapsed() < spin.budget() {
                 // Spinning, but not against the clients: on a small machine the processes
                 // that will post the next work (or poll for this work's completion) may
                 // share this CPU, and this thread's raised priority would starve them.

@@ -462,7 +462,7 @@ impl ProcessMemory {
             self.stats.reads_from_window += 1;
             return Ok(());
         }
-        if self.in_pass && len >= BULK && len <= READ_AHEAD && self.fill_window(addr, len) {
+        if self.in_pass && (BULK..=READ_AHEAD).contains(&len) && self.fill_window(addr, len) {
             out.copy_from_slice(&self.window.bytes()[..len]);
             return Ok(());
         }

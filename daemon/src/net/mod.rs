@@ -41,6 +41,7 @@ mod build;
 mod cmsg;
 mod loopback;
 mod socket;
+mod spin;
 mod syscall;
 mod transport;
 mod uring;
@@ -48,6 +49,7 @@ mod verify;
 
 pub use build::PacketBuilder;
 pub use loopback::LocalFrames;
+pub use spin::AdaptiveSpin;
 pub use transport::{
     Backend, BackendChoice, NetConfig, NetCounters, NetError, RxDatagram, TxMeta, UdpTransport,
     MAX_GSO_SEGMENTS,

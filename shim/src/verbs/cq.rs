@@ -22,7 +22,8 @@ use crate::verbs::qp;
 /// Largest CQ slot the shim accepts (the daemon uses 64 bytes).
 const MAX_CQ_SLOT: usize = 256;
 
-/// Empty polls of one CQ between two `sched_yield()`s (`SOFTROCE_POLL_YIELD`, 0 = never).
+/// Empty polls of one CQ between two `sched_yield()`s (`SOFTROCE_POLL_YIELD`, default 4,
+/// 0 = never).
 ///
 /// Why: perftest and most RDMA programs spin on `ibv_poll_cq`. On a small machine the
 /// spinners and the daemon share few CPUs, and a spinner that keeps its CPU while its CQ is
@@ -36,7 +37,7 @@ fn poll_yield_every() -> u32 {
         std::env::var("SOFTROCE_POLL_YIELD")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(1)
+            .unwrap_or(4)
     })
 }
 
@@ -82,7 +83,7 @@ impl ShimCq {
             .empty_polls
             .fetch_add(1, Ordering::Relaxed)
             .wrapping_add(1);
-        if every > 0 && n % every == 0 {
+        if every > 0 && n.is_multiple_of(every) {
             // SAFETY: no arguments; sched_yield cannot fail on Linux.
             unsafe { libc::sched_yield() };
         }
