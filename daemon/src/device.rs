@@ -609,7 +609,8 @@ impl DeviceThread {
             self.blocks.remove(&c.block);
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
-            debug!(client, counters = ?c.engine.counters(), "engine counters");
+            debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),
+                   "engine counters");
         }
     }
 
