@@ -34,7 +34,10 @@ fn main() {
         }
         bytes += src.len();
     }
-    println!("memcpy_64k {:.2} GB/s", bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    println!(
+        "memcpy_64k {:.2} GB/s",
+        bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
+    );
 
     // Cross-process copy: the child keeps `dst` (same address after fork) and waits.
     // SAFETY: the child only sleeps until it is killed; it touches no locks or threads.
@@ -50,8 +53,9 @@ fn main() {
                         base: dst.as_ptr() as usize + off,
                         len: CHUNK,
                     }];
-                    let n = process_vm_writev(child, &[IoSlice::new(&src[off..off + CHUNK])], &remote)
-                        .expect("process_vm_writev");
+                    let n =
+                        process_vm_writev(child, &[IoSlice::new(&src[off..off + CHUNK])], &remote)
+                            .expect("process_vm_writev");
                     bytes += n;
                 }
             }
