@@ -1619,15 +1619,17 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
                 .map_err(|_| "malformed")
                 .and_then(|w| send_wr(&w).map_err(|_| "unsupported"))
             {
-                Ok(wr) => match c.engine.post_send(Qpn::new(qpn), wr.clone()) {
-                    Ok(()) => {}
-                    Err(VerbsError::NoResources(_)) => q.pending_send.push_back(wr),
-                    Err(e) => {
+                // The engine keeps the request itself (no copy) unless its queue is full.
+                Ok(wr) if c.engine.sq_room(Qpn::new(qpn)) == Some(0) => {
+                    q.pending_send.push_back(wr)
+                }
+                Ok(wr) => {
+                    let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode() as u32);
+                    if let Err(e) = c.engine.post_send(Qpn::new(qpn), wr) {
                         debug!(qpn, "send refused: {e}");
-                        refusals
-                            .push((q.send_cq, refused(wr.wr_id, qpn, wr.op.wc_opcode() as u32)));
+                        refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
                     }
-                },
+                }
                 Err(why) => {
                     let wr_id = u64::from_ne_bytes(slot[..8].try_into().unwrap_or([0; 8]));
                     debug!(qpn, "send WQE {why}");
@@ -1685,14 +1687,12 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
 fn retry_pending(c: &mut ClientDev) -> bool {
     let mut busy = false;
     for (&qpn, q) in c.qps.iter_mut() {
-        while let Some(wr) = q.pending_send.front() {
-            match c.engine.post_send(Qpn::new(qpn), wr.clone()) {
-                Err(VerbsError::NoResources(_)) => break,
-                _ => {
-                    q.pending_send.pop_front();
-                    busy = true;
-                }
-            }
+        while c.engine.sq_room(Qpn::new(qpn)).is_some_and(|r| r > 0) {
+            let Some(wr) = q.pending_send.pop_front() else {
+                break;
+            };
+            busy = true;
+            let _ = c.engine.post_send(Qpn::new(qpn), wr);
         }
         while let Some(wr) = q.pending_recv.front() {
             match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {

@@ -1,6 +1,9 @@
-//! `Device::handle_verified_packet`: a packet whose ICRC the caller already checked is taken
-//! without computing the ICRC again (so even a wrong ICRC passes), while its headers are
-//! still checked; `handle_packet` keeps refusing the same bytes.
+//! The engine's entry points for a daemon's fast path:
+//! - `Device::handle_verified_packet`: a packet whose ICRC the caller already checked is taken
+//!   without computing the ICRC again (so even a wrong ICRC passes), while its headers are
+//!   still checked; `handle_packet` keeps refusing the same bytes;
+//! - `Device::set_seal_icrc(false)`: frames without the ICRC, for a caller that seals them;
+//! - `Device::sq_room`: whether `post_send` would take one more request.
 
 use proto::sim::{LinkModel, QpOptions, Sim};
 use proto::transport::*;
@@ -114,4 +117,35 @@ fn unsealed_frames_differ_only_in_the_icrc() {
         Some(WcStatus::Success)
     );
     assert_eq!(sim.read_mem(1, b, 2500), data);
+}
+
+/// `sq_room` counts down to the point where `post_send` refuses a request as "SQ full".
+#[test]
+fn sq_room_says_when_post_send_would_refuse() {
+    let mut sim = Sim::pair(3, LinkModel::default());
+    let (qa, _) = sim.connect(0, 1, &QpOptions::default());
+    let acc = Access::ALL_REMOTE.union(Access::LOCAL_WRITE);
+    let (a, ka) = sim.alloc_mr(0, 4096, acc);
+    let room = sim.dev(0).sq_room(qa).unwrap();
+    assert!(room > 0);
+    let sg = || {
+        Some(Sge {
+            addr: a,
+            length: 8,
+            lkey: ka.lkey,
+        })
+    };
+    for i in 0..room {
+        assert_eq!(sim.dev(0).sq_room(qa), Some(room - i));
+        sim.dev(0)
+            .post_send(qa, SendWr::new(i as u64, SendOp::Send, sg()))
+            .unwrap();
+    }
+    assert_eq!(sim.dev(0).sq_room(qa), Some(0));
+    assert!(matches!(
+        sim.dev(0)
+            .post_send(qa, SendWr::new(99, SendOp::Send, sg())),
+        Err(VerbsError::NoResources(_))
+    ));
+    assert_eq!(sim.dev(0).sq_room(Qpn::new(0xabcd)), None);
 }

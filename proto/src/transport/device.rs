@@ -932,6 +932,15 @@ impl<M: MemoryAccess> Device<M> {
     pub fn rq_len(&self, qpn: Qpn) -> Option<usize> {
         self.qps.get(&qpn).map(|q| q.rq.len())
     }
+
+    /// How many more send work requests `post_send` would take before refusing one as "SQ
+    /// full" (`None`: no such QP). A caller that keeps refused requests for later checks
+    /// first, instead of posting a copy.
+    pub fn sq_room(&self, qpn: Qpn) -> Option<usize> {
+        self.qps
+            .get(&qpn)
+            .map(|q| (q.init.cap.max_send_wr as usize).saturating_sub(q.sq.len()))
+    }
 }
 
 fn round_pow2(v: u8) -> u8 {
