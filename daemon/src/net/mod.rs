@@ -13,7 +13,10 @@
 //! - UDP GSO (one full RoCE packet, ICRC included, per segment) and UDP GRO are optional; see
 //!   [`NetConfig::gso`] for the ICRC consequences on IPv4.
 //! - [`PacketBuilder`] writes outgoing transport packets with the ICRC the receiver will
-//!   compute from the headers the kernel adds.
+//!   compute from the headers the kernel adds; [`UdpTransport::push_packet`] seals packets
+//!   the engine wrote and coalesces runs of equal ones into GSO sends (what the daemon uses).
+//! - [`LocalFrames`] carries packets between QPs of one device from engine to engine, and
+//!   [`AdaptiveSpin`] decides how long the device loop polls before it sleeps.
 //!
 //! The daemon's network thread would run it like this:
 //!
