@@ -43,6 +43,20 @@ pub struct DeviceConfig {
     pub cm_response_timeout: u8,
     #[serde(default = "default_cm_max_retries")]
     pub cm_max_retries: u8,
+    /// Send packets between QPs of this device through its UDP socket, so that a capture on
+    /// the interface shows them (`tcpdump -i lo`), instead of handing them from engine to
+    /// engine inside the daemon as rxe's loopback does (faster; the default).
+    #[serde(default)]
+    pub local_via_socket: bool,
+    /// UDP GSO on send (one whole RoCE packet per segment). A capture on the host's own `lo`
+    /// shows each GSO send as one oversized datagram; turn it off (`--no-gso`) to capture
+    /// packet by packet there.
+    #[serde(default = "default_true")]
+    pub gso: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_roce() -> RoceVersion {
@@ -77,6 +91,8 @@ impl DeviceConfig {
             default_roce_mode: default_roce(),
             cm_response_timeout: default_cm_response_timeout(),
             cm_max_retries: default_cm_max_retries(),
+            local_via_socket: false,
+            gso: true,
         }
     }
 

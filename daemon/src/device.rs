@@ -15,7 +15,9 @@
 //! the control threads) write.
 
 use crate::memory::ProcessMemory;
-use crate::net::{NetConfig, PacketBuilder, RxDatagram, TxMeta, UdpTransport};
+use crate::net::{
+    AdaptiveSpin, LocalFrames, NetConfig, PacketBuilder, RxDatagram, TxMeta, UdpTransport,
+};
 use crate::shm::SharedRegion;
 use crossbeam_channel::{Receiver, Sender};
 use nix::sys::eventfd::{EfdFlags, EventFd};
@@ -39,10 +41,16 @@ use tracing::{debug, info, warn};
 /// QPNs per client engine: client k gets `[k * BLOCK, (k + 1) * BLOCK)`; block 0 holds the
 /// reserved QPNs 0 and 1.
 const QPN_BLOCK: u32 = 1 << 16;
-/// How long the loop keeps polling after the last piece of work before it sleeps.
-const SPIN: Duration = Duration::from_micros(30);
+/// How long the loop keeps polling after the last piece of work before it sleeps: between
+/// these, following the gaps between pieces of work (net::AdaptiveSpin).
+const SPIN_MIN: Duration = Duration::from_micros(20);
+const SPIN_MAX: Duration = Duration::from_micros(200);
 /// Longest sleep when no timer is due (the loop also re-reads nothing else periodically).
 const MAX_SLEEP: Duration = Duration::from_millis(200);
+/// Bytes of packets between local QPs taken from the engines before they are delivered.
+const LOCAL_BATCH_BYTES: usize = 256 * 1024;
+/// Transmit-and-deliver rounds per pump for packets between local QPs.
+const LOCAL_ROUNDS: usize = 4;
 
 /// Messages to a device thread.
 pub enum DevMsg {
@@ -96,6 +104,23 @@ impl MemoryAccess for ProcMem {
             addr,
             len: data.len(),
         })
+    }
+}
+
+impl ProcMem {
+    /// Before the engine sends anything or completions are delivered, deferred writes land
+    /// (memory::ProcessMemory); then a transmit pass starts (`begin`) or ends, and with it
+    /// the reads served from snapshots.
+    fn settle(&mut self, begin: bool) {
+        let m = self.0.get_mut();
+        if let Err(e) = m.flush() {
+            debug!("a deferred write into the client failed: {e}");
+        }
+        if begin {
+            m.begin_pass();
+        } else {
+            m.end_pass();
+        }
     }
 }
 
@@ -205,11 +230,15 @@ pub struct DeviceThread {
     /// rxe likewise allocates QPNs cyclically).
     last_block: u32,
     start: Instant,
-    tx_buf: Vec<u8>,
     rx_buf: Vec<u8>,
     slot: Vec<u8>,
     /// Where packets to QP1 (CM MADs) go: the CM thread ([`crate::cm`]).
     gsi: Option<Sender<crate::cm::GsiMad>>,
+    /// Packets between QPs of this device, waiting for delivery.
+    local: LocalFrames,
+    /// Whether packets between QPs of this device go through the socket (visible to a
+    /// capture) instead of `local` (`local_via_socket` in the config).
+    local_via_socket: bool,
 }
 
 fn err(e: VerbsError) -> Response {
@@ -267,7 +296,7 @@ impl DeviceThread {
     pub fn new(
         index: usize,
         devices: usize,
-        limits: (u32, u32),
+        cfg: &crate::config::DeviceConfig,
         info: DeviceInfo,
         rx: Receiver<DevMsg>,
         port: u16,
@@ -299,6 +328,12 @@ impl DeviceThread {
             ipv4,
             ipv6,
             port,
+            // One GSO send per run of equal packets of a flow, GRO on receive: a system call
+            // per packet caps UDP at ~150k packets/s here. GSO makes the kernel checksum UDP
+            // (rxe sends 0; receivers accept both, the ICRC masks it).
+            gso: cfg.gso && std::env::var_os("SOFTROCE_NO_GSO").is_none(),
+            gro: std::env::var_os("SOFTROCE_NO_GRO").is_none(),
+            rx_buffers: 256,
             ..NetConfig::default()
         })
         .map_err(|e| anyhow::anyhow!("device {}: opening UDP port {port}: {e}", info.name))?;
@@ -310,8 +345,8 @@ impl DeviceThread {
         net.set_wake_fd(wake.as_raw_fd());
         info!(device = %info.name, backend = ?net.backend(), ?ipv4, ?ipv6, "packet I/O ready");
         Ok(DeviceThread {
-            max_qp: limits.0 as usize,
-            max_mr: limits.1 as usize,
+            max_qp: cfg.max_qp as usize,
+            max_mr: cfg.max_mr as usize,
             index: index as u32,
             devices: devices.max(1) as u32,
             info,
@@ -323,10 +358,11 @@ impl DeviceThread {
             blocks: HashMap::new(),
             last_block: 0,
             start: Instant::now(),
-            tx_buf: vec![0u8; tp::MAX_FRAME_LEN + 64],
             rx_buf: vec![0u8; 64 * 1024],
             slot: vec![0u8; 64 * 1024],
             gsi: None,
+            local: LocalFrames::new(),
+            local_via_socket: cfg.local_via_socket,
         })
     }
 
@@ -347,6 +383,10 @@ impl DeviceThread {
     pub fn run(mut self) {
         raise_priority();
         let mut idle_since = Instant::now();
+        let mut spin = AdaptiveSpin::new(SPIN_MIN, SPIN_MAX);
+        // When the last piece of work ended, and whether the loop has been idle since.
+        let mut last_work = Instant::now();
+        let mut idle = true;
         loop {
             let mut busy = false;
             while let Ok(msg) = self.rx.try_recv() {
@@ -391,11 +431,21 @@ impl DeviceThread {
             }
             busy |= self.pump(Duration::ZERO);
             if busy {
-                idle_since = Instant::now();
+                let now = Instant::now();
+                if idle {
+                    spin.on_work_after(now - last_work);
+                    idle = false;
+                }
+                (idle_since, last_work) = (now, now);
                 continue;
             }
-            if idle_since.elapsed() < SPIN {
-                std::hint::spin_loop();
+            idle = true;
+            if idle_since.elapsed() < spin.budget() {
+                // Spinning, but not against the clients: on a small machine the processes
+                // that will post the next work (or poll for this work's completion) may
+                // share this CPU, and this thread's raised priority would starve them.
+                // sched_yield lets them run first and returns at once if none waits.
+                idle_yield();
                 continue;
             }
             // Sleep: tell every ring, re-check, then block until a packet, a doorbell, a
@@ -466,7 +516,9 @@ impl DeviceThread {
             }
         }
         // Received packets: rebuild the IP and UDP headers the engine wants in front of each
-        // verified datagram and hand it to the engine that owns the destination QP.
+        // verified datagram and hand it to the engine that owns the destination QP. The net
+        // layer checked the ICRC (recovering the IPv4 Identification), so the engine does not
+        // compute it again.
         let (clients, blocks, rx_buf, gids, gsi, index) = (
             &mut self.clients,
             &self.blocks,
@@ -505,7 +557,7 @@ impl DeviceThread {
                 }
             } else if dqpn == Qpn::MULTICAST.value() {
                 for (&id, c) in clients.iter_mut() {
-                    if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
+                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
                         broken.push(id);
                     }
                 }
@@ -513,7 +565,7 @@ impl DeviceThread {
                 .get(&(dqpn / QPN_BLOCK))
                 .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
             {
-                if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
+                if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
                     broken.push(id);
                 }
             } else {
@@ -523,41 +575,67 @@ impl DeviceThread {
         busy |= delivered > 0;
         let now = self.now();
         let index = self.index;
-        let (net, tx_buf) = (&mut self.net, &mut self.tx_buf);
-        // Multicast sends, kept as the engine framed them (its ICRC covers these headers) for
-        // the device's own attached QPs: the socket bound to a unicast address never receives
-        // a group's datagrams back, while rxe's members on the sending host get them.
+        // Packets between two QPs of this device go from engine to engine (net::LocalFrames,
+        // as rxe's loopback). A round stops taking packets once LOCAL_BATCH_BYTES of them
+        // wait, delivers them, and goes again, so that the answers and completions they cause
+        // leave in the same pump.
         let mut local_mcast: Vec<Vec<u8>> = Vec::new();
-        for (&id, c) in self.clients.iter_mut() {
-            let outcome = contained(|| {
-                let mut busy = false;
-                if c.engine.poll_timeout().is_some_and(|t| t <= now) {
-                    c.engine.handle_timeout(now);
-                    busy = true;
-                }
-                // Work that waited for room in the engine.
-                busy |= retry_pending(c);
-                while let Some(t) = c.engine.poll_transmit(now, tx_buf) {
-                    busy = true;
-                    if t.dst.is_multicast() {
-                        if let Some(frame) = tx_buf.get(..t.len) {
-                            local_mcast.push(frame.to_vec());
+        let via_socket = self.local_via_socket;
+        for round in 0..LOCAL_ROUNDS {
+            let (net, gids, local, local_mcast) =
+                (&mut self.net, &self.gids, &mut self.local, &mut local_mcast);
+            for (&id, c) in self.clients.iter_mut() {
+                let outcome = contained(|| {
+                    let mut busy = false;
+                    if round == 0 && c.engine.poll_timeout().is_some_and(|t| t <= now) {
+                        c.engine.handle_timeout(now);
+                        busy = true;
+                    }
+                    c.engine.memory_mut().settle(true);
+                    // Work that waited for room in the engine.
+                    busy |= retry_pending(c);
+                    // Frames are written straight into the local queue; the ones for other
+                    // hosts are moved to the socket's send buffer from there.
+                    while local.bytes() < LOCAL_BATCH_BYTES {
+                        let room = local.reserve(tp::MAX_FRAME_LEN);
+                        let Some(t) = c.engine.poll_transmit(now, room) else {
+                            break;
+                        };
+                        busy = true;
+                        if !via_socket && gids.contains(&t.dst) {
+                            local.commit(t.len, t.transport_offset);
+                        } else {
+                            if t.dst.is_multicast() {
+                                // Kept as the engine framed them for the device's own
+                                // attached QPs: the socket bound to a unicast address never
+                                // receives a group's datagrams back, while rxe's members on the
+                                // sending host get them.
+                                if let Some(frame) = room.get(..t.len) {
+                                    local_mcast.push(frame.to_vec());
+                                }
+                            }
+                            send_frame(net, room, &t);
                         }
                     }
-                    send_frame(net, tx_buf, &t);
+                    c.engine.memory_mut().settle(false);
+                    busy | deliver_completions(c, index)
+                });
+                match outcome {
+                    Some(b) => busy |= b,
+                    None => broken.push(id),
                 }
-                busy | deliver_completions(c, index)
-            });
-            match outcome {
-                Some(b) => busy |= b,
-                None => broken.push(id),
             }
+            if self.local.is_empty() {
+                break;
+            }
+            busy = true;
+            self.deliver_local(now, &mut broken);
         }
         // The receivers' completions go out on the next round.
         busy |= !local_mcast.is_empty();
         for packet in &local_mcast {
             for (&id, c) in self.clients.iter_mut() {
-                if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
+                if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
                     broken.push(id);
                 }
             }
@@ -573,12 +651,32 @@ impl DeviceThread {
         busy
     }
 
+    /// Hands the packets queued between QPs of this device to the engines that own their
+    /// destination QPs.
+    fn deliver_local(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) {
+        let (clients, blocks) = (&mut self.clients, &self.blocks);
+        self.local.drain(|dqpn, frame| {
+            match blocks
+                .get(&(dqpn / QPN_BLOCK))
+                .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
+            {
+                Some((&id, c)) => {
+                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, frame)) {
+                        broken.push(id);
+                    }
+                }
+                None => debug!(qpn = dqpn, "local packet for an unknown QP dropped"),
+            }
+        });
+    }
+
     fn client_gone(&mut self, client: u64) {
         if let Some(c) = self.clients.remove(&client) {
             self.blocks.remove(&c.block);
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
-            debug!(client, counters = ?c.engine.counters(), "engine counters");
+            debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),
+                   "engine counters");
         }
     }
 
@@ -602,6 +700,10 @@ impl DeviceThread {
             config.gids = self.gids.clone();
             config.port_mtu =
                 Mtu::from_enum(u32::from(self.info.active_mtu)).unwrap_or(Mtu::Mtu1024);
+            // The ICRC is computed once per packet: by the net layer for the headers the
+            // socket writes (send_frame), and never for packets between local QPs, which the
+            // receiving engine takes with handle_verified_packet.
+            config.seal_icrc = false;
             let mut engine =
                 tp::Device::new(config, ProcMem(RefCell::new(ProcessMemory::new(pid))));
             engine.set_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);
@@ -929,6 +1031,13 @@ impl DeviceThread {
 /// device thread for the CPUs: a device thread that waits a whole time slice behind a spinning
 /// application adds milliseconds to every round trip. A higher scheduling weight lets it run as
 /// soon as it wakes. Without the privilege to raise it (not root), nothing changes.
+fn idle_yield() {
+    // SAFETY: no arguments; sched_yield cannot fail on Linux.
+    unsafe {
+        libc::sched_yield();
+    }
+}
+
 fn raise_priority() {
     // SAFETY: plain system calls on this thread's own id; no memory is passed.
     unsafe {
@@ -1577,15 +1686,17 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
                 .map_err(|_| "malformed")
                 .and_then(|w| send_wr(&w).map_err(|_| "unsupported"))
             {
-                Ok(wr) => match c.engine.post_send(Qpn::new(qpn), wr.clone()) {
-                    Ok(()) => {}
-                    Err(VerbsError::NoResources(_)) => q.pending_send.push_back(wr),
-                    Err(e) => {
+                // The engine keeps the request itself (no copy) unless its queue is full.
+                Ok(wr) if c.engine.sq_room(Qpn::new(qpn)) == Some(0) => {
+                    q.pending_send.push_back(wr)
+                }
+                Ok(wr) => {
+                    let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode() as u32);
+                    if let Err(e) = c.engine.post_send(Qpn::new(qpn), wr) {
                         debug!(qpn, "send refused: {e}");
-                        refusals
-                            .push((q.send_cq, refused(wr.wr_id, qpn, wr.op.wc_opcode() as u32)));
+                        refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
                     }
-                },
+                }
                 Err(why) => {
                     let wr_id = u64::from_ne_bytes(slot[..8].try_into().unwrap_or([0; 8]));
                     debug!(qpn, "send WQE {why}");
@@ -1643,14 +1754,12 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
 fn retry_pending(c: &mut ClientDev) -> bool {
     let mut busy = false;
     for (&qpn, q) in c.qps.iter_mut() {
-        while let Some(wr) = q.pending_send.front() {
-            match c.engine.post_send(Qpn::new(qpn), wr.clone()) {
-                Err(VerbsError::NoResources(_)) => break,
-                _ => {
-                    q.pending_send.pop_front();
-                    busy = true;
-                }
-            }
+        while c.engine.sq_room(Qpn::new(qpn)).is_some_and(|r| r > 0) {
+            let Some(wr) = q.pending_send.pop_front() else {
+                break;
+            };
+            busy = true;
+            let _ = c.engine.post_send(Qpn::new(qpn), wr);
         }
         while let Some(wr) = q.pending_recv.front() {
             match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {
@@ -1858,9 +1967,6 @@ fn send_frame(net: &mut UdpTransport, buf: &mut [u8], t: &tp::Transmit) {
     .map_or(proto::wire::ROCE_V2_PORT, |a| a.port());
     let transport = &mut frame[t.transport_offset..];
     let builder = PacketBuilder::new(t.src, t.dst, local_port);
-    if builder.seal(0, transport).is_err() {
-        return;
-    }
     let meta = TxMeta {
         dst: SocketAddr::new(t.dst, proto::wire::ROCE_V2_PORT),
         src: Some(t.src),
@@ -1868,7 +1974,7 @@ fn send_frame(net: &mut UdpTransport, buf: &mut [u8], t: &tp::Transmit) {
         ttl: Some(ttl),
         segment_size: None,
     };
-    if let Err(e) = net.send(&meta, transport) {
+    if let Err(e) = net.push_packet(&meta, &builder, transport) {
         debug!(src = %t.src, dst = %t.dst, "send failed: {e}");
     }
 }

@@ -90,6 +90,16 @@ struct DaemonArgs {
     /// rdma_cm's CM retries (default 15 as the kernel).
     #[arg(long)]
     cm_max_retries: Option<u8>,
+    /// Send packets between QPs of the device through its UDP socket, so that tcpdump on the
+    /// interface sees them (kernel rxe never shows them); by default they go engine to
+    /// engine inside the daemon.
+    #[arg(long)]
+    local_via_socket: bool,
+    /// No UDP GSO on send: one datagram per packet, so that a capture on the host's own `lo`
+    /// shows RoCE packets rather than GSO super-datagrams (with --local-via-socket, a
+    /// capture of one daemon's traffic that both pcap checkers accept).
+    #[arg(long)]
+    no_gso: bool,
     /// RoCE v2 UDP port (4791; another value only for tests on one host).
     #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
     port: u16,
@@ -170,7 +180,9 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.max_mr.is_some()
         || args.default_roce_mode.is_some()
         || args.cm_response_timeout.is_some()
-        || args.cm_max_retries.is_some();
+        || args.cm_max_retries.is_some()
+        || args.local_via_socket
+        || args.no_gso;
     if from_flags || config.devices.is_empty() {
         let mut d = if args.addrs.is_empty() && args.netdev.is_none() {
             DeviceConfig::loopback_default()
@@ -203,6 +215,8 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         if let Some(r) = args.cm_max_retries {
             d.cm_max_retries = r;
         }
+        d.local_via_socket |= args.local_via_socket;
+        d.gso &= !args.no_gso;
         config.devices.push(d);
     }
     let socket = config::socket_path(args.socket.as_deref().or(config.socket.as_deref()));

@@ -398,14 +398,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     for (index, d) in config.devices.iter().enumerate() {
         let info = config::device_info(d)?;
         let (tx, rx) = unbounded();
-        let mut thread = DeviceThread::new(
-            index,
-            config.devices.len(),
-            (d.max_qp, d.max_mr),
-            info.clone(),
-            rx,
-            port,
-        )?;
+        let mut thread = DeviceThread::new(index, config.devices.len(), d, info.clone(), rx, port)?;
         thread.set_gsi_sink(gsi_tx.clone());
         let wake = Arc::new(thread.wake_fd()?);
         info!(

@@ -13,7 +13,10 @@
 //! - UDP GSO (one full RoCE packet, ICRC included, per segment) and UDP GRO are optional; see
 //!   [`NetConfig::gso`] for the ICRC consequences on IPv4.
 //! - [`PacketBuilder`] writes outgoing transport packets with the ICRC the receiver will
-//!   compute from the headers the kernel adds.
+//!   compute from the headers the kernel adds; [`UdpTransport::push_packet`] seals packets
+//!   the engine wrote and coalesces runs of equal ones into GSO sends (what the daemon uses).
+//! - [`LocalFrames`] carries packets between QPs of one device from engine to engine, and
+//!   [`AdaptiveSpin`] decides how long the device loop polls before it sleeps.
 //!
 //! The daemon's network thread would run it like this:
 //!
@@ -39,13 +42,17 @@
 
 mod build;
 mod cmsg;
+mod loopback;
 mod socket;
+mod spin;
 mod syscall;
 mod transport;
 mod uring;
 mod verify;
 
 pub use build::PacketBuilder;
+pub use loopback::LocalFrames;
+pub use spin::AdaptiveSpin;
 pub use transport::{
     Backend, BackendChoice, NetConfig, NetCounters, NetError, RxDatagram, TxMeta, UdpTransport,
     MAX_GSO_SEGMENTS,

@@ -157,6 +157,8 @@ pub struct NetCounters {
     pub tx_bytes: u64,
     /// Datagrams (GSO segments) the kernel refused.
     pub tx_errors: u64,
+    /// Sends of several segments at once (UDP GSO), as queued by the drivers.
+    pub tx_gso_sends: u64,
     /// Of `tx_errors`: refused because the socket's send buffer was full (io_uring driver;
     /// sends never wait, to stay in order). A sign to send less per poll.
     pub tx_would_block: u64,
@@ -331,6 +333,13 @@ impl RxState {
     }
 }
 
+fn into_io(e: NetError) -> io::Error {
+    match e {
+        NetError::Io(e) => e,
+        e => io::Error::other(e.to_string()),
+    }
+}
+
 enum Driver {
     Uring(Box<UringDriver>),
     Syscalls(Box<SyscallDriver>),
@@ -345,6 +354,22 @@ pub struct UdpTransport {
     rx: RxState,
     gso: bool,
     fallback_reason: Option<String>,
+    /// The GSO send being filled by [`UdpTransport::push_packet`], if any.
+    batch: Option<OpenBatch>,
+}
+
+/// A GSO send being filled packet by packet: every segment has the length of the first (the
+/// last may be shorter), and all go to one flow with the same IP header fields.
+#[derive(Debug, Clone, Copy)]
+struct OpenBatch {
+    slot: u32,
+    meta: TxMeta,
+    flow: (IpAddr, IpAddr, u16, u16),
+    seg: usize,
+    count: usize,
+    len: usize,
+    /// A segment shorter than `seg` was appended: nothing may follow it.
+    ended: bool,
 }
 
 impl std::fmt::Debug for UdpTransport {
@@ -450,6 +475,7 @@ impl UdpTransport {
             driver,
             gso: cfg.gso,
             fallback_reason,
+            batch: None,
         })
     }
 
@@ -506,6 +532,8 @@ impl UdpTransport {
         meta: &TxMeta,
         build: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<(), NetError> {
+        // Whatever was queued before goes out before this send.
+        self.close_batch()?;
         let sock = if meta.dst.is_ipv4() { 0 } else { 1 };
         if self.socks[sock].is_none() {
             return Err(NetError::NoSocket(if sock == 0 { "IPv4" } else { "IPv6" }));
@@ -638,8 +666,123 @@ impl UdpTransport {
         }
     }
 
+    /// Queues one whole RoCE packet (`packet` is BTH..ICRC; its ICRC is recomputed here) for
+    /// the flow `builder` to `meta.dst`, coalescing it with the packets queued just before it
+    /// into one UDP GSO send when [`NetConfig::gso`] is on: consecutive packets of one flow,
+    /// the same IP header fields and the same length (a shorter one ends the batch) become the
+    /// segments of one `sendmsg`, and segment `k` is sealed for IPv4 Identification `k`, which
+    /// the kernel's segmentation writes (see [`NetConfig::gso`]). The batch is sent by the next
+    /// [`UdpTransport::flush`], [`UdpTransport::poll`] or other send, or when it is full.
+    /// Without GSO every packet is its own datagram, sealed for Identification 0.
+    pub fn push_packet(
+        &mut self,
+        meta: &TxMeta,
+        builder: &PacketBuilder,
+        packet: &[u8],
+    ) -> Result<(), NetError> {
+        let meta = TxMeta {
+            segment_size: None,
+            ..*meta
+        };
+        let len = packet.len();
+        if !self.gso {
+            let mut err = None;
+            self.send_with(&meta, |buf| {
+                let Some(out) = buf.get_mut(..len) else {
+                    return 0;
+                };
+                out.copy_from_slice(packet);
+                match builder.seal(0, out) {
+                    Ok(()) => len,
+                    Err(e) => {
+                        err = Some(e);
+                        0
+                    }
+                }
+            })?;
+            return err.map_or(Ok(()), |e| Err(e.into()));
+        }
+        let flow = (
+            builder.local,
+            builder.remote,
+            builder.src_port,
+            builder.dst_port,
+        );
+        let room = self.max_send_len();
+        if len > room || len > u16::MAX as usize {
+            return Err(NetError::TooLong { len, max: room });
+        }
+        if let Some(b) = &self.batch {
+            let joins = !b.ended
+                && b.meta == meta
+                && b.flow == flow
+                && len <= b.seg
+                && b.count < MAX_GSO_SEGMENTS
+                && b.len + len <= room;
+            if !joins {
+                self.close_batch()?;
+            }
+        }
+        let batch = match self.batch {
+            Some(b) => b,
+            None => {
+                let sock = if meta.dst.is_ipv4() { 0 } else { 1 };
+                if self.socks[sock].is_none() {
+                    return Err(NetError::NoSocket(if sock == 0 { "IPv4" } else { "IPv6" }));
+                }
+                let slot = self.free_slot()?;
+                OpenBatch {
+                    slot,
+                    meta,
+                    flow,
+                    seg: len,
+                    count: 0,
+                    len: 0,
+                    ended: false,
+                }
+            }
+        };
+        let out = &mut self.tx.slots[batch.slot as usize].buf[batch.len..batch.len + len];
+        out.copy_from_slice(packet);
+        let sealed = builder.seal(batch.count as u16, out);
+        self.batch = Some(OpenBatch {
+            count: batch.count + usize::from(sealed.is_ok()),
+            len: batch.len + if sealed.is_ok() { len } else { 0 },
+            ended: batch.ended || (sealed.is_ok() && len < batch.seg),
+            ..batch
+        });
+        sealed.map_err(NetError::from)
+    }
+
+    /// Queues the GSO send [`UdpTransport::push_packet`] was filling.
+    fn close_batch(&mut self) -> Result<(), NetError> {
+        let Some(b) = self.batch.take() else {
+            return Ok(());
+        };
+        if b.count == 0 {
+            self.tx.free.push(b.slot);
+            return Ok(());
+        }
+        let sock = if b.meta.dst.is_ipv4() { 0 } else { 1 };
+        let slot = &mut self.tx.slots[b.slot as usize];
+        slot.len = b.len;
+        slot.segments = b.count as u32;
+        slot.sock = sock;
+        // A single segment goes without the control message: the kernel would send it alike.
+        let gso = (b.count > 1).then_some(b.seg as u16);
+        self.rx.counters.tx_gso_sends += u64::from(b.count > 1);
+        self.tx.prepare(b.slot, &b.meta, gso);
+        let fds = self.fds();
+        match &mut self.driver {
+            Driver::Uring(d) => d.queue_send(&mut self.tx, b.slot, fds)?,
+            Driver::Syscalls(d) => d.queue_send(&mut self.tx, b.slot, fds, &mut self.rx.counters),
+        }
+        Ok(())
+    }
+
     /// Submits queued sends without waiting.
     pub fn flush(&mut self) -> io::Result<()> {
+        self.close_batch().map_err(into_io)?;
         let fds = self.fds();
         match &mut self.driver {
             Driver::Uring(d) => d.submit(),
@@ -658,6 +801,7 @@ impl UdpTransport {
         timeout: Option<Duration>,
         on_rx: &mut dyn FnMut(&RxDatagram<'_>),
     ) -> io::Result<usize> {
+        self.close_batch().map_err(into_io)?;
         let locals = [
             self.socks[0].as_ref().map(|s| s.local),
             self.socks[1].as_ref().map(|s| s.local),

@@ -37,6 +37,10 @@ pub struct DeviceConfig {
     /// The port's active MTU: the largest UD message (rxe's `get_mtu` uses the port MTU for UD,
     /// whose QPs have no path MTU).
     pub port_mtu: Mtu,
+    /// Compute the ICRC of every packet `poll_transmit` writes (the default). A daemon that
+    /// seals each packet itself for the headers its socket writes, or delivers it to an
+    /// engine of its own with `handle_verified_packet`, turns it off to compute it once.
+    pub seal_icrc: bool,
 }
 
 impl DeviceConfig {
@@ -49,6 +53,7 @@ impl DeviceConfig {
             max_sge: 32,
             max_inline_data: 512,
             port_mtu: Mtu::Mtu4096,
+            seal_icrc: true,
         }
     }
 }
@@ -196,6 +201,11 @@ impl<M: MemoryAccess> Device<M> {
     }
 
     // ----- protection domains, memory regions -------------------------------------------
+
+    /// Whether `poll_transmit` computes the ICRC ([`DeviceConfig::seal_icrc`]).
+    pub fn set_seal_icrc(&mut self, on: bool) {
+        self.ctx.config.seal_icrc = on;
+    }
 
     /// `ibv_alloc_pd` in address space 0 (one-process use, tests).
     /// Restricts the QPNs this device hands out to `first..end`, so that several devices
@@ -692,7 +702,7 @@ impl<M: MemoryAccess> Device<M> {
     pub fn handle_packet(&mut self, now: Nanos, packet: &[u8]) {
         // The common case (a well-formed IPv4 packet with a good ICRC) without the general
         // frame parser; anything else goes through it and is judged and counted there.
-        if let Some(rx) = super::packet_io::parse_ipv4(packet) {
+        if let Some(rx) = super::packet_io::parse_ipv4(packet, true) {
             self.dispatch(now, &rx);
             return;
         }
@@ -707,6 +717,35 @@ impl<M: MemoryAccess> Device<M> {
             self.ctx.counters.icrc_errors += 1;
             return;
         }
+        self.handle_parsed(now, parsed, packet);
+    }
+
+    /// Like [`Device::handle_packet`] for a packet whose ICRC the caller has already checked
+    /// (a daemon verifies it on receive, where it also recovers the IPv4 Identification) or
+    /// that never left the host (packets between two QPs of one device, as rxe's loopback):
+    /// the headers are checked as usual, the ICRC is not computed again.
+    pub fn handle_verified_packet(&mut self, now: Nanos, packet: &[u8]) {
+        if let Some(rx) = super::packet_io::parse_ipv4(packet, false) {
+            self.dispatch(now, &rx);
+            return;
+        }
+        // Parsed without its last 4 bytes against the whole length: the wire layer's "ICRC
+        // not captured" case, which checks everything but the CRC.
+        let parsed = match packet
+            .len()
+            .checked_sub(crate::wire::ICRC_LEN)
+            .map(|covered| FrameRepr::parse_ip(&packet[..covered], packet.len()))
+        {
+            Some(Ok(p)) if !matches!(p.icrc, crate::wire::frame::IcrcStatus::Bad { .. }) => p,
+            _ => {
+                self.ctx.counters.dropped_pkts += 1;
+                return;
+            }
+        };
+        self.handle_parsed(now, parsed, packet);
+    }
+
+    fn handle_parsed(&mut self, now: Nanos, parsed: crate::wire::ParsedFrame<'_>, packet: &[u8]) {
         let (src, dst, ecn, net_len) = match parsed.repr.net {
             NetRepr::Ipv4(ip) => (
                 IpAddr::V4(ip.src),
@@ -909,6 +948,15 @@ impl<M: MemoryAccess> Device<M> {
     pub fn rq_len(&self, qpn: Qpn) -> Option<usize> {
         self.qps.get(&qpn).map(|q| q.rq.len())
     }
+
+    /// How many more send work requests `post_send` would take before refusing one as "SQ
+    /// full" (`None`: no such QP). A caller that keeps refused requests for later checks
+    /// first, instead of posting a copy.
+    pub fn sq_room(&self, qpn: Qpn) -> Option<usize> {
+        self.qps
+            .get(&qpn)
+            .map(|q| (q.init.cap.max_send_wr as usize).saturating_sub(q.sq.len()))
+    }
 }
 
 fn round_pow2(v: u8) -> u8 {
@@ -1085,7 +1133,8 @@ pub(crate) fn emit_frame<'a, E>(
     route: &Route,
     t: &TransportRepr,
     buf: &mut [u8],
+    seal: bool,
     fill: impl FnOnce(&mut [u8]) -> Result<Payload<'a>, E>,
 ) -> Option<Result<Transmit, E>> {
-    super::packet_io::emit(route, t, buf, fill)
+    super::packet_io::emit(route, t, buf, seal, fill)
 }

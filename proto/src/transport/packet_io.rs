@@ -195,12 +195,14 @@ pub(crate) enum Payload<'a> {
 /// Writes the packet of `t` along `route` into `buf`, letting `fill` provide the payload (read from registered
 /// memory straight into the frame, or lent). Returns None when `buf` is too short or the
 /// repr is inconsistent, `Some(Err)` when `fill` failed. The UDP checksum is 0, as rxe sends
-/// it; the length fields are computed here.
+/// it; the length fields are computed here. Without `seal` the ICRC field is left zero: the
+/// daemon seals each packet once for the headers its socket writes (`DeviceConfig::seal_icrc`).
 #[inline(always)]
 pub(crate) fn emit<'a, E>(
     route: &Route,
     t: &TransportRepr,
     buf: &mut [u8],
+    seal: bool,
     fill: impl FnOnce(&mut [u8]) -> Result<Payload<'a>, E>,
 ) -> Option<Result<Transmit, E>> {
     let l = layout_of(t.bth.opcode)?;
@@ -247,6 +249,21 @@ pub(crate) fn emit<'a, E>(
     let pad_at = l.header_len + t.payload_len;
     let covered = transport_len - crate::wire::ICRC_LEN;
     let (body, trailer) = transport.split_at_mut(covered);
+    if !seal {
+        let out = &mut body[l.header_len..];
+        if let Some(payload) = lent {
+            out[..payload.len()].copy_from_slice(payload);
+        }
+        out[t.payload_len..].fill(0);
+        trailer.fill(0);
+        return Some(Ok(Transmit {
+            len,
+            src,
+            dst,
+            src_port: u.src_port,
+            transport_offset: transport_at,
+        }));
+    }
     let crc = match (lent, route.net) {
         (Some(payload), _) => {
             // Copy and hash in one pass; it writes the pad too.
@@ -305,10 +322,11 @@ fn emit_ipv4(ip: &crate::wire::Ipv4Repr, total_len: u16, b: &mut [u8]) {
     b[16..20].copy_from_slice(&ip.dst.octets());
 }
 
-/// Parses a whole IPv4 RoCE v2 packet whose ICRC is right, or returns None (then the wire
-/// parser decides; see the module documentation).
+/// Parses a whole IPv4 RoCE v2 packet whose ICRC is right (or, without `check_icrc`, whose
+/// ICRC the caller has already verified), or returns None (then the wire parser decides; see
+/// the module documentation).
 #[inline]
-pub(crate) fn parse_ipv4(packet: &[u8]) -> Option<RxPacket<'_>> {
+pub(crate) fn parse_ipv4(packet: &[u8], check_icrc: bool) -> Option<RxPacket<'_>> {
     let total = packet.len();
     if total < ipv4::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN + crate::wire::ICRC_LEN {
         return None;
@@ -350,7 +368,7 @@ pub(crate) fn parse_ipv4(packet: &[u8]) -> Option<RxPacket<'_>> {
     let covered = transport.len() - crate::wire::ICRC_LEN;
     let (body, trailer) = transport.split_at(covered);
     let carried = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
-    if icrc::v2_ipv4(net, udp_hdr, body) != carried {
+    if check_icrc && icrc::v2_ipv4(net, udp_hdr, body) != carried {
         return None;
     }
     // Built in place: the repr is large, and copies of it showed in the profile.
@@ -528,7 +546,7 @@ mod tests {
                     let mut want = vec![0xeeu8; 1200];
                     f.emit(&mut want, &data).unwrap();
                     let mut got = vec![0x11u8; 1200];
-                    let tx = emit(&route(&f), &f.transport, &mut got, |out| {
+                    let tx = emit(&route(&f), &f.transport, &mut got, true, |out| {
                         out.copy_from_slice(&data);
                         Ok::<_, ()>(Payload::Written)
                     })
@@ -536,7 +554,7 @@ mod tests {
                     .unwrap();
                     // Lending the payload instead writes the same bytes.
                     let mut lent = vec![0x22u8; 1200];
-                    let tx2 = emit(&route(&f), &f.transport, &mut lent, |_| {
+                    let tx2 = emit(&route(&f), &f.transport, &mut lent, true, |_| {
                         Ok::<_, ()>(Payload::Lent(&data))
                     })
                     .unwrap()
@@ -587,13 +605,16 @@ mod tests {
         let fill = |_: &mut [u8]| Ok::<_, ()>(Payload::Written);
         let f = frame(repr(Opcode::RC_RDMA_WRITE_FIRST, 1, 256), false);
         let r = route(&f);
-        assert!(emit(&r, &t, &mut buf, fill).is_none());
-        assert!(emit(&r, &f.transport, &mut buf[..f.buffer_len() - 1], fill).is_none());
-        assert_eq!(emit(&r, &f.transport, &mut buf, |_| Err(7)), Some(Err(7)));
+        assert!(emit(&r, &t, &mut buf, true, fill).is_none());
+        assert!(emit(&r, &f.transport, &mut buf[..f.buffer_len() - 1], true, fill).is_none());
+        assert_eq!(
+            emit(&r, &f.transport, &mut buf, true, |_| Err(7)),
+            Some(Err(7))
+        );
         // A lent payload of the wrong length is refused.
         let short = [0u8; 255];
         let lend = |_: &mut [u8]| Ok::<_, ()>(Payload::Lent(&short));
-        assert!(emit(&r, &f.transport, &mut buf, lend).is_none());
+        assert!(emit(&r, &f.transport, &mut buf, true, lend).is_none());
     }
 
     #[test]
@@ -616,7 +637,7 @@ mod tests {
                 v[7] = 0;
                 v[9] = 17;
             }
-            let _ = parse_ipv4(&v);
+            let _ = parse_ipv4(&v, true);
         }
     }
 
@@ -656,7 +677,7 @@ mod tests {
                     let wire = FrameRepr::parse_ip(v, v.len())
                         .ok()
                         .filter(|p| p.verified().is_ok());
-                    match parse_ipv4(v) {
+                    match parse_ipv4(v, true) {
                         Some(fast) => {
                             let wire = wire.expect("the fast path accepted a refused packet");
                             assert_eq!(fast.t, wire.repr.transport, "opcode {code:#x}");

@@ -479,7 +479,7 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     }
     let pd = qp.init.pd;
     let w = qp.sq.get(idx)?;
-    let res = emit_frame(&route, &t, buf, |out| {
+    let res = emit_frame(&route, &t, buf, ctx.config.seal_icrc, |out| {
         if let SendOp::AtomicWrite { value, .. } = w.wr.op {
             out.copy_from_slice(&value.to_ne_bytes());
             Ok(Payload::Written)

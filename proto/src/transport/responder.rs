@@ -653,7 +653,7 @@ pub(crate) fn poll_response<M: MemoryAccess>(
             &mut qp.route_cache,
         )?;
         let (pd, qpn) = (qp.init.pd, qp.qpn);
-        let res = emit_frame(&route, &t, buf, |out| match read {
+        let res = emit_frame(&route, &t, buf, ctx.config.seal_icrc, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
                 // The MR is validated again for each packet: it may have been invalidated
                 // since the request (and replays re-check it, facts §4.5).

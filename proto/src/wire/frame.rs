@@ -194,6 +194,18 @@ impl FrameRepr {
     /// `buf[payload_offset()..]`: the transmit path reads registered memory straight into the
     /// frame, so the payload is copied once.
     pub fn emit_in_place(&self, buf: &mut [u8]) -> Result<()> {
+        self.emit_in_place_with(buf, true)
+    }
+
+    /// Like [`FrameRepr::emit_in_place`] without computing the ICRC (its 4 bytes are left as
+    /// they are): for a sender that seals the packet itself, for the headers its socket
+    /// writes (a daemon sending through UDP GSO, whose segments carry different IPv4
+    /// Identifications), or that hands it to a receiver that does not check it.
+    pub fn emit_in_place_unsealed(&self, buf: &mut [u8]) -> Result<()> {
+        self.emit_in_place_with(buf, false)
+    }
+
+    fn emit_in_place_with(&self, buf: &mut [u8], seal: bool) -> Result<()> {
         super::check_len("output buffer", buf, self.buffer_len())?;
         let buf = &mut buf[..self.buffer_len()];
         let (link, rest) = buf.split_at_mut(self.link.header_len());
@@ -210,6 +222,9 @@ impl FrameRepr {
             u.emit(udp_hdr);
         }
         self.transport.emit_in_place(transport)?;
+        if !seal {
+            return Ok(());
+        }
         let covered = transport.len() - ICRC_LEN;
         let (body, trailer) = transport.split_at_mut(covered);
         let crc = match &self.net {
