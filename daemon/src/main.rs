@@ -26,8 +26,8 @@ enum Command {
     /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
     /// arguments it serves srxe0, RoCE v2 on 127.0.0.1 and ::1.
     Daemon(DaemonArgs),
-    /// Run a program with the softroce shim preloaded, so that its libibverbs calls reach the
-    /// daemon: `softroce run -- ibv_devinfo -v`. (librdmacm is not served yet.)
+    /// Run a program with the softroce shim preloaded, so that its libibverbs and librdmacm
+    /// calls reach the daemon: `softroce run -- ibv_devinfo -v`, `softroce run -- rping -s`.
     Run {
         /// The daemon's control socket (default: $SOFTROCE_SOCKET, then
         /// $XDG_RUNTIME_DIR/softroce/ctl.sock, then /run/softroce/ctl.sock).
