@@ -479,7 +479,21 @@ impl Stream {
         if self.state != st::INIT && self.state != st::BOUND {
             return Err(Errno::INVAL);
         }
+        // The connection is made synchronously even on a non-blocking socket (a connect
+        // that completes at once is valid non-blocking behaviour): the id's private CM
+        // channel blocks for the duration.
+        let ch = self.channel_fd();
+        // SAFETY: our channel descriptor.
+        let fl = unsafe { libc::fcntl(ch, libc::F_GETFL) };
+        if fl >= 0 && fl & libc::O_NONBLOCK != 0 {
+            // SAFETY: as above.
+            unsafe { libc::fcntl(ch, libc::F_SETFL, fl & !libc::O_NONBLOCK) };
+        }
         let r = self.do_connect(addr, len);
+        if fl >= 0 && fl & libc::O_NONBLOCK != 0 && self.state & st::CONNECTED == 0 {
+            // SAFETY: as above.
+            unsafe { libc::fcntl(ch, libc::F_SETFL, fl) };
+        }
         if let Err(e) = r {
             self.state = st::CONNECT_ERROR;
             self.err = e.0;
