@@ -909,6 +909,11 @@ impl Stream {
         if self.state & st::CONNECTED == 0 && self.state & st::DISCONNECTED == 0 {
             return Err(Errno(libc::ENOTCONN));
         }
+        if self.state & st::WRITABLE == 0 {
+            // After rshutdown(SHUT_WR) (or the peer's disconnect), as a TCP socket: EPIPE.
+            // (librdmacm would still write while credits last.)
+            return Err(Errno(libc::EPIPE));
+        }
         let len: usize = iov.iter().map(|s| s.len()).sum();
         let mut cursor = IovCursor::new(iov);
         let mut left = len;
