@@ -764,7 +764,17 @@ impl Stream {
                         }
                         _ => {}
                     },
-                    _ => self.rmsg.push_back(wire::msg_data(msg)),
+                    _ => {
+                        let len = wire::msg_data(msg);
+                        if len > self.rbuf_size {
+                            // More than our ring holds: not an rsocket peer. Never copy
+                            // beyond the ring for it.
+                            self.state = st::ERROR;
+                            self.err = libc::EPROTO;
+                            return Err(Errno::PROTO);
+                        }
+                        self.rmsg.push_back(len);
+                    }
                 }
             } else {
                 let data = wc.wr_id as u32;
@@ -1313,5 +1323,49 @@ impl<'a> IovCursor<'a> {
                 self.off = 0;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iov_cursor_copies_across_vectors() {
+        let a = [1u8, 2, 3];
+        let b: [u8; 0] = [];
+        let c = [4u8, 5, 6, 7];
+        let iov: [&[u8]; 3] = [&a, &b, &c];
+        let mut cur = IovCursor::new(&iov);
+        let mut out = [0u8; 5];
+        // SAFETY: 5 writable bytes, 7 available.
+        unsafe { cur.copy_to(out.as_mut_ptr(), 5) };
+        assert_eq!(out, [1, 2, 3, 4, 5]);
+        let mut rest = [0u8; 2];
+        // SAFETY: 2 writable bytes, 2 available.
+        unsafe { cur.copy_to(rest.as_mut_ptr(), 2) };
+        assert_eq!(rest, [6, 7]);
+    }
+
+    #[test]
+    fn iov_cursor_slices_a_single_buffer() {
+        let a = [9u8; 10];
+        let iov: [&[u8]; 1] = [&a];
+        let mut cur = IovCursor::new(&iov);
+        assert_eq!(cur.take_slice(4).len(), 4);
+        assert_eq!(cur.take_slice(6).len(), 6);
+    }
+
+    #[test]
+    fn defaults_are_librdmacms() {
+        // rs_alloc's defaults (def_sqsize, def_rqsize, def_inline, def_mem, def_wmem) and the
+        // sizes announced in the connection data: half the receive ring, RQ depth as credits.
+        assert_eq!((DEF_SQSIZE, DEF_RQSIZE, DEF_INLINE), (384, 384, 64));
+        assert_eq!((DEF_MEM, DEF_WMEM), (1 << 17, 1 << 17));
+        assert_eq!(
+            (RS_SNDLOWAT, RS_OLAP_START_SIZE, RS_MAX_TRANSFER),
+            (2048, 2048, 65536)
+        );
+        assert_eq!(RS_QP_CTRL_SIZE, 4);
     }
 }
