@@ -1792,10 +1792,12 @@ fn cqe_of(wc: &WorkCompletion) -> Cqe {
         opcode: wc.opcode as u32,
         vendor_err: 0,
         byte_len: wc.byte_len,
+        // `ibv_wc.imm_data` is `__be32`: the wire's ImmDt bytes as they arrived (the
+        // engine holds them as a host value), as rxe copies them.
         imm_or_inv: if wc.wc_flags.contains(tp::WcFlags::WITH_INV) {
             wc.invalidated_rkey
         } else {
-            wc.imm_data
+            wc.imm_data.to_be()
         },
         qp_num: wc.qp_num.value(),
         src_qp: wc.src_qp.value(),

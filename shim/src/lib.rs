@@ -23,6 +23,7 @@ pub mod daemon;
 pub mod device;
 pub mod ffi;
 pub mod rdmacm;
+pub mod rsocket;
 pub mod runtime;
 pub mod shm;
 pub mod verbs;

@@ -1,7 +1,7 @@
 //! The librdmacm half of the symbol tables: every name rdma-core 44's librdmacm.so.1 exports
 //! (41 `rdma_*` and 27 rsocket `r*`, `shim/librdmacm-exports.txt`) is exported unversioned by
 //! the preload library, so it wins every `name@RDMACM_1.x` reference; the replacement
-//! `librdmacm.so.1` defines the RDMACM_1.0..1.3 nodes and its SONAME; and the rsocket stubs
+//! `librdmacm.so.1` defines the RDMACM_1.0..1.3 nodes and its SONAME; and datagram rsockets
 //! really fail with ENOSYS from C.
 
 mod shim_support;
@@ -116,7 +116,7 @@ fn replacement_librdmacm_defines_version_nodes_and_soname() {
 
 /// A C program linked against the real librdmacm (so every reference is `@RDMACM_1.x`) runs
 /// against the replacement and the preload form: the pure functions answer as librdmacm does,
-/// the rsocket stubs fail with ENOSYS, NULL arguments fail cleanly, and with no daemon the
+/// a stream rsocket fails without a daemon and a datagram one with ENOSYS, NULL arguments fail cleanly, and with no daemon the
 /// channel cannot be created (ENODEV-like failure, never a crash).
 #[test]
 fn c_caller_sees_librdmacm_conventions_without_a_daemon() {
@@ -132,7 +132,9 @@ int main(void) {
     if (strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED")) return 1;
     if (strcmp(rdma_event_str(1000), "UNKNOWN EVENT")) return 2;
     errno = 0;
-    if (rsocket(AF_INET, SOCK_STREAM, 0) != -1 || errno != ENOSYS) return 3;
+    if (rsocket(AF_INET, SOCK_STREAM, 0) != -1) return 3;
+    errno = 0;
+    if (rsocket(AF_INET, SOCK_DGRAM, 0) != -1 || errno != ENOSYS) return 3;
     if (rdma_create_id(NULL, NULL, NULL, RDMA_PS_TCP) != -1 || errno != EINVAL) return 4;
     if (rdma_ack_cm_event(NULL) != -1 || errno != EINVAL) return 5;
     if (rdma_destroy_id(NULL) != -1 || errno != EINVAL) return 6;

@@ -7,7 +7,7 @@
 //! * [`events`]: `rdma_get_cm_event` (one datagram per event on the channel's socketpair, so
 //!   `channel->fd` polls and honours `O_NONBLOCK`) and the librdmacm-side processing.
 //! * [`qp`]: QPs/SRQs/CQs made for an id and the INIT/RTR/RTS transitions librdmacm drives.
-//! * [`exports`], [`ep`], [`addrinfo`]: the exported functions; [`rsocket`]: ENOSYS stubs.
+//! * [`exports`], [`ep`], [`addrinfo`]: the exported functions; (rsockets: `crate::rsocket`).
 
 pub mod abi;
 pub mod addrinfo;
@@ -15,6 +15,5 @@ pub mod ep;
 pub mod events;
 pub mod exports;
 pub mod qp;
-pub mod rsocket;
 pub mod sockaddr;
 pub mod state;

@@ -273,7 +273,14 @@ impl ShimQp {
             wr_id: wr.wr_id,
             opcode,
             flags,
-            imm_or_inv: wr.imm_data,
+            // `imm_data` is `__be32` (the application stores `htonl(x)`); the WQE carries
+            // the host value, which the engine emits big-endian: the wire then holds the
+            // application's bytes unchanged, as rxe passes ImmDt through. An invalidate
+            // R_Key (`invalidate_rkey`) is host order already.
+            imm_or_inv: match opcode {
+                WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm => u32::from_be(wr.imm_data),
+                _ => wr.imm_data,
+            },
             remote_addr,
             rkey: Rkey(rkey),
             compare_add,
@@ -1034,7 +1041,7 @@ mod tests {
             lkey: 0,
         }];
         let mut w = wr(IBV_WR_SEND_WITH_IMM, &mut inline, IBV_SEND_INLINE);
-        w.imm_data = 0x0102_0304;
+        w.imm_data = 0x0102_0304u32.to_be();
         assert_eq!(
             post(&rc, &w),
             Ok(false),

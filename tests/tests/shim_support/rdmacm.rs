@@ -278,6 +278,10 @@ impl Capture {
                 "lo",
                 "--immediate-mode",
                 "-U",
+                // A 16 MiB capture buffer: bursts on loopback while the CPUs are busy would
+                // otherwise be dropped by the kernel before tcpdump reads them.
+                "-B",
+                "16384",
                 "-s",
                 "0",
                 "-Z",
