@@ -446,6 +446,13 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     let cm_thread = std::thread::Builder::new()
         .name("rdma-cm".into())
         .spawn(move || cm_service.run(cm_rx, gsi_rx))?;
+    // Before the socket exists: whoever sees the socket may already send SIGINT or SIGTERM,
+    // which must stop the daemon cleanly, not kill it.
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("installing signal handlers")?;
     let listener = Arc::new(Listener::bind(&socket)?);
     info!(socket = %socket.display(), "control socket ready");
 
@@ -461,11 +468,6 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
         .name("registry".into())
         .spawn(move || registry.run(reg_rx))?;
 
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGINT,
-        signal_hook::consts::SIGTERM,
-    ])
-    .context("installing signal handlers")?;
     let stopping = Arc::new(AtomicBool::new(false));
     let stop_flag = Arc::clone(&stopping);
     let stop_registry = reg_tx.clone();

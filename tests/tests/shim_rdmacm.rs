@@ -5,7 +5,7 @@
 
 mod shim_support;
 
-use shim_support::programs::loopback_daemon;
+use shim_support::programs::{captured_loopback_daemon, loopback_daemon};
 use shim_support::rdmacm::{
     rping_data, rping_expected, run_pair, start, start_exe, start_replacement, wait_for_output,
     Capture, Finished, LIMIT,
@@ -329,8 +329,8 @@ fn rping_with_program_managed_qp() {
 #[test]
 fn rping_cm_mads_between_two_daemons_pass_both_checkers() {
     let cap = Capture::start("pcap-two", "udp port 4791 and host 127.0.0.191");
-    let a = loopback_daemon("rdmacm-pcap-a", 191);
-    let b = loopback_daemon("rdmacm-pcap-b", 192);
+    let a = captured_loopback_daemon("rdmacm-pcap-a", 191);
+    let b = captured_loopback_daemon("rdmacm-pcap-b", 192);
     let (s, c) = run_pair(
         "pcap-two-rping",
         (&a, "rping", &["-s", "-a", "127.0.0.191", "-C", "10", "-v"]),

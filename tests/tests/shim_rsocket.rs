@@ -6,7 +6,7 @@
 
 mod shim_support;
 
-use shim_support::programs::{loopback_daemon, scratch};
+use shim_support::programs::{captured_loopback_daemon, loopback_daemon, scratch};
 use shim_support::rdmacm::{run_pair, start, start_exe, wait_for_output, Capture, Finished, LIMIT};
 use shim_support::{compile_c, Daemon};
 use std::path::Path;
@@ -141,7 +141,7 @@ fn rstream_pair(test: &str, sd: &Daemon, cd: &Daemon, addr: &str, port: &str, ex
 /// (`-T b`).
 #[test]
 fn rstream_verified_on_one_and_across_two_daemons() {
-    let d = loopback_daemon("rsocket-rstream", 198);
+    let d = captured_loopback_daemon("rsocket-rstream", 198);
     for (i, (size, count)) in [
         ("1", "200"),
         ("4096", "100"),
@@ -161,7 +161,7 @@ fn rstream_verified_on_one_and_across_two_daemons() {
             &["-T", "v", "-S", size, "-C", count],
         );
     }
-    let other = loopback_daemon("rsocket-rstream-b", 199);
+    let other = captured_loopback_daemon("rsocket-rstream-b", 199);
     // (`-T a` is not run: rstream's client treats the POLLHUP its rpoll reports when the
     // server's final data and its disconnect are polled together as a failure, with
     // librdmacm too; rpoll is exercised by the library's unit tests.)

@@ -14,6 +14,14 @@ pub fn loopback_daemon(name: &str, nn: u8) -> Daemon {
     Daemon::start(name, &["--addr", &addr, "--port", "4791"])
 }
 
+/// A loopback daemon whose traffic a capture on the host's `lo` is to check: without UDP GSO,
+/// since lo shows each GSO send as one oversized datagram rather than the packets in it.
+#[allow(dead_code)]
+pub fn captured_loopback_daemon(name: &str, nn: u8) -> Daemon {
+    let addr = format!("127.0.0.{nn}");
+    Daemon::start(name, &["--addr", &addr, "--port", "4791", "--no-gso"])
+}
+
 /// A running program whose stdout and stderr go to a file. Dropping it kills the program.
 pub struct Logged {
     pub child: Child,
