@@ -87,9 +87,13 @@ fn abandon_message<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     }
 }
 
-fn recv_complete<M>(qp: &mut Qp, ctx: &mut Ctx<M>, wc: WorkCompletion, solicited: bool) {
+fn recv_complete<M>(qp: &mut Qp, ctx: &mut Ctx<M>, mut wc: WorkCompletion, solicited: bool) {
     if wc.status == WcStatus::Success {
         ctx.counters.rdma_recvs += 1;
+        // rxe's do_complete() starts every successful user-CQ receive completion with
+        // IB_WC_GRH, on RC and UC too (RoCE always carries the GRH's information); seen live
+        // against kernel rxe, where RC receives report wc_flags 0x1 and 0x3 (docs/interop.md).
+        wc.wc_flags.0 |= WcFlags::GRH.0;
     }
     if !complete(ctx, qp.init.recv_cq, wc, solicited) {
         // CQ overflow: the QP goes to ERR (rxe class G).
