@@ -55,8 +55,6 @@ unsupported! {
     fn ibv_set_ece(_qp: *mut IbvQp, _ece: *mut c_void) -> c_int = errno;
 
     // Address handles.
-    fn ibv_create_ah_from_wc(_pd: *mut IbvPd, _wc: *mut IbvWc, _grh: *mut c_void, _port_num: u8) -> *mut IbvAh = null;
-    fn ibv_init_ah_from_wc(_context: *mut IbvContext, _port_num: u8, _wc: *mut IbvWc, _grh: *mut c_void, _ah_attr: *mut IbvAhAttr) -> c_int = minus_one;
     fn ibv_resolve_eth_l2_from_gid(_context: *mut IbvContext, _attr: *mut IbvAhAttr, _eth_mac: *mut u8, _vid: *mut u16) -> c_int = minus_one;
 
     // Kernel-struct converters used by librdmacm on the kernel's answers; the shim's rdma_cm
