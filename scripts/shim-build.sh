@@ -6,6 +6,8 @@
 #                                      dlsym, ctypes): same code, SONAME libibverbs.so.1, with the
 #                                      IBVERBS_* version nodes *defined* by shim/libibverbs.map while
 #                                      the symbols stay unversioned (verbs-abi.md §3.4).
+#   OUT/replacement/librdmacm.so.1     the same for librdmacm (RDMACM_1.0..1.3 nodes defined by
+#                                      shim/librdmacm.map, SONAME librdmacm.so.1).
 #
 # Usage: scripts/shim-build.sh [OUT] [--release]   (OUT defaults to target/shim)
 # Each form is built in its own cargo target dir, so this never waits on another cargo command's
@@ -35,5 +37,15 @@ mv "$out/libsoftroce.so.tmp.$$" "$out/libsoftroce.so"
 cp "$out/build-replacement/$profile/libsoftroce.so" "$out/replacement/libibverbs.so.1.tmp.$$"
 mv "$out/replacement/libibverbs.so.1.tmp.$$" "$out/replacement/libibverbs.so.1"
 
+# librdmacm: the same code again, in its own target dir (sharing one would make cargo rebuild
+# the crate on every run, as the link arguments alternate).
+"$cargo" rustc -q -p softroce-shim --lib --crate-type cdylib "${cargo_profile[@]}" \
+    --manifest-path "$root/Cargo.toml" --target-dir "$out/build-replacement-rdmacm" -- \
+    -C "link-arg=-Wl,--version-script=$root/shim/librdmacm.map" \
+    -C "link-arg=-Wl,-soname,librdmacm.so.1"
+cp "$out/build-replacement-rdmacm/$profile/libsoftroce.so" "$out/replacement/librdmacm.so.1.tmp.$$"
+mv "$out/replacement/librdmacm.so.1.tmp.$$" "$out/replacement/librdmacm.so.1"
+
 echo "$out/libsoftroce.so"
 echo "$out/replacement/libibverbs.so.1"
+echo "$out/replacement/librdmacm.so.1"

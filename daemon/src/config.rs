@@ -33,10 +33,26 @@ pub struct DeviceConfig {
     pub max_qp: u32,
     #[serde(default = "default_max_mr")]
     pub max_mr: u32,
+    /// The GID type rdma_cm uses on this device (configfs `default_roce_mode`).
+    #[serde(default = "default_roce")]
+    pub default_roce_mode: RoceVersion,
+    /// `CMA_CM_RESPONSE_TIMEOUT` (4.096 µs · 2^t) and `CMA_MAX_CM_RETRIES` of the REQs the
+    /// device's rdma_cm sends: the kernel's 20 and 15 unless tests want a dead address to be
+    /// found unreachable sooner.
+    #[serde(default = "default_cm_response_timeout")]
+    pub cm_response_timeout: u8,
+    #[serde(default = "default_cm_max_retries")]
+    pub cm_max_retries: u8,
 }
 
 fn default_roce() -> RoceVersion {
     RoceVersion::V2
+}
+fn default_cm_response_timeout() -> u8 {
+    proto::cm::rdma_cm::CMA_CM_RESPONSE_TIMEOUT
+}
+fn default_cm_max_retries() -> u8 {
+    proto::cm::rdma_cm::CMA_MAX_CM_RETRIES
 }
 fn default_mtu() -> u32 {
     DEFAULT_MTU
@@ -58,6 +74,9 @@ impl DeviceConfig {
             mtu: default_mtu(),
             max_qp: default_max_qp(),
             max_mr: default_max_mr(),
+            default_roce_mode: default_roce(),
+            cm_response_timeout: default_cm_response_timeout(),
+            cm_max_retries: default_cm_max_retries(),
         }
     }
 
@@ -94,6 +113,20 @@ impl DeviceConfig {
             // ways a user could not diagnose.
             bail!(
                 "device {}: RoCE v1 (Ethertype 0x8915 on a TAP device) is not implemented yet; use --roce v2",
+                self.name
+            );
+        }
+        if self.default_roce_mode != self.roce {
+            bail!(
+                "device {}: default_roce_mode {} is not offered: the device speaks RoCE {} only",
+                self.name,
+                self.default_roce_mode,
+                self.roce
+            );
+        }
+        if !(8..=31).contains(&self.cm_response_timeout) || self.cm_max_retries > 15 {
+            bail!(
+                "device {}: cm_response_timeout must be 8..31 and cm_max_retries 0..15",
                 self.name
             );
         }
@@ -280,6 +313,29 @@ mod tests {
         bad.roce = RoceVersion::V1;
         let why = bad.validate().unwrap_err().to_string();
         assert!(why.contains("RoCE v1"), "{why}");
+    }
+
+    #[test]
+    fn rdma_cm_settings_parse_and_a_mode_the_device_lacks_is_refused() {
+        let c = Config::from_toml(
+            "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\ndefault_roce_mode=\"v2\"\ncm_response_timeout=12\ncm_max_retries=3",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let d = &c.devices[0];
+        assert_eq!(
+            (d.default_roce_mode, d.cm_response_timeout, d.cm_max_retries),
+            (RoceVersion::V2, 12, 3)
+        );
+        let plain = DeviceConfig::loopback_default();
+        assert_eq!((plain.cm_response_timeout, plain.cm_max_retries), (20, 15));
+        let mut v1 = plain.clone();
+        v1.default_roce_mode = RoceVersion::V1;
+        let why = v1.validate().unwrap_err().to_string();
+        assert!(why.contains("default_roce_mode v1 is not offered"), "{why}");
+        let mut fast = plain;
+        fast.cm_max_retries = 16;
+        assert!(fast.validate().is_err());
     }
 
     #[test]

@@ -63,6 +63,13 @@ pub enum DevMsg {
     /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
     /// resolved against it.)
     UpdateInfo(DeviceInfo),
+    /// A CM MAD from the CM thread: `packet` is BTH..ICRC of a UD SEND_ONLY from QP1; its ICRC
+    /// is computed here for the socket's addresses.
+    SendGsi {
+        src: IpAddr,
+        dst: IpAddr,
+        packet: Vec<u8>,
+    },
     Shutdown,
 }
 
@@ -192,10 +199,17 @@ pub struct DeviceThread {
     clients: BTreeMap<u64, ClientDev>,
     /// QPN block -> client.
     blocks: HashMap<u32, u64>,
+    /// The block handed out last: blocks go round-robin, so that a new client does not get
+    /// the QPNs of one that just exited, whose connections may still be in CM timewait on a
+    /// peer (a REQ from a QPN the peer still holds is refused as a stale connection, REJ 10;
+    /// rxe likewise allocates QPNs cyclically).
+    last_block: u32,
     start: Instant,
     tx_buf: Vec<u8>,
     rx_buf: Vec<u8>,
     slot: Vec<u8>,
+    /// Where packets to QP1 (CM MADs) go: the CM thread ([`crate::cm`]).
+    gsi: Option<Sender<crate::cm::GsiMad>>,
 }
 
 fn err(e: VerbsError) -> Response {
@@ -307,11 +321,18 @@ impl DeviceThread {
             rx,
             clients: BTreeMap::new(),
             blocks: HashMap::new(),
+            last_block: 0,
             start: Instant::now(),
             tx_buf: vec![0u8; tp::MAX_FRAME_LEN + 64],
             rx_buf: vec![0u8; 64 * 1024],
             slot: vec![0u8; 64 * 1024],
+            gsi: None,
         })
+    }
+
+    /// Hands received CM MADs (packets to QP1) to the CM thread.
+    pub fn set_gsi_sink(&mut self, sink: Sender<crate::cm::GsiMad>) {
+        self.gsi = Some(sink);
     }
 
     /// A descriptor that wakes the thread when written (for the doorbell and control).
@@ -346,6 +367,14 @@ impl DeviceThread {
                         let _ = reply.send((tag(resp, self.index), fds));
                     }
                     DevMsg::ClientGone { client } => self.client_gone(client),
+                    DevMsg::SendGsi {
+                        src,
+                        dst,
+                        mut packet,
+                    } => {
+                        send_gsi(&mut self.net, src, dst, &mut packet);
+                        let _ = self.net.flush();
+                    }
                     DevMsg::UpdateInfo(info) => {
                         self.gids = gid_addrs(&info);
                         self.info = info;
@@ -438,11 +467,13 @@ impl DeviceThread {
         }
         // Received packets: rebuild the IP and UDP headers the engine wants in front of each
         // verified datagram and hand it to the engine that owns the destination QP.
-        let (clients, blocks, rx_buf, gids) = (
+        let (clients, blocks, rx_buf, gids, gsi, index) = (
             &mut self.clients,
             &self.blocks,
             &mut self.rx_buf,
             &self.gids,
+            &self.gsi,
+            self.index as usize,
         );
         let mut delivered = 0;
         let _ = self.net.poll(Some(wait), &mut |d: &RxDatagram<'_>| {
@@ -462,7 +493,17 @@ impl DeviceThread {
                 return;
             };
             let packet = &rx_buf[..len];
-            if dqpn == Qpn::MULTICAST.value() {
+            if dqpn == proto::cm::GSI_QPN {
+                // QP1 is the GSI: CM MADs go to the CM thread.
+                if let (Some(sink), Some(mad)) = (gsi, crate::cm::gsi_payload(d.bytes)) {
+                    let _ = sink.send(crate::cm::GsiMad {
+                        device: index,
+                        src: d.src.ip(),
+                        dst: d.dst.ip(),
+                        mad: mad.to_vec(),
+                    });
+                }
+            } else if dqpn == Qpn::MULTICAST.value() {
                 for (&id, c) in clients.iter_mut() {
                     if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
                         broken.push(id);
@@ -483,6 +524,10 @@ impl DeviceThread {
         let now = self.now();
         let index = self.index;
         let (net, tx_buf) = (&mut self.net, &mut self.tx_buf);
+        // Multicast sends, kept as the engine framed them (its ICRC covers these headers) for
+        // the device's own attached QPs: the socket bound to a unicast address never receives
+        // a group's datagrams back, while rxe's members on the sending host get them.
+        let mut local_mcast: Vec<Vec<u8>> = Vec::new();
         for (&id, c) in self.clients.iter_mut() {
             let outcome = contained(|| {
                 let mut busy = false;
@@ -494,6 +539,11 @@ impl DeviceThread {
                 busy |= retry_pending(c);
                 while let Some(t) = c.engine.poll_transmit(now, tx_buf) {
                     busy = true;
+                    if t.dst.is_multicast() {
+                        if let Some(frame) = tx_buf.get(..t.len) {
+                            local_mcast.push(frame.to_vec());
+                        }
+                    }
                     send_frame(net, tx_buf, &t);
                 }
                 busy | deliver_completions(c, index)
@@ -501,6 +551,15 @@ impl DeviceThread {
             match outcome {
                 Some(b) => busy |= b,
                 None => broken.push(id),
+            }
+        }
+        // The receivers' completions go out on the next round.
+        busy |= !local_mcast.is_empty();
+        for packet in &local_mcast {
+            for (&id, c) in self.clients.iter_mut() {
+                if !guarded(&mut c.engine, |e| e.handle_packet(now, packet)) {
+                    broken.push(id);
+                }
             }
         }
         broken.sort_unstable();
@@ -530,12 +589,15 @@ impl DeviceThread {
             let Some(&first) = self.gids.first() else {
                 return Err((libc::ENETDOWN, "the device has no address (port down)"));
             };
-            let Some(block) = (1..(Qpn::MASK / QPN_BLOCK))
+            let last = Qpn::MASK / QPN_BLOCK;
+            let Some(block) = (1..last)
+                .map(|i| (self.last_block + i - 1) % (last - 1) + 1)
                 .filter(|b| b % self.devices == self.index)
                 .find(|b| !self.blocks.contains_key(b))
             else {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
+            self.last_block = block;
             let mut config = tp::DeviceConfig::new(first, random_u64());
             config.gids = self.gids.clone();
             config.port_mtu =
@@ -857,9 +919,7 @@ impl DeviceThread {
                 }
                 Err(e) => err(e),
             },
-            Request::Hello { .. } | Request::QueryDevices | Request::ResShow => {
-                errno(libc::EINVAL, "not a device request")
-            }
+            _ => errno(libc::EINVAL, "not a device request"),
         };
         (r, none)
     }
@@ -1754,6 +1814,32 @@ fn rebuild_ip(d: &RxDatagram<'_>, out: &mut [u8]) -> Option<usize> {
     udp.emit(&mut out[hl..hl + 8]);
     out[hl + 8..total].copy_from_slice(d.bytes);
     Some(total)
+}
+
+/// Sends a GSI packet (BTH..ICRC) built by the CM thread, sealing its ICRC for the socket's
+/// addresses as [`send_frame`] does.
+fn send_gsi(net: &mut UdpTransport, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+    let local_port = match src {
+        IpAddr::V4(_) => net.local_addr_v4(),
+        IpAddr::V6(_) => net.local_addr_v6(),
+    }
+    .map_or(proto::wire::ROCE_V2_PORT, |a| a.port());
+    if PacketBuilder::new(src, dst, local_port)
+        .seal(0, packet)
+        .is_err()
+    {
+        return;
+    }
+    let meta = TxMeta {
+        dst: SocketAddr::new(dst, proto::wire::ROCE_V2_PORT),
+        src: Some(src),
+        tos: 0,
+        ttl: Some(64),
+        segment_size: None,
+    };
+    if let Err(e) = net.send(&meta, packet) {
+        debug!(%src, %dst, "CM MAD send failed: {e}");
+    }
 }
 
 /// Sends one engine frame through the UDP socket. The socket's source port is 4791 (rxe picks a

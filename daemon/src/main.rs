@@ -80,6 +80,16 @@ struct DaemonArgs {
     /// Most memory regions the device holds, over all clients.
     #[arg(long)]
     max_mr: Option<u32>,
+    /// The GID type rdma_cm uses (configfs default_roce_mode): v2 (the default) or v1; a
+    /// mode the device does not offer is refused at start.
+    #[arg(long)]
+    default_roce_mode: Option<RoceVersion>,
+    /// rdma_cm's CM response timeout exponent (4.096 µs · 2^t, default 20 as the kernel).
+    #[arg(long)]
+    cm_response_timeout: Option<u8>,
+    /// rdma_cm's CM retries (default 15 as the kernel).
+    #[arg(long)]
+    cm_max_retries: Option<u8>,
     /// RoCE v2 UDP port (4791; another value only for tests on one host).
     #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
     port: u16,
@@ -157,7 +167,10 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.roce.is_some()
         || args.mtu.is_some()
         || args.max_qp.is_some()
-        || args.max_mr.is_some();
+        || args.max_mr.is_some()
+        || args.default_roce_mode.is_some()
+        || args.cm_response_timeout.is_some()
+        || args.cm_max_retries.is_some();
     if from_flags || config.devices.is_empty() {
         let mut d = if args.addrs.is_empty() && args.netdev.is_none() {
             DeviceConfig::loopback_default()
@@ -180,6 +193,15 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         if let Some(m) = args.max_mr {
             d.max_mr = m;
+        }
+        if let Some(m) = args.default_roce_mode {
+            d.default_roce_mode = m;
+        }
+        if let Some(t) = args.cm_response_timeout {
+            d.cm_response_timeout = t;
+        }
+        if let Some(r) = args.cm_max_retries {
+            d.cm_max_retries = r;
         }
         config.devices.push(d);
     }

@@ -4,6 +4,7 @@
 //! of the device they concern ([`crate::device`]), which owns the data path. When a client
 //! disconnects (or is killed), every device destroys what it owned.
 
+use crate::cm::{self, CmDeviceSetup, CmMsg, CmService};
 use crate::config::{self, Config, DeviceConfig};
 use crate::ctl::{Conn, Listener};
 use crate::device::{self, DevMsg, DeviceThread};
@@ -70,6 +71,8 @@ struct Registry {
     links: Vec<DeviceLink>,
     clients: BTreeMap<u64, ClientResources>,
     next_client: u64,
+    /// The rdma_cm thread, told of address changes too.
+    cm: Sender<CmMsg>,
 }
 
 impl Registry {
@@ -123,7 +126,7 @@ impl Registry {
     }
 
     fn rescan_netdevs(&mut self) {
-        for (d, link) in self.devices.iter_mut().zip(&self.links) {
+        for (index, (d, link)) in self.devices.iter_mut().zip(&self.links).enumerate() {
             if d.config.netdev.is_none() {
                 continue;
             }
@@ -131,6 +134,10 @@ impl Registry {
                 Ok(info) if info != d.info => {
                     info!(device = %info.name, gids = info.gids.len(), "addresses changed");
                     link.send(DevMsg::UpdateInfo(info.clone()));
+                    let _ = self.cm.send(CmMsg::UpdateInfo {
+                        device: index,
+                        info: info.clone(),
+                    });
                     d.info = info;
                 }
                 Ok(_) => {}
@@ -200,6 +207,8 @@ fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) ->
         | Request::DestroyQp { qpn }
         | Request::AttachMcast { qpn, .. }
         | Request::DetachMcast { qpn, .. } => *qpns.get(qpn)?,
+        // rdma_cm requests are served by the client's CM state, not by one device.
+        _ => return None,
     })
 }
 
@@ -211,7 +220,13 @@ fn send_response(conn: &Conn, response: &Response, fds: &[OwnedFd]) -> bool {
 }
 
 /// Serves one client connection until it closes.
-fn serve_client(conn: Conn, registry: Sender<RegMsg>, links: Vec<DeviceLink>, daemon_uid: u32) {
+fn serve_client(
+    conn: Conn,
+    registry: Sender<RegMsg>,
+    links: Vec<DeviceLink>,
+    cm: Sender<CmMsg>,
+    daemon_uid: u32,
+) {
     let creds = match conn.peer_credentials() {
         Ok(c) => c,
         Err(e) => {
@@ -273,6 +288,23 @@ fn serve_client(conn: Conn, registry: Sender<RegMsg>, links: Vec<DeviceLink>, da
             _ => break,
         };
         let (response, out_fds) = match ctl::decode::<Request>(&buf[..n]) {
+            Ok(request) if cm::is_cm_request(&request) => {
+                let (tx, rx) = bounded(1);
+                if cm
+                    .send(CmMsg::Request {
+                        client,
+                        request,
+                        reply: tx,
+                    })
+                    .is_err()
+                {
+                    break;
+                }
+                match rx.recv() {
+                    Ok(r) => r,
+                    Err(_) => break,
+                }
+            }
             Err(e) => (
                 Response::Error {
                     errno: libc::EINVAL,
@@ -340,6 +372,7 @@ fn serve_client(conn: Conn, registry: Sender<RegMsg>, links: Vec<DeviceLink>, da
         };
         ok = send_response(&conn, &response, &out_fds);
     }
+    let _ = cm.send(CmMsg::ClientGone { client });
     for link in &links {
         link.send(DevMsg::ClientGone { client });
     }
@@ -361,10 +394,11 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     let mut devices = Vec::new();
     let mut links = Vec::new();
     let mut device_threads = Vec::new();
+    let (gsi_tx, gsi_rx) = unbounded();
     for (index, d) in config.devices.iter().enumerate() {
         let info = config::device_info(d)?;
         let (tx, rx) = unbounded();
-        let thread = DeviceThread::new(
+        let mut thread = DeviceThread::new(
             index,
             config.devices.len(),
             (d.max_qp, d.max_mr),
@@ -372,6 +406,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
             rx,
             port,
         )?;
+        thread.set_gsi_sink(gsi_tx.clone());
         let wake = Arc::new(thread.wake_fd()?);
         info!(
             device = %d.name,
@@ -396,6 +431,28 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
             info,
         });
     }
+    let cm_setups = devices
+        .iter()
+        .zip(&links)
+        .map(|(d, link): (&Device, &DeviceLink)| {
+            let link = link.clone();
+            let send: cm::DeviceSender = Box::new(move |m| link.send(m));
+            (
+                CmDeviceSetup {
+                    info: d.info.clone(),
+                    default_roce_mode: d.config.default_roce_mode,
+                    cm_response_timeout: d.config.cm_response_timeout,
+                    cm_max_retries: d.config.cm_max_retries,
+                },
+                send,
+            )
+        })
+        .collect();
+    let cm_service = CmService::new(cm_setups);
+    let (cm_tx, cm_rx) = unbounded();
+    let cm_thread = std::thread::Builder::new()
+        .name("rdma-cm".into())
+        .spawn(move || cm_service.run(cm_rx, gsi_rx))?;
     let listener = Arc::new(Listener::bind(&socket)?);
     info!(socket = %socket.display(), "control socket ready");
 
@@ -405,6 +462,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
         links: links.clone(),
         clients: BTreeMap::new(),
         next_client: 0,
+        cm: cm_tx.clone(),
     };
     let registry_thread = std::thread::Builder::new()
         .name("registry".into())
@@ -436,9 +494,10 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
             Ok(conn) => {
                 let registry = reg_tx.clone();
                 let links = links.clone();
+                let cm = cm_tx.clone();
                 std::thread::Builder::new()
                     .name("client".into())
-                    .spawn(move || serve_client(conn, registry, links, daemon_uid))?;
+                    .spawn(move || serve_client(conn, registry, links, cm, daemon_uid))?;
             }
             Err(e) => {
                 // After shutdown(2) on the listener, accept fails: that is our stop signal.
@@ -452,6 +511,8 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     }
     let _ = reg_tx.send(RegMsg::Shutdown);
     let _ = registry_thread.join();
+    let _ = cm_tx.send(CmMsg::Shutdown);
+    let _ = cm_thread.join();
     for link in &links {
         link.send(DevMsg::Shutdown);
     }

@@ -5,8 +5,16 @@
 //!
 //! The data path never uses this socket: work requests and completions go through the
 //! shared-memory rings of [`crate::ring`].
+//!
+//! rdma_cm: the daemon runs the connection manager (CM MADs on QP1 over UDP 4791, with
+//! [`crate::cm`]); the shim's librdmacm speaks the `Cm*` requests. Ids and channels are
+//! handles of the client connection that created them: when it closes, the daemon destroys
+//! them (DREQ or REJ to connected peers, as the kernel does for a dying process). Events do
+//! not come back on this socket but on the channel's own socketpair, one [`CmEventMsg`]
+//! datagram each, so the shim's `channel->fd` polls and blocks like the kernel's.
 
 use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
 
 /// Bumped on any incompatible change; a client and daemon that disagree refuse each other
 /// with a clear message instead of misreading.
@@ -18,8 +26,10 @@ pub const MAX_MESSAGE: usize = 64 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RoceVersion {
     /// Ethertype 0x8915 with a GRH, one L2 domain (IBTA Annex A16).
+    #[serde(alias = "v1")]
     V1,
     /// UDP port 4791 over IPv4 or IPv6 (IBTA Annex A17).
+    #[serde(alias = "v2")]
     V2,
 }
 
@@ -268,6 +278,155 @@ pub enum Request {
         qpn: u32,
         gid: [u8; 16],
     },
+
+    // ---- rdma_cm (see the "rdma_cm" section below and `docs/architecture.md`) ----
+    /// `rdma_create_event_channel`. Response [`Response::CmChannel`] + fd: the client's end of
+    /// a `SOCK_SEQPACKET` socketpair on which every event of the ids on this channel arrives
+    /// as one postcard-encoded [`CmEventMsg`] datagram.
+    CmCreateChannel,
+    /// `rdma_destroy_event_channel` (after the client closed its fd). Fails with EBUSY while
+    /// ids still use the channel.
+    CmDestroyChannel {
+        channel: u32,
+    },
+    /// `rdma_create_id`. `ps` is `enum rdma_port_space` (RDMA_PS_TCP 0x0106, RDMA_PS_UDP
+    /// 0x0111, RDMA_PS_IB 0x013F; [`cm_ps`]); `qp_type` is `enum ibv_qp_type` ([`qp_type`]).
+    /// Response [`Response::CmId`].
+    CmCreateId {
+        channel: u32,
+        ps: u16,
+        qp_type: u32,
+    },
+    /// `rdma_destroy_id`: as the kernel does, a connected id sends DREQ (or REJ before it was
+    /// established) and the connection waits out timewait in the daemon. No event follows.
+    CmDestroyId {
+        id: u32,
+    },
+    /// `rdma_bind_addr`. Port 0 = the daemon picks an ephemeral port of the id's port space;
+    /// a wildcard address (0.0.0.0, ::) binds no device until listen / connect. Response
+    /// [`Response::CmIdInfo`]. EADDRINUSE if the port of that port space is taken,
+    /// EADDRNOTAVAIL if no device owns the address.
+    CmBind {
+        id: u32,
+        addr: SocketAddr,
+    },
+    /// `rdma_resolve_addr`: picks the device (an exact device address first; 127.0.0.0/8 and
+    /// ::1 to a device of that family; else the first device of the family), the source
+    /// address (`src`, or the device's address of the destination's family) and binds an
+    /// ephemeral port if the id has none. Response [`Response::Done`]; then on the channel
+    /// `RDMA_CM_EVENT_ADDR_RESOLVED` (status 0) or `ADDR_ERROR` (status -errno), each carrying
+    /// the id's new [`CmIdInfo`].
+    CmResolveAddr {
+        id: u32,
+        src: Option<SocketAddr>,
+        dst: SocketAddr,
+        timeout_ms: u32,
+    },
+    /// `rdma_resolve_route` (RoCE builds the path locally, facts §7.2). Response `Done`; then
+    /// `ROUTE_RESOLVED` carrying the id's [`CmIdInfo`] with its path, or `ROUTE_ERROR`.
+    CmResolveRoute {
+        id: u32,
+        timeout_ms: u32,
+    },
+    /// `rdma_listen`. A REQ (or SIDR_REQ for RDMA_PS_UDP) for the id's port, whose rdma_cm
+    /// header names the bound address (or any address if the bind was a wildcard), raises
+    /// `CONNECT_REQUEST` on the listener's channel with a new id in [`CmEventMsg::child`].
+    /// An unbound id is first bound to 0.0.0.0 with an ephemeral port, as the kernel does.
+    /// Listeners are matched on port space, port and address (an exact address before a
+    /// wildcard; an IPv6 wildcard takes IPv4 requests unless AFONLY); a REQ whose service ID
+    /// nobody listens on is answered with REJ 8 by the daemon's ib_cm, one whose service ID
+    /// is listened on but whose address no listener takes with REJ 28.
+    CmListen {
+        id: u32,
+        backlog: i32,
+    },
+    /// `rdma_connect`. RC/UC ids send a REQ (QPN `conn.qp_num`, starting PSN `psn` or a
+    /// random one the daemon picks; the daemon adds the 36-byte rdma_cm header in front of
+    /// `conn.private_data`). Events that follow on the id:
+    /// - `CONNECT_RESPONSE` when the REP arrives (carrying the peer's [`CmConnParam`]). As
+    ///   librdmacm does in `ucma_process_conn_resp`, a shim whose id has a QP then moves it to
+    ///   RTR and RTS ([`Request::CmInitQpAttr`]), sends [`Request::CmEstablish`] (the daemon
+    ///   sends the RTU) and reports `ESTABLISHED` to the program itself; without a QP it
+    ///   reports `CONNECT_RESPONSE` and the program calls `rdma_establish`.
+    /// - `REJECTED` (status = REJ reason: 8 "invalid service ID" when nobody listens, 28
+    ///   "consumer defined" from `rdma_reject`, private data the peer's),
+    /// - `UNREACHABLE` (status -110 after ib_cm's REQ retries).
+    ///
+    /// UD ids (RDMA_PS_UDP) send a SIDR_REQ; the answer is `ESTABLISHED` carrying
+    /// [`CmEventMsg::ud`] (the remote QPN, Q_Key and AH) or `UNREACHABLE` (status -110 on
+    /// timeout, or the SIDR_REP status: 1 no such service, 2 rejected).
+    CmConnect {
+        id: u32,
+        conn: CmConnParam,
+        psn: Option<u32>,
+    },
+    /// `rdma_accept` of a `CONNECT_REQUEST` child id (after the shim moved its QP to RTR and
+    /// RTS, as librdmacm does): sends REP (RC/UC; `ESTABLISHED` follows when the RTU
+    /// arrives) or SIDR_REP (UD: QPN `conn.qp_num`, Q_Key `conn.qkey` or RDMA_UDP_QKEY when
+    /// 0; no event follows). The REP's starting PSN is the one `CmInitQpAttr` gave as sq_psn.
+    CmAccept {
+        id: u32,
+        conn: CmConnParam,
+    },
+    /// `rdma_reject`: REJ with reason 28 "consumer defined" (or SIDR_REP status "rejected"
+    /// for UD) carrying `private_data`.
+    CmReject {
+        id: u32,
+        private_data: Vec<u8>,
+    },
+    /// The active side after `CONNECT_RESPONSE` (`rdma_establish`, or the shim itself when
+    /// the id has a QP): sends the RTU; no event follows (the shim reports `ESTABLISHED`).
+    /// On the passive side (`rdma_notify(IBV_EVENT_COMM_EST)`: data arrived before the RTU):
+    /// the connection becomes established and `ESTABLISHED` follows.
+    CmEstablish {
+        id: u32,
+    },
+    /// `rdma_disconnect`: DREQ (or DREP if the peer's DREQ came first). `DISCONNECTED`
+    /// follows on this id when the DREP arrives or the DREQ times out (a DREQ from the peer
+    /// raises `DISCONNECTED` by itself, before any `CmDisconnect`). EINVAL if not connected.
+    /// After timewait (2^(ACK timeout − 8) ms) `TIMEWAIT_EXIT` follows, as with the kernel.
+    CmDisconnect {
+        id: u32,
+        private_data: Vec<u8>,
+    },
+    /// `rdma_init_qp_attr`: the attributes and `ibv_qp_attr_mask` for moving the id's QP to
+    /// `qp_state` (INIT: port, pkey index, access flags [and Q_Key for UD]; RTR: path MTU,
+    /// dest QPN, rq_psn, AH with the peer's GID, max_dest_rd_atomic, min_rnr_timer; RTS:
+    /// sq_psn, timeout, retry_cnt, rnr_retry, max_rd_atomic). Response [`Response::CmQpAttr`].
+    CmInitQpAttr {
+        id: u32,
+        qp_state: u32,
+    },
+    /// `rdma_set_option(id, level, optname, optval)`; `value` is the option's bytes in host
+    /// order (e.g. a u8 TOS, an int REUSEADDR/AFONLY, a u8 ACK timeout or min RNR timer).
+    /// Levels and names: [`cm_option`]. ENOSYS for unsupported options.
+    CmSetOption {
+        id: u32,
+        level: i32,
+        name: i32,
+        value: Vec<u8>,
+    },
+    /// `rdma_join_multicast`: `MULTICAST_JOIN` (with [`CmEventMsg::ud`]: the group's GID as
+    /// the AH's dgid, QPN 0xFFFFFF and the Q_Key) or `MULTICAST_ERROR` follows. The shim
+    /// attaches its QP to the group itself.
+    CmJoinMcast {
+        id: u32,
+        addr: SocketAddr,
+        join_state: u8,
+    },
+    CmLeaveMcast {
+        id: u32,
+        addr: SocketAddr,
+    },
+    /// `rdma_migrate_id`: events of the id go to `channel` from now on.
+    CmMigrateId {
+        id: u32,
+        channel: u32,
+    },
+    /// Addresses, device, port, GIDs and path of an id. Response [`Response::CmIdInfo`].
+    CmQueryId {
+        id: u32,
+    },
 }
 
 /// Resources one client holds.
@@ -359,6 +518,136 @@ pub enum Response {
         errno: i32,
         message: String,
     },
+    /// + fd (the client's end of the event socketpair).
+    CmChannel {
+        channel: u32,
+    },
+    CmId {
+        id: u32,
+    },
+    CmIdInfo(CmIdInfo),
+    /// What `rdma_init_qp_attr` returns: the attributes and the `ibv_qp_attr_mask` to pass to
+    /// `ibv_modify_qp`.
+    CmQpAttr {
+        attr: QpAttr,
+        mask: u32,
+    },
+}
+
+// ---- rdma_cm ----
+
+/// `enum rdma_port_space` values.
+pub mod cm_ps {
+    pub const IPOIB: u16 = 0x0002;
+    pub const TCP: u16 = 0x0106;
+    pub const UDP: u16 = 0x0111;
+    pub const IB: u16 = 0x013f;
+}
+
+/// `rdma_set_option` levels and names (librdmacm `rdma_cma.h`).
+pub mod cm_option {
+    pub const LEVEL_ID: i32 = 0;
+    pub const LEVEL_IB: i32 = 1;
+    /// u8: the type of service of the id's traffic (the AH's traffic class).
+    pub const ID_TOS: i32 = 0;
+    /// int: allow reuse of the bound port.
+    pub const ID_REUSEADDR: i32 = 1;
+    /// int: an IPv6 wildcard listener does not take IPv4 requests.
+    pub const ID_AFONLY: i32 = 2;
+    /// u8: the QP's local ACK timeout (overrides packet lifetime + 1).
+    pub const ID_ACK_TIMEOUT: i32 = 3;
+    /// u8: the QP's min RNR timer (`rdma_set_min_rnr_timer` in the kernel).
+    pub const ID_MIN_RNR_TIMER: i32 = 4;
+    /// `struct ibv_path_data[]`: not supported on RoCE (ENOSYS).
+    pub const IB_PATH: i32 = 1;
+}
+
+/// `struct rdma_conn_param` as `rdma_connect` / `rdma_accept` give it, and as events report
+/// the peer's values (`CONNECT_REQUEST`: from the REQ; `CONNECT_RESPONSE` / `ESTABLISHED`
+/// on the active side: from the REP). `private_data` is the user's bytes only: the daemon
+/// adds and strips the 36-byte rdma_cm header of REQ / SIDR_REQ.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmConnParam {
+    pub private_data: Vec<u8>,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+    /// UD only (SIDR_REP): 0 = RDMA_UDP_QKEY.
+    pub qkey: u32,
+}
+
+/// `struct rdma_ud_param` without the private data: where a UD peer (or a multicast group)
+/// is reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmUdParam {
+    pub ah_attr: AhAttr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
+/// The route of an id (`struct ibv_sa_path_rec` fields that RoCE fills, facts §7.2).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmPathInfo {
+    pub sgid: [u8; 16],
+    pub dgid: [u8; 16],
+    pub flow_label: u32,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+    pub sl: u8,
+    pub pkey: u16,
+    /// IB MTU enum.
+    pub mtu: u8,
+    pub rate: u8,
+    pub packet_life_time: u8,
+}
+
+/// What the daemon knows of an id: enough to fill `struct rdma_cm_id` (`verbs` from `device`,
+/// `route.addr`, `route.path_rec`, `port_num`, `ps`, `qp_type`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmIdInfo {
+    pub id: u32,
+    pub channel: u32,
+    pub ps: u16,
+    pub qp_type: u32,
+    /// The device the id is bound to (`None` while unbound or wildcard-bound).
+    pub device: Option<String>,
+    /// 1 once bound to a device, else 0.
+    pub port_num: u8,
+    /// The GID table index of `src_gid`, of the device's `default_roce_mode`.
+    pub gid_index: u32,
+    /// The GID type rdma_cm uses on that device (its `default_roce_mode`).
+    pub gid_type: Option<RoceVersion>,
+    pub src_addr: Option<SocketAddr>,
+    pub dst_addr: Option<SocketAddr>,
+    pub src_gid: [u8; 16],
+    pub dst_gid: [u8; 16],
+    /// Set once the route is resolved (active side) or the REQ arrived (passive side).
+    pub path: Option<CmPathInfo>,
+}
+
+/// One rdma_cm event, one datagram on the channel's socket (`struct rdma_cm_event`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmEventMsg {
+    /// The id the event is for (the listener for `CONNECT_REQUEST`).
+    pub id: u32,
+    /// `enum rdma_cm_event_type` ([`crate::cm::rdma_cm::RdmaCmEventType`]).
+    pub event: u32,
+    /// 0, a REJ reason (`REJECTED`), or -errno (`UNREACHABLE`: -110; `ADDR_ERROR`, ...).
+    pub status: i32,
+    /// The id's state after the event (addresses and route after `ADDR_RESOLVED` /
+    /// `ROUTE_RESOLVED`).
+    pub info: Option<CmIdInfo>,
+    /// `CONNECT_REQUEST`: the new id, already bound to the listener's device and carrying
+    /// the peer's addresses (from the REQ's rdma_cm header) and path.
+    pub child: Option<CmIdInfo>,
+    /// The peer's connection parameters (and its private data, without the 36-byte header).
+    pub conn: CmConnParam,
+    /// UD events (`CONNECT_REQUEST` / `ESTABLISHED` of RDMA_PS_UDP, `MULTICAST_JOIN`).
+    pub ud: Option<CmUdParam>,
 }
 
 /// Encodes a message for the socket.
@@ -484,6 +773,116 @@ mod tests {
         ];
         for r in reqs {
             assert_eq!(decode::<Request>(&encode(&r).unwrap()).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn cm_messages_round_trip() {
+        let info = CmIdInfo {
+            id: 0x0100_0003,
+            channel: 2,
+            ps: cm_ps::TCP,
+            qp_type: qp_type::RC,
+            device: Some("srxe0".into()),
+            port_num: 1,
+            gid_index: 1,
+            gid_type: Some(RoceVersion::V2),
+            src_addr: Some("127.0.0.1:40000".parse().unwrap()),
+            dst_addr: Some("[::1]:7174".parse().unwrap()),
+            src_gid: gid_of("127.0.0.1".parse().unwrap()),
+            dst_gid: gid_of("::1".parse().unwrap()),
+            path: Some(CmPathInfo {
+                hop_limit: 64,
+                mtu: 3,
+                pkey: 0xffff,
+                packet_life_time: 16,
+                flow_label: 0x308ef,
+                ..CmPathInfo::default()
+            }),
+        };
+        let reqs = [
+            Request::CmCreateChannel,
+            Request::CmCreateId {
+                channel: 1,
+                ps: cm_ps::UDP,
+                qp_type: qp_type::UD,
+            },
+            Request::CmBind {
+                id: 3,
+                addr: "0.0.0.0:0".parse().unwrap(),
+            },
+            Request::CmResolveAddr {
+                id: 3,
+                src: None,
+                dst: "[::1]:7174".parse().unwrap(),
+                timeout_ms: 2000,
+            },
+            Request::CmConnect {
+                id: 3,
+                conn: CmConnParam {
+                    private_data: b"hello".to_vec(),
+                    responder_resources: 1,
+                    initiator_depth: 1,
+                    retry_count: 7,
+                    rnr_retry_count: 7,
+                    qp_num: 0x1_0011,
+                    ..CmConnParam::default()
+                },
+                psn: Some(0xabcdef),
+            },
+            Request::CmSetOption {
+                id: 3,
+                level: cm_option::LEVEL_ID,
+                name: cm_option::ID_TOS,
+                value: vec![32],
+            },
+            Request::CmInitQpAttr { id: 3, qp_state: 2 },
+        ];
+        for r in reqs {
+            assert_eq!(decode::<Request>(&encode(&r).unwrap()).unwrap(), r);
+        }
+        let resps = [
+            Response::CmChannel { channel: 7 },
+            Response::CmId { id: 9 },
+            Response::CmIdInfo(info.clone()),
+            Response::CmQpAttr {
+                attr: QpAttr {
+                    qp_state: 2,
+                    dest_qp_num: 0x11,
+                    rq_psn: 0x123456,
+                    ..QpAttr::default()
+                },
+                mask: 0x1 | 0x80 | 0x100,
+            },
+        ];
+        for r in resps {
+            assert_eq!(decode::<Response>(&encode(&r).unwrap()).unwrap(), r);
+        }
+        let ev = CmEventMsg {
+            id: 4,
+            event: crate::cm::rdma_cm::RdmaCmEventType::ConnectRequest as u32,
+            status: 0,
+            info: None,
+            child: Some(info),
+            conn: CmConnParam {
+                private_data: vec![1, 2, 3],
+                qp_num: 0x11,
+                ..CmConnParam::default()
+            },
+            ud: Some(CmUdParam {
+                qp_num: 0x12,
+                qkey: crate::cm::rdma_cm::RDMA_UDP_QKEY,
+                ah_attr: AhAttr {
+                    is_global: true,
+                    hop_limit: 64,
+                    ..AhAttr::default()
+                },
+            }),
+        };
+        let bytes = encode(&ev).unwrap();
+        assert_eq!(decode::<CmEventMsg>(&bytes).unwrap(), ev);
+        for cut in 0..bytes.len() {
+            assert!(decode::<CmEventMsg>(&bytes[..cut]).is_err());
         }
     }
 

@@ -22,6 +22,7 @@ pub mod abi;
 pub mod daemon;
 pub mod device;
 pub mod ffi;
+pub mod rdmacm;
 pub mod runtime;
 pub mod shm;
 pub mod verbs;

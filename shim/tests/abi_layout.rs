@@ -1,5 +1,5 @@
 //! Layout test: every `#[repr(C)]` struct in `softroce::abi` against the system
-//! `<infiniband/verbs.h>` (rdma-core 44). A C program generated from the same list prints
+//! `<infiniband/verbs.h>` and `<rdma/rdma_cma.h>` (rdma-core 44). A C program generated from the same list prints
 //! `sizeof`, `_Alignof` and `offsetof` of every field; the Rust side computes the same with
 //! `size_of`/`align_of`/`offset_of!`; any difference fails with the struct and field named.
 //!
@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use softroce::abi::*;
+use softroce::rdmacm::abi::*;
 
 struct StructLayout {
     c_name: &'static str,
@@ -198,6 +199,34 @@ fn rust_layouts() -> Vec<StructLayout> {
             pkey_index, slid, sl, dlid_path_bits,
         }
         IbvAsyncEvent => "struct ibv_async_event" { element, event_type }
+        IbvEce => "struct ibv_ece" { vendor_id, options, comp_mask }
+        // <rdma/rdma_cma.h>
+        RdmaIbAddr => "struct rdma_ib_addr" { sgid, dgid, pkey }
+        RdmaAddr => "struct rdma_addr" {
+            src_addr, src_addr as "src_sin", src_addr as "src_sin6", src_addr as "src_storage",
+            dst_addr, dst_addr as "dst_sin", dst_addr as "dst_sin6", dst_addr as "dst_storage",
+            addr, addr as "addr.ibaddr",
+        }
+        RdmaRoute => "struct rdma_route" { addr, path_rec, num_paths }
+        RdmaEventChannel => "struct rdma_event_channel" { fd }
+        RdmaCmId => "struct rdma_cm_id" {
+            verbs, channel, context, qp, route, ps, port_num, event, send_cq_channel, send_cq,
+            recv_cq_channel, recv_cq, srq, pd, qp_type,
+        }
+        RdmaConnParam => "struct rdma_conn_param" {
+            private_data, private_data_len, responder_resources, initiator_depth, flow_control,
+            retry_count, rnr_retry_count, srq, qp_num,
+        }
+        RdmaUdParam => "struct rdma_ud_param" { private_data, private_data_len, ah_attr, qp_num, qkey }
+        RdmaCmEvent => "struct rdma_cm_event" {
+            id, listen_id, event, status, param, param as "param.conn", param as "param.ud",
+        }
+        RdmaAddrinfo => "struct rdma_addrinfo" {
+            ai_flags, ai_family, ai_qp_type, ai_port_space, ai_src_len, ai_dst_len, ai_src_addr,
+            ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len, ai_route,
+            ai_connect_len, ai_connect, ai_next,
+        }
+        RdmaCmJoinMcAttrEx => "struct rdma_cm_join_mc_attr_ex" { comp_mask, join_flags, addr }
     }
 }
 
@@ -216,12 +245,16 @@ fn extra_sizes() -> Vec<(&'static str, usize)> {
             "struct _compat_ibv_port_attr (offset of port_cap_flags2)",
             COMPAT_PORT_ATTR_SIZE,
         ),
+        (
+            "__typeof__(((struct rdma_cm_event *)0)->param)",
+            size_of::<RdmaCmEventParam>(),
+        ),
     ]
 }
 
 fn c_program(layouts: &[StructLayout]) -> String {
     let mut c = String::from(
-        "#include <infiniband/verbs.h>\n#include <stddef.h>\n#include <stdio.h>\n\
+        "#include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\n#include <stddef.h>\n#include <stdio.h>\n\
          #define L(T, NAME) printf(\"%s|size|%zu\\n%s|align|%zu\\n\", NAME, sizeof(T), NAME, _Alignof(T))\n\
          #define F(T, NAME, FIELD) printf(\"%s|%s|%zu\\n\", NAME, #FIELD, offsetof(T, FIELD))\n\
          int main(void) {\n",
@@ -236,6 +269,7 @@ fn c_program(layouts: &[StructLayout]) -> String {
         "  printf(\"__typeof__(((struct ibv_send_wr *)0)->wr)|size|%zu\\n\", sizeof(((struct ibv_send_wr *)0)->wr));\n\
          printf(\"__typeof__(((struct ibv_async_event *)0)->element)|size|%zu\\n\", sizeof(((struct ibv_async_event *)0)->element));\n\
          printf(\"struct _compat_ibv_port_attr (offset of port_cap_flags2)|size|%zu\\n\", offsetof(struct ibv_port_attr, port_cap_flags2));\n\
+         printf(\"__typeof__(((struct rdma_cm_event *)0)->param)|size|%zu\\n\", sizeof(((struct rdma_cm_event *)0)->param));\n\
          return 0;\n}\n",
     );
     c
@@ -256,7 +290,7 @@ fn run_c_layout_program(source: &str) -> BTreeMap<(String, String), usize> {
         .unwrap_or_else(|e| panic!("cannot run cc ({e}); run scripts/test, which installs the toolchain and libibverbs-dev"));
     assert!(
         out.status.success(),
-        "compiling the layout probe against <infiniband/verbs.h> failed (is libibverbs-dev installed? run scripts/test):\n{}",
+        "compiling the layout probe against <infiniband/verbs.h> and <rdma/rdma_cma.h> failed (are libibverbs-dev and librdmacm-dev installed? run scripts/test):\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let out = Command::new(&exe).output().expect("run layout probe");

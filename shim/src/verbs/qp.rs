@@ -662,7 +662,7 @@ pub(crate) fn to_ctl_ah(a: &IbvAhAttr) -> ctl::AhAttr {
     }
 }
 
-fn from_ctl_ah(a: &ctl::AhAttr) -> IbvAhAttr {
+pub(crate) fn from_ctl_ah(a: &ctl::AhAttr) -> IbvAhAttr {
     IbvAhAttr {
         grh: IbvGlobalRoute {
             dgid: IbvGid { raw: a.dgid },

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,8 +17,19 @@ use nix::sys::socket::{
 };
 use proto::ctl::{self, gid_of, DeviceInfo, GidEntry, Request, Response, RoceVersion};
 
+/// The rdma_cm side of the stand-in: each channel's daemon end (so a test can write events
+/// on it) and the channel each id reports to.
+#[derive(Default)]
+pub struct CmState {
+    pub channels: HashMap<u32, OwnedFd>,
+    pub ids: HashMap<u32, u32>,
+    /// Ids destroyed, in order.
+    pub destroyed: Vec<u32>,
+}
+
 pub struct FakeDaemon {
     pub path: PathBuf,
+    pub cm: Arc<Mutex<CmState>>,
     /// Every accepted client connection, so [`FakeDaemon::hang_up`] can close them.
     clients: Arc<Mutex<Vec<OwnedFd>>>,
     pub hellos: Arc<AtomicU64>,
@@ -71,7 +83,8 @@ impl FakeDaemon {
         std::env::set_var("SOFTROCE_SOCKET", &path);
         let clients = Arc::new(Mutex::new(Vec::new()));
         let hellos = Arc::new(AtomicU64::new(0));
-        let (c, h) = (clients.clone(), hellos.clone());
+        let cm = Arc::new(Mutex::new(CmState::default()));
+        let (c, h, state) = (clients.clone(), hellos.clone(), cm.clone());
         std::thread::spawn(move || loop {
             let Ok(fd) = accept(listener.as_raw_fd()) else {
                 return;
@@ -81,13 +94,43 @@ impl FakeDaemon {
             let raw = conn.as_raw_fd();
             c.lock().unwrap().push(conn);
             let h = h.clone();
-            std::thread::spawn(move || serve(raw, &h));
+            let state = state.clone();
+            std::thread::spawn(move || serve(raw, &h, &state));
         });
         FakeDaemon {
             path,
+            cm,
             clients,
             hellos,
         }
+    }
+
+    /// Writes one rdma_cm event on the channel of `msg.id` (the listener's for a request).
+    pub fn send_event(&self, msg: &ctl::CmEventMsg) {
+        let st = self.cm.lock().unwrap();
+        let channel = st.ids.get(&msg.id).copied().unwrap_or(0);
+        self.send_event_on(&st, channel, msg);
+    }
+
+    /// Writes one rdma_cm event on channel `channel`, whatever id it names.
+    pub fn send_event_to(&self, channel: u32, msg: &ctl::CmEventMsg) {
+        let st = self.cm.lock().unwrap();
+        self.send_event_on(&st, channel, msg);
+    }
+
+    fn send_event_on(&self, st: &CmState, channel: u32, msg: &ctl::CmEventMsg) {
+        let fd = st
+            .channels
+            .get(&channel)
+            .expect("no such channel")
+            .as_raw_fd();
+        let bytes = ctl::encode(msg).unwrap();
+        nix::sys::socket::send(fd, &bytes, MsgFlags::empty()).unwrap();
+    }
+
+    /// Closes the daemon's end of rdma_cm channel `channel`, as a dying daemon does.
+    pub fn close_channel(&self, channel: u32) {
+        self.cm.lock().unwrap().channels.remove(&channel);
     }
 
     /// Closes every client connection, as the kernel does when the daemon process dies.
@@ -100,7 +143,7 @@ impl FakeDaemon {
     }
 }
 
-fn serve(fd: RawFd, hellos: &AtomicU64) {
+fn serve(fd: RawFd, hellos: &AtomicU64, cm: &Mutex<CmState>) {
     let mut buf = vec![0u8; ctl::MAX_MESSAGE];
     let mut next_handle = 0u32;
     loop {
@@ -133,6 +176,66 @@ fn serve(fd: RawFd, hellos: &AtomicU64) {
             }
             Ok(Request::AllocPd { .. }) => Response::Pd { pd: handle() },
             Ok(Request::CreateCompChannel { .. }) => Response::CompChannel { channel: handle() },
+            // rdma_cm: channels are real socketpairs (the test writes events through
+            // FakeDaemon::send_event), ids are bookkeeping, addresses are srxe0's.
+            Ok(Request::CmCreateChannel) => {
+                let mut pair = [-1; 2];
+                // SAFETY: pair is a valid 2-element array.
+                let rc = unsafe {
+                    libc::socketpair(
+                        libc::AF_UNIX,
+                        libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                        0,
+                        pair.as_mut_ptr(),
+                    )
+                };
+                assert_eq!(rc, 0, "socketpair");
+                let channel = handle();
+                // SAFETY: both descriptors are new and owned by nobody else.
+                unsafe {
+                    cm.lock()
+                        .unwrap()
+                        .channels
+                        .insert(channel, OwnedFd::from_raw_fd(pair[0]));
+                    fds.push(OwnedFd::from_raw_fd(pair[1]));
+                }
+                Response::CmChannel { channel }
+            }
+            Ok(Request::CmCreateId { channel, .. }) => {
+                let id = handle();
+                cm.lock().unwrap().ids.insert(id, channel);
+                Response::CmId { id }
+            }
+            Ok(Request::CmMigrateId { id, channel }) => {
+                cm.lock().unwrap().ids.insert(id, channel);
+                Response::Done
+            }
+            Ok(Request::CmDestroyId { id }) => {
+                let mut st = cm.lock().unwrap();
+                st.ids.remove(&id);
+                st.destroyed.push(id);
+                Response::Done
+            }
+            Ok(Request::CmBind { id, addr } | Request::CmResolveAddr { id, dst: addr, .. }) => {
+                let info = cm_info(id, addr);
+                if matches!(
+                    ctl::decode::<Request>(&buf[..n]),
+                    Ok(Request::CmBind { .. })
+                ) {
+                    Response::CmIdInfo(info)
+                } else {
+                    Response::Done
+                }
+            }
+            Ok(Request::CmQueryId { id }) => {
+                Response::CmIdInfo(cm_info(id, "127.0.0.1:7471".parse().unwrap()))
+            }
+            Ok(
+                Request::CmDestroyChannel { .. }
+                | Request::CmListen { .. }
+                | Request::CmSetOption { .. }
+                | Request::CmReject { .. },
+            ) => Response::Done,
             Ok(
                 Request::CloseContext { .. }
                 | Request::DeallocPd { .. }
@@ -151,5 +254,18 @@ fn serve(fd: RawFd, hellos: &AtomicU64) {
         if sendmsg::<()>(fd, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None).is_err() {
             return;
         }
+    }
+}
+
+/// What the stand-in says of an id: bound on srxe0 at `addr`.
+pub fn cm_info(id: u32, addr: std::net::SocketAddr) -> ctl::CmIdInfo {
+    ctl::CmIdInfo {
+        id,
+        device: Some("srxe0".into()),
+        port_num: 1,
+        gid_index: 1,
+        src_addr: Some(addr),
+        src_gid: gid_of(addr.ip()),
+        ..ctl::CmIdInfo::default()
     }
 }

@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod programs;
+pub mod rdmacm;
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,406 @@
+//! Unmodified librdmacm programs (Debian's rdmacm-utils and perftest's `-R` mode) connecting
+//! through softroce: the shim's rdma_cm over the daemon's connection manager, CM MADs on the
+//! wire. Each program is bounded (killed with a clear failure after 60 s). Addresses
+//! 127.0.0.180..199 are this suite's.
+
+mod shim_support;
+
+use shim_support::programs::loopback_daemon;
+use shim_support::rdmacm::{
+    rping_data, rping_expected, run_pair, start, start_exe, start_replacement, wait_for_output,
+    Capture, Finished, LIMIT,
+};
+use shim_support::Daemon;
+use std::time::Instant;
+
+/// What a client prints when it came before its server listened (it is then run again).
+const REFUSED: &[&str] = &[
+    "REJECTED",
+    "UNREACHABLE",
+    "Connection refused",
+    "Unexpected CM event",
+];
+
+fn assert_ok(what: &str, f: &Finished, daemon: &Daemon) {
+    assert!(
+        f.ok(),
+        "{what} failed ({}):\n{}\n--- daemon\n{}",
+        f.status,
+        f.output,
+        daemon.log()
+    );
+}
+
+/// rping's 100 pings: both sides print every ping's data, byte for byte what rping writes.
+fn check_rping(server: &Finished, client: &Finished) {
+    let expected: Vec<String> = (0..100).map(rping_expected).collect();
+    assert_eq!(rping_data(&client.output), expected, "client data lines");
+    assert_eq!(rping_data(&server.output), expected, "server data lines");
+}
+
+fn rping_pair(test: &str, sd: &Daemon, cd: &Daemon, addr: &str) {
+    let (s, c) = run_pair(
+        test,
+        (sd, "rping", &["-s", "-a", addr, "-C", "100", "-v"]),
+        (cd, "rping", &["-c", "-a", addr, "-C", "100", "-v"]),
+        REFUSED,
+    );
+    assert_ok("rping -c", &c, cd);
+    // The server ends when the client disconnects; rping reports that as a failed wait for
+    // the next advertisement (its exit status is not meaningful), so its data is checked.
+    check_rping(&s, &c);
+}
+
+#[test]
+fn rping_on_one_daemon() {
+    let d = loopback_daemon("rdmacm-rping", 180);
+    rping_pair("rping-one", &d, &d, "127.0.0.180");
+}
+
+#[test]
+fn rping_across_two_daemons() {
+    let a = loopback_daemon("rdmacm-rping-a", 181);
+    let b = loopback_daemon("rdmacm-rping-b", 182);
+    rping_pair("rping-two", &a, &b, "127.0.0.181");
+}
+
+#[test]
+fn rping_over_ipv6_on_one_daemon() {
+    // The daemon sends CM MADs and data to UDP 4791 as the kernel does, so ::1 needs that
+    // port, which other suites' daemons use too (daemon/tests): wait for it to be free.
+    let deadline = Instant::now() + std::time::Duration::from_secs(120);
+    let d = loop {
+        let started = std::panic::catch_unwind(|| {
+            Daemon::start("rdmacm-rping6", &["--addr", "::1", "--port", "4791"])
+        });
+        match started {
+            Ok(d) => break d,
+            Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(200))
+            }
+            Err(e) => std::panic::resume_unwind(e),
+        }
+    };
+    rping_pair("rping-v6", &d, &d, "::1");
+}
+
+#[test]
+fn connect_to_a_port_nobody_listens_on_is_rejected() {
+    let d = loopback_daemon("rdmacm-nolistener", 183);
+    let since = Instant::now();
+    let c = start(
+        &d,
+        "nolistener",
+        "client",
+        "rping",
+        &["-c", "-a", "127.0.0.183", "-p", "9", "-C", "1"],
+    )
+    .finish(since);
+    assert!(
+        !c.ok(),
+        "rping -c to a port without listener succeeded:\n{}",
+        c.output
+    );
+    // ib_cm's REJ reason 8 (invalid service ID), as the kernel reports it.
+    assert!(
+        c.output.contains("RDMA_CM_EVENT_REJECTED, error 8"),
+        "{}\n--- daemon\n{}",
+        c.output,
+        d.log()
+    );
+}
+
+#[test]
+fn ucmatose_ten_connections() {
+    let d = loopback_daemon("rdmacm-ucmatose", 184);
+    let (s, c) = run_pair(
+        "ucmatose",
+        (
+            &d,
+            "ucmatose",
+            &["-b", "127.0.0.184", "-c", "10", "-C", "10"],
+        ),
+        (
+            &d,
+            "ucmatose",
+            &["-s", "127.0.0.184", "-c", "10", "-C", "10"],
+        ),
+        REFUSED,
+    );
+    assert_ok("ucmatose server", &s, &d);
+    assert_ok("ucmatose client", &c, &d);
+    for f in [&s, &c] {
+        assert!(f.output.contains("data transfers complete"), "{}", f.output);
+        assert!(f.output.contains("return status 0"), "{}", f.output);
+    }
+}
+
+#[test]
+fn udaddy_ud_exchange() {
+    let d = loopback_daemon("rdmacm-udaddy", 185);
+    let (s, c) = run_pair(
+        "udaddy",
+        (&d, "udaddy", &["-b", "127.0.0.185"]),
+        (&d, "udaddy", &["-s", "127.0.0.185"]),
+        REFUSED,
+    );
+    assert_ok("udaddy server", &s, &d);
+    assert_ok("udaddy client", &c, &d);
+    for f in [&s, &c] {
+        assert!(f.output.contains("data transfers complete"), "{}", f.output);
+        assert!(f.output.contains("return status 0"), "{}", f.output);
+    }
+}
+
+#[test]
+fn rdma_server_and_rdma_client() {
+    let d = loopback_daemon("rdmacm-server-client", 186);
+    let (s, c) = run_pair(
+        "rdma-server-client",
+        (&d, "rdma_server", &["-s", "127.0.0.186", "-p", "7471"]),
+        (&d, "rdma_client", &["-s", "127.0.0.186", "-p", "7471"]),
+        REFUSED,
+    );
+    assert_ok("rdma_server", &s, &d);
+    assert_ok("rdma_client", &c, &d);
+    assert!(s.output.contains("rdma_server: end 0"), "{}", s.output);
+    assert!(c.output.contains("rdma_client: end 0"), "{}", c.output);
+}
+
+/// rping with the replacement libraries (`LD_LIBRARY_PATH`, no preload): the form for
+/// programs that `dlopen` librdmacm.
+#[test]
+fn rping_with_the_replacement_librdmacm() {
+    let d = loopback_daemon("rdmacm-replacement", 194);
+    let since = Instant::now();
+    let mut server = start_replacement(
+        &d,
+        "replacement",
+        "server",
+        "rping",
+        &["-s", "-a", "127.0.0.194", "-C", "10", "-v"],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    server.assert_running();
+    let mut attempt = 0;
+    let client = loop {
+        attempt += 1;
+        let c = start_replacement(
+            &d,
+            "replacement",
+            &format!("client{attempt}"),
+            "rping",
+            &["-c", "-a", "127.0.0.194", "-C", "10", "-v"],
+        )
+        .finish(since);
+        if c.ok() || attempt == 20 || !REFUSED.iter().any(|m| c.output.contains(m)) {
+            break c;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let server = server.finish(since);
+    assert_ok("rping -c (replacement)", &client, &d);
+    let expected: Vec<String> = (0..10).map(rping_expected).collect();
+    assert_eq!(rping_data(&client.output), expected);
+    assert_eq!(rping_data(&server.output), expected);
+}
+
+/// UD multicast on one daemon: the sender's datagrams reach the receiver's attached QP. The
+/// receiver must have joined before the sender sends (mckey does not retry), so its output is
+/// line-buffered and watched.
+#[test]
+fn mckey_ud_multicast() {
+    let d = loopback_daemon("rdmacm-mckey", 188);
+    let since = Instant::now();
+    let group = ["-m", "239.1.1.188", "-b", "127.0.0.188", "-C", "5"];
+    let receiver_args: Vec<&str> = ["-oL", "mckey"].into_iter().chain(group).collect();
+    let mut receiver = start(&d, "mckey", "receiver", "stdbuf", &receiver_args);
+    wait_for_output(&mut receiver, "receiving data transfers", LIMIT);
+    let sender_args: Vec<&str> = group.into_iter().chain(["-s"]).collect();
+    let sender = start(&d, "mckey", "sender", "mckey", &sender_args).finish(since);
+    let receiver = receiver.finish(since);
+    assert_ok("mckey sender", &sender, &d);
+    assert_ok("mckey receiver", &receiver, &d);
+    for f in [&sender, &receiver] {
+        assert!(f.output.contains("data transfers complete"), "{}", f.output);
+        assert!(f.output.contains("return status 0"), "{}", f.output);
+    }
+}
+
+/// perftest with `-R`: the connection is made by rdma_cm (and its parameters exchanged over
+/// it), then the measured traffic runs.
+fn perftest_rdma_cm(program: &str, port: u16, d: &Daemon) {
+    let port = port.to_string();
+    let common = ["-d", "srxe0", "-F", "-R", "-n", "50", "-p", port.as_str()];
+    let client: Vec<&str> = common.iter().copied().chain(["127.0.0.187"]).collect();
+    // perftest's -R makes two connections: a control one, then the test QPs' to a listener
+    // the server creates only after the first is up. A client that comes too early for either
+    // is REJECTED (no listener, as ib_cm answers) and perftest does not retry, leaving its
+    // server waiting; so the whole pair is started again (the same race exists with the
+    // kernel, only narrower).
+    let test = format!("perftest-{program}");
+    let since = Instant::now();
+    let mut attempt = 0;
+    let (s, c) = loop {
+        attempt += 1;
+        let server = start(d, &test, &format!("server{attempt}"), program, &common);
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let c = start(d, &test, &format!("client{attempt}"), program, &client).finish(since);
+        let refused = !c.ok() && REFUSED.iter().any(|m| c.output.contains(m));
+        if refused && attempt < 5 {
+            drop(server); // killed
+            continue;
+        }
+        break (server.finish(since), c);
+    };
+    assert_ok(&format!("{program} -R server"), &s, d);
+    assert_ok(&format!("{program} -R client"), &c, d);
+    for f in [&s, &c] {
+        // The result line: the message size then the iteration count.
+        let result = f
+            .output
+            .lines()
+            .find(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() >= 3 && cols[1] == "50" && cols[0].parse::<u64>().is_ok()
+            })
+            .unwrap_or_else(|| panic!("{program}: no result line:\n{}", f.output));
+        assert!(!result.is_empty());
+    }
+}
+
+#[test]
+fn perftest_over_rdma_cm() {
+    let d = loopback_daemon("rdmacm-perftest", 187);
+    for (i, program) in ["ib_send_bw", "ib_write_bw", "ib_read_bw", "ib_send_lat"]
+        .iter()
+        .enumerate()
+    {
+        perftest_rdma_cm(program, 18600 + i as u16, &d);
+    }
+}
+
+/// A C program (linked against the real librdmacm, so every call is a versioned reference the
+/// shim must take over) drives the API itself and checks what the man pages promise.
+#[test]
+fn c_program_drives_the_cm_api() {
+    let exe = shim_support::compile_c(
+        "rdmacm_api",
+        include_str!("shim_support/rdmacm_api.c"),
+        &["rdmacm", "ibverbs"],
+    );
+    let d = loopback_daemon("rdmacm-api", 189);
+    let out = start_exe(&d, "api", "program", &exe, &["127.0.0.189"]).finish(Instant::now());
+    assert!(
+        out.ok(),
+        "rdmacm_api failed ({}):\n{}\n--- daemon\n{}",
+        out.status,
+        out.output,
+        d.log()
+    );
+    assert_eq!(out.output.trim(), "ok");
+}
+
+#[test]
+fn rping_with_program_managed_qp() {
+    // `-q`: rping creates and moves its own QP with rdma_init_qp_attr + ibv_modify_qp and
+    // finishes the handshake with rdma_establish (CONNECT_RESPONSE reaches the program).
+    let d = loopback_daemon("rdmacm-rping-q", 190);
+    let (s, c) = run_pair(
+        "rping-q",
+        (
+            &d,
+            "rping",
+            &["-s", "-a", "127.0.0.190", "-C", "100", "-v", "-q"],
+        ),
+        (
+            &d,
+            "rping",
+            &["-c", "-a", "127.0.0.190", "-C", "100", "-v", "-q"],
+        ),
+        REFUSED,
+    );
+    assert_ok("rping -c -q", &c, &d);
+    check_rping(&s, &c);
+}
+
+/// rping across two daemons under tcpdump: the CM exchange (REQ, REP, RTU, DREQ, DREP) and the
+/// data pass both packet checkers, and the REQ/REP carry real QPNs.
+#[test]
+fn rping_cm_mads_between_two_daemons_pass_both_checkers() {
+    let cap = Capture::start("pcap-two", "udp port 4791 and host 127.0.0.191");
+    let a = loopback_daemon("rdmacm-pcap-a", 191);
+    let b = loopback_daemon("rdmacm-pcap-b", 192);
+    let (s, c) = run_pair(
+        "pcap-two-rping",
+        (&a, "rping", &["-s", "-a", "127.0.0.191", "-C", "10", "-v"]),
+        (&b, "rping", &["-c", "-a", "127.0.0.191", "-C", "10", "-v"]),
+        REFUSED,
+    );
+    assert_ok("rping -c", &c, &b);
+    assert_eq!(rping_data(&s.output).len(), 10, "{}", s.output);
+    let text = cap.check();
+    for m in ["REQ", "REP", "RTU", "DREQ", "DREP"] {
+        assert!(
+            text.contains(&format!("CM   {m} ")),
+            "no {m} in the capture:\n{text}"
+        );
+    }
+    // The REQ's starting PSN and the REP's QPN are what the client's first send uses: the
+    // CM exchange really set up the data path.
+    let field = |msg: &str, name: &str| -> String {
+        text.lines()
+            .find(|l| l.contains(&format!("CM {msg} ")))
+            .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix(name)))
+            .unwrap_or_else(|| panic!("no {name} in a {msg}:\n{text}"))
+            .to_owned()
+    };
+    let spsn = field("REQ", "spsn=");
+    let rep_qpn =
+        u32::from_str_radix(field("REP", "qpn=").trim_start_matches("0x"), 16).expect("hex QPN");
+    let first_send = format!("-> 127.0.0.191:4791  RC_SEND_ONLY QP={rep_qpn:#08x} PSN={spsn} ");
+    assert!(
+        text.contains(&first_send),
+        "no {first_send:?} in the capture:\n{text}"
+    );
+    assert!(
+        text.contains("RDMA_READ"),
+        "rping's RDMA READs are in the capture:\n{text}"
+    );
+}
+
+/// ucmatose (RC, several connections) and udaddy (UD, SIDR) with the two sides on two daemons:
+/// every CM exchange crosses the wire.
+#[test]
+fn ucmatose_and_udaddy_across_two_daemons() {
+    let a = loopback_daemon("rdmacm-two-a", 195);
+    let b = loopback_daemon("rdmacm-two-b", 196);
+    for (program, extra) in [
+        ("ucmatose", &["-c", "4", "-C", "10"][..]),
+        ("udaddy", &[][..]),
+    ] {
+        let server_args: Vec<&str> = ["-b", "127.0.0.195"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let client_args: Vec<&str> = ["-s", "127.0.0.195"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let (s, c) = run_pair(
+            &format!("two-{program}"),
+            (&a, program, &server_args),
+            (&b, program, &client_args),
+            REFUSED,
+        );
+        assert_ok(&format!("{program} server"), &s, &a);
+        assert_ok(&format!("{program} client"), &c, &b);
+        for f in [&s, &c] {
+            assert!(
+                f.output.contains("return status 0"),
+                "{program}: {}",
+                f.output
+            );
+        }
+    }
+}
