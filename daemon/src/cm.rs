@@ -2032,7 +2032,11 @@ mod tests {
         ) else {
             panic!()
         };
-        assert_eq!((attr.dest_qp_num, attr.rq_psn), (0x10011, 0x42));
+        assert_eq!(attr.dest_qp_num, 0x10011);
+        assert_ne!(
+            attr.rq_psn, 0x42,
+            "the passive side receives at its own PSN (the REP's)"
+        );
         assert_eq!(attr.max_dest_rd_atomic, 3);
         assert_eq!(attr.min_rnr_timer, 0, "rdma_cm's default (facts §5.2)");
         assert_eq!(
@@ -2184,11 +2188,9 @@ mod tests {
             panic!()
         };
         assert_eq!(attr.timeout, 14, "the ACK timeout option");
-        assert_eq!(
-            (attr.sq_psn, attr.rnr_retry),
-            (7, 6),
-            "RNR retry from the REP"
-        );
+        assert_eq!(attr.rnr_retry, 6, "RNR retry from the REP");
+        // Linux: the active side sends from the REP's Starting PSN, not its own REQ's (7).
+        assert_ne!(attr.sq_psn, 7);
         let Response::CmQpAttr { attr, .. } =
             ok(&mut svc, 2, Request::CmInitQpAttr { id: a, qp_state: 2 })
         else {
@@ -2332,7 +2334,10 @@ mod tests {
         ) else {
             panic!()
         };
-        assert_eq!((attr.dest_qp_num, attr.rq_psn), (0x21, kreq.starting_psn));
+        // Linux reads a REQ's Starting PSN as the PSN its sender receives at: the passive
+        // side sends from it (RTS) and receives at its own REP's (docs/interop.md).
+        assert_eq!(attr.dest_qp_num, 0x21);
+        assert_ne!(attr.rq_psn, kreq.starting_psn);
         assert_eq!(
             attr.path_mtu, 3,
             "the kernel's path MTU (1024 on a 1500-byte link)"
@@ -2378,7 +2383,9 @@ mod tests {
             panic!("{rep:?}")
         };
         assert_eq!(r.remote_comm_id, kreq.local_comm_id);
-        assert_eq!((r.local_qpn, r.starting_psn), (0x10011, rts.sq_psn));
+        // Our REP carries the PSN we receive at; we send from the kernel's REQ PSN.
+        assert_eq!((r.local_qpn, r.starting_psn), (0x10011, attr.rq_psn));
+        assert_eq!(rts.sq_psn, kreq.starting_psn);
         assert_eq!(r.target_ack_delay, rc::RXE_ACK_DELAY);
     }
 

@@ -1590,10 +1590,14 @@ fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
     };
     let op = match w.opcode {
         WrOpcode::Send => SendOp::Send,
-        WrOpcode::SendWithImm => SendOp::SendWithImm(w.imm_or_inv),
+        // `ibv_send_wr.imm_data` is __be32: the slot holds the bytes the application stored,
+        // which go on the wire as they are; the engine's immediate is the ImmDt field's
+        // big-endian value. (Softroce to softroce the two swaps cancelled out; kernel rxe read
+        // udaddy's QPN from the immediate swapped and answered the wrong QP.)
+        WrOpcode::SendWithImm => SendOp::SendWithImm(u32::from_be(w.imm_or_inv)),
         WrOpcode::SendWithInv => SendOp::SendWithInv(Rkey(w.imm_or_inv)),
         WrOpcode::RdmaWrite => SendOp::Write(remote),
-        WrOpcode::RdmaWriteWithImm => SendOp::WriteWithImm(remote, w.imm_or_inv),
+        WrOpcode::RdmaWriteWithImm => SendOp::WriteWithImm(remote, u32::from_be(w.imm_or_inv)),
         WrOpcode::RdmaRead => SendOp::Read(remote),
         WrOpcode::AtomicCmpAndSwp => SendOp::CompareSwap {
             remote,
@@ -1797,6 +1801,7 @@ fn cqe_of(wc: &WorkCompletion) -> Cqe {
         imm_or_inv: if wc.wc_flags.contains(tp::WcFlags::WITH_INV) {
             wc.invalidated_rkey
         } else {
+            // Back to the wire's byte order: `ibv_wc.imm_data` is __be32.
             wc.imm_data.to_be()
         },
         qp_num: wc.qp_num.value(),
@@ -1978,5 +1983,50 @@ fn send_frame(net: &mut UdpTransport, buf: &mut [u8], t: &tp::Transmit) {
     };
     if let Err(e) = net.push_packet(&meta, &builder, transport) {
         debug!(src = %t.src, dst = %t.dst, "send failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `imm_data` is __be32 in `ibv_send_wr` and `ibv_wc`: the bytes the application stores
+    /// are the bytes on the wire, and the bytes on the wire are the bytes it reads back. Two
+    /// softroce daemons cannot tell a swap on both ends apart, kernel rxe can (udaddy).
+    #[test]
+    fn immediate_data_keeps_the_applications_byte_order() {
+        let stored = u32::from_ne_bytes([0x01, 0x02, 0x03, 0x04]); // htobe32(0x01020304)
+        let w = SendWqe {
+            wr_id: 1,
+            opcode: WrOpcode::SendWithImm,
+            flags: 0,
+            imm_or_inv: stored,
+            remote_addr: 0,
+            rkey: Rkey(0),
+            compare_add: 0,
+            swap: 0,
+            ud: None,
+            bind: None,
+            data: SendData::Sges(&[]),
+        };
+        let wr = send_wr(&w).expect("a valid WQE");
+        // The engine's immediate is the ImmDt field's big-endian value: 01 02 03 04 on the wire.
+        assert_eq!(wr.op, SendOp::SendWithImm(0x0102_0304));
+        let wc = WorkCompletion {
+            wr_id: 1,
+            status: tp::WcStatus::Success,
+            opcode: tp::WcOpcode::Recv,
+            byte_len: 0,
+            imm_data: 0x0102_0304,
+            invalidated_rkey: 0,
+            qp_num: Qpn::new(1),
+            src_qp: Qpn::new(2),
+            wc_flags: tp::WcFlags::WITH_IMM,
+            solicited: false,
+        };
+        assert_eq!(
+            cqe_of(&wc).imm_or_inv.to_ne_bytes(),
+            [0x01, 0x02, 0x03, 0x04]
+        );
     }
 }

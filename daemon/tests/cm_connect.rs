@@ -82,13 +82,15 @@ fn establish(mut server: Side, mut client: Side, listen: SocketAddr, dst: Socket
         "responder resources > 0: read/atomic"
     );
     assert_eq!(s_attrs[1].dest_qp_num, client.qpn);
-    assert_eq!(s_attrs[1].rq_psn, client_psn, "the REQ's starting PSN");
+    // Linux reads a REQ's or REP's Starting PSN as the PSN its sender receives at: the
+    // server sends from the client's REQ PSN and receives at its own (docs/interop.md).
+    assert_eq!(s_attrs[2].sq_psn, client_psn, "the REQ's starting PSN");
     assert_eq!(s_attrs[1].max_dest_rd_atomic, 1);
     assert_eq!(
         s_attrs[2].timeout, 17,
         "packet lifetime 16 + 1 (facts §5.2)"
     );
-    let server_psn = s_attrs[2].sq_psn;
+    let server_psn = s_attrs[1].rq_psn;
     let sq = server.qpn;
     server.cm_ok(Request::CmAccept {
         id: child.id,
@@ -102,8 +104,8 @@ fn establish(mut server: Side, mut client: Side, listen: SocketAddr, dst: Socket
     assert_eq!(rep.conn.private_data.len(), 196);
     let c_attrs = client.cm_modify(cid, &[1, 2, 3]);
     assert_eq!(c_attrs[1].dest_qp_num, server.qpn);
-    assert_eq!(c_attrs[1].rq_psn, server_psn, "the REP's starting PSN");
-    assert_eq!(c_attrs[2].sq_psn, client_psn);
+    assert_eq!(c_attrs[1].rq_psn, client_psn);
+    assert_eq!(c_attrs[2].sq_psn, server_psn, "the REP's starting PSN");
     assert_eq!(
         c_attrs[1].ah_attr.dgid, path.dgid,
         "the AH leads to the resolved GID"

@@ -391,7 +391,7 @@ fn ud_datagrams_through_an_address_handle() {
     assert_eq!((cb.wr_id, cb.status, cb.byte_len), (5, 0, 340), "{cb:?}");
     assert_eq!(cb.src_qp, a.qpn);
     // The WQE carries the host value; the completion holds the `ibv_wc` image (`__be32`).
-    assert_eq!(cb.imm_or_inv, 0x0102_0304u32.to_be());
+    assert_eq!(cb.imm_or_inv, 0x0102_0304, "the bytes as posted come back");
     assert_ne!(cb.wc_flags & 1, 0, "IBV_WC_GRH");
     assert_eq!(&b.buf[40..340], &[0xab; 300][..]);
     // The IPv4 header sits at offset 20 of the GRH area (rxe zeroes the first 20 bytes).

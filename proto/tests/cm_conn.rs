@@ -978,6 +978,10 @@ fn both_sides_derive_matching_qp_attributes() {
     let pas = rdma_cm::qp_attrs(&negotiated_passive(&req, &acc));
     assert_eq!((act.dest_qpn, pas.dest_qpn), (0x12, 0x11));
     assert_eq!((act.sq_psn, act.rq_psn), (pas.rq_psn, pas.sq_psn));
+    // As kernel rxe's rdma_cm: each side sends from the Starting PSN the *other* side put in
+    // its message (golden rping.pcap: the active side's first SEND carries the REP's PSN).
+    assert_eq!(act.sq_psn, rep.starting_psn);
+    assert_eq!(pas.sq_psn, req.starting_psn);
     // Reads A issues are bounded by B's responder resources and the other way round.
     assert_eq!((act.max_rd_atomic, pas.max_dest_rd_atomic), (4, 4));
     assert_eq!((act.max_dest_rd_atomic, pas.max_rd_atomic), (2, 2));

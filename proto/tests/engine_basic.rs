@@ -97,6 +97,8 @@ fn rc_send_write_read_atomics_complete_with_data() {
     assert_eq!(b[0].byte_len, 3000);
     assert_eq!(b[0].imm_data, 0xdead);
     assert!(b[0].wc_flags.contains(WcFlags::WITH_IMM));
+    // As rxe: every successful receive completion carries IBV_WC_GRH, RC included.
+    assert!(b[0].wc_flags.contains(WcFlags::GRH));
     assert_eq!(sim.read_mem(1, dst, 3000), data);
     assert_eq!(sim.read_mem(1, dst + 4096, 3000), data);
     assert_eq!(sim.read_mem(0, src + 4096, 3000), data);

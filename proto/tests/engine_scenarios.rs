@@ -994,21 +994,24 @@ fn sqd_drains_then_raises_sq_drained() {
 }
 
 #[test]
-fn send_with_invalidate_and_local_invalidate_revoke_rkeys() {
+fn send_with_invalidate_of_a_registered_mr_fails_at_the_responder_only() {
+    // Kernel rxe (seen live, docs/interop.md): an ibv_reg_mr region cannot be invalidated
+    // remotely; the SEND is still ACKed (the requester succeeds), the receive completes with
+    // REM_INV_REQ_ERR, the responder's QP goes to ERR (its other receive is flushed).
     let mut p = setup(QpOptions::default());
     p.recv(10, 0, 64);
+    p.recv(11, 0, 64);
     p.send(1, SendOp::SendWithInv(p.kb.rkey), 0, 8);
     p.sim.run(MS);
-    let wc = p.sim.completions_of(1, p.qb)[0];
-    assert!(wc.wc_flags.contains(WcFlags::WITH_INV));
-    assert_eq!(wc.invalidated_rkey, p.kb.rkey.0);
-    p.send(2, SendOp::Write(p.remote_b(0)), 0, 8);
-    p.sim.run(MS);
+    assert_eq!(p.statuses_a(), vec![(1, WcStatus::Success)]);
     assert_eq!(
-        p.statuses_a(),
-        vec![(1, WcStatus::Success), (2, WcStatus::RemAccessErr)]
+        p.statuses_b(),
+        vec![(10, WcStatus::RemInvReqErr), (11, WcStatus::WrFlushErr)]
     );
+}
 
+#[test]
+fn local_invalidate_revokes_rkeys() {
     // LOCAL_INV on the responder's own MR, ordered with its send queue.
     let mut p = setup(QpOptions::default());
     let inv = SendWr::new(7, SendOp::LocalInv(p.kb.rkey), None);

@@ -346,8 +346,8 @@ fn rping_cm_mads_between_two_daemons_pass_both_checkers() {
             "no {m} in the capture:\n{text}"
         );
     }
-    // The REQ's starting PSN and the REP's QPN are what the client's first send uses: the
-    // CM exchange really set up the data path.
+    // The REP's starting PSN and QPN are what the client's first send uses, as between two
+    // kernel rxe hosts (docs/interop.md): the CM exchange really set up the data path.
     let field = |msg: &str, name: &str| -> String {
         text.lines()
             .find(|l| l.contains(&format!("CM {msg} ")))
@@ -355,7 +355,7 @@ fn rping_cm_mads_between_two_daemons_pass_both_checkers() {
             .unwrap_or_else(|| panic!("no {name} in a {msg}:\n{text}"))
             .to_owned()
     };
-    let spsn = field("REQ", "spsn=");
+    let spsn = field("REP", "spsn=");
     let rep_qpn =
         u32::from_str_radix(field("REP", "qpn=").trim_start_matches("0x"), 16).expect("hex QPN");
     let first_send = format!("-> 127.0.0.191:4791  RC_SEND_ONLY QP={rep_qpn:#08x} PSN={spsn} ");

@@ -353,8 +353,12 @@ pub fn qp_attrs(n: &Negotiated) -> CmQpAttrs {
     CmQpAttrs {
         path_mtu: n.path_mtu,
         dest_qpn: n.remote_qpn,
-        rq_psn: n.remote_starting_psn,
-        sq_psn: n.local_starting_psn,
+        // Linux (ib_cm + rdma_cm) reads a REQ's or REP's Starting PSN as the PSN its *sender*
+        // receives at: the active side sends from the REP's Starting PSN and receives at its
+        // REQ's, the passive side the other way round. Seen in every kernel-rxe rdma_cm capture
+        // (rping, ucmatose, ib_send_bw -R) and live against kernel rxe (docs/interop.md).
+        rq_psn: n.local_starting_psn,
+        sq_psn: n.remote_starting_psn,
         max_dest_rd_atomic: n.responder_resources,
         max_rd_atomic: n.initiator_depth,
         min_rnr_timer: n.min_rnr_timer.unwrap_or(0),

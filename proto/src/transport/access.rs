@@ -223,6 +223,14 @@ impl<M: MemoryAccess> Ctx<M> {
         }
     }
 
+    /// Invalidates a key named by a received SEND_WITH_INV. As in rxe, only a type 2 window
+    /// qualifies: rxe invalidates an MR only if it is a fast-registration MR
+    /// (IB_MR_TYPE_MEM_REG), which user space cannot create, so the R_Key of an `ibv_reg_mr`
+    /// region fails (REM_INV_REQ_ERR at the responder; seen live against kernel rxe).
+    pub(crate) fn invalidate_remote(&mut self, pd: u32, qpn: Qpn, key: Rkey) -> bool {
+        key.0 >> 8 >= MW_INDEX_BASE && self.invalidate(pd, qpn, key)
+    }
+
     /// Executes a BIND_MW (IBTA §10.6.7.2, rxe `rxe_bind_mw`): the window must belong to the
     /// QP's PD (and a type 2 one must be free), the MR must allow binding, be of the same PD
     /// and contain the range; remote write or atomic access needs local write on the MR.

@@ -24,6 +24,11 @@ enum Fail {
     /// A class B/C/D error: NAK with this code on RC (the receive WQE in use, if any,
     /// completes with the status), drop on UC.
     Nak(NakCode, WcStatus),
+    /// SEND_WITH_INV naming a key that cannot be invalidated (rxe's
+    /// RESPST_ERR_INVALIDATE_RKEY, class J): unlike the other class J errors, rxe still ACKs
+    /// the request positively (the requester's WQE succeeds), completes the receive with
+    /// REM_INV_REQ_ERR and moves the QP to ERR. Seen live against kernel rxe (docs/interop.md).
+    InvalidateRkey,
 }
 
 /// Queues an answer. Every AckReq packet gets its own ACK, as in rxe (no merging of queued
@@ -83,9 +88,13 @@ fn abandon_message<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
     }
 }
 
-fn recv_complete<M>(qp: &mut Qp, ctx: &mut Ctx<M>, wc: WorkCompletion, solicited: bool) {
+fn recv_complete<M>(qp: &mut Qp, ctx: &mut Ctx<M>, mut wc: WorkCompletion, solicited: bool) {
     if wc.status == WcStatus::Success {
         ctx.counters.rdma_recvs += 1;
+        // rxe's do_complete() starts every successful user-CQ receive completion with
+        // IB_WC_GRH, on RC and UC too (RoCE always carries the GRH's information); seen live
+        // against kernel rxe, where RC receives report wc_flags 0x1 and 0x3 (docs/interop.md).
+        wc.wc_flags.0 |= WcFlags::GRH.0;
     }
     if !complete(ctx, qp.init.recv_cq, wc, solicited) {
         // CQ overflow: the QP goes to ERR (rxe class G).
@@ -154,6 +163,26 @@ pub(crate) fn on_request<M: MemoryAccess>(
             ctx.counters.send_rnr_err += 1;
             let timer = qp.attr.min_rnr_timer;
             ack(qp, &mut ctx.ready, AethSyndrome::RnrNak { timer }, psn);
+        }
+        Err(Fail::InvalidateRkey) => {
+            // rxe: the ACK is the ordinary one (its AETH syndrome was never set to a NAK), the
+            // receive WQE completes with REM_INV_REQ_ERR, then rxe_qp_error() moves the QP to
+            // ERR without an affiliated event.
+            if rx.t.bth.ack_req {
+                ack(qp, &mut ctx.ready, AethSyndrome::ACK, psn);
+            }
+            if let Some(m) = qp.in_msg.take() {
+                if let Some(r) = m.recv {
+                    let wc = WorkCompletion::new(
+                        r.wr_id,
+                        WcStatus::RemInvReqErr,
+                        WcOpcode::Recv,
+                        qp.qpn,
+                    );
+                    recv_complete(qp, ctx, wc, false);
+                }
+            }
+            flush_qp(qp, ctx, false);
         }
         Err(Fail::Nak(code, status)) => {
             // Class C/J errors: NAK, report on the receive WQE in use, QP to ERR.
@@ -324,13 +353,13 @@ fn execute<M: MemoryAccess>(
                 wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
             }
             if let Some(key) = t.ieth {
-                if !ctx.invalidate(pd, qpn, key) {
+                if !ctx.invalidate_remote(pd, qpn, key) {
                     // Class J: the bad R_Key fails the receive; the QP goes to ERR.
                     qp.in_msg = Some(InMessage {
                         recv: Some(recv),
                         ..m
                     });
-                    return Err(inv_req);
+                    return Err(Fail::InvalidateRkey);
                 }
                 wc.invalidated_rkey = key.0;
                 wc.wc_flags.0 |= WcFlags::WITH_INV.0;

@@ -273,14 +273,11 @@ impl ShimQp {
             wr_id: wr.wr_id,
             opcode,
             flags,
-            // `imm_data` is `__be32` (the application stores `htonl(x)`); the WQE carries
-            // the host value, which the engine emits big-endian: the wire then holds the
-            // application's bytes unchanged, as rxe passes ImmDt through. An invalidate
-            // R_Key (`invalidate_rkey`) is host order already.
-            imm_or_inv: match opcode {
-                WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm => u32::from_be(wr.imm_data),
-                _ => wr.imm_data,
-            },
+            // `imm_data` is `__be32` (the application stores `htonl(x)`); the WQE carries the
+            // bytes as stored and the daemon turns them into the ImmDt field's value, so the
+            // wire holds the application's bytes unchanged, as rxe passes ImmDt through. An
+            // invalidate R_Key (`invalidate_rkey`) is host order already.
+            imm_or_inv: wr.imm_data,
             remote_addr,
             rkey: Rkey(rkey),
             compare_add,
@@ -1073,7 +1070,11 @@ mod tests {
         let got = SendWqe::decode(&slot, 2, 64, &mut sges).unwrap();
         assert_eq!(got.wr_id, 77);
         assert_eq!(got.opcode, WrOpcode::SendWithImm);
-        assert_eq!(got.imm_or_inv, 0x0102_0304);
+        assert_eq!(
+            got.imm_or_inv,
+            0x0102_0304u32.to_be(),
+            "the bytes as stored"
+        );
         assert_eq!(got.data, SendData::Inline(b"inline payload"));
         assert!(
             got.flags & wqe::send_flags::SIGNALED != 0,
