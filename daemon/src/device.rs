@@ -1066,8 +1066,9 @@ fn rings(
     Ok((region, out))
 }
 
-fn dup(region: &SharedRegion) -> Vec<OwnedFd> {
-    region.fd().try_clone_to_owned().into_iter().collect()
+/// The region's descriptor, for the client; the daemon keeps only its mapping.
+fn give_fd(region: &mut SharedRegion) -> Vec<OwnedFd> {
+    region.take_fd().into_iter().collect()
 }
 
 fn create_cq(
@@ -1095,9 +1096,9 @@ fn create_cq(
         Err(e) => return (err(e), vec![]),
     };
     match rings("cq", &[g]) {
-        Ok((region, mut r)) => {
+        Ok((mut region, mut r)) => {
             let (ring, place) = r.remove(0);
-            let fds = dup(&region);
+            let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
             c.cqs.insert(
                 cq,
@@ -1205,13 +1206,13 @@ fn create_qp(
         vec![sg, rg]
     };
     match rings("qp", &geometries) {
-        Ok((region, mut r)) => {
+        Ok((mut region, mut r)) => {
             let (sq, sq_place) = r.remove(0);
             let (rq, rq_place) = match r.pop() {
                 Some((ring, place)) => (Some(ring), Some(place)),
                 None => (None, None),
             };
-            let fds = dup(&region);
+            let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
             c.qps.insert(
                 qpn.value(),
@@ -1270,9 +1271,9 @@ fn create_srq(
         let _ = c.engine.arm_srq_limit(srq, limit);
     }
     match rings("srq", &[g]) {
-        Ok((region, mut r)) => {
+        Ok((mut region, mut r)) => {
             let (ring, place) = r.remove(0);
-            let fds = dup(&region);
+            let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
             c.srqs.insert(
                 srq,
