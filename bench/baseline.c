@@ -13,9 +13,11 @@
 //   baseline pingpong ADDR PORT N      UDP ping-pong of 2-byte datagrams, both sides busy-poll;
 //                                      one-way latency = RTT/2, percentiles over N round trips
 //
-// The sender/client runs on CPU 0 and the receiver/server (a forked child) on CPU 1: one core
-// each side, as softroce's two ends get on a 2-CPU machine. Loopback only; the script passes
-// addresses from 127.0.0.200..220.
+// Each side is its own process (the receiver/server a forked child). With BASELINE_PIN set the
+// sender runs on CPU 0 and the receiver on CPU 1; by default neither is pinned, like the
+// perftest programs and daemons they are compared with (on a shared machine a pinned busy-poller
+// waits behind whatever else runs on its CPU). Loopback only; the script passes addresses from
+// 127.0.0.200..220.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -29,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -56,9 +59,21 @@ static void die(const char *what) {
     exit(1);
 }
 
+// Forked children die with their parent (a killed or timed-out run leaves nothing behind).
+static pid_t fork_child(void) {
+    pid_t parent = getpid();
+    pid_t child = fork();
+    if (child < 0) die("fork");
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+    }
+    return child;
+}
+
 static void pin(int cpu) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    if (n < 2) return;
+    if (n < 2 || !getenv("BASELINE_PIN")) return;
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpu % n, &set);
@@ -117,8 +132,7 @@ static void mode_pvm(int argc, char **argv) {
     }
     int to_parent[2], to_child[2];
     if (pipe(to_parent) || pipe(to_child)) die("pipe");
-    pid_t child = fork();
-    if (child < 0) die("fork");
+    pid_t child = fork_child();
     if (child == 0) {
         pin(1);
         void *buf = aligned(max);
@@ -223,7 +237,7 @@ static void mode_udp(const char *ip, int port, int seg, int gso) {
     if (bind(rx, (struct sockaddr *)&sa, sizeof sa)) die("bind udp");
     int ready[2];
     if (pipe(ready)) die("pipe");
-    pid_t child = fork();
+    pid_t child = fork_child();
     if (child == 0) {
         pin(1);
         udp_receiver(rx, seg, gso, ready[1]);
@@ -264,7 +278,7 @@ static void mode_tcp(const char *ip, int port) {
     int one = 1;
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 1)) die("tcp listen");
-    pid_t child = fork();
+    pid_t child = fork_child();
     if (child == 0) {
         pin(1);
         int fd = accept(ls, NULL, NULL);
@@ -312,7 +326,7 @@ static void mode_pingpong(const char *ip, int port, long iters) {
     if (connect(s, (struct sockaddr *)&client, sizeof client) || connect(c, (struct sockaddr *)&server, sizeof server))
         die("connect pingpong");
     long warmup = iters / 10;
-    pid_t child = fork();
+    pid_t child = fork_child();
     if (child == 0) {
         pin(1);
         char b[2];

@@ -338,7 +338,7 @@ class Bench:
         w("Unmodified perftest through the release `libsoftroce.so` and release daemon(s) (one daemon: "
           f"both ends on {ADDR_A}; two daemons: {ADDR_A} and {ADDR_B} over loopback; MTU 4096). "
           "Bandwidth is bytes/s from perftest's message rate (GB = 10^9 B), `-D 1` per size. Baselines "
-          "come from `bench/baseline.c` in the same run, sender on CPU 0 and receiver on CPU 1, "
+          "come from `bench/baseline.c` in the same run (each side its own process, unpinned), "
           "measured before and after softroce's runs, the better of the two kept.\n")
 
         w("### Baselines\n")
