@@ -41,8 +41,11 @@ use tracing::{debug, info, warn};
 const QPN_BLOCK: u32 = 1 << 16;
 /// How long the loop keeps polling after the last piece of work before it sleeps.
 const SPIN: Duration = Duration::from_micros(30);
-/// Longest sleep when no timer is due (the loop also re-reads nothing else periodically).
-const MAX_SLEEP: Duration = Duration::from_millis(200);
+/// Longest sleep when no timer is due. Every other reason to wake rings the doorbell (control
+/// messages, posts to a sleeping ring) or completes on the io_uring (packets), and each
+/// wake-up costs a pass over every ring: with 10,000 idle QPs, waking every 200 ms cost 2% of
+/// a CPU. The cap only bounds the damage of a wake-up that was missed.
+const MAX_SLEEP: Duration = Duration::from_secs(10);
 
 /// Messages to a device thread.
 pub enum DevMsg {

@@ -55,7 +55,9 @@ fn two_thousand_qps_and_twenty_thousand_mrs_all_work_and_are_counted_and_freed()
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
         let mut line = String::new();
-        let n = lines.read_line(&mut line).expect("read the program's output");
+        let n = lines
+            .read_line(&mut line)
+            .expect("read the program's output");
         if n == 0 {
             let status = child.wait().expect("wait");
             let mut err = String::new();
@@ -95,7 +97,10 @@ fn two_thousand_qps_and_twenty_thousand_mrs_all_work_and_are_counted_and_freed()
     // The client is gone and forgotten once it exits.
     let deadline = Instant::now() + Duration::from_secs(10);
     while res_row(&daemon, "scale").is_some() {
-        assert!(Instant::now() < deadline, "the client is still listed after it exited");
+        assert!(
+            Instant::now() < deadline,
+            "the client is still listed after it exited"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
