@@ -12,12 +12,14 @@ use nix::sys::memfd::{memfd_create, MemFdCreateFlag};
 use proto::ring::{RingGeometry, SharedRing};
 use std::ffi::CString;
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
-/// A sealed, fixed-size memfd mapped into the daemon.
+/// A sealed, fixed-size memfd mapped into the daemon. The daemon gives its descriptor to the
+/// client ([`SharedRegion::take_fd`]) and keeps only the mapping, so that a client with 10,000
+/// QPs does not cost the daemon 10,000 open files.
 #[derive(Debug)]
 pub struct SharedRegion {
-    file: File,
+    file: Option<File>,
     map: MmapRaw,
 }
 
@@ -42,7 +44,10 @@ impl SharedRegion {
         )
         .context("sealing the memfd")?;
         let map = MmapRaw::map_raw(&file).context("mapping the memfd")?;
-        Ok(SharedRegion { file, map })
+        Ok(SharedRegion {
+            file: Some(file),
+            map,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -54,9 +59,15 @@ impl SharedRegion {
         self.map.len() == 0
     }
 
-    /// The descriptor to pass to the client.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+    /// The descriptor, until it is taken.
+    #[cfg(test)]
+    pub fn fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.file.as_ref().map(std::os::fd::AsFd::as_fd)
+    }
+
+    /// Gives the descriptor away (to be sent to the client); the mapping stays.
+    pub fn take_fd(&mut self) -> Option<OwnedFd> {
+        self.file.take().map(OwnedFd::from)
     }
 
     /// Initialises a ring at `offset` and returns the daemon's handle on it.
@@ -83,7 +94,7 @@ mod tests {
         let mut daemon_side = region.init_ring(0, g).unwrap();
 
         // The "client": its own mapping of the same memfd, as after SCM_RIGHTS.
-        let client_file = File::from(region.fd().try_clone_to_owned().unwrap());
+        let client_file = File::from(region.fd().unwrap().try_clone_to_owned().unwrap());
         let client_map = MmapRaw::map_raw(&client_file).unwrap();
         // SAFETY: the mapping is page aligned, covers the ring and outlives the handle.
         let mut client =

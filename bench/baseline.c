@@ -1,0 +1,376 @@
+// Baselines for scripts/bench: what this machine physically allows, measured in the same run as
+// softroce. Every mode prints one line per figure, `baseline=NAME key=value ...`, which the
+// script parses.
+//
+//   baseline memcpy SIZE...            memcpy of SIZE bytes, cache-hot source and destination
+//   baseline pvm SIZE...               process_vm_writev of SIZE bytes into another process
+//                                      (both buffers 4 KiB-aligned), one call per message
+//   baseline udp ADDR PORT SEG MODE    a UDP stream over loopback of SEG-byte datagrams (a RoCE
+//                                      packet: headers + payload + ICRC); MODE `pkt` is one
+//                                      sendmsg/recvmsg per datagram, `gso` is UDP GSO on send
+//                                      (up to 64 KiB per call) and GRO on receive
+//   baseline tcp ADDR PORT             one TCP stream over loopback, 64 KiB writes
+//   baseline pingpong ADDR PORT N      UDP ping-pong of 2-byte datagrams, both sides busy-poll;
+//                                      one-way latency = RTT/2, percentiles over N round trips
+//
+// Each side is its own process (the receiver/server a forked child). With BASELINE_PIN set the
+// sender runs on CPU 0 and the receiver on CPU 1; by default neither is pinned, like the
+// perftest programs and daemons they are compared with (on a shared machine a pinned busy-poller
+// waits behind whatever else runs on its CPU). Loopback only; the script passes addresses from
+// 127.0.0.200..220.
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <netinet/udp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+// How long each streaming figure is measured for, seconds (BASELINE_SECONDS overrides).
+static double run_seconds = 1.0;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+// Forked children die with their parent (a killed or timed-out run leaves nothing behind).
+static pid_t fork_child(void) {
+    pid_t parent = getpid();
+    pid_t child = fork();
+    if (child < 0) die("fork");
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(1);
+    }
+    return child;
+}
+
+static void pin(int cpu) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 2 || !getenv("BASELINE_PIN")) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu % n, &set);
+    sched_setaffinity(0, sizeof set, &set);
+}
+
+static void *aligned(size_t size) {
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) die("mmap");
+    memset(p, 0x5a, size);  // fault every page in before timing
+    return p;
+}
+
+// Repetitions between two clock reads: about `budget_bytes` worth, between 1 and 4096 (a tiny
+// message must not run for seconds before the clock is looked at).
+static long reps_for(size_t size, double budget_bytes) {
+    long reps = (long)(budget_bytes / (double)size);
+    return reps < 1 ? 1 : reps > 4096 ? 4096 : reps;
+}
+
+static void mode_memcpy(int argc, char **argv) {
+    pin(0);
+    for (int i = 0; i < argc; i++) {
+        size_t size = strtoull(argv[i], NULL, 0);
+        char *src = aligned(size), *dst = aligned(size);
+        long reps = reps_for(size, 64e6);
+        double best = 0;
+        for (int round = 0; round < 3; round++) {  // best of three: the machine is shared
+            double t0 = now(), t;
+            long done = 0;
+            do {
+                for (long r = 0; r < reps; r++) {
+                    memcpy(dst, src, size);
+                    __asm__ volatile("" ::"r"(dst) : "memory");
+                }
+                done += reps;
+                t = now() - t0;
+            } while (t < run_seconds / 12);
+            if (done / t > best) best = done / t;
+        }
+        printf("baseline=memcpy size=%zu GBps=%.4g Mmsgps=%.4g\n", size, size * best / 1e9, best / 1e6);
+        fflush(stdout);
+        munmap(src, size);
+        munmap(dst, size);
+    }
+}
+
+// The child holds one buffer of the largest size and tells the parent its address; the parent
+// writes into it with process_vm_writev, one call per message, as a daemon moving a message
+// into an application's registered memory would.
+static void mode_pvm(int argc, char **argv) {
+    size_t max = 0;
+    for (int i = 0; i < argc; i++) {
+        size_t s = strtoull(argv[i], NULL, 0);
+        if (s > max) max = s;
+    }
+    int to_parent[2], to_child[2];
+    if (pipe(to_parent) || pipe(to_child)) die("pipe");
+    pid_t child = fork_child();
+    if (child == 0) {
+        pin(1);
+        void *buf = aligned(max);
+        uintptr_t addr = (uintptr_t)buf;
+        if (write(to_parent[1], &addr, sizeof addr) != sizeof addr) _exit(1);
+        char c;
+        (void)!read(to_child[0], &c, 1);  // until the parent is done
+        _exit(0);
+    }
+    pin(0);
+    uintptr_t remote;
+    if (read(to_parent[0], &remote, sizeof remote) != sizeof remote) die("read child address");
+    char *src = aligned(max);
+    for (int i = 0; i < argc; i++) {
+        size_t size = strtoull(argv[i], NULL, 0);
+        struct iovec local = {src, size}, far = {(void *)remote, size};
+        long reps = reps_for(size, 64e6);
+        double best = 0;
+        for (int round = 0; round < 3; round++) {  // best of three: the machine is shared
+            double t0 = now(), t;
+            long done = 0;
+            do {
+                for (long r = 0; r < reps; r++)
+                    if (process_vm_writev(child, &local, 1, &far, 1, 0) != (ssize_t)size)
+                        die("process_vm_writev");
+                done += reps;
+                t = now() - t0;
+            } while (t < run_seconds / 12);
+            if (done / t > best) best = done / t;
+        }
+        printf("baseline=pvm_writev size=%zu GBps=%.4g Mmsgps=%.4g\n", size, size * best / 1e9, best / 1e6);
+        fflush(stdout);
+    }
+    (void)!write(to_child[1], "x", 1);
+    waitpid(child, NULL, 0);
+}
+
+static struct sockaddr_in address(const char *ip, int port) {
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (inet_pton(AF_INET, ip, &sa.sin_addr) != 1) {
+        fprintf(stderr, "bad address %s\n", ip);
+        exit(2);
+    }
+    return sa;
+}
+
+static void big_buffers(int fd) {
+    int size = 8 << 20;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &size, sizeof size);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size, sizeof size);
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+}
+
+// The receiver counts datagrams (GRO hands several in one read; the cmsg gives the segment
+// size) from the first one until the stream has been quiet for 200 ms; the rate is taken over
+// first-to-last arrival, so the sender's start-up and the quiet tail do not count.
+static void udp_receiver(int fd, int seg, int gro, int ready_fd) {
+    if (gro) {
+        int one = 1;
+        if (setsockopt(fd, IPPROTO_UDP, UDP_GRO, &one, sizeof one)) die("UDP_GRO");
+    }
+    struct timeval tv = {0, 200000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    (void)!write(ready_fd, "r", 1);
+    static char buf[65536];
+    char control[64];
+    long datagrams = 0, calls = 0;
+    double first = 0, last = 0;
+    for (;;) {
+        struct iovec iov = {buf, sizeof buf};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                             .msg_controllen = sizeof control};
+        ssize_t n = recvmsg(fd, &msg, 0);
+        if (n < 0) {
+            if ((errno == EAGAIN || errno == EWOULDBLOCK) && datagrams > 0) break;
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+            die("recvmsg");
+        }
+        if (datagrams == 0) first = now();
+        last = now();
+        calls++;
+        int segment = (int)n;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c))
+            if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) segment = *(int *)CMSG_DATA(c);
+        datagrams += segment > 0 ? (n + segment - 1) / segment : 1;
+    }
+    double t = last - first;
+    // The payload figure counts the RoCE payload only (SEG minus 16 bytes of BTH + ICRC), so it
+    // compares with perftest's message bandwidth.
+    printf("baseline=udp_%s seg=%d datagrams_per_s=%.0f wire_GBps=%.3f payload_GBps=%.3f datagrams_per_read=%.1f\n",
+           gro ? "gso_gro" : "per_packet", seg, datagrams / t, datagrams * (double)seg / t / 1e9,
+           datagrams * (double)(seg - 16) / t / 1e9, (double)datagrams / calls);
+    fflush(stdout);
+}
+
+static void mode_udp(const char *ip, int port, int seg, int gso) {
+    struct sockaddr_in sa = address(ip, port);
+    int rx = socket(AF_INET, SOCK_DGRAM, 0);
+    if (rx < 0) die("socket");
+    big_buffers(rx);
+    if (bind(rx, (struct sockaddr *)&sa, sizeof sa)) die("bind udp");
+    int ready[2];
+    if (pipe(ready)) die("pipe");
+    pid_t child = fork_child();
+    if (child == 0) {
+        pin(1);
+        udp_receiver(rx, seg, gso, ready[1]);
+        _exit(0);
+    }
+    close(rx);
+    pin(0);
+    char c;
+    (void)!read(ready[0], &c, 1);
+    int tx = socket(AF_INET, SOCK_DGRAM, 0);
+    big_buffers(tx);
+    if (connect(tx, (struct sockaddr *)&sa, sizeof sa)) die("connect udp");
+    // At most 64 segments and 65507 bytes per GSO send.
+    int per_call = 1;
+    if (gso) {
+        per_call = 65000 / seg;
+        if (per_call > 64) per_call = 64;
+        if (setsockopt(tx, IPPROTO_UDP, UDP_SEGMENT, &seg, sizeof seg)) die("UDP_SEGMENT");
+    }
+    static char buf[65536];
+    memset(buf, 0xa5, sizeof buf);
+    size_t len = (size_t)seg * per_call;
+    double t0 = now();
+    while (now() - t0 < run_seconds) {
+        for (int i = 0; i < 16; i++) {
+            struct iovec iov = {buf, len};
+            struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+            if (sendmsg(tx, &msg, 0) < 0 && errno != ENOBUFS && errno != EAGAIN && errno != ECONNREFUSED)
+                die("sendmsg");
+        }
+    }
+    waitpid(child, NULL, 0);
+}
+
+static void mode_tcp(const char *ip, int port) {
+    struct sockaddr_in sa = address(ip, port);
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(ls, (struct sockaddr *)&sa, sizeof sa) || listen(ls, 1)) die("tcp listen");
+    pid_t child = fork_child();
+    if (child == 0) {
+        pin(1);
+        int fd = accept(ls, NULL, NULL);
+        if (fd < 0) die("accept");
+        static char buf[1 << 16];
+        long bytes = 0;
+        double first = 0;
+        for (;;) {
+            ssize_t n = read(fd, buf, sizeof buf);
+            if (n <= 0) break;
+            if (bytes == 0) first = now();
+            bytes += n;
+        }
+        double t = now() - first;
+        printf("baseline=tcp_stream GBps=%.3f\n", bytes / t / 1e9);
+        fflush(stdout);
+        _exit(0);
+    }
+    close(ls);
+    pin(0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa)) die("tcp connect");
+    static char buf[1 << 16];
+    memset(buf, 0x3c, sizeof buf);
+    double t0 = now();
+    while (now() - t0 < run_seconds)
+        if (write(fd, buf, sizeof buf) < 0) die("tcp write");
+    close(fd);
+    waitpid(child, NULL, 0);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+// Both ends spin on non-blocking recv (no thread is ever woken), the shortest path a datagram
+// can take through the kernel's loopback.
+static void mode_pingpong(const char *ip, int port, long iters) {
+    struct sockaddr_in server = address(ip, port), client = address(ip, port + 1);
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+    int c = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK, 0);
+    if (bind(s, (struct sockaddr *)&server, sizeof server) || bind(c, (struct sockaddr *)&client, sizeof client))
+        die("bind pingpong");
+    if (connect(s, (struct sockaddr *)&client, sizeof client) || connect(c, (struct sockaddr *)&server, sizeof server))
+        die("connect pingpong");
+    long warmup = iters / 10;
+    pid_t child = fork_child();
+    if (child == 0) {
+        pin(1);
+        char b[2];
+        for (long i = 0; i < iters + warmup; i++) {
+            while (recv(s, b, sizeof b, 0) < 0)
+                if (errno != EAGAIN) die("server recv");
+            if (send(s, b, sizeof b, 0) < 0) die("server send");
+        }
+        _exit(0);
+    }
+    pin(0);
+    double *rtt = malloc(sizeof(double) * iters);
+    char b[2] = {1, 2};
+    for (long i = 0; i < iters + warmup; i++) {
+        double t0 = now();
+        if (send(c, b, sizeof b, 0) < 0) die("client send");
+        while (recv(c, b, sizeof b, 0) < 0)
+            if (errno != EAGAIN) die("client recv");
+        if (i >= warmup) rtt[i - warmup] = now() - t0;
+    }
+    waitpid(child, NULL, 0);
+    qsort(rtt, iters, sizeof(double), cmp_double);
+    double sum = 0;
+    for (long i = 0; i < iters; i++) sum += rtt[i];
+    // One way = RTT / 2, in µs, reported as perftest's latency programs do.
+    double k = 1e6 / 2;
+    printf("baseline=udp_pingpong iters=%ld oneway_us_min=%.2f oneway_us_median=%.2f oneway_us_avg=%.2f "
+           "oneway_us_p99=%.2f oneway_us_p999=%.2f oneway_us_max=%.2f\n",
+           iters, rtt[0] * k, rtt[iters / 2] * k, sum / iters * k, rtt[(long)(iters * 0.99)] * k,
+           rtt[(long)(iters * 0.999)] * k, rtt[iters - 1] * k);
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    if (getenv("BASELINE_SECONDS")) run_seconds = atof(getenv("BASELINE_SECONDS"));
+    if (argc >= 3 && !strcmp(argv[1], "memcpy")) mode_memcpy(argc - 2, argv + 2);
+    else if (argc >= 3 && !strcmp(argv[1], "pvm")) mode_pvm(argc - 2, argv + 2);
+    else if (argc == 6 && !strcmp(argv[1], "udp"))
+        mode_udp(argv[2], atoi(argv[3]), atoi(argv[4]), !strcmp(argv[5], "gso"));
+    else if (argc == 4 && !strcmp(argv[1], "tcp")) mode_tcp(argv[2], atoi(argv[3]));
+    else if (argc == 5 && !strcmp(argv[1], "pingpong")) mode_pingpong(argv[2], atoi(argv[3]), atol(argv[4]));
+    else {
+        fprintf(stderr, "usage: see the comment at the top of bench/baseline.c\n");
+        return 2;
+    }
+    return 0;
+}
