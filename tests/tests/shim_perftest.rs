@@ -245,19 +245,28 @@ fn ud_send_at_1024_byte_mtu() {
 }
 
 #[test]
-fn four_qps() {
+fn one_four_and_sixteen_qps() {
     let d = loopback_daemon("pt-qps", 155);
-    for (port, program) in [(18851, "ib_write_bw"), (18852, "ib_send_bw")] {
-        let lines = perftest(
-            &d,
-            155,
-            program,
-            port,
-            &["-q", "4", "-n", "50"],
-            Kind::Bandwidth,
-        );
-        // perftest reports iterations summed over the QPs.
-        assert_eq!(iterations(&lines), 200.0);
+    let mut port = 18851;
+    for qps in [1u32, 4, 16] {
+        for program in ["ib_write_bw", "ib_send_bw"] {
+            let q = qps.to_string();
+            let lines = perftest(
+                &d,
+                155,
+                program,
+                port,
+                &["-q", &q, "-n", "50"],
+                Kind::Bandwidth,
+            );
+            port += 1;
+            // perftest reports iterations summed over the QPs.
+            assert_eq!(
+                iterations(&lines),
+                f64::from(50 * qps),
+                "{program} -q {qps}"
+            );
+        }
     }
 }
 
