@@ -7,16 +7,13 @@
 
 mod support;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use proto::cm::rdma_cm::{RdmaCmEventType as Ev, RDMA_UDP_QKEY};
 use proto::ctl::{self, cm_ps, qp_type, Request, Response};
 use proto::ring::wqe::WrOpcode;
-use std::fs::File;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
+use support::capture::Capture;
 use support::client::*;
 use support::cm::*;
 
@@ -311,19 +308,6 @@ fn sock_with_port(a: SocketAddr, port: u16) -> SocketAddr {
     SocketAddr::new(a.ip(), port)
 }
 
-struct Capture {
-    child: Child,
-    pcap: PathBuf,
-}
-
-/// A failing test must not leave tcpdump running.
-impl Drop for Capture {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
-        let _ = self.child.wait();
-    }
-}
-
 /// Starts a daemon, waiting (up to two minutes) for its address to be free: port 4791 on a
 /// loopback address is shared with every other suite on the host.
 fn daemon_when_free(name: &str, args: &[&str]) -> Daemon {
@@ -337,75 +321,10 @@ fn daemon_when_free(name: &str, args: &[&str]) -> Daemon {
     }
 }
 
-fn start_capture(name: &str, filter: &str) -> Capture {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cm");
-    std::fs::create_dir_all(&dir).unwrap();
-    let pcap = dir.join(format!("{name}.pcap"));
-    let _ = std::fs::remove_file(&pcap);
-    let errlog = dir.join(format!("{name}.tcpdump.err"));
-    let mut child = Command::new("tcpdump")
-        .args([
-            "-i",
-            "lo",
-            "--immediate-mode",
-            "-U",
-            "-s",
-            "0",
-            "-Z",
-            "root",
-            "-w",
-        ])
-        .arg(&pcap)
-        .arg(filter)
-        .stdout(Stdio::null())
-        .stderr(File::create(&errlog).unwrap())
-        .spawn()
-        .expect("tcpdump is needed (scripts/install-deps installs it)");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(&errlog)
-        .unwrap_or_default()
-        .contains("listening on")
-    {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "tcpdump exited with {status}: {}",
-                std::fs::read_to_string(&errlog).unwrap_or_default()
-            );
-        }
-        assert!(Instant::now() < deadline, "tcpdump did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Capture { child, pcap }
-}
-
-/// Stops the capture and runs both checkers on it; returns `softroce pcap check -v`'s output.
-fn check_capture(c: Capture) -> String {
-    std::thread::sleep(Duration::from_millis(300));
-    let pcap = c.pcap.clone();
-    drop(c);
-    let ours = Command::new(env!("CARGO_BIN_EXE_softroce"))
-        .args(["pcap", "check", "-v"])
-        .arg(&pcap)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&ours.stdout).into_owned();
-    assert!(ours.status.success(), "{text}");
-    assert!(text.contains("bad 0"), "{text}");
-    let oracle = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-pcap-check"))
-        .arg(&pcap)
-        .output()
-        .unwrap();
-    let otext = String::from_utf8_lossy(&oracle.stdout);
-    assert!(oracle.status.success(), "{otext}");
-    assert!(otext.contains("icrc_bad=0"), "{otext}");
-    text
-}
-
 #[test]
 fn two_daemons_connect_through_the_cm_on_the_wire() {
     let (addr_s, addr_c) = ("127.0.0.170", "127.0.0.171");
-    let cap = start_capture("two-daemons", &format!("udp port 4791 and host {addr_s}"));
+    let cap = Capture::start(None, "cm", "two-daemons", &format!("host {addr_s}"));
     let ds = daemon_when_free("cm-170", &["--addr", addr_s]);
     let dc = daemon_when_free("cm-171", &["--addr", addr_c]);
     let listen = sock("127.0.0.170:7471");
@@ -431,7 +350,7 @@ fn two_daemons_connect_through_the_cm_on_the_wire() {
     sidr(&mut us, &mut uc, sock("127.0.0.170:7474"), gid);
     client_death(&ds.socket, &dc.socket, sock("127.0.0.170:7475"));
 
-    let text = check_capture(cap);
+    let text = cap.stop_and_check();
     for m in [
         "REQ", "REP", "RTU", "DREQ", "DREP", "REJ", "SIDR_REQ", "SIDR_REP",
     ] {

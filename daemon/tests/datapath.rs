@@ -5,16 +5,14 @@
 
 mod support;
 
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use proto::ctl::{self, AhAttr, QpAttr, Request, Response};
 use proto::ring::wqe::{self, SendData, SendWqe, WrOpcode};
 use proto::Rkey;
 use softroce_daemon::ctl::Client;
-use std::fs::File;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+use support::capture::{Capture, Netns};
 use support::client::*;
 
 /// Connects `a` and `b` and checks SEND, RDMA WRITE, RDMA READ and a wrong R_Key.
@@ -125,127 +123,6 @@ fn ipv6_loopback() {
     exercise(&mut a, &mut b, gid, gid);
 }
 
-/// A network namespace of its own, removed on drop, whose loopback segments every UDP GSO
-/// send in software before the capture point (`gso_max_segs 1`, like a NIC without UDP
-/// segmentation offload). On the host's loopback tcpdump would see each GSO send as one
-/// oversized datagram, since lo defers segmentation until delivery; here it sees the packets
-/// as a wire would carry them.
-struct Netns(String);
-
-impl Netns {
-    fn new(name: &str) -> Netns {
-        let name = format!("{name}-{}", std::process::id());
-        let ip = |args: &[&str]| {
-            let st = Command::new("ip").args(args).status().unwrap();
-            assert!(st.success(), "ip {args:?}");
-        };
-        let _ = Command::new("ip").args(["netns", "del", &name]).status();
-        ip(&["netns", "add", &name]);
-        ip(&["-n", &name, "link", "set", "dev", "lo", "up"]);
-        ip(&["-n", &name, "link", "set", "dev", "lo", "gso_max_segs", "1"]);
-        Netns(name)
-    }
-
-    /// The command prefix that runs a program inside.
-    fn exec(&self) -> [&str; 4] {
-        ["ip", "netns", "exec", &self.0]
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
-    }
-}
-
-/// A tcpdump capture of RoCE v2 traffic on `lo` (of the namespace `ns`, or the host's).
-struct Capture {
-    tcpdump: std::process::Child,
-    pcap: std::path::PathBuf,
-}
-
-impl Capture {
-    fn start(ns: Option<&Netns>, name: &str, filter: &str) -> Capture {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("datapath");
-        std::fs::create_dir_all(&dir).unwrap();
-        let pcap = dir.join(format!("{name}.pcap"));
-        let _ = std::fs::remove_file(&pcap);
-        let errlog = dir.join(format!("{name}.tcpdump.err"));
-        let mut cmd = match ns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", &ns.0, "tcpdump"]);
-                c
-            }
-            None => Command::new("tcpdump"),
-        };
-        let tcpdump = cmd
-            .args([
-                "-i",
-                "lo",
-                "-B",
-                "32768",
-                "--immediate-mode",
-                "-U",
-                "-s",
-                "0",
-                "-Z",
-                "root",
-                "-w",
-            ])
-            .arg(&pcap)
-            .arg(format!("udp port 4791 and {filter}"))
-            .stdout(Stdio::null())
-            .stderr(File::create(&errlog).unwrap())
-            .spawn();
-        let mut tcpdump = match tcpdump {
-            Ok(t) => t,
-            Err(e) => panic!("tcpdump is needed (scripts/install-deps installs it): {e}"),
-        };
-        // tcpdump says "listening on" once the capture is live.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !std::fs::read_to_string(&errlog)
-            .unwrap_or_default()
-            .contains("listening on")
-        {
-            if let Ok(Some(status)) = tcpdump.try_wait() {
-                panic!(
-                    "tcpdump exited with {status}: {}",
-                    std::fs::read_to_string(&errlog).unwrap_or_default()
-                );
-            }
-            assert!(Instant::now() < deadline, "tcpdump did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Capture { tcpdump, pcap }
-    }
-
-    /// Stops the capture and runs both checkers on it; returns `softroce pcap check -v`'s
-    /// output, after asserting that every packet verified.
-    fn stop_and_check(mut self) -> String {
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = kill(Pid::from_raw(self.tcpdump.id() as i32), Signal::SIGINT);
-        let _ = self.tcpdump.wait();
-        let ours = Command::new(env!("CARGO_BIN_EXE_softroce"))
-            .args(["pcap", "check"])
-            .arg(&self.pcap)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&ours.stdout).into_owned();
-        assert!(ours.status.success(), "{text}");
-        assert!(text.contains("bad 0"), "{text}");
-        let oracle = Command::new("python3")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-pcap-check"))
-            .arg(&self.pcap)
-            .output()
-            .unwrap();
-        let otext = String::from_utf8_lossy(&oracle.stdout);
-        assert!(oracle.status.success(), "{otext}");
-        assert!(otext.contains("icrc_bad=0"), "{otext}");
-        text
-    }
-}
-
 const EXERCISED_OPS: [&str; 6] = [
     "RC_SEND_FIRST",
     "RC_SEND_LAST",
@@ -264,7 +141,12 @@ const EXERCISED_OPS: [&str; 6] = [
 fn two_daemons_talk_and_their_packets_pass_both_checkers() {
     let (addr_a, addr_b) = ("127.0.0.62", "127.0.0.63");
     let ns = Netns::new("softroce-datapath");
-    let capture = Capture::start(Some(&ns), "two-daemons", &format!("host {addr_a}"));
+    let capture = Capture::start(
+        Some(&ns),
+        "datapath",
+        "two-daemons",
+        &format!("host {addr_a}"),
+    );
     let da = start_daemon_with("two-a", &["--addr", addr_a], &ns.exec());
     let db = start_daemon_with("two-b", &["--addr", addr_b], &ns.exec());
     let mut a = Side::new(&da.socket, 1 << 16);
@@ -292,7 +174,12 @@ fn one_daemon_traffic_is_visible_to_tcpdump_when_asked() {
         ("127.0.0.66", &["--local-via-socket", "--no-gso"][..], true),
         ("127.0.0.67", &[][..], false),
     ] {
-        let capture = Capture::start(None, &format!("one-daemon-{addr}"), &format!("host {addr}"));
+        let capture = Capture::start(
+            None,
+            "datapath",
+            &format!("one-daemon-{addr}"),
+            &format!("host {addr}"),
+        );
         let mut args = vec!["--addr", addr];
         args.extend_from_slice(flags);
         let d = start_daemon_with(&format!("local-{addr}"), &args, &[]);

@@ -1,2 +1,4 @@
+#[allow(dead_code)]
+pub mod capture;
 pub mod client;
 pub mod cm;
