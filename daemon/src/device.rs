@@ -16,7 +16,8 @@
 
 use crate::memory::ProcessMemory;
 use crate::net::{
-    AdaptiveSpin, LocalFrames, NetConfig, PacketBuilder, RxDatagram, TxMeta, UdpTransport,
+    AdaptiveSpin, LocalFrames, MulticastGroup, NetConfig, PacketBuilder, RxDatagram, RxVerdict,
+    RxVerifier, TxMeta, UdpTransport,
 };
 use crate::shm::SharedRegion;
 use crossbeam_channel::{Receiver, Sender};
@@ -31,7 +32,7 @@ use proto::transport::{
 };
 use proto::{Psn, Qkey, Qpn, Rkey};
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -50,6 +51,9 @@ const SPIN_MAX: Duration = Duration::from_micros(200);
 /// wake-up costs a pass over every ring: with 10,000 idle QPs, waking every 200 ms cost 2% of
 /// a CPU. The cap only bounds the damage of a wake-up that was missed.
 const MAX_SLEEP: Duration = Duration::from_secs(10);
+/// The longest an idle device sleeps while it has joined multicast groups: their sockets are
+/// polled between waits (the packet driver waits on the main sockets only).
+const GROUP_POLL: Duration = Duration::from_millis(2);
 /// Bytes of packets between local QPs taken from the engines before they are delivered.
 const LOCAL_BATCH_BYTES: usize = 256 * 1024;
 /// Transmit-and-deliver rounds per pump for packets between local QPs.
@@ -242,6 +246,19 @@ pub struct DeviceThread {
     /// Whether packets between QPs of this device go through the socket (visible to a
     /// capture) instead of `local` (`local_via_socket` in the config).
     local_via_socket: bool,
+    /// The IP multicast groups the device's QPs are attached to, with the attachments
+    /// (client, QPN): the group is joined while any remains (rxe_mcast_add/rxe_mcast_del).
+    groups: HashMap<IpAddr, JoinedGroup>,
+    /// Verifies the datagrams the group sockets receive (the main sockets verify their own).
+    group_verifier: RxVerifier,
+}
+
+/// One multicast group of a device: its socket (`None` where it could not be joined: an IPv6
+/// group, or a device bound to the wildcard address; the device's own QPs still get its own
+/// multicast sends) and the QPs attached to it.
+struct JoinedGroup {
+    socket: Option<MulticastGroup>,
+    members: BTreeSet<(u64, u32)>,
 }
 
 fn err(e: VerbsError) -> Response {
@@ -366,6 +383,8 @@ impl DeviceThread {
             gsi: None,
             local: LocalFrames::new(),
             local_via_socket: cfg.local_via_socket,
+            groups: HashMap::new(),
+            group_verifier: RxVerifier::new(),
         })
     }
 
@@ -467,6 +486,12 @@ impl DeviceThread {
                 Some(t) if t <= now => Duration::ZERO,
                 Some(t) => Duration::from_nanos(t - now).min(MAX_SLEEP),
                 None => MAX_SLEEP,
+            };
+            // The group sockets are read by polling, not by the packet driver's wait.
+            let timeout = if self.groups.values().any(|g| g.socket.is_some()) {
+                timeout.min(GROUP_POLL)
+            } else {
+                timeout
             };
             self.pump(timeout);
             let _ = self.wake.read();
@@ -576,6 +601,9 @@ impl DeviceThread {
             }
         });
         busy |= delivered > 0;
+        if !self.groups.is_empty() {
+            busy |= self.receive_groups(now, &mut broken);
+        }
         let now = self.now();
         let index = self.index;
         // Packets between two QPs of this device go from engine to engine (net::LocalFrames,
@@ -673,7 +701,98 @@ impl DeviceThread {
         });
     }
 
+    /// Joins `group` on the network for the device's first attachment to it.
+    fn group_attach(&mut self, client: u64, qpn: u32, group: IpAddr) {
+        // Senders address a group at the RoCE v2 port, whatever port this device serves.
+        let port = proto::wire::ROCE_V2_PORT;
+        let local = self.gids.iter().copied().find(IpAddr::is_ipv4);
+        let name = &self.info.name;
+        let joined = self.groups.entry(group).or_insert_with(|| {
+            let socket = match local.map(|l| MulticastGroup::join(group, l, port)) {
+                Some(Ok(s)) => {
+                    info!(device = %name, %group, "multicast group joined");
+                    Some(s)
+                }
+                Some(Err(e)) => {
+                    warn!(device = %name, %group, "multicast group not joined on the network: {e}");
+                    None
+                }
+                None => None,
+            };
+            JoinedGroup {
+                socket,
+                members: BTreeSet::new(),
+            }
+        });
+        joined.members.insert((client, qpn));
+    }
+
+    /// Drops the attachments `gone` selects (of `group`, or of every group) and leaves the
+    /// groups that have none left.
+    fn group_detach(&mut self, gone: impl Fn((u64, u32)) -> bool, group: Option<IpAddr>) {
+        let name = &self.info.name;
+        self.groups.retain(|g, joined| {
+            if group.is_none_or(|only| only == *g) {
+                joined.members.retain(|&m| !gone(m));
+            }
+            let keep = !joined.members.is_empty();
+            if !keep && joined.socket.is_some() {
+                info!(device = %name, group = %g, "multicast group left");
+            }
+            keep
+        });
+    }
+
+    /// Takes the datagrams the group sockets received from other devices and hands them to
+    /// every engine (each delivers to its QPs attached to the group). The device's own sends,
+    /// looped back by the kernel, are dropped: its QPs got them from the local path already.
+    fn receive_groups(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) -> bool {
+        let mut busy = false;
+        let mut buf = [0u8; crate::net::MAX_ROCE_PACKET + 1];
+        let (groups, verifier, gids, rx_buf, clients) = (
+            &self.groups,
+            &mut self.group_verifier,
+            &self.gids,
+            &mut self.rx_buf,
+            &mut self.clients,
+        );
+        for socket in groups.values().filter_map(|g| g.socket.as_ref()) {
+            while let Some((src, n)) = socket.recv(&mut buf) {
+                busy = true;
+                if gids.contains(&src.ip()) {
+                    continue;
+                }
+                let Some(bytes) = buf.get(..n) else {
+                    continue;
+                };
+                let dst = socket.group();
+                let RxVerdict::Good { ipv4 } = verifier.verify(src, dst, bytes) else {
+                    debug!(%src, %dst, "multicast datagram refused by verification");
+                    continue;
+                };
+                let d = RxDatagram {
+                    src,
+                    dst,
+                    tos: 0,
+                    bytes,
+                    ipv4,
+                };
+                let Some(len) = rebuild_ip(&d, rx_buf) else {
+                    continue;
+                };
+                let packet = &rx_buf[..len];
+                for (&id, c) in clients.iter_mut() {
+                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
+                        broken.push(id);
+                    }
+                }
+            }
+        }
+        busy
+    }
+
     fn client_gone(&mut self, client: u64) {
+        self.group_detach(|(c, _)| c == client, None);
         if let Some(c) = self.clients.remove(&client) {
             self.blocks.remove(&c.block);
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
@@ -920,6 +1039,8 @@ impl DeviceThread {
                 match c.engine.destroy_qp(Qpn::new(qpn)) {
                     Ok(()) => {
                         c.qps.remove(&qpn);
+                        // A destroyed QP leaves its groups (rxe detaches it in rxe_qp_destroy).
+                        self.group_detach(|m| m == (client, qpn), None);
                         Response::Done
                     }
                     Err(e) => err(e),
@@ -990,13 +1111,19 @@ impl DeviceThread {
             },
             Request::AttachMcast { qpn, gid } => {
                 match c.engine.attach_mcast(Qpn::new(qpn), gid_ip(gid)) {
-                    Ok(()) => Response::Done,
+                    Ok(()) => {
+                        self.group_attach(client, qpn, gid_ip(gid));
+                        Response::Done
+                    }
                     Err(e) => err(e),
                 }
             }
             Request::DetachMcast { qpn, gid } => {
                 match c.engine.detach_mcast(Qpn::new(qpn), gid_ip(gid)) {
-                    Ok(()) => Response::Done,
+                    Ok(()) => {
+                        self.group_detach(|m| m == (client, qpn), Some(gid_ip(gid)));
+                        Response::Done
+                    }
                     Err(e) => err(e),
                 }
             }

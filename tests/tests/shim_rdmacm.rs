@@ -227,6 +227,37 @@ fn mckey_ud_multicast() {
     }
 }
 
+/// UD multicast between two daemons (as between two rxe hosts): the receiver's device joins
+/// the IP group when its QP attaches, the sender's datagrams leave on the sender's device
+/// address and the kernel loops them to the receiver's group socket. 127.0.0.193 and .203
+/// (the suite's range has no second free address).
+#[test]
+fn mckey_ud_multicast_across_two_daemons() {
+    let receiving = loopback_daemon("rdmacm-mckey-rx", 193);
+    let sending = loopback_daemon("rdmacm-mckey-tx", 203);
+    let since = Instant::now();
+    let group = ["-m", "239.1.1.193", "-C", "5"];
+    let receiver_args: Vec<&str> = ["-oL", "mckey"]
+        .into_iter()
+        .chain(group)
+        .chain(["-b", "127.0.0.193"])
+        .collect();
+    let mut receiver = start(&receiving, "mckey2", "receiver", "stdbuf", &receiver_args);
+    wait_for_output(&mut receiver, "receiving data transfers", LIMIT);
+    let sender_args: Vec<&str> = group
+        .into_iter()
+        .chain(["-b", "127.0.0.203", "-s"])
+        .collect();
+    let sender = start(&sending, "mckey2", "sender", "mckey", &sender_args).finish(since);
+    let receiver = receiver.finish(since);
+    assert_ok("mckey sender", &sender, &sending);
+    assert_ok("mckey receiver", &receiver, &receiving);
+    for f in [&sender, &receiver] {
+        assert!(f.output.contains("data transfers complete"), "{}", f.output);
+        assert!(f.output.contains("return status 0"), "{}", f.output);
+    }
+}
+
 /// perftest with `-R`: the connection is made by rdma_cm (and its parameters exchanged over
 /// it), then the measured traffic runs.
 fn perftest_rdma_cm(program: &str, port: u16, d: &Daemon) {

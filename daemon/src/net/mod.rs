@@ -43,6 +43,7 @@
 mod build;
 mod cmsg;
 mod loopback;
+mod multicast;
 mod socket;
 mod spin;
 mod syscall;
@@ -52,6 +53,7 @@ mod verify;
 
 pub use build::PacketBuilder;
 pub use loopback::LocalFrames;
+pub use multicast::MulticastGroup;
 pub use spin::AdaptiveSpin;
 pub use transport::{
     Backend, BackendChoice, NetConfig, NetCounters, NetError, RxDatagram, TxMeta, UdpTransport,

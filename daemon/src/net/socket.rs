@@ -5,7 +5,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+pub(super) fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
     if ret < 0 {
         Err(io::Error::last_os_error())
     } else {
@@ -14,7 +14,7 @@ fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
 }
 
 /// Sets an integer socket option, naming it in the error.
-fn set_int(
+pub(super) fn set_int(
     fd: RawFd,
     level: libc::c_int,
     name: libc::c_int,
@@ -78,6 +78,50 @@ pub fn open(addr: SocketAddr, opts: &SocketOptions) -> io::Result<OwnedFd> {
         set_int(f, libc::IPPROTO_IP, libc::IP_RECVTOS, 1, "IP_RECVTOS")?;
         if opts.zero_checksum_tx {
             set_int(f, libc::SOL_SOCKET, cmsg::SO_NO_CHECK, 1, "SO_NO_CHECK")?;
+        }
+        // Group datagrams come in through the device's multicast::MulticastGroup sockets
+        // only; a wildcard-bound socket would otherwise receive them too (twice delivered).
+        let _ = set_int(
+            f,
+            libc::IPPROTO_IP,
+            libc::IP_MULTICAST_ALL,
+            0,
+            "IP_MULTICAST_ALL",
+        );
+        if let std::net::IpAddr::V4(local) = addr.ip() {
+            if !local.is_unspecified() {
+                // UD multicast sends leave on the device's interface (as rxe's go out on its
+                // netdev), loop back to the other devices of this host, one hop only.
+                let ifaddr = libc::in_addr {
+                    s_addr: u32::from(local).to_be(),
+                };
+                // SAFETY: `ifaddr` outlives the call and its size is passed.
+                let ret = unsafe {
+                    libc::setsockopt(
+                        f,
+                        libc::IPPROTO_IP,
+                        libc::IP_MULTICAST_IF,
+                        (&ifaddr as *const libc::in_addr).cast(),
+                        std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
+                    )
+                };
+                if ret == 0 {
+                    set_int(
+                        f,
+                        libc::IPPROTO_IP,
+                        libc::IP_MULTICAST_LOOP,
+                        1,
+                        "IP_MULTICAST_LOOP",
+                    )?;
+                    set_int(
+                        f,
+                        libc::IPPROTO_IP,
+                        libc::IP_MULTICAST_TTL,
+                        1,
+                        "IP_MULTICAST_TTL",
+                    )?;
+                }
+            }
         }
     } else {
         set_int(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
