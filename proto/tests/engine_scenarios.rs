@@ -1183,22 +1183,9 @@ impl CongestionControl for Recorder {
     }
 }
 
-#[test]
-fn ecn_marks_at_a_congested_bottleneck_come_back_as_a_cnp_through_the_cc_hooks() {
-    let link = LinkModel {
-        rate_bps: Some(1_000_000_000),
-        ecn_threshold: Some(8_000),
-        ..Default::default()
-    };
-    let mut sim = Sim::pair(9, link);
-    let o = QpOptions::default();
-    let (qa, _qb) = sim.connect(0, 1, &o);
-    let ra = Recorder::default();
-    let rb = Recorder::default();
-    let (cnps_at_a, paced_at_a, marked_at_b) =
-        (ra.cnps.clone(), ra.paced.clone(), rb.marked.clone());
-    sim.dev(0).set_congestion_control(Box::new(ra));
-    sim.dev(1).set_congestion_control(Box::new(rb));
+/// Posts one 64 KiB RDMA WRITE (wr_id 1) on `qa` from a fresh MR on node 0 to a fresh MR
+/// on node 1: enough packets to fill a rate-limited link's queue.
+fn post_64k_write(sim: &mut Sim, qa: Qpn) {
     let acc = Access::ALL_REMOTE.union(Access::LOCAL_WRITE);
     let (a, ka) = sim.alloc_mr(0, 65536, acc);
     let (b, kb) = sim.alloc_mr(1, 65536, acc);
@@ -1219,6 +1206,25 @@ fn ecn_marks_at_a_congested_bottleneck_come_back_as_a_cnp_through_the_cc_hooks()
         ),
     )
     .unwrap();
+}
+
+#[test]
+fn ecn_marks_at_a_congested_bottleneck_come_back_as_a_cnp_through_the_cc_hooks() {
+    let link = LinkModel {
+        rate_bps: Some(1_000_000_000),
+        ecn_threshold: Some(8_000),
+        ..Default::default()
+    };
+    let mut sim = Sim::pair(9, link);
+    let o = QpOptions::default();
+    let (qa, _qb) = sim.connect(0, 1, &o);
+    let ra = Recorder::default();
+    let rb = Recorder::default();
+    let (cnps_at_a, paced_at_a, marked_at_b) =
+        (ra.cnps.clone(), ra.paced.clone(), rb.marked.clone());
+    sim.dev(0).set_congestion_control(Box::new(ra));
+    sim.dev(1).set_congestion_control(Box::new(rb));
+    post_64k_write(&mut sim, qa);
     sim.run(100 * MS);
     sim.check_all_sends_completed();
     use std::sync::atomic::Ordering::Relaxed;
@@ -1254,26 +1260,7 @@ fn without_congestion_control_nothing_is_marked_ect_and_no_cnp_is_sent() {
     };
     let mut sim = Sim::pair(9, link);
     let (qa, _qb) = sim.connect(0, 1, &QpOptions::default());
-    let acc = Access::ALL_REMOTE.union(Access::LOCAL_WRITE);
-    let (a, ka) = sim.alloc_mr(0, 65536, acc);
-    let (b, kb) = sim.alloc_mr(1, 65536, acc);
-    sim.post_send(
-        0,
-        qa,
-        SendWr::new(
-            1,
-            SendOp::Write(RemoteAddr {
-                va: b,
-                rkey: kb.rkey,
-            }),
-            Some(Sge {
-                addr: a,
-                length: 65536,
-                lkey: ka.lkey,
-            }),
-        ),
-    )
-    .unwrap();
+    post_64k_write(&mut sim, qa);
     sim.run(100 * MS);
     assert_eq!(
         sim.nodes[1].dev.counters().ecn_marked_pkts,

@@ -187,8 +187,7 @@ fn check_ack<M: MemoryAccess>(
             if rx.payload.len() != expect {
                 return;
             }
-            let sges = w.wr.sg_list.clone();
-            if let Err(status) = ctx.scatter(qp.init.pd, &sges, offset, rx.payload) {
+            if let Err(status) = ctx.scatter(qp.init.pd, &w.wr.sg_list, offset, rx.payload) {
                 fail_head(qp, ctx, status);
                 return;
             }

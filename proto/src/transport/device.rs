@@ -794,9 +794,12 @@ impl<M: MemoryAccess> Device<M> {
         if dest == Qpn::MULTICAST {
             self.ctx.counters.rcvd_pkts += 1;
             self.ctx.counters.rcvd_bytes += rx.wire_len as u64;
-            let members = self.mcast.get(&rx.dst).cloned().unwrap_or_default();
+            // Borrowed field by field rather than cloned: no allocation per datagram.
+            let Some(members) = self.mcast.get(&rx.dst) else {
+                return;
+            };
             for q in members {
-                if let Some(qp) = self.qps.get_mut(&q) {
+                if let Some(qp) = self.qps.get_mut(q) {
                     super::responder::on_ud_request(qp, &mut self.ctx, rx);
                 }
             }

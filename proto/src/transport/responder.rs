@@ -330,9 +330,15 @@ fn execute<M: MemoryAccess>(
         }
         let m = qp.in_msg.as_mut().ok_or(inv_req)?;
         let recv = m.recv.as_ref().ok_or(inv_req)?;
+        // A message above 2^31 bytes (the write limit above, rxe's max_msg_sz) fails as one
+        // too long for the receive buffer; it also keeps the u32 offset from overflowing
+        // on a peer's endless MIDDLE packets.
         let offset = m.offset;
-        let sges = recv.sg_list.clone();
-        match ctx.scatter(pd, &sges, u64::from(offset), rx.payload) {
+        if u64::from(offset) + plen as u64 > 0x8000_0000 {
+            return Err(Fail::Nak(NakCode::InvalidRequest, WcStatus::LocLenErr));
+        }
+        // `recv` borrows the QP, `scatter` the context: no copy of the SGE list per packet.
+        match ctx.scatter(pd, &recv.sg_list, u64::from(offset), rx.payload) {
             Ok(()) => {}
             Err(WcStatus::LocLenErr) => {
                 return Err(Fail::Nak(NakCode::InvalidRequest, WcStatus::LocLenErr))

@@ -240,9 +240,11 @@ const ZERO_REGISTER: u32 = 0xffff_ffff;
 /// packet hashed as two calls cost about twice as much. Same results: the unit tests compare
 /// it with crc32fast on every length and alignment the engine produces.
 ///
-/// The only unsafe code outside the shared-memory rings: SIMD intrinsics, each function
-/// called only after the CPU features it needs were detected, every load bounds-checked
-/// through a slice index first.
+/// The only unsafe code outside the shared-memory rings: SIMD intrinsics. The kernels are
+/// safe `#[target_feature]` functions (so the compiler checks their bodies); `unsafe` is
+/// confined to the calls into them, made only after the CPU features they need were
+/// detected, and to the unaligned loads and stores, each bounds-checked through a slice
+/// index first.
 #[cfg(target_arch = "x86_64")]
 mod fold {
     #![allow(unsafe_code)]
@@ -318,7 +320,7 @@ mod fold {
 
     /// The final CRC from the folded state and the last bytes (under 20).
     #[target_feature(enable = "pclmulqdq,sse4.1")]
-    unsafe fn finish(state: [u8; 16], tail: &[u8]) -> u32 {
+    fn finish(state: [u8; 16], tail: &[u8]) -> u32 {
         if tail.is_empty() {
             // The usual case: headers and payload are whole 16-byte blocks.
             return reduce(state);
@@ -338,7 +340,7 @@ mod fold {
     /// tail of `rest` (under 16 bytes). With `COPY`, every folded byte of `rest` is also
     /// stored to the same place in `dst` (as long as `rest`).
     #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1")]
-    unsafe fn fold<'a, const COPY: bool>(
+    fn fold<'a, const COPY: bool>(
         prefix: &[u64],
         mut rest: &'a [u8],
         mut dst: &mut [u8],
@@ -397,7 +399,8 @@ mod fold {
             x = fold128(x, b, k128);
         }
         let mut out = [0u8; 16];
-        _mm_storeu_si128(out.as_mut_ptr().cast(), x);
+        // SAFETY: `out` is 16 writable bytes; the store has no alignment requirement.
+        unsafe { _mm_storeu_si128(out.as_mut_ptr().cast(), x) };
         (out, rest)
     }
 
@@ -405,8 +408,9 @@ mod fold {
     /// 128 to 64 bits by one more fold, 64 to 32 bits, then a Barrett reduction (the
     /// paper's step 3, in its bit-reflected form).
     #[target_feature(enable = "pclmulqdq,sse4.1")]
-    unsafe fn reduce(state: [u8; 16]) -> u32 {
-        let x = _mm_loadu_si128(state.as_ptr().cast());
+    fn reduce(state: [u8; 16]) -> u32 {
+        // SAFETY: `state` is 16 readable bytes; the load has no alignment requirement.
+        let x = unsafe { _mm_loadu_si128(state.as_ptr().cast()) };
         let low32 = _mm_set_epi32(0, 0, 0, -1);
         // 128 -> 96 bits: the low half carried over 64 bits by x^64 mod P (K128.1).
         let k = _mm_set_epi64x(K128.1, K128.0);
