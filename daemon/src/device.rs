@@ -1462,6 +1462,11 @@ fn create_qp(
         return (errno(libc::EINVAL, "max_inline_data above 512"), vec![]);
     }
     let max_inline = cap.max_inline_data.clamp(64, 512);
+    // Checked before the slot sizes are computed from them: a client's huge SGE count would
+    // overflow `sge * 16`.
+    if cap.max_send_sge > wqe::MAX_SGE as u32 || cap.max_recv_sge > wqe::MAX_SGE as u32 {
+        return (errno(libc::EINVAL, "too many SGEs"), vec![]);
+    }
     let send_slot = wqe::SEND_HEADER_LEN as u32 + (cap.max_send_sge.max(1) * 16).max(max_inline);
     let recv_slot = wqe::RECV_HEADER_LEN as u32 + cap.max_recv_sge.max(1) * 16;
     let (Some(sg), Some(rg)) = (
@@ -1558,6 +1563,10 @@ fn create_srq(
     // SRQ events go to the context the SRQ was made in: its PD's.
     let ctx = pd_ctx;
     let max_sge = max_sge.max(1);
+    // Checked first: a client's huge SGE count would overflow `max_sge * 16`.
+    if max_sge > wqe::MAX_SGE as u32 {
+        return (errno(libc::EINVAL, "too many SGEs"), vec![]);
+    }
     let Some(g) = RingGeometry::new(max_wr.max(1), wqe::RECV_HEADER_LEN as u32 + max_sge * 16)
     else {
         return (errno(libc::EINVAL, "SRQ capacity"), vec![]);
