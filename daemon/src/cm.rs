@@ -2289,37 +2289,53 @@ mod tests {
         out
     }
 
-    /// A kernel rxe client's REQ (rping's, from the lab capture) reaches a softroce listener,
-    /// which answers with a REP naming the kernel's comm ID, TID and PSN as ib_cm would.
-    #[test]
-    fn a_kernel_rxe_request_is_answered() {
-        use proto::cm::{CmMad, CmMessage};
+    /// A listener (port space `ps`, QP type `qpt`) bound to `bind` on a device at 10.77.0.12,
+    /// handed the first MAD of the kernel rxe capture `pcap` (its client's request), which it
+    /// must report as one connect request: the service, its wire, the listener's events and
+    /// the request (source, MAD). The listener's channel stays open while the caller holds
+    /// its descriptor.
+    fn kernel_request_to_listener(
+        ps: u16,
+        qpt: u32,
+        bind: &str,
+        pcap: &str,
+    ) -> (CmService, Wire, OwnedFd, Vec<CmEventMsg>, (IpAddr, Vec<u8>)) {
         let (mut svc, wire) = service(&["10.77.0.12"], RoceVersion::V2);
         let (ch, fd) = channel(&mut svc, 1);
-        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        let l = id(&mut svc, 1, ch, ps, qpt);
         ok(
             &mut svc,
             1,
             Request::CmBind {
                 id: l,
-                addr: sa("10.77.0.12:7174"),
+                addr: sa(bind),
             },
         );
         ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
-        let mads = captured_mads("rping.pcap");
-        let (src, req_mad) = &mads[0];
-        let req = CmMad::parse(req_mad).unwrap();
-        let CmMessage::Req(kreq) = &req.message else {
-            panic!("the capture starts with the REQ")
-        };
+        let (src, req_mad) = captured_mads(pcap).swap_remove(0);
         let now = svc.now();
         svc.devices[0]
             .endpoint
-            .handle_mad(now, *src, req_mad)
+            .handle_mad(now, src, &req_mad)
             .unwrap();
         svc.drain();
         let evs = events(&fd);
         assert_eq!(kinds(&evs), vec![Ev::ConnectRequest as u32]);
+        (svc, wire, fd, evs, (src, req_mad))
+    }
+
+    /// A kernel rxe client's REQ (rping's, from the lab capture) reaches a softroce listener,
+    /// which answers with a REP naming the kernel's comm ID, TID and PSN as ib_cm would.
+    #[test]
+    fn a_kernel_rxe_request_is_answered() {
+        use proto::cm::{CmMad, CmMessage};
+        let (mut svc, wire, _channel, evs, (src, req_mad)) =
+            kernel_request_to_listener(cm_ps::TCP, qp_type::RC, "10.77.0.12:7174", "rping.pcap");
+        let src = &src;
+        let req = CmMad::parse(&req_mad).unwrap();
+        let CmMessage::Req(kreq) = &req.message else {
+            panic!("the capture starts with the REQ")
+        };
         let child = evs[0].child.clone().unwrap();
         assert_eq!(evs[0].conn.qp_num, 0x21);
         assert_eq!(child.src_addr, Some(sa("10.77.0.12:7174")));
@@ -2393,28 +2409,8 @@ mod tests {
     #[test]
     fn a_kernel_rxe_sidr_request_is_answered() {
         use proto::cm::{CmMad, CmMessage};
-        let (mut svc, wire) = service(&["10.77.0.12"], RoceVersion::V2);
-        let (ch, fd) = channel(&mut svc, 1);
-        let l = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: l,
-                addr: sa("0.0.0.0:7174"),
-            },
-        );
-        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
-        let mads = captured_mads("udaddy.pcap");
-        let (src, req_mad) = &mads[0];
-        let now = svc.now();
-        svc.devices[0]
-            .endpoint
-            .handle_mad(now, *src, req_mad)
-            .unwrap();
-        svc.drain();
-        let evs = events(&fd);
-        assert_eq!(kinds(&evs), vec![Ev::ConnectRequest as u32]);
+        let (mut svc, wire, _channel, evs, _) =
+            kernel_request_to_listener(cm_ps::UDP, qp_type::UD, "0.0.0.0:7174", "udaddy.pcap");
         let child = evs[0].child.clone().unwrap().id;
         ok(
             &mut svc,

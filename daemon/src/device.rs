@@ -54,6 +54,9 @@ const MAX_SLEEP: Duration = Duration::from_secs(10);
 /// The longest an idle device sleeps while it has joined multicast groups: their sockets are
 /// polled between waits (the packet driver waits on the main sockets only).
 const GROUP_POLL: Duration = Duration::from_millis(2);
+/// The device's receive buffer: a received packet with its IP and UDP headers rebuilt in
+/// front (and, for the multicast group sockets, the datagram as received).
+const RX_BUF_LEN: usize = 64 * 1024;
 /// Bytes of packets between local QPs taken from the engines before they are delivered.
 const LOCAL_BATCH_BYTES: usize = 256 * 1024;
 /// Transmit-and-deliver rounds per pump for packets between local QPs.
@@ -378,7 +381,7 @@ impl DeviceThread {
             blocks: HashMap::new(),
             last_block: 0,
             start: Instant::now(),
-            rx_buf: vec![0u8; 64 * 1024],
+            rx_buf: vec![0u8; RX_BUF_LEN],
             slot: vec![0u8; 64 * 1024],
             gsi: None,
             local: LocalFrames::new(),
@@ -748,16 +751,19 @@ impl DeviceThread {
     /// looped back by the kernel, are dropped: its QPs got them from the local path already.
     fn receive_groups(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) -> bool {
         let mut busy = false;
-        let mut buf = [0u8; crate::net::MAX_ROCE_PACKET + 1];
-        let (groups, verifier, gids, rx_buf, clients) = (
+        let (groups, verifier, gids, clients) = (
             &self.groups,
             &mut self.group_verifier,
             &self.gids,
-            &mut self.rx_buf,
             &mut self.clients,
         );
+        // Datagrams land in the back half of the device's receive buffer and are rebuilt into
+        // its front half, rather than in a fresh zeroed buffer on every pump. One byte beyond
+        // the longest RoCE packet, so that a longer datagram shows as too long.
+        let (rx_buf, back) = self.rx_buf.split_at_mut(RX_BUF_LEN / 2);
+        let buf = &mut back[..crate::net::MAX_ROCE_PACKET + 1];
         for socket in groups.values().filter_map(|g| g.socket.as_ref()) {
-            while let Some((src, n)) = socket.recv(&mut buf) {
+            while let Some((src, n)) = socket.recv(buf) {
                 busy = true;
                 if gids.contains(&src.ip()) {
                     continue;
@@ -1462,6 +1468,11 @@ fn create_qp(
         return (errno(libc::EINVAL, "max_inline_data above 512"), vec![]);
     }
     let max_inline = cap.max_inline_data.clamp(64, 512);
+    // Checked before the slot sizes are computed from them: a client's huge SGE count would
+    // overflow `sge * 16`.
+    if cap.max_send_sge > wqe::MAX_SGE as u32 || cap.max_recv_sge > wqe::MAX_SGE as u32 {
+        return (errno(libc::EINVAL, "too many SGEs"), vec![]);
+    }
     let send_slot = wqe::SEND_HEADER_LEN as u32 + (cap.max_send_sge.max(1) * 16).max(max_inline);
     let recv_slot = wqe::RECV_HEADER_LEN as u32 + cap.max_recv_sge.max(1) * 16;
     let (Some(sg), Some(rg)) = (
@@ -1558,6 +1569,10 @@ fn create_srq(
     // SRQ events go to the context the SRQ was made in: its PD's.
     let ctx = pd_ctx;
     let max_sge = max_sge.max(1);
+    // Checked first: a client's huge SGE count would overflow `max_sge * 16`.
+    if max_sge > wqe::MAX_SGE as u32 {
+        return (errno(libc::EINVAL, "too many SGEs"), vec![]);
+    }
     let Some(g) = RingGeometry::new(max_wr.max(1), wqe::RECV_HEADER_LEN as u32 + max_sge * 16)
     else {
         return (errno(libc::EINVAL, "SRQ capacity"), vec![]);

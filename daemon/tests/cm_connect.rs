@@ -304,6 +304,22 @@ fn client_death(server_socket: &Path, client_socket: &Path, listen: SocketAddr) 
     assert_eq!(e.id, *child);
 }
 
+/// The refusals (listening on port 7472, nobody on 7473) and a SIDR exchange (port 7474)
+/// between clients of the daemons at `server` and `client`; the server's device is at
+/// `server_ip`.
+fn refusals_and_sidr(server: &Path, client: &Path, server_ip: &str) {
+    let ip = server_ip.parse().unwrap();
+    refusals(
+        server,
+        client,
+        SocketAddr::new(ip, 7472),
+        SocketAddr::new(ip, 7473),
+    );
+    let mut us = Side::with_type(server, 1 << 12, qp_type::UD);
+    let mut uc = Side::with_type(client, 1 << 12, qp_type::UD);
+    sidr(&mut us, &mut uc, SocketAddr::new(ip, 7474), ctl::gid_of(ip));
+}
+
 fn sock_with_port(a: SocketAddr, port: u16) -> SocketAddr {
     SocketAddr::new(a.ip(), port)
 }
@@ -338,16 +354,7 @@ fn two_daemons_connect_through_the_cm_on_the_wire() {
     transfer(&mut p);
     disconnect(&mut p);
     let _ = p.listener;
-    refusals(
-        &ds.socket,
-        &dc.socket,
-        sock("127.0.0.170:7472"),
-        sock("127.0.0.170:7473"),
-    );
-    let gid = ctl::gid_of(addr_s.parse().unwrap());
-    let mut us = Side::with_type(&ds.socket, 1 << 12, qp_type::UD);
-    let mut uc = Side::with_type(&dc.socket, 1 << 12, qp_type::UD);
-    sidr(&mut us, &mut uc, sock("127.0.0.170:7474"), gid);
+    refusals_and_sidr(&ds.socket, &dc.socket, addr_s);
     client_death(&ds.socket, &dc.socket, sock("127.0.0.170:7475"));
 
     let text = cap.stop_and_check();
@@ -412,16 +419,7 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
     );
     transfer(&mut again);
     disconnect(&mut again);
-    refusals(
-        &d.socket,
-        &d.socket,
-        sock("127.0.0.172:7472"),
-        sock("127.0.0.172:7473"),
-    );
-    let gid = ctl::gid_of(addr.parse().unwrap());
-    let mut us = Side::with_type(&d.socket, 1 << 12, qp_type::UD);
-    let mut uc = Side::with_type(&d.socket, 1 << 12, qp_type::UD);
-    sidr(&mut us, &mut uc, sock("127.0.0.172:7474"), gid);
+    refusals_and_sidr(&d.socket, &d.socket, addr);
 
     // Loopback other than the device's address is the device itself.
     let mut q = establish(

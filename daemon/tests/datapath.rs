@@ -344,12 +344,9 @@ fn netdev_addresses_are_followed_as_they_change() {
     exercise(&mut a, &mut b, new_gid, lo_gid);
 }
 
-/// `--max-qp`: the device's QP limit holds over all clients.
-#[test]
-fn the_qp_limit_holds_across_clients() {
-    let d = start_daemon_with("limits", &["--addr", "127.0.0.65", "--max-qp", "1"], &[]);
-    let _first = Side::new(&d.socket, 4096);
-    let mut c = Client::connect(&d.socket, "over-the-limit").unwrap();
+/// Opens a context on srxe0 for `c` and allocates a PD and an 8-entry CQ in it: the PD, the CQ
+/// and the context's event socket (which must stay open while the context is used).
+fn pd_and_cq(c: &mut Client) -> (u32, u32, std::os::fd::OwnedFd) {
     let (a0, a1) = nix::sys::socket::socketpair(
         nix::sys::socket::AddressFamily::Unix,
         nix::sys::socket::SockType::SeqPacket,
@@ -386,6 +383,73 @@ fn the_qp_limit_holds_across_clients() {
     let Response::Cq { cq, .. } = ok(r) else {
         panic!()
     };
+    (pd, cq, a0)
+}
+
+fn rc_qp(pd: u32, cq: u32, cap: ctl::QpCap) -> Request {
+    Request::CreateQp {
+        pd,
+        qp_type: ctl::qp_type::RC,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        cap,
+        sq_sig_all: false,
+    }
+}
+
+/// A client asking for absurd SGE counts (sized into ring slots as `sge * 16`) gets EINVAL,
+/// and the device goes on serving it.
+#[test]
+fn huge_sge_counts_are_refused() {
+    let d = start_daemon_with("sge", &["--addr", "127.0.0.65", "--port", "0"], &[]);
+    let mut c = Client::connect(&d.socket, "huge-sge").unwrap();
+    let (pd, cq, _events) = pd_and_cq(&mut c);
+    let cap = ctl::QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    for huge in [
+        ctl::QpCap {
+            max_send_sge: u32::MAX / 8,
+            ..cap
+        },
+        ctl::QpCap {
+            max_recv_sge: u32::MAX,
+            ..cap
+        },
+    ] {
+        match c.request(&rc_qp(pd, cq, huge)).unwrap() {
+            Response::Error { errno, .. } => assert_eq!(errno, libc::EINVAL),
+            other => panic!("a QP with {huge:?} was granted: {other:?}"),
+        }
+    }
+    let srq = Request::CreateSrq {
+        pd,
+        max_wr: 4,
+        max_sge: u32::MAX / 8,
+        srq_limit: 0,
+    };
+    match c.request(&srq).unwrap() {
+        Response::Error { errno, .. } => assert_eq!(errno, libc::EINVAL),
+        other => panic!("an SRQ with a huge SGE count was granted: {other:?}"),
+    }
+    assert!(
+        matches!(c.request(&rc_qp(pd, cq, cap)).unwrap(), Response::Qp { .. }),
+        "the device still creates a sane QP"
+    );
+}
+
+/// `--max-qp`: the device's QP limit holds over all clients.
+#[test]
+fn the_qp_limit_holds_across_clients() {
+    let d = start_daemon_with("limits", &["--addr", "127.0.0.65", "--max-qp", "1"], &[]);
+    let _first = Side::new(&d.socket, 4096);
+    let mut c = Client::connect(&d.socket, "over-the-limit").unwrap();
+    let (pd, cq, a0) = pd_and_cq(&mut c);
     let r = c
         .request(&Request::CreateQp {
             pd,
