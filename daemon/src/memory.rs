@@ -348,7 +348,13 @@ impl ProcessMemory {
     /// A small read inside one page, during a pass: served from that page, read whole once.
     fn read_small(&mut self, addr: u64, out: &mut [u8]) -> bool {
         let page = addr & !(PAGE as u64 - 1);
-        if addr + out.len() as u64 > page + PAGE as u64 {
+        // Checked: the address comes from a work request or a packet (false = read it the
+        // ordinary way, which reports a bad address).
+        let fits = addr
+            .checked_add(out.len() as u64)
+            .zip(page.checked_add(PAGE as u64))
+            .is_some_and(|(end, page_end)| end <= page_end);
+        if !fits {
             return false;
         }
         let at = (addr - page) as usize;
