@@ -447,11 +447,13 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
     let p = cq.cast::<ShimCq>();
     // SAFETY: live CQ; its mutex/cond are initialised.
     unsafe {
-        libc::pthread_mutex_lock(addr_of_mut!((*p).cq.mutex));
-        (*p).cq.comp_events_completed = (*p).cq.comp_events_completed.wrapping_add(nevents);
-        libc::pthread_cond_signal(addr_of_mut!((*p).cq.cond));
-        libc::pthread_mutex_unlock(addr_of_mut!((*p).cq.mutex));
-    }
+        qp::ack_events(
+            addr_of_mut!((*p).cq.mutex),
+            addr_of_mut!((*p).cq.cond),
+            addr_of_mut!((*p).cq.comp_events_completed),
+            nevents,
+        )
+    };
 }
 
 /// Acknowledges one async event of `cq` (from `ibv_ack_async_event`).
@@ -462,11 +464,13 @@ pub(crate) fn ack_async_event(cq: *mut IbvCq) {
     let p = cq.cast::<ShimCq>();
     // SAFETY: live CQ; its mutex/cond are initialised.
     unsafe {
-        libc::pthread_mutex_lock(addr_of_mut!((*p).cq.mutex));
-        (*p).cq.async_events_completed = (*p).cq.async_events_completed.wrapping_add(1);
-        libc::pthread_cond_signal(addr_of_mut!((*p).cq.cond));
-        libc::pthread_mutex_unlock(addr_of_mut!((*p).cq.mutex));
-    }
+        qp::ack_events(
+            addr_of_mut!((*p).cq.mutex),
+            addr_of_mut!((*p).cq.cond),
+            addr_of_mut!((*p).cq.async_events_completed),
+            1,
+        )
+    };
 }
 
 // ---- extended polling (ibv_start_poll / ibv_next_poll / ibv_end_poll / ibv_wc_read_*) ----

@@ -841,12 +841,13 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
         ctx.objects().qps.remove(&qpn);
         // SAFETY: live QP; mutex/cond initialised statically.
         unsafe {
-            libc::pthread_mutex_lock(addr_of_mut!((*qp).mutex));
-            while (*qp).events_completed != shim.events_reported.load(Ordering::Acquire) {
-                libc::pthread_cond_wait(addr_of_mut!((*qp).cond), addr_of_mut!((*qp).mutex));
-            }
-            libc::pthread_mutex_unlock(addr_of_mut!((*qp).mutex));
-        }
+            wait_async_events_acked(
+                addr_of_mut!((*qp).mutex),
+                addr_of_mut!((*qp).cond),
+                addr_of_mut!((*qp).events_completed),
+                &shim.events_reported,
+            )
+        };
         if !QPS.remove(qp) {
             return Err(Errno::INVAL);
         }
@@ -875,10 +876,55 @@ pub(crate) fn ack_async_event(qp: *mut IbvQp) {
     }
     // SAFETY: live QP; its mutex/cond are initialised.
     unsafe {
-        libc::pthread_mutex_lock(addr_of_mut!((*qp).mutex));
-        (*qp).events_completed = (*qp).events_completed.wrapping_add(1);
-        libc::pthread_cond_signal(addr_of_mut!((*qp).cond));
-        libc::pthread_mutex_unlock(addr_of_mut!((*qp).mutex));
+        ack_events(
+            addr_of_mut!((*qp).mutex),
+            addr_of_mut!((*qp).cond),
+            addr_of_mut!((*qp).events_completed),
+            1,
+        )
+    };
+}
+
+/// Waits, under the object's mutex, until the application acknowledged every async event
+/// reported for it: rdma-core's destroy verbs block the same way, so an `ibv_async_event`
+/// the application still holds never names freed memory.
+///
+/// # Safety
+/// `mutex`, `cond` and `completed` point into a live object whose mutex and condition
+/// variable are initialised; `completed` is only changed under `mutex`.
+pub(crate) unsafe fn wait_async_events_acked(
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    completed: *const u32,
+    reported: &AtomicU32,
+) {
+    // SAFETY: per the contract; `completed` is re-read after every wake-up.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        while *completed != reported.load(Ordering::Acquire) {
+            libc::pthread_cond_wait(cond, mutex);
+        }
+        libc::pthread_mutex_unlock(mutex);
+    }
+}
+
+/// Adds `n` acknowledged events to `completed` under the object's mutex and wakes a
+/// destroy waiting in [`wait_async_events_acked`] (or the CQ's own wait).
+///
+/// # Safety
+/// As for [`wait_async_events_acked`], with `completed` writable.
+pub(crate) unsafe fn ack_events(
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    completed: *mut u32,
+    n: u32,
+) {
+    // SAFETY: per the contract.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        *completed = (*completed).wrapping_add(n);
+        libc::pthread_cond_signal(cond);
+        libc::pthread_mutex_unlock(mutex);
     }
 }
 
