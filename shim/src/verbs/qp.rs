@@ -666,6 +666,35 @@ pub(crate) fn to_ctl_ah(a: &IbvAhAttr) -> ctl::AhAttr {
     }
 }
 
+/// `struct ibv_qp_attr` from the protocol's form, with `cap` as the caller reports it
+/// (`ibv_query_qp` answers the QP's own capabilities, `rdma_init_qp_attr` the daemon's).
+pub(crate) fn qp_attr_from_ctl(a: &ctl::QpAttr, cap: IbvQpCap) -> IbvQpAttr {
+    IbvQpAttr {
+        qp_state: a.qp_state as c_int,
+        cur_qp_state: a.cur_qp_state as c_int,
+        path_mtu: a.path_mtu as c_int,
+        path_mig_state: a.path_mig_state as c_int,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags,
+        cap,
+        ah_attr: from_ctl_ah(&a.ah_attr),
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        sq_draining: a.sq_draining,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        ..IbvQpAttr::default()
+    }
+}
+
 pub(crate) fn from_ctl_ah(a: &ctl::AhAttr) -> IbvAhAttr {
     IbvAhAttr {
         grh: IbvGlobalRoute {
@@ -778,30 +807,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             max_recv_sge: shim.cap.max_recv_sge,
             max_inline_data: shim.cap.max_inline_data,
         };
-        let attr = IbvQpAttr {
-            qp_state: a.qp_state as c_int,
-            cur_qp_state: a.cur_qp_state as c_int,
-            path_mtu: a.path_mtu as c_int,
-            path_mig_state: a.path_mig_state as c_int,
-            qkey: a.qkey,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qp_num: a.dest_qp_num,
-            qp_access_flags: a.qp_access_flags,
-            cap,
-            ah_attr: from_ctl_ah(&a.ah_attr),
-            pkey_index: a.pkey_index,
-            en_sqd_async_notify: a.en_sqd_async_notify,
-            sq_draining: a.sq_draining,
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port_num: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-            ..IbvQpAttr::default()
-        };
+        let attr = qp_attr_from_ctl(&a, cap);
         let b = &shim.qp.qp_base;
         // SAFETY: both non-null and writable per the caller.
         unsafe {
