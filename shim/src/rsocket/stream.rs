@@ -1072,9 +1072,12 @@ impl Stream {
                 let Some(head) = self.rmsg.front_mut() else {
                     break;
                 };
-                let mut rsize = if (left as u32) < *head {
-                    *head -= left as u32;
-                    left as u32
+                // Saturate, not truncate: a buffer of exactly 4 GiB made `left as u32`
+                // zero, so nothing was consumed and this loop never ended.
+                let want = u32::try_from(left).unwrap_or(u32::MAX);
+                let mut rsize = if want < *head {
+                    *head -= want;
+                    want
                 } else {
                     let r = *head;
                     self.rmsg.pop_front();
