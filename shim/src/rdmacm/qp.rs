@@ -27,38 +27,16 @@ const QP_INIT_ATTR_PD: u32 = 1;
 const SRQ_INIT_ATTR_TYPE: u32 = 1;
 const SRQ_INIT_ATTR_PD: u32 = 2;
 
-/// `struct ibv_qp_attr` from the protocol's form.
+/// `struct ibv_qp_attr` from the protocol's form, with the daemon's capabilities.
 fn qp_attr_from_ctl(a: &ctl::QpAttr) -> IbvQpAttr {
-    IbvQpAttr {
-        qp_state: a.qp_state as c_int,
-        cur_qp_state: a.cur_qp_state as c_int,
-        path_mtu: a.path_mtu as c_int,
-        path_mig_state: a.path_mig_state as c_int,
-        qkey: a.qkey,
-        rq_psn: a.rq_psn,
-        sq_psn: a.sq_psn,
-        dest_qp_num: a.dest_qp_num,
-        qp_access_flags: a.qp_access_flags,
-        cap: IbvQpCap {
-            max_send_wr: a.cap.max_send_wr,
-            max_recv_wr: a.cap.max_recv_wr,
-            max_send_sge: a.cap.max_send_sge,
-            max_recv_sge: a.cap.max_recv_sge,
-            max_inline_data: a.cap.max_inline_data,
-        },
-        ah_attr: verbs::qp::from_ctl_ah(&a.ah_attr),
-        pkey_index: a.pkey_index,
-        en_sqd_async_notify: a.en_sqd_async_notify,
-        sq_draining: a.sq_draining,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        ..IbvQpAttr::default()
-    }
+    let cap = IbvQpCap {
+        max_send_wr: a.cap.max_send_wr,
+        max_recv_wr: a.cap.max_recv_wr,
+        max_send_sge: a.cap.max_send_sge,
+        max_recv_sge: a.cap.max_recv_sge,
+        max_inline_data: a.cap.max_inline_data,
+    };
+    verbs::qp::qp_attr_from_ctl(a, cap)
 }
 
 /// `rdma_init_qp_attr`: the daemon's attributes for moving the id's QP to `state`, with the

@@ -214,10 +214,21 @@ pub extern "C" fn rclose(socket: c_int) -> c_int {
     })
 }
 
+/// A caller's byte count that can name one Rust slice: `slice::from_raw_parts` requires at
+/// most `isize::MAX` bytes (a larger one is undefined behaviour, and debug builds abort, which
+/// no `catch_unwind` stops). The kernel answers such a `send`/`recv`/`writev` with EINVAL.
+fn check_len(len: usize) -> Result<(), Errno> {
+    if len > isize::MAX as usize {
+        return Err(Errno::INVAL);
+    }
+    Ok(())
+}
+
 fn recv_into(socket: c_int, buf: *mut c_void, len: usize, flags: c_int) -> Result<usize, Errno> {
     if buf.is_null() && len > 0 {
         return Err(Errno(libc::EFAULT));
     }
+    check_len(len)?;
     let s = get(socket)?;
     let mut g = lock(&s);
     if len == 0 {
@@ -244,6 +255,8 @@ unsafe fn iov_slices<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<&'a [u
         return Err(Errno::INVAL);
     }
     let mut v = Vec::with_capacity(n as usize);
+    // The total must fit an ssize_t as well (writev(2): EINVAL otherwise); `send` sums it.
+    let mut total = 0usize;
     for i in 0..n as usize {
         // SAFETY: per the contract.
         let e = unsafe { &*iov.add(i) };
@@ -253,6 +266,8 @@ unsafe fn iov_slices<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<&'a [u
         if e.iov_base.is_null() {
             return Err(Errno(libc::EFAULT));
         }
+        total = total.checked_add(e.iov_len).ok_or(Errno::INVAL)?;
+        check_len(total)?;
         // SAFETY: per the contract.
         v.push(unsafe { std::slice::from_raw_parts(e.iov_base.cast::<u8>(), e.iov_len) });
     }
@@ -359,6 +374,7 @@ pub unsafe extern "C" fn rsend(
         if buf.is_null() && len > 0 {
             return Err(Errno(libc::EFAULT));
         }
+        check_len(len)?;
         let b: &[u8] = if len == 0 {
             &[]
         } else {
@@ -459,6 +475,13 @@ pub unsafe extern "C" fn rpoll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -
     ffi::int_or_minus_one(|| {
         if fds.is_null() && nfds > 0 {
             return Err(Errno(libc::EFAULT));
+        }
+        // poll(2) answers EINVAL past RLIMIT_NOFILE; here at least the slice must be valid.
+        let slice_bytes = usize::try_from(nfds)
+            .ok()
+            .and_then(|n| n.checked_mul(std::mem::size_of::<pollfd>()));
+        if slice_bytes.is_none_or(|b| b > isize::MAX as usize) {
+            return Err(Errno::INVAL);
         }
         let fds: &mut [pollfd] = if nfds == 0 {
             &mut []
@@ -883,6 +906,42 @@ mod tests {
         assert_eq!(unsafe { rrecv(123_456, b.as_mut_ptr().cast(), 4, 0) }, -1);
         assert_eq!(errno(), libc::EBADF);
         assert_eq!(rfcntl(123_456, libc::F_GETFL, 0), -1);
+    }
+
+    #[test]
+    fn lengths_no_slice_can_hold_are_einval() {
+        // Never dereferenced: every call must fail on the length before touching memory
+        // (a slice longer than isize::MAX would be undefined behaviour).
+        let mut b = [0u8; 4];
+        let huge = isize::MAX as usize + 1;
+        // SAFETY: the buffer is valid; the length is the point of the test.
+        assert_eq!(
+            unsafe { rrecv(123_456, b.as_mut_ptr().cast(), huge, 0) },
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        // SAFETY: as above.
+        assert_eq!(
+            unsafe { rsend(123_456, b.as_ptr().cast(), usize::MAX, 0) },
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        let half = libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: isize::MAX as usize / 2 + 1,
+        };
+        let iov = [half, half];
+        // SAFETY: two entries; their sum overflows isize.
+        assert_eq!(unsafe { rwritev(123_456, iov.as_ptr(), 2) }, -1);
+        assert_eq!(errno(), libc::EINVAL);
+        let mut fds = [pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }];
+        // SAFETY: the count is the point of the test; nothing is read.
+        assert_eq!(unsafe { rpoll(fds.as_mut_ptr(), nfds_t::MAX, 0) }, -1);
+        assert_eq!(errno(), libc::EINVAL);
     }
 
     #[test]

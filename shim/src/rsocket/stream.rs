@@ -667,7 +667,12 @@ impl Stream {
                 length: self.rbuf_size >> 1,
             };
             let bytes = sge.to_host_bytes(self.swap_sgl);
-            let remote = self.remote_sgl.addr + u64::from(self.remote_sge) * wire::SGE_LEN as u64;
+            // The peer's SGL address comes from its connect private data: any value, so
+            // wrap (a bad address is the peer's remote access error) rather than overflow.
+            let remote = self
+                .remote_sgl
+                .addr
+                .wrapping_add(u64::from(self.remote_sge).wrapping_mul(wire::SGE_LEN as u64));
             let rkey_remote = self.remote_sgl.key;
             let r = if usize::from(self.sq_inline) >= wire::SGE_LEN {
                 let mut s = [IbvSge {
@@ -1067,9 +1072,12 @@ impl Stream {
                 let Some(head) = self.rmsg.front_mut() else {
                     break;
                 };
-                let mut rsize = if (left as u32) < *head {
-                    *head -= left as u32;
-                    left as u32
+                // Saturate, not truncate: a buffer of exactly 4 GiB made `left as u32`
+                // zero, so nothing was consumed and this loop never ended.
+                let want = u32::try_from(left).unwrap_or(u32::MAX);
+                let mut rsize = if want < *head {
+                    *head -= want;
+                    want
                 } else {
                     let r = *head;
                     self.rmsg.pop_front();

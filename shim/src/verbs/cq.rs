@@ -93,8 +93,15 @@ impl ShimCq {
         (self as *const ShimCq).cast_mut().cast()
     }
 
-    /// Copies the next completion into `out`; false when the ring is empty.
-    fn pop(&self, ring: &mut SharedRing, out: &mut IbvWc) -> Result<bool, Errno> {
+    /// Copies the next completion into `out`; false when the ring is empty. `ctx` is this
+    /// CQ's context, already looked up (and checked) by the caller once per poll rather than
+    /// again for every receive completion.
+    fn pop(
+        &self,
+        ctx: &ShimContext,
+        ring: &mut SharedRing,
+        out: &mut IbvWc,
+    ) -> Result<bool, Errno> {
         let mut slot = [0u8; MAX_CQ_SLOT];
         match ring.pop(&mut slot) {
             Ok(true) => {
@@ -109,9 +116,7 @@ impl ShimCq {
                 };
                 // Receive opcodes have bit 7 set (IBV_WC_RECV = 1 << 7); flushed receives too.
                 if out.opcode & IBV_WC_RECV != 0 {
-                    if let Ok(ctx) = runtime::context_from_ptr(self.cq.context) {
-                        qp::receive_completed(ctx, out.qp_num);
-                    }
+                    qp::receive_completed(ctx, out.qp_num);
                 }
                 Ok(true)
             }
@@ -348,12 +353,13 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_
         if n < 0 || (n > 0 && wc.is_null()) {
             return Err(Errno::INVAL);
         }
-        runtime::context_from_ptr(shim.cq.context)?.data_path_ok()?;
+        let ctx = runtime::context_from_ptr(shim.cq.context)?;
+        ctx.data_path_ok()?;
         let mut ring = lock(&shim.ring);
         let mut got = 0;
         while got < n {
             let mut one = IbvWc::default();
-            if !shim.pop(&mut ring, &mut one)? {
+            if !shim.pop(ctx, &mut ring, &mut one)? {
                 break;
             }
             // SAFETY: the caller's array holds `n` entries and got < n.
@@ -441,11 +447,13 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut IbvCq, nevents: c_uint) {
     let p = cq.cast::<ShimCq>();
     // SAFETY: live CQ; its mutex/cond are initialised.
     unsafe {
-        libc::pthread_mutex_lock(addr_of_mut!((*p).cq.mutex));
-        (*p).cq.comp_events_completed = (*p).cq.comp_events_completed.wrapping_add(nevents);
-        libc::pthread_cond_signal(addr_of_mut!((*p).cq.cond));
-        libc::pthread_mutex_unlock(addr_of_mut!((*p).cq.mutex));
-    }
+        qp::ack_events(
+            addr_of_mut!((*p).cq.mutex),
+            addr_of_mut!((*p).cq.cond),
+            addr_of_mut!((*p).cq.comp_events_completed),
+            nevents,
+        )
+    };
 }
 
 /// Acknowledges one async event of `cq` (from `ibv_ack_async_event`).
@@ -456,11 +464,13 @@ pub(crate) fn ack_async_event(cq: *mut IbvCq) {
     let p = cq.cast::<ShimCq>();
     // SAFETY: live CQ; its mutex/cond are initialised.
     unsafe {
-        libc::pthread_mutex_lock(addr_of_mut!((*p).cq.mutex));
-        (*p).cq.async_events_completed = (*p).cq.async_events_completed.wrapping_add(1);
-        libc::pthread_cond_signal(addr_of_mut!((*p).cq.cond));
-        libc::pthread_mutex_unlock(addr_of_mut!((*p).cq.mutex));
-    }
+        qp::ack_events(
+            addr_of_mut!((*p).cq.mutex),
+            addr_of_mut!((*p).cq.cond),
+            addr_of_mut!((*p).cq.async_events_completed),
+            1,
+        )
+    };
 }
 
 // ---- extended polling (ibv_start_poll / ibv_next_poll / ibv_end_poll / ibv_wc_read_*) ----
@@ -470,13 +480,17 @@ fn advance(cq: *mut IbvCqEx) -> c_int {
     let Ok(shim) = cq_from_ptr(cq) else {
         return libc::EINVAL;
     };
-    if let Err(e) = runtime::context_from_ptr(shim.cq.context).and_then(|c| c.data_path_ok()) {
+    let ctx = match runtime::context_from_ptr(shim.cq.context) {
+        Ok(c) => c,
+        Err(e) => return e.0,
+    };
+    if let Err(e) = ctx.data_path_ok() {
         return e.0;
     }
     let mut wc = IbvWc::default();
     let got = {
         let mut ring = lock(&shim.ring);
-        shim.pop(&mut ring, &mut wc)
+        shim.pop(ctx, &mut ring, &mut wc)
     };
     match got {
         Ok(true) => {

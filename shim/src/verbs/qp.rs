@@ -666,6 +666,35 @@ pub(crate) fn to_ctl_ah(a: &IbvAhAttr) -> ctl::AhAttr {
     }
 }
 
+/// `struct ibv_qp_attr` from the protocol's form, with `cap` as the caller reports it
+/// (`ibv_query_qp` answers the QP's own capabilities, `rdma_init_qp_attr` the daemon's).
+pub(crate) fn qp_attr_from_ctl(a: &ctl::QpAttr, cap: IbvQpCap) -> IbvQpAttr {
+    IbvQpAttr {
+        qp_state: a.qp_state as c_int,
+        cur_qp_state: a.cur_qp_state as c_int,
+        path_mtu: a.path_mtu as c_int,
+        path_mig_state: a.path_mig_state as c_int,
+        qkey: a.qkey,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags,
+        cap,
+        ah_attr: from_ctl_ah(&a.ah_attr),
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify,
+        sq_draining: a.sq_draining,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        ..IbvQpAttr::default()
+    }
+}
+
 pub(crate) fn from_ctl_ah(a: &ctl::AhAttr) -> IbvAhAttr {
     IbvAhAttr {
         grh: IbvGlobalRoute {
@@ -778,30 +807,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             max_recv_sge: shim.cap.max_recv_sge,
             max_inline_data: shim.cap.max_inline_data,
         };
-        let attr = IbvQpAttr {
-            qp_state: a.qp_state as c_int,
-            cur_qp_state: a.cur_qp_state as c_int,
-            path_mtu: a.path_mtu as c_int,
-            path_mig_state: a.path_mig_state as c_int,
-            qkey: a.qkey,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qp_num: a.dest_qp_num,
-            qp_access_flags: a.qp_access_flags,
-            cap,
-            ah_attr: from_ctl_ah(&a.ah_attr),
-            pkey_index: a.pkey_index,
-            en_sqd_async_notify: a.en_sqd_async_notify,
-            sq_draining: a.sq_draining,
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port_num: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-            ..IbvQpAttr::default()
-        };
+        let attr = qp_attr_from_ctl(&a, cap);
         let b = &shim.qp.qp_base;
         // SAFETY: both non-null and writable per the caller.
         unsafe {
@@ -841,12 +847,13 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
         ctx.objects().qps.remove(&qpn);
         // SAFETY: live QP; mutex/cond initialised statically.
         unsafe {
-            libc::pthread_mutex_lock(addr_of_mut!((*qp).mutex));
-            while (*qp).events_completed != shim.events_reported.load(Ordering::Acquire) {
-                libc::pthread_cond_wait(addr_of_mut!((*qp).cond), addr_of_mut!((*qp).mutex));
-            }
-            libc::pthread_mutex_unlock(addr_of_mut!((*qp).mutex));
-        }
+            wait_async_events_acked(
+                addr_of_mut!((*qp).mutex),
+                addr_of_mut!((*qp).cond),
+                addr_of_mut!((*qp).events_completed),
+                &shim.events_reported,
+            )
+        };
         if !QPS.remove(qp) {
             return Err(Errno::INVAL);
         }
@@ -875,10 +882,55 @@ pub(crate) fn ack_async_event(qp: *mut IbvQp) {
     }
     // SAFETY: live QP; its mutex/cond are initialised.
     unsafe {
-        libc::pthread_mutex_lock(addr_of_mut!((*qp).mutex));
-        (*qp).events_completed = (*qp).events_completed.wrapping_add(1);
-        libc::pthread_cond_signal(addr_of_mut!((*qp).cond));
-        libc::pthread_mutex_unlock(addr_of_mut!((*qp).mutex));
+        ack_events(
+            addr_of_mut!((*qp).mutex),
+            addr_of_mut!((*qp).cond),
+            addr_of_mut!((*qp).events_completed),
+            1,
+        )
+    };
+}
+
+/// Waits, under the object's mutex, until the application acknowledged every async event
+/// reported for it: rdma-core's destroy verbs block the same way, so an `ibv_async_event`
+/// the application still holds never names freed memory.
+///
+/// # Safety
+/// `mutex`, `cond` and `completed` point into a live object whose mutex and condition
+/// variable are initialised; `completed` is only changed under `mutex`.
+pub(crate) unsafe fn wait_async_events_acked(
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    completed: *const u32,
+    reported: &AtomicU32,
+) {
+    // SAFETY: per the contract; `completed` is re-read after every wake-up.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        while *completed != reported.load(Ordering::Acquire) {
+            libc::pthread_cond_wait(cond, mutex);
+        }
+        libc::pthread_mutex_unlock(mutex);
+    }
+}
+
+/// Adds `n` acknowledged events to `completed` under the object's mutex and wakes a
+/// destroy waiting in [`wait_async_events_acked`] (or the CQ's own wait).
+///
+/// # Safety
+/// As for [`wait_async_events_acked`], with `completed` writable.
+pub(crate) unsafe fn ack_events(
+    mutex: *mut libc::pthread_mutex_t,
+    cond: *mut libc::pthread_cond_t,
+    completed: *mut u32,
+    n: u32,
+) {
+    // SAFETY: per the contract.
+    unsafe {
+        libc::pthread_mutex_lock(mutex);
+        *completed = (*completed).wrapping_add(n);
+        libc::pthread_cond_signal(cond);
+        libc::pthread_mutex_unlock(mutex);
     }
 }
 

@@ -1,7 +1,7 @@
 //! Shared receive queues: the shim produces receive WQEs into the SRQ's ring.
 
 use std::ptr::{self, addr_of_mut};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::Mutex;
 
 use libc::c_int;
@@ -11,7 +11,7 @@ use crate::abi::*;
 use crate::ffi::{self, Errno};
 use crate::runtime::{self, SRQS};
 use crate::shm::Mapping;
-use crate::verbs::qp::{lock, Producer};
+use crate::verbs::qp::{ack_events, lock, wait_async_events_acked, Producer};
 use crate::verbs::{helpers, pd};
 
 /// The allocation behind an `ibv_srq *`.
@@ -232,12 +232,13 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
         ctx.objects().srqs.remove(&handle);
         // SAFETY: live SRQ; mutex/cond initialised statically.
         unsafe {
-            libc::pthread_mutex_lock(addr_of_mut!((*srq).mutex));
-            while (*srq).events_completed != shim.events_reported.load(Ordering::Acquire) {
-                libc::pthread_cond_wait(addr_of_mut!((*srq).cond), addr_of_mut!((*srq).mutex));
-            }
-            libc::pthread_mutex_unlock(addr_of_mut!((*srq).mutex));
-        }
+            wait_async_events_acked(
+                addr_of_mut!((*srq).mutex),
+                addr_of_mut!((*srq).cond),
+                addr_of_mut!((*srq).events_completed),
+                &shim.events_reported,
+            )
+        };
         if !SRQS.remove(srq) {
             return Err(Errno::INVAL);
         }
@@ -254,11 +255,13 @@ pub(crate) fn ack_async_event(srq: *mut IbvSrq) {
     }
     // SAFETY: live SRQ; its mutex/cond are initialised.
     unsafe {
-        libc::pthread_mutex_lock(addr_of_mut!((*srq).mutex));
-        (*srq).events_completed = (*srq).events_completed.wrapping_add(1);
-        libc::pthread_cond_signal(addr_of_mut!((*srq).cond));
-        libc::pthread_mutex_unlock(addr_of_mut!((*srq).mutex));
-    }
+        ack_events(
+            addr_of_mut!((*srq).mutex),
+            addr_of_mut!((*srq).cond),
+            addr_of_mut!((*srq).events_completed),
+            1,
+        )
+    };
 }
 
 /// `ctx->ops.post_srq_recv`.
