@@ -1098,7 +1098,7 @@ impl Stream {
                     self.rbuf_offset = 0;
                     rsize -= end_size;
                     left -= end_size as usize;
-                    self.rbuf_bytes_avail += end_size;
+                    self.rbuf_bytes_avail = self.rbuf_bytes_avail.saturating_add(end_size);
                 }
                 let dst_off = len - left;
                 // SAFETY: as above.
@@ -1111,7 +1111,7 @@ impl Stream {
                 };
                 self.rbuf_offset += rsize;
                 left -= rsize as usize;
-                self.rbuf_bytes_avail += rsize;
+                self.rbuf_bytes_avail = self.rbuf_bytes_avail.saturating_add(rsize);
             }
             if !(left > 0 && flags & libc::MSG_WAITALL != 0 && self.state & st::READABLE != 0) {
                 break;
