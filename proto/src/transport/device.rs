@@ -5,7 +5,7 @@
 use super::cc::{CongestionControl, NoCongestionControl};
 use super::counters::Counters;
 use super::memory::MemoryAccess;
-use super::packet_io::{Payload, Route};
+use super::packet_io::{Payload, PendingIcrc, Route};
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
@@ -702,8 +702,10 @@ impl<M: MemoryAccess> Device<M> {
     pub fn handle_packet(&mut self, now: Nanos, packet: &[u8]) {
         // The common case (a well-formed IPv4 packet with a good ICRC) without the general
         // frame parser; anything else goes through it and is judged and counted there.
-        if let Some(rx) = super::packet_io::parse_ipv4(packet, true) {
-            self.dispatch(now, &rx);
+        if let Some((rx, pending)) =
+            super::packet_io::parse_ipv4_with(packet, super::packet_io::IcrcCheck::DeferPlacement)
+        {
+            self.dispatch(now, &rx, pending.as_ref());
             return;
         }
         let parsed = match FrameRepr::parse_ip(packet, packet.len()) {
@@ -726,7 +728,7 @@ impl<M: MemoryAccess> Device<M> {
     /// the headers are checked as usual, the ICRC is not computed again.
     pub fn handle_verified_packet(&mut self, now: Nanos, packet: &[u8]) {
         if let Some(rx) = super::packet_io::parse_ipv4(packet, false) {
-            self.dispatch(now, &rx);
+            self.dispatch(now, &rx, None);
             return;
         }
         // Parsed without its last 4 bytes against the whole length: the wire layer's "ICRC
@@ -773,25 +775,42 @@ impl<M: MemoryAccess> Device<M> {
             net_header: &packet[..net_len],
             wire_len: packet.len(),
         };
-        self.dispatch(now, &rx);
+        self.dispatch(now, &rx, None);
     }
 
     // Inlined into both receive paths so that the freshly parsed packet's fields stay in
     // registers (read back from memory, they stalled on store forwarding).
+    //
+    // `pending`: the packet's ICRC is not verified yet (see `packet_io::PendingIcrc`). It is
+    // verified before anything at all is done with the packet, unless the packet is the next
+    // one of the RDMA WRITE its RC QP is receiving: then the responder verifies it while it
+    // places the payload.
     #[inline(always)]
-    fn dispatch(&mut self, now: Nanos, rx: &RxPacket<'_>) {
+    fn dispatch(&mut self, now: Nanos, rx: &RxPacket<'_>, pending: Option<&PendingIcrc<'_>>) {
+        // Drops the packet, counted as corrupt, unless its ICRC is right (or was checked).
+        macro_rules! verified_or_drop {
+            () => {
+                if pending.is_some_and(|p| !p.verify()) {
+                    self.ctx.counters.icrc_errors += 1;
+                    return;
+                }
+            };
+        }
         let t = &rx.t;
         let Some(info) = t.bth.opcode.info() else {
+            verified_or_drop!();
             self.ctx.counters.dropped_pkts += 1;
             return;
         };
         // rxe: P_Key must match the default 0xFFFF in its low 15 bits.
         if t.bth.pkey & 0x7fff != 0x7fff {
+            verified_or_drop!();
             self.ctx.counters.bad_pkey_cntr = self.ctx.counters.bad_pkey_cntr.saturating_add(1);
             return;
         }
         let dest = t.bth.dest_qpn;
         if dest == Qpn::MULTICAST {
+            verified_or_drop!();
             self.ctx.counters.rcvd_pkts += 1;
             self.ctx.counters.rcvd_bytes += rx.wire_len as u64;
             // Borrowed field by field rather than cloned: no allocation per datagram.
@@ -806,10 +825,12 @@ impl<M: MemoryAccess> Device<M> {
             return;
         }
         let Some(qp) = self.qps.get_mut(&dest) else {
+            verified_or_drop!();
             self.ctx.counters.dropped_pkts += 1;
             return;
         };
         if info.has(crate::wire::OpInfo::CNP) {
+            verified_or_drop!();
             self.ctx.counters.cnp_rcvd += 1;
             self.ctx.cc.on_cnp(dest, now);
             return;
@@ -820,12 +841,14 @@ impl<M: MemoryAccess> Device<M> {
             QpType::Ud | QpType::Gsi => (0x60..0x80).contains(&t.bth.opcode.0),
         };
         if !transport_ok {
+            verified_or_drop!();
             self.ctx.counters.dropped_pkts += 1;
             return;
         }
         // rxe checks that RC/UC packets come from and go to the QP's path.
         if !qp.ty.is_ud() {
             let Some(av) = qp.av() else {
+                verified_or_drop!();
                 self.ctx.counters.dropped_pkts += 1;
                 return;
             };
@@ -836,9 +859,21 @@ impl<M: MemoryAccess> Device<M> {
                 .get(usize::from(av.sgid_index))
                 .copied();
             if rx.src != av.dgid || Some(rx.dst) != local {
+                verified_or_drop!();
                 self.ctx.counters.dropped_pkts += 1;
                 return;
             }
+        }
+        // Placement while verifying only for the next packet of the WRITE in progress, with
+        // no ECN mark to act on first; everything else is verified here.
+        let placing = pending.filter(|_| {
+            qp.ty == QpType::Rc
+                && !rx.ecn_ce
+                && t.bth.psn == qp.resp_psn
+                && qp.in_msg.as_ref().is_some_and(|m| !m.is_send)
+        });
+        if placing.is_none() {
+            verified_or_drop!();
         }
         self.ctx.counters.rcvd_pkts += 1;
         self.ctx.counters.rcvd_bytes += rx.wire_len as u64;
@@ -856,8 +891,11 @@ impl<M: MemoryAccess> Device<M> {
             super::completer::on_response(qp, &mut self.ctx, now, rx);
         } else if qp.ty.is_ud() {
             super::responder::on_ud_request(qp, &mut self.ctx, rx);
-        } else {
-            super::responder::on_request(qp, &mut self.ctx, now, rx);
+        } else if !super::responder::on_request(qp, &mut self.ctx, now, rx, placing) {
+            // Its ICRC was wrong after all: it did nothing, and is counted as corrupt only.
+            self.ctx.counters.rcvd_pkts -= 1;
+            self.ctx.counters.rcvd_bytes -= rx.wire_len as u64;
+            self.ctx.counters.icrc_errors += 1;
         }
     }
 

@@ -58,6 +58,13 @@ pub trait MemoryAccess {
         None
     }
 
+    /// The `len` bytes at `addr` as a mutable slice, when this memory is in this process;
+    /// `None`, the default, means "use [`MemoryAccess::write`]". The receive path copies an
+    /// RDMA WRITE's payload out of the packet by the same pass that verifies the ICRC.
+    fn lend_mut(&mut self, _space: u64, _addr: u64, _len: usize) -> Option<&mut [u8]> {
+        None
+    }
+
     /// Reads one 64-bit word in host byte order.
     fn read_u64(&self, space: u64, addr: u64) -> Result<u64, MemoryError> {
         let mut b = [0u8; 8];
@@ -134,6 +141,10 @@ impl MemoryAccess for VecMemory {
         self.slice(addr, len)
     }
 
+    fn lend_mut(&mut self, _space: u64, addr: u64, len: usize) -> Option<&mut [u8]> {
+        self.slice_mut(addr, len)
+    }
+
     fn write(&mut self, _space: u64, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
         let dst = self.slice_mut(addr, data.len()).ok_or(MemoryError {
             addr,
@@ -165,5 +176,8 @@ mod tests {
         assert!(m.read(0, 0, &mut out).is_err());
         assert_eq!(m.lend(0, a + 8, 8), Some(&42u64.to_ne_bytes()[..]));
         assert_eq!(m.lend(0, a + 14, 4), None);
+        m.lend_mut(0, a, 2).unwrap().copy_from_slice(&[9, 9]);
+        assert_eq!(m.lend(0, a, 3), Some(&[9, 9, 0][..]));
+        assert!(m.lend_mut(0, a + 15, 2).is_none());
     }
 }

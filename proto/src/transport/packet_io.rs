@@ -327,6 +327,89 @@ fn emit_ipv4(ip: &crate::wire::Ipv4Repr, total_len: u16, b: &mut [u8]) {
 /// the module documentation).
 #[inline]
 pub(crate) fn parse_ipv4(packet: &[u8], check_icrc: bool) -> Option<RxPacket<'_>> {
+    let icrc = if check_icrc {
+        IcrcCheck::Now
+    } else {
+        IcrcCheck::Skip
+    };
+    parse_ipv4_with(packet, icrc).map(|(rx, _)| rx)
+}
+
+/// What [`parse_ipv4_with`] does with the ICRC.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IcrcCheck {
+    /// Verify it before returning.
+    Now,
+    /// The caller already did.
+    Skip,
+    /// Verify it now, except for an RC RDMA WRITE MIDDLE or LAST packet: for those return a
+    /// [`PendingIcrc`], so that the responder can verify it by the same pass that copies the
+    /// payload into memory (see [`PendingIcrc`]).
+    DeferPlacement,
+}
+
+/// The ICRC of a received packet not verified yet: the responder checks it while it copies
+/// the payload into the target memory ([`PendingIcrc::copy_out`]), or before it does anything
+/// else with the packet ([`PendingIcrc::verify`]).
+///
+/// Placing the payload before the ICRC is known to be good is safe only where the target
+/// range does not come from the packet: a WRITE's MIDDLE and LAST packets land at the offset
+/// the responder keeps for the message in progress, after the checks that the packet is the
+/// expected PSN and exactly as long as that message allows (a MIDDLE one MTU, a LAST the
+/// rest). A corrupt one is then dropped like any other corrupt packet: nothing advances, and
+/// the requester's retransmission of that PSN overwrites exactly the same bytes. The target
+/// of a WRITE that has not completed holds no defined contents yet, so nobody can tell; RNICs
+/// that place data cut-through behave the same way.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PendingIcrc<'a> {
+    net: &'a [u8],
+    udp: &'a [u8],
+    /// BTH through pad: what the ICRC covers after the UDP header.
+    body: &'a [u8],
+    header_len: usize,
+    carried: u32,
+}
+
+impl PendingIcrc<'_> {
+    /// Whether the ICRC is right.
+    pub(crate) fn verify(&self) -> bool {
+        icrc::v2_ipv4(self.net, self.udp, self.body) == self.carried
+    }
+
+    /// Copies the payload (the first `dst.len()` bytes after the headers) to `dst` while
+    /// computing the ICRC; returns whether it is right. On false `dst` holds the corrupt
+    /// bytes (see the type's documentation).
+    pub(crate) fn copy_out(&self, dst: &mut [u8]) -> bool {
+        let (headers, rest) = self.body.split_at(self.header_len);
+        icrc_copying_out(self.net, self.udp, headers, rest, dst) == self.carried
+    }
+}
+
+/// The ICRC of a packet, copying the first `dst.len()` bytes of `payload_and_pad` to `dst`.
+fn icrc_copying_out(
+    net: &[u8],
+    udp: &[u8],
+    headers: &[u8],
+    payload_and_pad: &[u8],
+    dst: &mut [u8],
+) -> u32 {
+    let n = dst.len();
+    if n == payload_and_pad.len() {
+        return icrc::v2_copying_payload(net, udp, headers, payload_and_pad, dst);
+    }
+    dst.copy_from_slice(&payload_and_pad[..n]);
+    let mut body = Vec::with_capacity(headers.len() + payload_and_pad.len());
+    body.extend_from_slice(headers);
+    body.extend_from_slice(payload_and_pad);
+    icrc::v2_ipv4(net, udp, &body)
+}
+
+/// [`parse_ipv4`], with the ICRC handled as `icrc` says.
+#[inline(always)]
+pub(crate) fn parse_ipv4_with(
+    packet: &[u8],
+    icrc: IcrcCheck,
+) -> Option<(RxPacket<'_>, Option<PendingIcrc<'_>>)> {
     let total = packet.len();
     if total < ipv4::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN + crate::wire::ICRC_LEN {
         return None;
@@ -368,11 +451,27 @@ pub(crate) fn parse_ipv4(packet: &[u8], check_icrc: bool) -> Option<RxPacket<'_>
     let covered = transport.len() - crate::wire::ICRC_LEN;
     let (body, trailer) = transport.split_at(covered);
     let carried = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
-    if check_icrc && icrc::v2_ipv4(net, udp_hdr, body) != carried {
-        return None;
-    }
+    let defer = icrc == IcrcCheck::DeferPlacement
+        && matches!(
+            b.opcode(),
+            Opcode::RC_RDMA_WRITE_MIDDLE | Opcode::RC_RDMA_WRITE_LAST
+        );
+    let pending = if defer {
+        Some(PendingIcrc {
+            net,
+            udp: udp_hdr,
+            body,
+            header_len: l.header_len,
+            carried,
+        })
+    } else {
+        if icrc != IcrcCheck::Skip && icrc::v2_ipv4(net, udp_hdr, body) != carried {
+            return None;
+        }
+        None
+    };
     // Built in place: the repr is large, and copies of it showed in the profile.
-    Some(RxPacket {
+    let rx = RxPacket {
         t: parse_headers(transport, l, payload_len)?,
         payload: &transport[l.header_len..l.header_len + payload_len],
         src: IpAddr::V4(p.src_addr()),
@@ -380,7 +479,8 @@ pub(crate) fn parse_ipv4(packet: &[u8], check_icrc: bool) -> Option<RxPacket<'_>
         ecn_ce: p.tos() & 3 == 3,
         net_header: net,
         wire_len: total,
-    })
+    };
+    Some((rx, pending))
 }
 
 /// `TransportRepr::parse_headers` by the table.

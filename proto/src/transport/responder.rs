@@ -5,7 +5,7 @@
 
 use super::device::{complete, emit_frame, flush_qp, route_for, schedule, Ctx, RxPacket, Transmit};
 use super::memory::MemoryAccess;
-use super::packet_io::Payload;
+use super::packet_io::{Payload, PendingIcrc};
 use super::qp::{npkts, InMessage, Qp, Resource, ResourceKind, RespOut};
 use super::qp_attr::QpType;
 use super::timers::Nanos;
@@ -29,6 +29,10 @@ enum Fail {
     /// the request positively (the requester's WQE succeeds), completes the receive with
     /// REM_INV_REQ_ERR and moves the QP to ERR. Seen live against kernel rxe (docs/interop.md).
     InvalidateRkey,
+    /// The packet's ICRC, verified while its payload was placed, is wrong: drop it as if it
+    /// had never arrived (the placed bytes are rewritten by the retransmission; see
+    /// `packet_io::PendingIcrc`).
+    Corrupt,
 }
 
 /// Queues an answer. Every AckReq packet gets its own ACK, as in rxe (no merging of queued
@@ -103,19 +107,22 @@ fn recv_complete<M>(qp: &mut Qp, ctx: &mut Ctx<M>, mut wc: WorkCompletion, solic
     }
 }
 
-/// An RC or UC request.
+/// An RC or UC request. With `placing`, the packet's ICRC is not verified yet: it is
+/// verified while the payload is placed, or before anything else is done with the packet.
+/// Returns false when it was wrong (then the packet did nothing).
 pub(crate) fn on_request<M: MemoryAccess>(
     qp: &mut Qp,
     ctx: &mut Ctx<M>,
     _now: Nanos,
     rx: &RxPacket<'_>,
-) {
+    placing: Option<&PendingIcrc<'_>>,
+) -> bool {
     if !qp.state.receives() {
-        return;
+        return placing.is_none_or(|p| p.verify());
     }
     let psn = rx.t.bth.psn;
     let Some(info) = rx.t.bth.opcode.info() else {
-        return;
+        return placing.is_none_or(|p| p.verify());
     };
     if qp.ty == QpType::Uc {
         if psn != qp.resp_psn {
@@ -124,14 +131,14 @@ pub(crate) fn on_request<M: MemoryAccess>(
             abandon_message(qp, ctx);
             if !info.has(OpInfo::START) {
                 qp.resp_psn = psn.next();
-                return;
+                return true;
             }
         }
         qp.resp_psn = psn.next();
-        if execute(qp, ctx, rx, info).is_err() {
+        if execute(qp, ctx, rx, info, None).is_err() {
             abandon_message(qp, ctx);
         }
-        return;
+        return true;
     }
 
     let d = psn.diff(qp.resp_psn);
@@ -148,16 +155,24 @@ pub(crate) fn on_request<M: MemoryAccess>(
                 epsn,
             );
         }
-        return;
+        return true;
     }
     if d < 0 {
         ctx.counters.duplicate_request += 1;
         duplicate(qp, ctx, rx, info);
-        return;
+        return true;
+    }
+    let result = execute(qp, ctx, rx, info, placing);
+    // A request refused before its payload was placed did nothing yet: its ICRC decides
+    // whether it is answered at all.
+    if matches!(result, Err(Fail::Corrupt))
+        || (result.is_err() && placing.is_some_and(|p| !p.verify()))
+    {
+        return false;
     }
     qp.sent_psn_nak = false;
-    match execute(qp, ctx, rx, info) {
-        Ok(()) => {}
+    match result {
+        Ok(()) | Err(Fail::Corrupt) => {}
         Err(Fail::Rnr) => {
             // Nothing consumed: the requester retries this PSN after the RNR timer.
             ctx.counters.send_rnr_err += 1;
@@ -202,6 +217,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
             ctx.events.push_back(ev);
         }
     }
+    true
 }
 
 /// A request with a PSN before the expected one (IBTA §9.7.5.1.5, facts §4.5).
@@ -256,6 +272,7 @@ fn execute<M: MemoryAccess>(
     ctx: &mut Ctx<M>,
     rx: &RxPacket<'_>,
     info: &OpInfo,
+    placing: Option<&PendingIcrc<'_>>,
 ) -> Result<(), Fail> {
     let t = &rx.t;
     let psn = t.bth.psn;
@@ -409,9 +426,26 @@ fn execute<M: MemoryAccess>(
         }
         let at = m.va.wrapping_add(u64::from(m.offset));
         if plen > 0 {
-            ctx.mem
-                .write(m.space, at, rx.payload)
-                .map_err(|_| Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr))?;
+            let lent = match placing {
+                Some(_) => ctx.mem.lend_mut(m.space, at, plen),
+                None => None,
+            };
+            match (placing, lent) {
+                // Copied out by the pass that verifies the ICRC.
+                (Some(p), Some(dst)) => {
+                    if !p.copy_out(dst) {
+                        return Err(Fail::Corrupt);
+                    }
+                }
+                (placing, _) => {
+                    if placing.is_some_and(|p| !p.verify()) {
+                        return Err(Fail::Corrupt);
+                    }
+                    ctx.mem.write(m.space, at, rx.payload).map_err(|_| {
+                        Fail::Nak(NakCode::RemoteOperationalError, WcStatus::LocProtErr)
+                    })?;
+                }
+            }
         }
         let m = qp.in_msg.as_mut().ok_or(inv_req)?;
         m.offset += plen as u32;
