@@ -545,6 +545,7 @@ impl<M: MemoryAccess> Device<M> {
         let gids = self.ctx.config.gids.len();
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
         let next = check_modify(qp.state, qp.ty, attr, mask)?;
+        qp.next_segment = None;
         if qp.state == QpState::Sqd
             && next != QpState::Err
             && next != QpState::Reset

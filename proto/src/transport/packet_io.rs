@@ -192,6 +192,110 @@ pub(crate) enum Payload<'a> {
     Lent(&'a [u8]),
 }
 
+/// The headers of a full-MTU MIDDLE packet of the message a QP is sending, kept from the
+/// first such packet to build the next ones: they differ only in the PSN and the AckReq bit
+/// (the IPv4 Identification is 0, the lengths are equal). Copying 40-60 bytes and patching 4
+/// replaces the per-packet work of building, checking and writing the headers field by
+/// field, which was about a third of the requester's time per packet at MTU 4096.
+#[derive(Debug, Clone)]
+pub(crate) struct SegmentTemplate {
+    /// The first PSN of the work request these packets belong to (its identity).
+    pub first_psn: crate::types::Psn,
+    header: [u8; SEGMENT_HEADER_MAX],
+    /// Network + UDP + BTH.
+    header_len: usize,
+    tx: Transmit,
+}
+
+/// IPv6 (40) + UDP (8) + BTH (12).
+const SEGMENT_HEADER_MAX: usize = 60;
+
+impl SegmentTemplate {
+    /// Keeps the headers of `frame`, a MIDDLE packet `tx` described, as sent for the work
+    /// request that started at `first_psn`. None if it is not one (extended headers, a pad).
+    pub(crate) fn capture(
+        frame: &[u8],
+        tx: &Transmit,
+        first_psn: crate::types::Psn,
+    ) -> Option<SegmentTemplate> {
+        let header_len = tx.transport_offset + bth::HEADER_LEN;
+        let b = Bth::new_checked(frame.get(tx.transport_offset..)?).ok()?;
+        let l = layout_of(b.opcode())?;
+        if l.header_len != bth::HEADER_LEN
+            || b.pad_count() != 0
+            || header_len > SEGMENT_HEADER_MAX
+            || frame.len() != tx.len
+        {
+            return None;
+        }
+        let mut header = [0u8; SEGMENT_HEADER_MAX];
+        header[..header_len].copy_from_slice(&frame[..header_len]);
+        Some(SegmentTemplate {
+            first_psn,
+            header,
+            header_len,
+            tx: *tx,
+        })
+    }
+
+    /// Payload bytes of each packet.
+    pub(crate) fn payload_len(&self) -> usize {
+        self.tx.len - self.header_len - crate::wire::ICRC_LEN
+    }
+
+    /// [`emit`] for the next packet like the kept one, with PSN `psn`.
+    #[inline(always)]
+    pub(crate) fn emit<'a, E>(
+        &self,
+        psn: crate::types::Psn,
+        ack_req: bool,
+        buf: &mut [u8],
+        seal: bool,
+        fill: impl FnOnce(&mut [u8]) -> Result<Payload<'a>, E>,
+    ) -> Option<Result<Transmit, E>> {
+        let (len, h, payload_len) = (self.tx.len, self.header_len, self.payload_len());
+        let buf = buf.get_mut(..len)?;
+        let (head, rest) = buf.split_at_mut(h);
+        let payload_out = &mut rest[..payload_len];
+        let lent = match fill(payload_out) {
+            Err(e) => return Some(Err(e)),
+            Ok(Payload::Written) => None,
+            Ok(Payload::Lent(bytes)) if bytes.len() == payload_len => Some(bytes),
+            Ok(Payload::Lent(_)) => return None,
+        };
+        head.copy_from_slice(&self.header[..h]);
+        // BTH byte 8: AckReq and 7 reserved bits; bytes 9-11: the PSN (IBTA §9.2).
+        let bth_at = self.tx.transport_offset;
+        head[bth_at + 8] = if ack_req { 0x80 } else { 0 };
+        head[bth_at + 9..bth_at + 12].copy_from_slice(&psn.value().to_be_bytes()[1..]);
+        let net_len = bth_at - udp::HEADER_LEN;
+        let crc = match (seal, lent) {
+            (false, Some(bytes)) => {
+                payload_out.copy_from_slice(bytes);
+                0
+            }
+            (false, None) => 0,
+            (true, Some(bytes)) => {
+                let (net, udp_and_bth) = head.split_at(net_len);
+                let (udp_hdr, bth_bytes) = udp_and_bth.split_at(udp::HEADER_LEN);
+                icrc::v2_copying_payload(net, udp_hdr, bth_bytes, bytes, payload_out)
+            }
+            (true, None) => {
+                let (net, rest) = buf.split_at(net_len);
+                let (udp_hdr, transport) = rest.split_at(udp::HEADER_LEN);
+                let body = &transport[..transport.len() - crate::wire::ICRC_LEN];
+                if net_len == ipv4::HEADER_LEN {
+                    icrc::v2_ipv4(net, udp_hdr, body)
+                } else {
+                    icrc::v2_ipv6(net, udp_hdr, body)
+                }
+            }
+        };
+        buf[len - crate::wire::ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+        Some(Ok(self.tx))
+    }
+}
+
 /// Writes the packet of `t` along `route` into `buf`, letting `fill` provide the payload (read from registered
 /// memory straight into the frame, or lent). Returns None when `buf` is too short or the
 /// repr is inconsistent, `Some(Err)` when `fill` failed. The UDP checksum is 0, as rxe sends

@@ -146,6 +146,9 @@ pub(crate) struct Qp {
     /// The route last computed for this QP's packets, with the address vector and source
     /// port it was computed for (see [`super::device::route_for`]).
     pub route_cache: Option<(AddressVector, u16, Route)>,
+    /// The headers of the MIDDLE packets of the message being sent, once one was built
+    /// (see [`super::packet_io::SegmentTemplate`]). Cleared by every modify.
+    pub next_segment: Option<super::packet_io::SegmentTemplate>,
 
     // Send queue and requester (rxe `qp->req`).
     pub sq: VecDeque<SendWqe>,
@@ -193,6 +196,7 @@ impl Qp {
             init,
             src_port: udp_sport_at_create(qpn),
             route_cache: None,
+            next_segment: None,
             sq: VecDeque::new(),
             req_index: 0,
             req_psn: Psn::new(0),

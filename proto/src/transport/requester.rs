@@ -4,7 +4,7 @@
 
 use super::device::{complete, emit_frame, route_for, Ctx, Transmit};
 use super::memory::MemoryAccess;
-use super::packet_io::Payload;
+use super::packet_io::{Payload, SegmentTemplate};
 use super::qp::{Qp, SendWqe};
 use super::qp_attr::{QpState, QpType};
 use super::timers::{ack_timeout, Nanos};
@@ -319,6 +319,42 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     let offset = u64::from(index) * u64::from(mtu);
     let qpn = qp.qpn;
 
+    // The next full-MTU MIDDLE packet of a SEND or WRITE whose previous MIDDLE packet was
+    // built here: its headers are the kept ones with a new PSN and AckReq bit.
+    if let Some(tpl) = qp.next_segment.as_ref() {
+        let middle = index > 0
+            && u64::from(w.len).saturating_sub(offset) > u64::from(mtu)
+            && tpl.payload_len() == mtu as usize
+            && matches!(
+                w.wr.op,
+                SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..)
+            )
+            && !w.wr.flags.contains(SendFlags::INLINE);
+        if middle && tpl.first_psn == w.first_psn && ctx.cc_none && !ty.is_ud() {
+            let ack_req = ty == QpType::Rc && qp.noack_pkts + 1 > MAX_PKT_PER_ACK;
+            let pd = qp.init.pd;
+            let sges = &w.wr.sg_list;
+            let res = tpl.emit(psn, ack_req, buf, ctx.config.seal_icrc, |out| {
+                ctx.gather(pd, sges, offset, out)
+            });
+            if ty == QpType::Rc {
+                qp.noack_pkts += 1;
+            }
+            return match res {
+                None => {
+                    ctx.counters.send_err += 1;
+                    None
+                }
+                Some(Err(status)) => {
+                    let w = qp.sq.get_mut(idx)?;
+                    w.error = Some(status);
+                    poll_request(qp, ctx, now, buf)
+                }
+                Some(Ok(tx)) => sent(qp, ctx, now, idx, psn, false, false, ack_req, tx),
+            };
+        }
+    }
+
     // UD: the path is the AH's; a message above the MTU is silently not sent yet completes
     // with success (IBTA C10-93.1.1, rxe).
     let (av, dest_qpn, deth) = match (ty, w.wr.ud) {
@@ -503,11 +539,41 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         Some(Ok(tx)) => tx,
     };
+    if ctx.cc_none
+        && matches!(
+            opcode,
+            Opcode::RC_SEND_MIDDLE
+                | Opcode::RC_RDMA_WRITE_MIDDLE
+                | Opcode::UC_SEND_MIDDLE
+                | Opcode::UC_RDMA_WRITE_MIDDLE
+        )
+    {
+        let first_psn = qp.sq.get(idx)?.first_psn;
+        qp.next_segment = SegmentTemplate::capture(&buf[..tx.len], &tx, first_psn);
+    }
+    sent(qp, ctx, now, idx, psn, last, is_read_atomic, ack_req, tx)
+}
+
+/// The requester's state after packet `psn` of WQE `idx` went out as `tx`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn sent<M>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Nanos,
+    idx: usize,
+    psn: Psn,
+    last: bool,
+    is_read_atomic: bool,
+    ack_req: bool,
+    tx: Transmit,
+) -> Option<Transmit> {
+    let ty = qp.ty;
     if ack_req {
         qp.noack_pkts = 0;
     }
     if !ctx.cc_none {
-        ctx.cc.on_sent(qpn, now, tx.len);
+        ctx.cc.on_sent(qp.qpn, now, tx.len);
     }
     let w = qp.sq.get_mut(idx)?;
     let next = if matches!(w.wr.op, SendOp::Read(_)) {
