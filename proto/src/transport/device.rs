@@ -701,6 +701,15 @@ impl<M: MemoryAccess> Device<M> {
     /// Feeds one received RoCE v2 packet: a whole IPv4 or IPv6 packet (UDP, BTH .. ICRC).
     /// Headers are checked, then the ICRC; a bad packet is counted and dropped.
     pub fn handle_packet(&mut self, now: Nanos, packet: &[u8]) {
+        // The next packet of a long WRITE, predicted from the QP's state (as TCP's header
+        // prediction does); anything unexpected takes the general path below.
+        if let Some(w) = super::packet_io::parse_write_middle(packet) {
+            if let Some(qp) = self.qps.get_mut(&w.dest_qpn) {
+                if super::responder::on_predicted_write_middle(qp, &mut self.ctx, &w) {
+                    return;
+                }
+            }
+        }
         // The common case (a well-formed IPv4 packet with a good ICRC) without the general
         // frame parser; anything else goes through it and is judged and counted there.
         if let Some((rx, pending)) =

@@ -508,17 +508,16 @@ fn icrc_copying_out(
     icrc::v2_ipv4(net, udp, &body)
 }
 
-/// [`parse_ipv4`], with the ICRC handled as `icrc` says.
+/// The checks of an IPv4 RoCE v2 packet up to its transport: version 4, no options, exactly
+/// this long, not a fragment, UDP to port 4791 of the right length, a valid header
+/// checksum, room for a BTH and an ICRC. Returns the IP view, the IP and UDP headers and the
+/// transport (BTH through ICRC).
 #[inline(always)]
-pub(crate) fn parse_ipv4_with(
-    packet: &[u8],
-    icrc: IcrcCheck,
-) -> Option<(RxPacket<'_>, Option<PendingIcrc<'_>>)> {
+fn ipv4_udp(packet: &[u8]) -> Option<(Ipv4Packet<&[u8]>, &[u8], &[u8], &[u8])> {
     let total = packet.len();
     if total < ipv4::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN + crate::wire::ICRC_LEN {
         return None;
     }
-    // Version 4, no options, exactly this long, not a fragment, UDP, a valid checksum.
     let p = Ipv4Packet::new_unchecked(packet);
     if packet[0] != 0x45
         || p.total_len() as usize != total
@@ -534,6 +533,71 @@ pub(crate) fn parse_ipv4_with(
     if u16::from_be_bytes([udp_hdr[2], udp_hdr[3]]) != ROCE_V2_PORT || udp_len != rest.len() {
         return None;
     }
+    Some((p, net, udp_hdr, transport))
+}
+
+/// An RC RDMA WRITE MIDDLE packet over IPv4, parsed only as far as the responder's
+/// predicted path needs (`responder::on_predicted_write_middle`): the packet that, while a
+/// long WRITE streams in, nearly every packet is. Its ICRC is not verified yet.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteMiddle<'a> {
+    pub dest_qpn: crate::types::Qpn,
+    pub psn: crate::types::Psn,
+    pub ack_req: bool,
+    pub src: std::net::Ipv4Addr,
+    pub dst: std::net::Ipv4Addr,
+    pub ecn_ce: bool,
+    pub payload_len: usize,
+    pub wire_len: usize,
+    pub icrc: PendingIcrc<'a>,
+}
+
+/// Parses `packet` as a well-formed IPv4 RC RDMA WRITE MIDDLE with the default P_Key and no
+/// pad, or returns None (then the general path judges it).
+#[inline(always)]
+pub(crate) fn parse_write_middle(packet: &[u8]) -> Option<WriteMiddle<'_>> {
+    if packet.get(ipv4::HEADER_LEN + udp::HEADER_LEN) != Some(&Opcode::RC_RDMA_WRITE_MIDDLE.0) {
+        return None;
+    }
+    let (p, net, udp_hdr, transport) = ipv4_udp(packet)?;
+    let b = Bth::new_unchecked(transport);
+    let covered = transport.len() - crate::wire::ICRC_LEN;
+    let payload_len = covered - bth::HEADER_LEN;
+    if b.tver() != 0
+        || b.pad_count() != 0
+        || b.pkey() & 0x7fff != 0x7fff
+        || !payload_len.is_multiple_of(4)
+    {
+        return None;
+    }
+    let (body, trailer) = transport.split_at(covered);
+    Some(WriteMiddle {
+        dest_qpn: b.dest_qpn(),
+        psn: b.psn(),
+        ack_req: b.ack_req(),
+        src: p.src_addr(),
+        dst: p.dst_addr(),
+        ecn_ce: p.tos() & 3 == 3,
+        payload_len,
+        wire_len: packet.len(),
+        icrc: PendingIcrc {
+            net,
+            udp: udp_hdr,
+            body,
+            header_len: bth::HEADER_LEN,
+            carried: u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]),
+        },
+    })
+}
+
+/// [`parse_ipv4`], with the ICRC handled as `icrc` says.
+#[inline(always)]
+pub(crate) fn parse_ipv4_with(
+    packet: &[u8],
+    icrc: IcrcCheck,
+) -> Option<(RxPacket<'_>, Option<PendingIcrc<'_>>)> {
+    let total = packet.len();
+    let (p, net, udp_hdr, transport) = ipv4_udp(packet)?;
     // The transport's lengths, as `wire::packet::Layout::compute` checks them.
     let b = Bth::new_unchecked(transport);
     let l = layout_of(b.opcode())?;
