@@ -8,7 +8,7 @@
 //! The engine has already checked keys, access flags and bounds before it calls the trait, so
 //! an implementation only reports what the host itself refuses (an unmapped page).
 
-use std::collections::BTreeMap;
+use std::cell::Cell;
 
 /// The host could not reach the memory (unmapped, process gone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -77,9 +77,11 @@ pub trait MemoryAccess {
 /// memory of a test or of a simulated host. One address space: `space` is ignored.
 #[derive(Debug, Clone)]
 pub struct VecMemory {
-    /// Allocation base -> bytes.
-    regions: BTreeMap<u64, Vec<u8>>,
+    /// (allocation base, bytes), in increasing order of base (allocations only grow).
+    regions: Vec<(u64, Vec<u8>)>,
     next_base: u64,
+    /// The region the last access fell in: consecutive packets of a message hit the same one.
+    last_hit: Cell<usize>,
 }
 
 impl Default for VecMemory {
@@ -91,33 +93,49 @@ impl Default for VecMemory {
 impl VecMemory {
     pub fn new() -> VecMemory {
         VecMemory {
-            regions: BTreeMap::new(),
+            regions: Vec::new(),
             // Far from zero so that a zero address is never valid, page aligned.
             next_base: 0x1000_0000,
+            last_hit: Cell::new(0),
         }
     }
 
     /// Allocates `len` zeroed bytes and returns their address (8-byte aligned, so atomics work).
     pub fn alloc(&mut self, len: usize) -> u64 {
         let base = self.next_base;
-        self.regions.insert(base, vec![0; len]);
+        self.regions.push((base, vec![0; len]));
         // Leave a gap so that an access running past the end is refused, not silently served
         // by the next allocation.
         self.next_base = base + ((len as u64 + 0x1fff) & !0xfff);
         base
     }
 
+    /// Index of the region holding `addr` (the last one hit, or by binary search), and the
+    /// offset of `addr` in it.
+    fn locate(&self, addr: u64) -> Option<(usize, usize)> {
+        let hit = self.last_hit.get();
+        let i = match self.regions.get(hit) {
+            Some((base, bytes)) if addr >= *base && addr - base < bytes.len() as u64 => hit,
+            _ => {
+                let i = self.regions.partition_point(|(base, _)| *base <= addr);
+                let i = i.checked_sub(1)?;
+                self.last_hit.set(i);
+                i
+            }
+        };
+        let start = usize::try_from(addr - self.regions[i].0).ok()?;
+        Some((i, start))
+    }
+
     /// The bytes of the allocation that contains `[addr, addr+len)`.
     pub fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
-        let (base, bytes) = self.regions.range(..=addr).next_back()?;
-        let start = usize::try_from(addr - base).ok()?;
-        bytes.get(start..start.checked_add(len)?)
+        let (i, start) = self.locate(addr)?;
+        self.regions[i].1.get(start..start.checked_add(len)?)
     }
 
     fn slice_mut(&mut self, addr: u64, len: usize) -> Option<&mut [u8]> {
-        let (base, bytes) = self.regions.range_mut(..=addr).next_back()?;
-        let start = usize::try_from(addr - *base).ok()?;
-        bytes.get_mut(start..start.checked_add(len)?)
+        let (i, start) = self.locate(addr)?;
+        self.regions[i].1.get_mut(start..start.checked_add(len)?)
     }
 
     /// Test helper: fills memory, panicking on a bad address (test code only).
