@@ -508,12 +508,16 @@ fn icrc_copying_out(
     icrc::v2_ipv4(net, udp, &body)
 }
 
+/// An IPv4 RoCE v2 packet cut at its headers: the IP view, the IP header, the UDP header,
+/// the transport (BTH through ICRC).
+type Ipv4UdpParts<'a> = (Ipv4Packet<&'a [u8]>, &'a [u8], &'a [u8], &'a [u8]);
+
 /// The checks of an IPv4 RoCE v2 packet up to its transport: version 4, no options, exactly
 /// this long, not a fragment, UDP to port 4791 of the right length, a valid header
 /// checksum, room for a BTH and an ICRC. Returns the IP view, the IP and UDP headers and the
 /// transport (BTH through ICRC).
 #[inline(always)]
-fn ipv4_udp(packet: &[u8]) -> Option<(Ipv4Packet<&[u8]>, &[u8], &[u8], &[u8])> {
+fn ipv4_udp(packet: &[u8]) -> Option<Ipv4UdpParts<'_>> {
     let total = packet.len();
     if total < ipv4::HEADER_LEN + udp::HEADER_LEN + bth::HEADER_LEN + crate::wire::ICRC_LEN {
         return None;
