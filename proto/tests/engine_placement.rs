@@ -101,7 +101,7 @@ fn a_corrupt_write_middle_is_placed_then_dropped_and_the_retransmission_rewrites
 
     let bad = spoiled(&s.frames[1], 100);
     s.sim.dev(1).handle_packet(0, &bad);
-    let c = s.sim.dev(1).counters().clone();
+    let c = *s.sim.dev(1).counters();
     assert_eq!(c.icrc_errors, 1);
     assert_eq!(
         c.rcvd_pkts, rcvd,
@@ -114,8 +114,8 @@ fn a_corrupt_write_middle_is_placed_then_dropped_and_the_retransmission_rewrites
     let placed = s.sim.read_mem(1, s.b + 1024 + 100, 1)[0];
     assert_eq!(placed, s.data[1024 + 100] ^ 0x5a);
 
-    for f in s.frames[1..].to_vec() {
-        s.sim.dev(1).handle_packet(0, &f);
+    for f in &s.frames[1..] {
+        s.sim.dev(1).handle_packet(0, f);
     }
     assert_eq!(s.sim.dev(1).counters().icrc_errors, 1);
     assert_eq!(s.sim.read_mem(1, s.b, LEN), s.data);
@@ -128,8 +128,8 @@ fn a_corrupt_write_middle_is_placed_then_dropped_and_the_retransmission_rewrites
 #[test]
 fn a_corrupt_write_last_is_dropped_without_an_ack() {
     let mut s = setup();
-    for f in s.frames[..2].to_vec() {
-        s.sim.dev(1).handle_packet(0, &f);
+    for f in &s.frames[..2] {
+        s.sim.dev(1).handle_packet(0, f);
     }
     let last = s.frames[2].clone();
     let bad = spoiled(&last, 7);
