@@ -419,17 +419,19 @@ mod fold {
         }
         let ip = &ip[..net.header_len()];
         let udp = udp.map(|u| &u[..super::udp::HEADER_LEN]);
-        // SAFETY: the features the kernels need were detected above.
-        unsafe {
-            let prefix = match (net, udp) {
-                (Net::V4, Some(udp)) => prefix_v4_udp(ip, udp, headers),
-                (Net::V6, Some(udp)) => prefix_v6_udp(ip, udp, headers),
-                (Net::V6, None) => prefix_v6(ip, headers),
-                // No RoCE packet is IPv4 without UDP.
-                (Net::V4, None) => return None,
-            };
-            Some(kernel::<COPY>(prefix, prefix_len, src, hashed, dst))
+        if net == Net::V4 && udp.is_none() {
+            return None; // no RoCE packet is IPv4 without UDP
         }
+        let headers = Headers { ip, udp, headers };
+        // SAFETY: the features the kernel needs were detected above.
+        Some(unsafe { kernel::<COPY>(headers, prefix_len, src, hashed, dst) })
+    }
+
+    /// The headers the prefix is made of.
+    struct Headers<'a> {
+        ip: &'a [u8],
+        udp: Option<&'a [u8]>,
+        headers: &'a [u8],
     }
 
     /// `x` moved up (to higher addresses) by `N` 32-bit words, zeros shifted in: valignd of
@@ -449,6 +451,7 @@ mod fold {
 
     /// The masked prefix of an IPv4 RoCE v2 packet, left-aligned in two registers:
     /// ones (4), IP (20), UDP (8), then the headers from byte 32.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn prefix_v4_udp(ip: &[u8], udp: &[u8], headers: &[u8]) -> [__m512i; 2] {
         let (ip, udp, h) = (load_masked(ip), load_masked(udp), load_masked(headers));
@@ -464,6 +467,7 @@ mod fold {
     }
 
     /// As [`prefix_v4_udp`] for IPv6: ones (4), IP (40), UDP (8), headers from byte 52.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn prefix_v6_udp(ip: &[u8], udp: &[u8], headers: &[u8]) -> [__m512i; 2] {
         let (ip, udp, h) = (load_masked(ip), load_masked(udp), load_masked(headers));
@@ -479,6 +483,7 @@ mod fold {
     }
 
     /// As [`prefix_v4_udp`] for RoCE v1: ones (4), GRH (40), headers from byte 44.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn prefix_v6(grh: &[u8], headers: &[u8]) -> [__m512i; 2] {
         let (grh, h) = (load_masked(grh), load_masked(headers));
@@ -489,12 +494,11 @@ mod fold {
         ]
     }
 
-    /// The CRC of `prefix` (its first `prefix_len` bytes, left-aligned in two registers),
-    /// `src` and zeros up to `hashed` bytes; with `COPY` the first `dst.len()` bytes of the
+    /// The CRC of the masked prefix of `headers` (`prefix_len` bytes), `src` and zeros up to `hashed` bytes; with `COPY` the first `dst.len()` bytes of the
     /// data are stored to `dst`. The caller checked that the stream fits the table.
     #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,vpclmulqdq,pclmulqdq,sse4.1")]
     fn kernel<const COPY: bool>(
-        prefix: [__m512i; 2],
+        headers: Headers<'_>,
         prefix_len: usize,
         src: &[u8],
         hashed: usize,
@@ -523,7 +527,15 @@ mod fold {
         let lead = head_blocks * 64 - head_len;
         let iota = load_masked(&IOTA);
         let up = _mm512_add_epi8(iota, _mm512_set1_epi8((64 - lead) as i8));
-        let [q0, q1] = prefix;
+        // (Matched here rather than in a function of its own, which the compiler would not
+        // inline: its result would go through memory.)
+        let [q0, q1] = match headers.udp {
+            Some(udp) if headers.ip.len() == super::ipv4::HEADER_LEN => {
+                prefix_v4_udp(headers.ip, udp, headers.headers)
+            }
+            Some(udp) => prefix_v6_udp(headers.ip, udp, headers.headers),
+            None => prefix_v6(headers.ip, headers.headers),
+        };
         let data_up = if head_data == 0 {
             zero
         } else {
@@ -630,6 +642,7 @@ mod fold {
     }
 
     /// The multipliers for a block `distance` blocks from the end.
+    #[inline]
     #[target_feature(enable = "avx512f")]
     fn table(distance: usize) -> __m512i {
         let t = &FOLD_TO_END[distance];
@@ -638,6 +651,7 @@ mod fold {
     }
 
     /// `sum` plus block `v`, `distance` blocks from the end, carried to the end.
+    #[inline]
     #[target_feature(enable = "avx512f,vpclmulqdq")]
     fn fold_to_end(v: __m512i, distance: usize, sum: __m512i) -> __m512i {
         let t = table(distance);
@@ -649,6 +663,7 @@ mod fold {
     /// Reduces the four 96-bit lane sums to the final CRC-32 (inverted, as transmitted):
     /// the lanes added, 96 to 64 bits by one fold, then a Barrett reduction (the paper's
     /// step 3, in its bit-reflected form).
+    #[inline]
     #[target_feature(enable = "avx512f,pclmulqdq,sse4.1")]
     fn reduce(sum: __m512i) -> u32 {
         let half = _mm256_xor_si256(
@@ -673,6 +688,7 @@ mod fold {
         !(_mm_extract_epi32::<1>(_mm_xor_si128(x, t2)) as u32)
     }
 
+    #[inline]
     #[target_feature(enable = "avx512f,vpclmulqdq")]
     fn fold512(a: __m512i, b: __m512i, k: __m512i) -> __m512i {
         let lo = _mm512_clmulepi64_epi128::<0x00>(a, k);
@@ -682,9 +698,19 @@ mod fold {
     }
 
     /// The first `bytes.len()` (at most 64) bytes as a register, zeros after them.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn load_masked(bytes: &[u8]) -> __m512i {
         let n = bytes.len().min(64);
+        if n == 0 {
+            // Not a masked load with an empty mask: AMD Zen 4 takes tens of nanoseconds
+            // over those (and the pointer of an empty slice may be dangling).
+            return _mm512_setzero_si512();
+        }
+        if n == 64 {
+            // SAFETY: `bytes` is at least 64 readable bytes; no alignment requirement.
+            return unsafe { _mm512_loadu_si512(bytes.as_ptr().cast()) };
+        }
         let mask = u64::MAX.checked_shr(64 - n as u32).unwrap_or(0);
         // SAFETY: the mask selects the first `n` bytes, all inside `bytes`; the bytes it
         // leaves out are not accessed (masked loads do not fault on them).
@@ -692,9 +718,18 @@ mod fold {
     }
 
     /// Stores the first `dst.len()` (at most 64) bytes of `v` to `dst`.
+    #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     fn store_masked(dst: &mut [u8], v: __m512i) {
         let n = dst.len().min(64);
+        if n == 0 {
+            // As in `load_masked`: an empty-mask store is slow on AMD Zen 4.
+            return;
+        }
+        if n == 64 {
+            // SAFETY: `dst` is at least 64 writable bytes; no alignment requirement.
+            return unsafe { _mm512_storeu_si512(dst.as_mut_ptr().cast(), v) };
+        }
         let mask = u64::MAX.checked_shr(64 - n as u32).unwrap_or(0);
         // SAFETY: the mask selects the first `n` bytes, all inside `dst`; the others are
         // not written.
@@ -703,6 +738,7 @@ mod fold {
 
     /// Loads the next 64 bytes of `src` (and with `COPY` stores them to the next 64 bytes
     /// of `dst`), advancing both; panics rather than over-reads or over-writes.
+    #[inline]
     #[target_feature(enable = "avx512f")]
     fn take512<const COPY: bool>(src: &mut &[u8], dst: &mut &mut [u8]) -> __m512i {
         let (bytes, rest) = src.split_at(64);
