@@ -313,11 +313,25 @@ mod fold {
     /// The main loop's fold over four blocks (2048 bits): `x^(2048 + 32)` for each lane's
     /// first 8 bytes and `x^(2048 - 32)` for its last 8.
     pub(super) const FOLD_4_BLOCKS: (u64, u64) = (multiplier(x_pow(2080)), multiplier(x_pow(2016)));
-    /// x^64 mod P, for the 96 -> 64 bit step.
-    pub(super) const K5: u64 = multiplier(x_pow(64));
-    /// P itself (33 bits, reflected) and mu = floor(x^64 / P) (reflected), for Barrett.
+    /// The Barrett constants: P (33 bits, reflected: P times x^31 in a 64-bit register)
+    /// and the low 64 bits of mu = floor(x^96 / P) (its x^64 term is implied), reflected.
     pub(super) const P_X: u64 = 0x1DB710641;
-    pub(super) const U_PRIME: u64 = 0x1F7011641;
+    pub(super) const MU96_LOW: u64 = mu96_low();
+
+    /// floor(x^96 / P) by long division, without its x^64 term, bit-reflected.
+    const fn mu96_low() -> u64 {
+        let p = 0x1_04c1_1db7u128;
+        let (mut rem, mut quotient) = (1u128 << 96, 0u128);
+        let mut bit = 65;
+        while bit > 0 {
+            bit -= 1;
+            if rem & (1 << (bit + 32)) != 0 {
+                rem ^= p << bit;
+                quotient |= 1 << bit;
+            }
+        }
+        (quotient as u64).reverse_bits()
+    }
 
     /// 0, 1, ..., 63: the identity byte permutation.
     static IOTA: [u8; 64] = {
@@ -611,34 +625,57 @@ mod fold {
                 FOLD_4_BLOCKS.1 as i64,
                 FOLD_4_BLOCKS.0 as i64,
             );
-            while !src_groups.is_empty() {
+            // The last group is not folded into the accumulators: it and they are carried
+            // straight to the end side by side (one multiply level less on the way out).
+            while src_groups.len() > 256 {
                 v0 = fold512(v0, take512::<COPY>(&mut src_groups, &mut dst_groups), k);
                 v1 = fold512(v1, take512::<COPY>(&mut src_groups, &mut dst_groups), k);
                 v2 = fold512(v2, take512::<COPY>(&mut src_groups, &mut dst_groups), k);
                 v3 = fold512(v3, take512::<COPY>(&mut src_groups, &mut dst_groups), k);
             }
-            // The last group is followed by the trail blocks; each accumulator straight to
-            // the end, one multiply level, XORed in a two-level ternary-logic tree.
+            // The trail blocks follow the last group.
             let d = body_blocks - groups * 4;
-            let (t0, t1, t2, t3) = (table(d + 3), table(d + 2), table(d + 1), table(d));
-            let a = _mm512_ternarylogic_epi64::<0x96>(
-                _mm512_clmulepi64_epi128::<0x00>(v0, t0),
-                _mm512_clmulepi64_epi128::<0x11>(v0, t0),
-                _mm512_clmulepi64_epi128::<0x00>(v1, t1),
-            );
-            let b = _mm512_ternarylogic_epi64::<0x96>(
-                _mm512_clmulepi64_epi128::<0x11>(v1, t1),
-                _mm512_clmulepi64_epi128::<0x00>(v2, t2),
-                _mm512_clmulepi64_epi128::<0x11>(v2, t2),
-            );
-            let c = _mm512_ternarylogic_epi64::<0x96>(
-                _mm512_clmulepi64_epi128::<0x00>(v3, t3),
-                _mm512_clmulepi64_epi128::<0x11>(v3, t3),
-                sum,
-            );
-            sum = _mm512_ternarylogic_epi64::<0x96>(a, b, c);
+            if src_groups.is_empty() {
+                sum = group_to_end([v0, v1, v2, v3], d, sum);
+            } else {
+                let w0 = take512::<COPY>(&mut src_groups, &mut dst_groups);
+                let w1 = take512::<COPY>(&mut src_groups, &mut dst_groups);
+                let w2 = take512::<COPY>(&mut src_groups, &mut dst_groups);
+                let w3 = take512::<COPY>(&mut src_groups, &mut dst_groups);
+                sum = group_to_end([v0, v1, v2, v3], d + 4, sum);
+                sum = group_to_end([w0, w1, w2, w3], d, sum);
+            }
         }
         reduce(sum)
+    }
+
+    /// `sum` plus four consecutive blocks, the last `distance` blocks from the end, each
+    /// carried to the end (one multiply level), XORed in a two-level ternary-logic tree.
+    #[inline]
+    #[target_feature(enable = "avx512f,vpclmulqdq")]
+    fn group_to_end(v: [__m512i; 4], distance: usize, sum: __m512i) -> __m512i {
+        let t = [
+            table(distance + 3),
+            table(distance + 2),
+            table(distance + 1),
+            table(distance),
+        ];
+        let a = _mm512_ternarylogic_epi64::<0x96>(
+            _mm512_clmulepi64_epi128::<0x00>(v[0], t[0]),
+            _mm512_clmulepi64_epi128::<0x11>(v[0], t[0]),
+            _mm512_clmulepi64_epi128::<0x00>(v[1], t[1]),
+        );
+        let b = _mm512_ternarylogic_epi64::<0x96>(
+            _mm512_clmulepi64_epi128::<0x11>(v[1], t[1]),
+            _mm512_clmulepi64_epi128::<0x00>(v[2], t[2]),
+            _mm512_clmulepi64_epi128::<0x11>(v[2], t[2]),
+        );
+        let c = _mm512_ternarylogic_epi64::<0x96>(
+            _mm512_clmulepi64_epi128::<0x00>(v[3], t[3]),
+            _mm512_clmulepi64_epi128::<0x11>(v[3], t[3]),
+            sum,
+        );
+        _mm512_ternarylogic_epi64::<0x96>(a, b, c)
     }
 
     /// The multipliers for a block `distance` blocks from the end.
@@ -661,8 +698,16 @@ mod fold {
     }
 
     /// Reduces the four 96-bit lane sums to the final CRC-32 (inverted, as transmitted):
-    /// the lanes added, 96 to 64 bits by one fold, then a Barrett reduction (the paper's
-    /// step 3, in its bit-reflected form).
+    /// the lanes added, then one Barrett reduction from 96 bits (two multiplies deep
+    /// instead of a 96 -> 64 fold followed by the 64-bit Barrett of Gopal et al.).
+    ///
+    /// In the bit-reflected layout (bit i of an n-bit register holds the coefficient of
+    /// x^(n-1-i)) the sum S holds S' (degree < 96, congruent to the CRC) in bits 0..95, so
+    /// its low 64 bits are X1 = floor(S' / x^32) and bits 64..95 are S' mod x^32. Barrett
+    /// with mu = floor(x^96 / P) = x^64 + m: the quotient q = floor(X1 mu / x^64) = X1 +
+    /// floor(X1 m / x^64); the product of two reflected registers comes out one bit low,
+    /// hence the shift. The remainder is (S' + q P) mod x^32 = (S' mod x^32) + (q P mod
+    /// x^32), which the multiply by `P_X` (P times x^31, reflected) leaves in bits 64..95.
     #[inline]
     #[target_feature(enable = "avx512f,pclmulqdq,sse4.1")]
     fn reduce(sum: __m512i) -> u32 {
@@ -670,22 +715,15 @@ mod fold {
             _mm512_castsi512_si256(sum),
             _mm512_extracti64x4_epi64::<1>(sum),
         );
-        let x = _mm_xor_si128(
+        let s = _mm_xor_si128(
             _mm256_castsi256_si128(half),
             _mm256_extracti128_si256::<1>(half),
         );
-        let low32 = _mm_set_epi32(0, 0, 0, -1);
-        // 96 -> 64 bits: the low 32 bits carried over 32 bits by x^64 mod P (K5).
-        let k5 = _mm_set_epi64x(0, K5 as i64);
-        let x = _mm_xor_si128(
-            _mm_clmulepi64_si128::<0x00>(_mm_and_si128(x, low32), k5),
-            _mm_srli_si128::<4>(x),
-        );
-        // Barrett: quotient estimate by mu = floor(x^64 / P), then the remainder.
-        let pu = _mm_set_epi64x(U_PRIME as i64, P_X as i64);
-        let t1 = _mm_clmulepi64_si128::<0x10>(_mm_and_si128(x, low32), pu);
-        let t2 = _mm_clmulepi64_si128::<0x00>(_mm_and_si128(t1, low32), pu);
-        !(_mm_extract_epi32::<1>(_mm_xor_si128(x, t2)) as u32)
+        let k = _mm_set_epi64x(P_X as i64, MU96_LOW as i64);
+        let t1 = _mm_clmulepi64_si128::<0x00>(s, k);
+        let q = _mm_xor_si128(s, _mm_slli_epi64::<1>(t1));
+        let t2 = _mm_clmulepi64_si128::<0x10>(q, k);
+        !(_mm_extract_epi32::<2>(_mm_xor_si128(s, t2)) as u32)
     }
 
     #[inline]
@@ -1021,7 +1059,6 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             assert_eq!(fold::FOLD_4_BLOCKS, (0x11542778a, 0x1322d1430));
-            assert_eq!(fold::K5, 0x163cd6124);
             for (block, row) in fold::FOLD_TO_END.iter().enumerate() {
                 for lane in 0..4 {
                     let d = 4 * block + 3 - lane;
@@ -1031,18 +1068,20 @@ mod tests {
                     assert_eq!(row[2 * lane + 1], last, "block {block} lane {lane}");
                 }
             }
-            // Barrett: P and mu = floor(x^64 / P), both 33 bits, reflected.
+            // Barrett: P (33 bits, reflected) and mu = floor(x^96 / P) (65 bits; its top
+            // bit implied), by shift-and-subtract division of plain polynomials.
             let p = 0x1_04c1_1db7u128;
-            let (mut rem, mut mu) = (1u128 << 64, 0u128);
-            for bit in (0..=32).rev() {
+            let (mut rem, mut mu) = (1u128 << 96, 0u128);
+            for bit in (0..=64).rev() {
                 if rem & (1 << (bit + 32)) != 0 {
                     rem ^= p << bit;
                     mu |= 1 << bit;
                 }
             }
-            let reflect33 = |v: u128| (v as u64).reverse_bits() >> 31;
-            assert_eq!(fold::P_X, reflect33(p));
-            assert_eq!(fold::U_PRIME, reflect33(mu));
+            assert_eq!(mu >> 64, 1);
+            assert!(rem < 1 << 32);
+            assert_eq!(fold::P_X, (p as u64).reverse_bits() >> 31);
+            assert_eq!(fold::MU96_LOW, (mu as u64).reverse_bits());
         }
     }
 
