@@ -278,7 +278,7 @@ const fn multiplier(reflected: u32) -> u64 {
 mod fold {
     #![allow(unsafe_code)]
 
-    use super::{multiplier, times_x_pow, x_pow, Net};
+    use super::{bth, ipv4, multiplier, times_x_pow, x_pow, Net};
     use std::arch::x86_64::*;
     use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -383,6 +383,17 @@ mod fold {
     static MASK_V4_UDP: [u8; 64] = prefix_mask(Net::V4, true);
     static MASK_V6_UDP: [u8; 64] = prefix_mask(Net::V6, true);
     static MASK_V6: [u8; 64] = prefix_mask(Net::V6, false);
+    /// [`MASK_V4_UDP`] moved to the end of the block, for a prefix of 44 bytes.
+    static MASK_V4_UDP_LAST: [u8; 64] = {
+        let m = prefix_mask(Net::V4, true);
+        let mut last = [0u8; 64];
+        let mut i = 0;
+        while i < 44 {
+            last[20 + i] = m[i];
+            i += 1;
+        }
+        last
+    };
 
     /// 0 = not probed yet, 1 = absent, 2 = present.
     static FEATURES: AtomicU8 = AtomicU8::new(0);
@@ -480,6 +491,20 @@ mod fold {
         ]
     }
 
+    /// The prefix of an IPv4 RoCE v2 packet with a BTH only, right-aligned in one block:
+    /// 20 zeros, ones (4), IP (20), UDP (8), BTH (12).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    fn prefix_v4_udp_bth_last(ip: &[u8], udp: &[u8], bth: &[u8]) -> __m512i {
+        let (ip, udp, bth) = (load_masked(ip), load_masked(udp), load_masked(bth));
+        let prefix = _mm512_ternarylogic_epi64::<0xfe>(
+            shift_up_dwords!(ip, 6),
+            shift_up_dwords!(udp, 11),
+            shift_up_dwords!(bth, 13),
+        );
+        _mm512_or_si512(prefix, load_masked(&MASK_V4_UDP_LAST))
+    }
+
     /// As [`prefix_v4_udp`] for IPv6: ones (4), IP (40), UDP (8), headers from byte 52.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
@@ -535,49 +560,21 @@ mod fold {
             dst
         };
 
-        // Head blocks: zeros, the prefix, and the data's first bytes. The prefix moves up by
-        // `lead` bytes (the zeros in front) with two-register byte permutes; the data moves
-        // to the end of the last head block.
-        let lead = head_blocks * 64 - head_len;
-        let iota = load_masked(&IOTA);
-        let up = _mm512_add_epi8(iota, _mm512_set1_epi8((64 - lead) as i8));
-        // (Matched here rather than in a function of its own, which the compiler would not
-        // inline: its result would go through memory.)
-        let [q0, q1] = match headers.udp {
-            Some(udp) if headers.ip.len() == super::ipv4::HEADER_LEN => {
-                prefix_v4_udp(headers.ip, udp, headers.headers)
-            }
-            Some(udp) => prefix_v6_udp(headers.ip, udp, headers.headers),
-            None => prefix_v6(headers.ip, headers.headers),
-        };
-        let data_up = if head_data == 0 {
-            zero
-        } else {
-            // Byte i takes byte i - (64 - head_data) of `data`, the first 64 - head_data
-            // bytes become zeros (vpermb uses the index modulo 64).
-            let index = _mm512_add_epi8(iota, _mm512_set1_epi8(head_data as i8));
-            _mm512_maskz_permutexvar_epi8(u64::MAX << (64 - head_data), index, data)
-        };
         let mut distance = body_blocks + head_blocks;
         let mut sum;
-        {
-            let h0 = _mm512_permutex2var_epi8(zero, up, q0);
+        if let (0, bth::HEADER_LEN, Some(udp), ipv4::HEADER_LEN) = (
+            head_data,
+            headers.headers.len(),
+            headers.udp,
+            headers.ip.len(),
+        ) {
+            // The usual IPv4 packet (BTH only, whole blocks of payload): its 44-byte prefix
+            // goes straight to the end of one block, with no permute.
             distance -= 1;
-            if head_blocks == 1 {
-                sum = fold_to_end(_mm512_or_si512(h0, data_up), distance, zero);
-            } else {
-                sum = fold_to_end(h0, distance, zero);
-                let h1 = _mm512_permutex2var_epi8(q0, up, q1);
-                distance -= 1;
-                if head_blocks == 2 {
-                    sum = fold_to_end(_mm512_or_si512(h1, data_up), distance, sum);
-                } else {
-                    sum = fold_to_end(h1, distance, sum);
-                    let h2 = _mm512_permutex2var_epi8(q1, up, zero);
-                    distance -= 1;
-                    sum = fold_to_end(_mm512_or_si512(h2, data_up), distance, sum);
-                }
-            }
+            let h0 = prefix_v4_udp_bth_last(headers.ip, udp, headers.headers);
+            sum = fold_to_end(h0, distance, zero);
+        } else {
+            sum = head_to_end(headers, prefix_len, data, head_data, &mut distance);
         }
         debug_assert_eq!(distance, body_blocks);
 
@@ -647,6 +644,62 @@ mod fold {
             }
         }
         reduce(sum)
+    }
+
+    /// The general head: zeros, the prefix, and the data's first `head_data` bytes (in
+    /// `data`), each head block carried to the end; `distance` counts down past them. The
+    /// prefix moves up by `lead` bytes (the zeros in front) with two-register byte
+    /// permutes; the data moves to the end of the last head block.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vbmi,vpclmulqdq")]
+    fn head_to_end(
+        headers: Headers<'_>,
+        prefix_len: usize,
+        data: __m512i,
+        head_data: usize,
+        distance: &mut usize,
+    ) -> __m512i {
+        let zero = _mm512_setzero_si512();
+        let head_len = prefix_len + head_data;
+        let head_blocks = head_len.div_ceil(64);
+        let lead = head_blocks * 64 - head_len;
+        let iota = load_masked(&IOTA);
+        let [q0, q1] = match headers.udp {
+            Some(udp) if headers.ip.len() == ipv4::HEADER_LEN => {
+                prefix_v4_udp(headers.ip, udp, headers.headers)
+            }
+            Some(udp) => prefix_v6_udp(headers.ip, udp, headers.headers),
+            None => prefix_v6(headers.ip, headers.headers),
+        };
+        let data_up = if head_data == 0 {
+            zero
+        } else {
+            // Byte i takes byte i - (64 - head_data) of `data`, the first 64 - head_data
+            // bytes become zeros (vpermb uses the index modulo 64).
+            let index = _mm512_add_epi8(iota, _mm512_set1_epi8(head_data as i8));
+            _mm512_maskz_permutexvar_epi8(u64::MAX << (64 - head_data), index, data)
+        };
+        let [h0, h1, h2] = if lead == 0 {
+            [q0, q1, zero]
+        } else {
+            let up = _mm512_add_epi8(iota, _mm512_set1_epi8((64 - lead) as i8));
+            [
+                _mm512_permutex2var_epi8(zero, up, q0),
+                _mm512_permutex2var_epi8(q0, up, q1),
+                _mm512_permutex2var_epi8(q1, up, zero),
+            ]
+        };
+        let mut sum = zero;
+        for (i, h) in [h0, h1, h2].into_iter().enumerate().take(head_blocks) {
+            *distance -= 1;
+            let h = if i + 1 == head_blocks {
+                _mm512_or_si512(h, data_up)
+            } else {
+                h
+            };
+            sum = fold_to_end(h, *distance, sum);
+        }
+        sum
     }
 
     /// `sum` plus four consecutive blocks, the last `distance` blocks from the end, each
