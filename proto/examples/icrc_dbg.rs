@@ -8,14 +8,14 @@ fn main() {
     let slots = cold.len() / 4096;
     for mode in ["pay", "payrot", "out", "outrot", "memcpy", "memcpyrot"] {
         for size in [64usize, 1024] {
-            let payload = &bytes[64..64 + size];
+            let payload = &bytes[40..40 + size];
             let mut best = f64::MAX;
             let mut i = 0;
             for _ in 0..50 {
                 let t = Instant::now();
                 for _ in 0..20000 {
                     i += 1;
-                    let at = if mode.ends_with("rot") { (i % slots) * 4096 + 64 } else { 4096 * 3 + 64 };
+                    let at = if mode.ends_with("rot") { (i % (slots * 64)) * 64 } else { 4096 * 3 + 64 + 2048 };
                     let dst = &mut cold[at..at + size];
                     match mode {
                         "pay" | "payrot" => { black_box(icrc::v2_copying_payload(ip, udp, bth, black_box(payload), dst)); }

@@ -398,22 +398,26 @@ mod fold {
     /// 0 = not probed yet, 1 = absent, 2 = present.
     static FEATURES: AtomicU8 = AtomicU8::new(0);
 
-    /// Whether the CPU has the instructions of this kernel.
+    /// Whether the CPU has the instructions of this kernel (one relaxed load once probed).
+    #[inline]
     pub(super) fn available() -> bool {
         match FEATURES.load(Ordering::Relaxed) {
             2 => true,
             1 => false,
-            _ => {
-                let yes = is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512bw")
-                    && is_x86_feature_detected!("avx512vbmi")
-                    && is_x86_feature_detected!("vpclmulqdq")
-                    && is_x86_feature_detected!("pclmulqdq")
-                    && is_x86_feature_detected!("sse4.1");
-                FEATURES.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
-                yes
-            }
+            _ => probe(),
         }
+    }
+
+    #[cold]
+    fn probe() -> bool {
+        let yes = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vbmi")
+            && is_x86_feature_detected!("vpclmulqdq")
+            && is_x86_feature_detected!("pclmulqdq")
+            && is_x86_feature_detected!("sse4.1");
+        FEATURES.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+        yes
     }
 
     /// The ICRC of the masked prefix (`net`, `ip`, `udp`, `headers`) followed by `src` and
