@@ -333,6 +333,9 @@ mod fold {
         (quotient as u64).reverse_bits()
     }
 
+    /// How far ahead of the stores the copying kernels prefetch the destination.
+    const PREFETCH_AHEAD: usize = 1024;
+
     /// 0, 1, ..., 63: the identity byte permutation.
     static IOTA: [u8; 64] = {
         let mut t = [0u8; 64];
@@ -629,6 +632,19 @@ mod fold {
             // The last group is not folded into the accumulators: it and they are carried
             // straight to the end side by side (one multiply level less on the way out).
             while src_groups.len() > 256 {
+                if COPY {
+                    // Ask for the destination lines a few groups ahead with intent to write:
+                    // registered memory is usually cold, and the loop would otherwise wait
+                    // for each line's read-for-ownership.
+                    if let Some(ahead) = dst_groups.get(PREFETCH_AHEAD..) {
+                        for line in 0..4 {
+                            if let Some(l) = ahead.get(line * 64..) {
+                                // SAFETY: a prefetch is a hint; it never faults.
+                                unsafe { _mm_prefetch::<_MM_HINT_ET0>(l.as_ptr().cast()) };
+                            }
+                        }
+                    }
+                }
                 v0 = fold512(v0, take512::<COPY>(&mut src_groups, &mut dst_groups), k);
                 v1 = fold512(v1, take512::<COPY>(&mut src_groups, &mut dst_groups), k);
                 v2 = fold512(v2, take512::<COPY>(&mut src_groups, &mut dst_groups), k);
