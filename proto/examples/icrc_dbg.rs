@@ -15,12 +15,29 @@ fn main() {
                 let t = Instant::now();
                 for _ in 0..20000 {
                     i += 1;
-                    let at = if mode.ends_with("rot") { (i % (slots * 64)) * 64 } else { 4096 * 3 + 64 + 2048 };
+                    let at = if mode.ends_with("rot") {
+                        (i % (slots * 64)) * 64
+                    } else {
+                        4096 * 3 + 64 + 2048
+                    };
                     let dst = &mut cold[at..at + size];
                     match mode {
-                        "pay" | "payrot" => { black_box(icrc::v2_copying_payload(ip, udp, bth, black_box(payload), dst)); }
-                        "out" | "outrot" => { black_box(icrc::v2_copying_out(ip, udp, bth, black_box(payload), dst)); }
-                        _ => { dst.copy_from_slice(black_box(payload)); black_box(dst); }
+                        "pay" | "payrot" => {
+                            black_box(icrc::v2_copying_payload(
+                                ip,
+                                udp,
+                                bth,
+                                black_box(payload),
+                                dst,
+                            ));
+                        }
+                        "out" | "outrot" => {
+                            black_box(icrc::v2_copying_out(ip, udp, bth, black_box(payload), dst));
+                        }
+                        _ => {
+                            dst.copy_from_slice(black_box(payload));
+                            black_box(dst);
+                        }
                     };
                 }
                 best = best.min(t.elapsed().as_nanos() as f64 / 20000.0);

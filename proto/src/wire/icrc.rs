@@ -167,6 +167,18 @@ pub fn v2_copying_payload(
     if let Some(crc) = fold::icrc::<true>(net, ip, Some(udp), headers, payload, out.len(), out) {
         return crc;
     }
+    portable_copying_payload(net, ip, udp, headers, payload, out)
+}
+
+/// [`v2_copying_payload`] without the kernel: a copy, then crc32fast.
+fn portable_copying_payload(
+    net: Net,
+    ip: &[u8],
+    udp: &[u8],
+    headers: &[u8],
+    payload: &[u8],
+    out: &mut [u8],
+) -> u32 {
     let (prefix, len) = masked_prefix(net, ip, Some(udp), headers);
     let (data, pad) = out.split_at_mut(payload.len());
     data.copy_from_slice(payload);
@@ -203,6 +215,18 @@ pub fn v2_copying_out(
     {
         return crc;
     }
+    portable_copying_out(net, ip, udp, headers, payload_and_pad, dst)
+}
+
+/// [`v2_copying_out`] without the kernel: crc32fast, then a copy.
+fn portable_copying_out(
+    net: Net,
+    ip: &[u8],
+    udp: &[u8],
+    headers: &[u8],
+    payload_and_pad: &[u8],
+    dst: &mut [u8],
+) -> u32 {
     dst.copy_from_slice(&payload_and_pad[..dst.len()]);
     let (prefix, len) = masked_prefix(net, ip, Some(udp), headers);
     portable(&prefix[..len], payload_and_pad)
@@ -1363,6 +1387,67 @@ mod tests {
             let got = v2_copying_out(ip, udp_h, &t[..12], &t[12..], &mut dst);
             assert_eq!(got, reference(ip, Some(udp_h), t));
             assert_eq!(dst, &t[12..len - 2]);
+        }
+    }
+
+    #[test]
+    fn the_portable_copying_paths_agree() {
+        // What a CPU without the kernel's instructions runs, on every kind of input.
+        let bytes = noise(6000, 11);
+        let udp_h = &bytes[60..68];
+        for (net, ip) in [(Net::V4, &bytes[..20]), (Net::V6, &bytes[20..60])] {
+            for len in (0..200usize).chain([1024, 4093, 4096]) {
+                for ext in [0usize, 16] {
+                    let headers = &bytes[100..112 + ext];
+                    let pad = len.wrapping_neg() & 3;
+                    let payload_and_pad = &bytes[300..300 + len + pad];
+                    let mut transport = headers.to_vec();
+                    transport.extend_from_slice(payload_and_pad);
+                    let mut dst = vec![0u8; len];
+                    let got =
+                        portable_copying_out(net, ip, udp_h, headers, payload_and_pad, &mut dst);
+                    assert_eq!(got, reference(ip, Some(udp_h), &transport));
+                    assert_eq!(dst, &payload_and_pad[..len]);
+                    let mut out = vec![0xa5u8; len + pad];
+                    let got = portable_copying_payload(
+                        net,
+                        ip,
+                        udp_h,
+                        headers,
+                        &payload_and_pad[..len],
+                        &mut out,
+                    );
+                    transport.truncate(headers.len() + len);
+                    transport.resize(headers.len() + len + pad, 0);
+                    assert_eq!(got, reference(ip, Some(udp_h), &transport));
+                    assert_eq!(out, &transport[headers.len()..]);
+                }
+            }
+        }
+    }
+
+    /// The entry-point tests check the kernel only where the CPU has it; say which ran, and
+    /// check that the kernel takes every RoCE-sized packet and declines longer ones.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_kernel_takes_every_roce_packet_where_available() {
+        let bytes = noise(6000, 5);
+        let (ip, udp_h, headers) = (&bytes[..40], &bytes[40..48], &bytes[48..88]);
+        let run = |len: usize| {
+            let src = &bytes[100..100 + len];
+            fold::icrc::<false>(Net::V6, ip, Some(udp_h), headers, src, len, &mut [])
+        };
+        if fold::available() {
+            eprintln!("the carry-less multiply kernel is under test");
+            assert!(run(4096 + 3).is_some());
+            assert_eq!(
+                run(4096 + 3),
+                Some(v2_ipv6(ip, udp_h, &[headers, &bytes[100..4199]].concat()))
+            );
+            assert!(run(fold::MAX_BLOCKS * 64).is_none());
+        } else {
+            eprintln!("no AVX-512 VPCLMULQDQ and VBMI here: only the portable path is under test");
+            assert!(run(64).is_none());
         }
     }
 
