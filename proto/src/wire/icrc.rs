@@ -39,8 +39,8 @@ use super::{bth, ipv4, ipv6, udp};
 /// The masked-LRH stand-in that starts every ICRC.
 const LRH_ONES: [u8; 8] = [0xff; 8];
 
-/// The longest BTH plus extended headers of any opcode (BTH 12 + RETH 16 + ImmDt 4, or
-/// BTH + AtomicETH 28, FETH + RETH ...), rounded to what the callers may pass.
+/// The longest BTH plus extended headers of any opcode the ICRC entry points take: BTH (12)
+/// and AtomicETH (28); a write with immediate has BTH, RETH (16) and ImmDt (4).
 const MAX_HEADERS: usize = 40;
 
 /// The masked headers in front of the transport's extension headers: a CRC-equivalent of
