@@ -258,11 +258,13 @@ fn portable(prefix: &[u8], rest: &[u8]) -> u32 {
 const ZERO_REGISTER: u32 = 0xffff_ffff;
 
 /// The reflected CRC-32 polynomial (0x04C11DB7 with its bits reversed; x^32 implied).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the kernel's constants
 const POLY_REFLECTED: u32 = 0xedb8_8320;
 
 /// `v * x^n mod P` for `v` in the reflected representation (bit 31 - i holds the
 /// coefficient of x^i), by shifting: multiplying by x moves every coefficient one bit down,
 /// and a coefficient leaving x^31 for x^32 is replaced by P - x^32.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the kernel's constants
 const fn times_x_pow(mut v: u32, n: usize) -> u32 {
     let mut i = 0;
     while i < n {
@@ -277,6 +279,7 @@ const fn times_x_pow(mut v: u32, n: usize) -> u32 {
 }
 
 /// `x^n mod P`, reflected.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the kernel's constants
 const fn x_pow(n: usize) -> u32 {
     times_x_pow(1 << 31, n)
 }
@@ -284,6 +287,7 @@ const fn x_pow(n: usize) -> u32 {
 /// A fold multiplier as the carry-less multiply kernel wants it: the reflected 32-bit
 /// remainder shifted left by one (the product of two reflected operands comes out one bit
 /// low; the shift puts it back). The same form as crc32fast's and Intel's constants.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the kernel's constants
 const fn multiplier(reflected: u32) -> u64 {
     (reflected as u64) << 1
 }
