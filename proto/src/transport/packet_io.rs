@@ -485,27 +485,8 @@ impl PendingIcrc<'_> {
     /// bytes (see the type's documentation).
     pub(crate) fn copy_out(&self, dst: &mut [u8]) -> bool {
         let (headers, rest) = self.body.split_at(self.header_len);
-        icrc_copying_out(self.net, self.udp, headers, rest, dst) == self.carried
+        icrc::v2_copying_out(self.net, self.udp, headers, rest, dst) == self.carried
     }
-}
-
-/// The ICRC of a packet, copying the first `dst.len()` bytes of `payload_and_pad` to `dst`.
-fn icrc_copying_out(
-    net: &[u8],
-    udp: &[u8],
-    headers: &[u8],
-    payload_and_pad: &[u8],
-    dst: &mut [u8],
-) -> u32 {
-    let n = dst.len();
-    if n == payload_and_pad.len() {
-        return icrc::v2_copying_payload(net, udp, headers, payload_and_pad, dst);
-    }
-    dst.copy_from_slice(&payload_and_pad[..n]);
-    let mut body = Vec::with_capacity(headers.len() + payload_and_pad.len());
-    body.extend_from_slice(headers);
-    body.extend_from_slice(payload_and_pad);
-    icrc::v2_ipv4(net, udp, &body)
 }
 
 /// An IPv4 RoCE v2 packet cut at its headers: the IP view, the IP header, the UDP header,
