@@ -252,7 +252,7 @@ impl SegmentTemplate {
         buf: &mut [u8],
         seal: bool,
         fill: impl FnOnce(&mut [u8]) -> Result<Payload<'a>, E>,
-    ) -> Option<Result<Transmit, E>> {
+    ) -> Option<Result<(), E>> {
         let (len, h, payload_len) = (self.tx.len, self.header_len, self.payload_len());
         let buf = buf.get_mut(..len)?;
         let (head, rest) = buf.split_at_mut(h);
@@ -292,7 +292,14 @@ impl SegmentTemplate {
             }
         };
         buf[len - crate::wire::ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
-        Some(Ok(self.tx))
+        Some(Ok(()))
+    }
+
+    /// What each packet built from these headers is: see [`Transmit`]. (Read from here
+    /// when returned, rather than carried through the emit path: the copy stalled on store
+    /// forwarding in the profile.)
+    pub(crate) fn transmit(&self) -> Transmit {
+        self.tx
     }
 }
 

@@ -350,7 +350,11 @@ pub(crate) fn poll_request<M: MemoryAccess>(
                     w.error = Some(status);
                     poll_request(qp, ctx, now, buf)
                 }
-                Some(Ok(tx)) => sent(qp, ctx, now, idx, psn, false, false, ack_req, tx),
+                Some(Ok(())) => {
+                    let len = tpl.transmit().len;
+                    sent(qp, ctx, now, idx, psn, false, false, ack_req, len)?;
+                    qp.next_segment.as_ref().map(SegmentTemplate::transmit)
+                }
             };
         }
     }
@@ -551,10 +555,21 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         let first_psn = qp.sq.get(idx)?.first_psn;
         qp.next_segment = SegmentTemplate::capture(&buf[..tx.len], &tx, first_psn);
     }
-    sent(qp, ctx, now, idx, psn, last, is_read_atomic, ack_req, tx)
+    sent(
+        qp,
+        ctx,
+        now,
+        idx,
+        psn,
+        last,
+        is_read_atomic,
+        ack_req,
+        tx.len,
+    )?;
+    Some(tx)
 }
 
-/// The requester's state after packet `psn` of WQE `idx` went out as `tx`.
+/// The requester's state after packet `psn` of WQE `idx` went out, `len` bytes long.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn sent<M>(
@@ -566,14 +581,14 @@ fn sent<M>(
     last: bool,
     is_read_atomic: bool,
     ack_req: bool,
-    tx: Transmit,
-) -> Option<Transmit> {
+    len: usize,
+) -> Option<()> {
     let ty = qp.ty;
     if ack_req {
         qp.noack_pkts = 0;
     }
     if !ctx.cc_none {
-        ctx.cc.on_sent(qp.qpn, now, tx.len);
+        ctx.cc.on_sent(qp.qpn, now, len);
     }
     let w = qp.sq.get_mut(idx)?;
     let next = if matches!(w.wr.op, SendOp::Read(_)) {
@@ -606,7 +621,7 @@ fn sent<M>(
             }
         }
     }
-    Some(tx)
+    Some(())
 }
 
 #[cfg(test)]
