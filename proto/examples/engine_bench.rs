@@ -8,59 +8,47 @@
 //! medians over the trials (default 5), so that a noisy, shared machine skews both sides of
 //! a ratio alike. The ratio by thread CPU time is printed as a cross-check.
 //!
-//! What the ratio means: per payload byte the engine makes three passes where the baseline
-//! makes two. The sender copies the payload from registered memory into the packet and
-//! computes the ICRC in one fused pass (`wire::icrc::v2_copying_payload`; the source is cold,
-//! 1 MiB); the receiver computes the ICRC over the packet (cache hot) to verify it, then
-//! copies the payload into registered memory (cold). The baseline copies 1 MiB to 1 MiB in
-//! MTU-sized pieces and hashes each piece once. Both sides really seal and verify every ICRC.
+//! What the ratio means: per payload byte the engine makes two passes where the baseline
+//! makes one. The sender copies the payload from registered memory (the source is cold,
+//! 1 MiB) into the packet and computes the ICRC in one fused pass
+//! (`wire::icrc::v2_copying_payload`); the receiver computes the ICRC over the packet while it
+//! copies the payload out into registered memory (`wire::icrc::v2_copying_out`, 1 MiB, cold),
+//! and only then lets the packet count. The baseline copies 1 MiB to 1 MiB in MTU-sized
+//! pieces and hashes each piece once. Both sides really seal and verify every ICRC.
 //!
-//! # Results (AMD EPYC, Zen 4 with AVX-512 VPCLMULQDQ; 2 vCPUs shared with other builds)
+//! The second line under each MTU, "the data work alone", runs just those two fused passes
+//! per packet, with no engine around them: the ceiling of any engine that seals and
+//! verifies every packet.
 //!
-//! Before and after the work of branch `engine2`, same machine, same moments (runs
-//! interleaved, load average 8 to 10). "Best": the fastest of 90 runs of 64 MiB each (the
-//! least disturbed); "median": this benchmark as committed, median ratio of 3 runs of 5
-//! trials (by wall time; by CPU time in parentheses).
+//! # Results (AMD EPYC Zen 4 at 2.6 GHz, AVX-512 VPCLMULQDQ; 2 vCPUs; three runs of the
+//! default 2048 MiB x 5 trials on an otherwise idle machine)
 //!
-//! | MTU  | before, best                   | after, best                    | after, median |
-//! |------|--------------------------------|--------------------------------|---------------|
-//! | 4096 | 6.7 GB/s, 1.63 Mpkt/s, ratio 0.39 | 9.2 GB/s, 2.24 Mpkt/s, ratio 0.52 | 0.47 (0.48) |
-//! | 1024 | 2.6 GB/s, 2.58 Mpkt/s, ratio 0.15 | 4.0 GB/s, 3.94 Mpkt/s, ratio 0.23 | 0.17 (0.22) |
+//! | MTU  | engine                        | baseline  | ratio     | data work alone | target |
+//! |------|-------------------------------|-----------|-----------|-----------------|--------|
+//! | 4096 | 15.1-15.4 GB/s, 3.7 Mpkt/s    | 19.7-20.3 GB/s | 0.76-0.78 | 1.08-1.11 | 0.7: met |
+//! | 1024 | 7.0-7.1 GB/s, 6.9-7.0 Mpkt/s  | 16.5-16.6 GB/s | 0.43      | 0.81-0.83 | 0.7: not met |
 //!
-//! The target of 0.7 is not reached. Where the time goes now (`perf record`, engine only,
-//! share of samples; 446 ns per packet at MTU 4096, 254 ns at 1024, at the best rates):
+//! Session 2 ended at 0.46 and 0.21; what moved it:
+//! - the receiver places the payload of an RDMA WRITE's MIDDLE and LAST packets by the pass
+//!   that verifies the ICRC (`transport::packet_io::PendingIcrc`): one trip through the
+//!   payload instead of a hash and then a copy into cold memory;
+//! - the ICRC kernel folds the masked headers in parallel with the data and carries every
+//!   block straight to the end: about 15 ns of fixed cost per packet instead of 30-45;
+//! - the requester builds each full-MTU MIDDLE packet from the previous one's headers
+//!   (`packet_io::SegmentTemplate`: copy 40-60 bytes, patch the PSN and AckReq bit), and
+//!   the responder predicts the next MIDDLE packet of the WRITE it is receiving
+//!   (`responder::on_predicted_write_middle`, as TCP's header prediction), skipping the
+//!   general parse and dispatch.
 //!
-//! | part                                                           | MTU 4096 | MTU 1024 |
-//! |----------------------------------------------------------------|----------|----------|
-//! | ICRC folding, sender (fused with the copy from memory)          | 19 %     | 13 %     |
-//! | ICRC folding, receiver (packet in L1)                          | 18 %     | 12 %     |
-//! | ICRC fixed costs: masked headers, final reduction (both sides) | 11 %     | 17 %     |
-//! | receiver's copy into memory (`memcpy` to a cold destination)   | 19 %     | 8 %      |
-//! | engine bookkeeping, both engines (requester, responder, ACKs, parse, emit, key and memory lookups, queues) | 33 % | 50 % |
-//!
-//! What bounds it:
-//! - The folding runs at about 48 GB/s, 14 bytes per cycle: the throughput of VPCLMULQDQ on
-//!   this core (8 carry-less multiplies per 256 bytes), so each ICRC pass costs about what
-//!   the baseline's one CRC pass costs, and the engine must make two (seal and verify), plus
-//!   the copy out of the packet. With no bookkeeping at all the data work alone is about
-//!   300 ns per 4 KiB packet against the baseline's 233 ns: a ceiling near 0.78 at MTU 4096.
-//! - At MTU 1024 the per-packet costs dominate. The fixed part of each ICRC (masking and
-//!   folding the 48 header bytes, the 128 to 32 bit reduction: a chain of dependent
-//!   multiplies) is paid twice per packet, and the data work alone is about 127 ns per 1 KiB
-//!   packet against the baseline's 59 ns: a ceiling near 0.47 before any bookkeeping.
-//! - The bookkeeping of two engines is 120 to 150 ns per packet, about 2,100 instructions
-//!   (callgrind, which runs the portable ICRC path: ~1,050 in the requester and emitter,
-//!   ~430 in receive parsing and dispatch, ~190 in the responder, ~450 in memory and key
-//!   lookups, queues and ICRC glue): 0.54 instructions per payload byte at MTU 4096, 2.1 at
-//!   1024. Reaching 0.7 at MTU 4096 would need it under about 30 ns per packet for both
-//!   engines together. (The folding itself is under 0.2 instructions per byte: per 256 bytes
-//!   8 multiplies, 4 three-way XORs, 4 loads, with the fused copy 4 stores and their bounds
-//!   checks; instruction counts do not bound it, multiplier throughput does.)
-//!
-//! So 0.7 is out of reach at MTU 1024 for any design that hashes every byte at both ends, and
-//! at MTU 4096 it would take a per-packet path of a few dozen instructions (a cached header
-//! template per QP and a specialised "next segment of the current WRITE" path on both sides);
-//! see `docs/architecture.md`.
+//! Why MTU 1024 stays far below 0.7: the two fused passes alone, with no engine at all,
+//! reach 0.81-0.83 of the baseline (each 1 KiB packet is hashed twice plus the headers and a
+//! 96-to-32-bit reduction each time, where the baseline hashes 1 KiB once). For 0.7 the two
+//! engines together would have to spend under about 12 ns per packet on everything that is
+//! not data: requester, header emission, parse, responder, key and memory lookups, queues.
+//! They spend about 66 ns (`perf record`: requester 17 ns, the L_Key check and gather 10,
+//! the ICRC calls' own setup 10, receive parse and predicted path 12, QP lookups 6, the
+//! rest in the ready queue and the bench loop). At MTU 4096 the same costs are spread over
+//! four times the bytes.
 
 use proto::transport::*;
 use std::time::Instant;
