@@ -161,3 +161,49 @@ fn a_corrupt_packet_out_of_sequence_is_checked_before_anything_else() {
     assert_eq!(naks[0][28], Opcode::RC_ACKNOWLEDGE.0);
     assert_eq!(naks[0][40] >> 5, 3, "AETH syndrome: NAK");
 }
+
+/// `frame` parsed, changed by `edit`, and written again with a right ICRC.
+fn rewritten(
+    frame: &[u8],
+    edit: impl FnOnce(&mut proto::wire::FrameRepr, &mut Vec<u8>),
+) -> Vec<u8> {
+    let parsed = proto::wire::FrameRepr::parse_ip(frame, frame.len()).unwrap();
+    let mut repr = parsed.repr;
+    let mut payload = parsed.payload.to_vec();
+    edit(&mut repr, &mut payload);
+    repr.transport.payload_len = payload.len();
+    repr.fill_lengths();
+    let mut out = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut out, &payload).unwrap();
+    out
+}
+
+#[test]
+fn a_corrupt_empty_write_last_does_not_complete_the_write() {
+    // A FIRST that carries the whole DMA length, then a LAST with nothing to place: legal
+    // on the wire, and the LAST must still be verified before it completes anything.
+    let mut s = setup();
+    let first = rewritten(&s.frames[0], |r, _| {
+        if let Some(reth) = r.transport.reth.as_mut() {
+            reth.len = 1024;
+        }
+    });
+    let last = rewritten(&s.frames[2], |r, payload| {
+        r.transport.bth.psn = r.transport.bth.psn.sub(1);
+        payload.clear();
+    });
+    s.sim.dev(1).handle_packet(0, &first);
+    let psn = expected_psn(&mut s);
+    let mut bad = last.clone();
+    let n = bad.len();
+    bad[n - 1] ^= 0x01;
+    s.sim.dev(1).handle_packet(0, &bad);
+    assert_eq!(s.sim.dev(1).counters().icrc_errors, 1);
+    assert_eq!(expected_psn(&mut s), psn);
+    assert!(transmits(&mut s).is_empty(), "no ACK for a corrupt LAST");
+    s.sim.dev(1).handle_packet(0, &last);
+    assert_eq!(expected_psn(&mut s), psn.add(1));
+    let acks = transmits(&mut s);
+    assert_eq!(acks.len(), 1);
+    assert_eq!(s.sim.read_mem(1, s.b, 1024), s.data[..1024].to_vec());
+}

@@ -605,6 +605,8 @@ fn sent<M>(
     if last {
         w.sent_all = true;
         qp.req_index += 1;
+        // The kept MIDDLE headers belong to this message only.
+        qp.next_segment = None;
     }
     // UD and UC do not consume PSN space with retries; they advance one per packet anyway.
     qp.req_psn = next;

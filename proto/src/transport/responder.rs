@@ -503,6 +503,10 @@ fn execute<M: MemoryAccess>(
                     })?;
                 }
             }
+        } else if placing.is_some_and(|p| !p.verify()) {
+            // Nothing to place (a LAST after a FIRST that carried it all): still verified
+            // before the message completes.
+            return Err(Fail::Corrupt);
         }
         let m = qp.in_msg.as_mut().ok_or(inv_req)?;
         m.offset += plen as u32;
