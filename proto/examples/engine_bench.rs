@@ -267,7 +267,9 @@ fn main() {
     let total = mib << 20;
     println!(
         "RDMA WRITE, {mib} MiB in 1 MiB messages, two engines in one thread; \
-         median of {trials} trials, each the engine then the baseline on the same bytes"
+         median of {trials} trials, each the engine then the baseline on the same bytes; \
+         ICRC by the {}",
+        proto::wire::icrc::implementation()
     );
     for mtu in [Mtu::Mtu4096, Mtu::Mtu1024] {
         // Each trial measures the engine and the baseline back to back, so that a ratio

@@ -138,7 +138,8 @@ fn main() {
     });
     println!();
     println!(
-        "ICRC over 4 KiB packets: {icrc4:.2} GB/s, {:.2} of crc32fast alone",
-        icrc4 / crc_only
+        "ICRC over 4 KiB packets: {icrc4:.2} GB/s, {:.2} of crc32fast alone (ICRC by the {})",
+        icrc4 / crc_only,
+        proto::wire::icrc::implementation()
     );
 }

@@ -909,6 +909,17 @@ mod fold {
     }
 }
 
+/// Which implementation computes ICRCs on this CPU: the carry-less multiply kernel (AVX-512
+/// F, BW and VBMI with VPCLMULQDQ) or crc32fast. Benchmarks print it beside their figures,
+/// which depend on it.
+pub fn implementation() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    if fold::available() {
+        return "AVX-512 VPCLMULQDQ kernel";
+    }
+    "crc32fast (this CPU lacks the AVX-512 kernel's instructions)"
+}
+
 /// ICRC of a RoCE v2 packet over IPv4. `ip` is the 20-byte header, `udp` the 8-byte header,
 /// `transport` the BTH through the pad (without the ICRC). Panics if a header is shorter than
 /// its fixed length or `transport` is shorter than a BTH: callers pass checked views.
