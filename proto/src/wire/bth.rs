@@ -37,36 +37,47 @@ impl<T: AsRef<[u8]>> Bth<T> {
     fn b(&self) -> &[u8] {
         self.buffer.as_ref()
     }
+    #[inline]
     pub fn opcode(&self) -> Opcode {
         Opcode(self.b()[field::OPCODE])
     }
+    #[inline]
     pub fn solicited(&self) -> bool {
         self.b()[field::FLAGS] & 0x80 != 0
     }
+    #[inline]
     pub fn mig_req(&self) -> bool {
         self.b()[field::FLAGS] & 0x40 != 0
     }
+    #[inline]
     pub fn pad_count(&self) -> u8 {
         (self.b()[field::FLAGS] >> 4) & 3
     }
+    #[inline]
     pub fn tver(&self) -> u8 {
         self.b()[field::FLAGS] & 0x0f
     }
+    #[inline]
     pub fn pkey(&self) -> u16 {
         be::u16_at(self.b(), field::PKEY)
     }
+    #[inline]
     pub fn fecn(&self) -> bool {
         self.b()[field::RESV8A] & 0x80 != 0
     }
+    #[inline]
     pub fn becn(&self) -> bool {
         self.b()[field::RESV8A] & 0x40 != 0
     }
+    #[inline]
     pub fn dest_qpn(&self) -> Qpn {
         Qpn::new(be::u24_at(self.b(), field::DEST_QP))
     }
+    #[inline]
     pub fn ack_req(&self) -> bool {
         self.b()[field::ACKREQ] & 0x80 != 0
     }
+    #[inline]
     pub fn psn(&self) -> Psn {
         Psn::new(be::u24_at(self.b(), field::PSN))
     }

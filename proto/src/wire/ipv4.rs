@@ -77,15 +77,19 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     pub fn version(&self) -> u8 {
         self.buffer.as_ref()[field::VER_IHL] >> 4
     }
+    #[inline]
     pub fn header_len(&self) -> usize {
         ((self.buffer.as_ref()[field::VER_IHL] & 0x0f) as usize) * 4
     }
+    #[inline]
     pub fn tos(&self) -> u8 {
         self.buffer.as_ref()[field::TOS]
     }
+    #[inline]
     pub fn total_len(&self) -> u16 {
         be::u16_at(self.buffer.as_ref(), field::LENGTH)
     }
+    #[inline]
     pub fn ident(&self) -> u16 {
         be::u16_at(self.buffer.as_ref(), field::IDENT)
     }
@@ -95,27 +99,33 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     pub fn dont_frag(&self) -> bool {
         self.flags_frag() & FLAG_DF != 0
     }
+    #[inline]
     pub fn is_fragment(&self) -> bool {
         self.flags_frag() & (FLAG_MF | 0x1fff) != 0
     }
+    #[inline]
     pub fn ttl(&self) -> u8 {
         self.buffer.as_ref()[field::TTL]
     }
+    #[inline]
     pub fn protocol(&self) -> u8 {
         self.buffer.as_ref()[field::PROTOCOL]
     }
     pub fn checksum(&self) -> u16 {
         be::u16_at(self.buffer.as_ref(), field::CHECKSUM)
     }
+    #[inline]
     pub fn src_addr(&self) -> Ipv4Addr {
         let b = self.buffer.as_ref();
         Ipv4Addr::new(b[12], b[13], b[14], b[15])
     }
+    #[inline]
     pub fn dst_addr(&self) -> Ipv4Addr {
         let b = self.buffer.as_ref();
         Ipv4Addr::new(b[16], b[17], b[18], b[19])
     }
     /// True when the one's-complement sum over the header is valid.
+    #[inline]
     pub fn verify_checksum(&self) -> bool {
         header_checksum(&self.buffer.as_ref()[..self.header_len()]) == 0
     }
@@ -129,14 +139,18 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
 
 /// The Internet checksum (RFC 1071) of `data`; 0 when `data` holds a valid checksum.
 pub fn header_checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        sum += u16::from_be_bytes([c[0], c[1]]) as u32;
+    // One's-complement sums may be taken over wider words and folded afterwards (RFC 1071
+    // §2): 32-bit words here, five for an IPv4 header, instead of ten 16-bit ones.
+    let mut sum: u64 = 0;
+    let mut words = data.chunks_exact(4);
+    for w in &mut words {
+        sum += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
     }
-    if let [last] = chunks.remainder() {
-        sum += (*last as u32) << 8;
-    }
+    // The last 1-3 bytes, as 16-bit words with an odd byte padded by zero.
+    let rest = words.remainder();
+    let mut tail = [0u8; 4];
+    tail[..rest.len()].copy_from_slice(rest);
+    sum += u64::from(u32::from_be_bytes(tail));
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -211,6 +225,44 @@ impl Ipv4Repr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RFC 791's definition, 16 bits at a time, to check the wider sum against.
+    fn checksum_by_16_bit_words(data: &[u8]) -> u16 {
+        let mut sum: u32 = 0;
+        for c in data.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)]));
+        }
+        while sum >> 16 != 0 {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    #[test]
+    fn checksum_by_32_bit_words_is_rfc_791s() {
+        let mut x = 0x1234_5678u32;
+        for len in 0..64 {
+            for _ in 0..50 {
+                let data: Vec<u8> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 17;
+                        x ^= x << 5;
+                        x as u8
+                    })
+                    .collect();
+                assert_eq!(
+                    header_checksum(&data),
+                    checksum_by_16_bit_words(&data),
+                    "{data:?}"
+                );
+            }
+            let ones = vec![0xffu8; len];
+            assert_eq!(header_checksum(&ones), checksum_by_16_bit_words(&ones));
+            let zeros = vec![0u8; len];
+            assert_eq!(header_checksum(&zeros), checksum_by_16_bit_words(&zeros));
+        }
+    }
 
     // The worked example of roce-rxe-facts.md §3.3.
     const HEADER: [u8; 20] = [
