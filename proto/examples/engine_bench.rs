@@ -25,8 +25,8 @@
 //!
 //! | MTU  | engine                        | baseline  | ratio     | data work alone | target |
 //! |------|-------------------------------|-----------|-----------|-----------------|--------|
-//! | 4096 | 15.1-15.4 GB/s, 3.7 Mpkt/s    | 19.7-20.3 GB/s | 0.76-0.78 | 1.08-1.11 | 0.7: met |
-//! | 1024 | 7.0-7.1 GB/s, 6.9-7.0 Mpkt/s  | 16.5-16.6 GB/s | 0.43      | 0.81-0.83 | 0.7: not met |
+//! | 4096 | 15.3-15.8 GB/s, 3.7-3.8 Mpkt/s | 19.7-20.1 GB/s | 0.76-0.80 | 1.03-1.11 | 0.7: met |
+//! | 1024 | 7.3-7.5 GB/s, 7.1-7.3 Mpkt/s  | 16.4-16.6 GB/s | 0.44-0.45 | 0.82-0.83 | 0.7: not met |
 //!
 //! Session 2 ended at 0.46 and 0.21; what moved it:
 //! - the receiver places the payload of an RDMA WRITE's MIDDLE and LAST packets by the pass
@@ -41,12 +41,12 @@
 //!   general parse and dispatch.
 //!
 //! Why MTU 1024 stays far below 0.7: the two fused passes alone, with no engine at all,
-//! reach 0.81-0.83 of the baseline (each 1 KiB packet is hashed twice plus the headers and a
+//! reach 0.82-0.83 of the baseline (each 1 KiB packet is hashed twice plus the headers and a
 //! 96-to-32-bit reduction each time, where the baseline hashes 1 KiB once). For 0.7 the two
 //! engines together would have to spend under about 12 ns per packet on everything that is
 //! not data: requester, header emission, parse, responder, key and memory lookups, queues.
-//! They spend about 66 ns (`perf record`: requester 17 ns, the L_Key check and gather 10,
-//! the ICRC calls' own setup 10, receive parse and predicted path 12, QP lookups 6, the
+//! They spend about 60 ns (`perf record`: requester 17 ns, the L_Key check and gather 10,
+//! the ICRC calls' own setup 10, receive parse and predicted path 10, QP lookups 6, the
 //! rest in the ready queue and the bench loop). At MTU 4096 the same costs are spread over
 //! four times the bytes.
 
