@@ -38,7 +38,10 @@
 //!   (`packet_io::SegmentTemplate`: copy 40-60 bytes, patch the PSN and AckReq bit), and
 //!   the responder predicts the next MIDDLE packet of the WRITE it is receiving
 //!   (`responder::on_predicted_write_middle`, as TCP's header prediction), skipping the
-//!   general parse and dispatch.
+//!   general parse and dispatch;
+//! - smaller things the profile showed: the IPv4 header checksum summed over 32-bit words,
+//!   `VecMemory` finding its region without a B-tree walk, a returned `Transmit` no longer
+//!   stalling on store forwarding.
 //!
 //! Why MTU 1024 stays far below 0.7: the two fused passes alone, with no engine at all,
 //! reach 0.82-0.83 of the baseline (each 1 KiB packet is hashed twice plus the headers and a
