@@ -5,7 +5,7 @@
 use super::cc::{CongestionControl, NoCongestionControl};
 use super::counters::Counters;
 use super::memory::MemoryAccess;
-use super::packet_io::{Payload, PendingIcrc, Route};
+use super::packet_io::{PendingIcrc, Route};
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
@@ -1175,17 +1175,4 @@ fn new_route<M>(ctx: &Ctx<M>, av: &AddressVector, src_port: u16) -> Option<Route
         _ => return None,
     };
     Some(Route { net, src_port })
-}
-
-/// Writes the packet of `t` along `route` into `buf`, letting `fill` provide the payload
-/// (see [`super::packet_io::emit`]).
-#[inline(always)]
-pub(crate) fn emit_frame<'a, E>(
-    route: &Route,
-    t: &TransportRepr,
-    buf: &mut [u8],
-    seal: bool,
-    fill: impl FnOnce(&mut [u8]) -> Result<Payload<'a>, E>,
-) -> Option<Result<Transmit, E>> {
-    super::packet_io::emit(route, t, buf, seal, fill)
 }

@@ -2,7 +2,7 @@
 //! MTU, assigning PSNs, setting AckReq, honouring the window, the `max_rd_atomic` depth and
 //! fences, and going back N when the completer asks for a retry.
 
-use super::device::{complete, emit_frame, route_for, Ctx, Transmit};
+use super::device::{complete, route_for, Ctx, Transmit};
 use super::memory::MemoryAccess;
 use super::packet_io::{Payload, SegmentTemplate};
 use super::qp::{Qp, SendWqe};
@@ -519,7 +519,7 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     }
     let pd = qp.init.pd;
     let w = qp.sq.get(idx)?;
-    let res = emit_frame(&route, &t, buf, ctx.config.seal_icrc, |out| {
+    let res = super::packet_io::emit(&route, &t, buf, ctx.config.seal_icrc, |out| {
         if let SendOp::AtomicWrite { value, .. } = w.wr.op {
             out.copy_from_slice(&value.to_ne_bytes());
             Ok(Payload::Written)

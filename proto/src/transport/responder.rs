@@ -3,7 +3,7 @@
 //! NAKs, read responses, atomic ACKs. Duplicates are answered from the replay resources,
 //! never executed twice (IBTA §9.7.5.1).
 
-use super::device::{complete, emit_frame, flush_qp, route_for, schedule, Ctx, RxPacket, Transmit};
+use super::device::{complete, flush_qp, route_for, schedule, Ctx, RxPacket, Transmit};
 use super::memory::MemoryAccess;
 use super::packet_io::{Payload, PendingIcrc, WriteMiddle};
 use super::qp::{npkts, InMessage, Qp, Resource, ResourceKind, RespOut};
@@ -783,7 +783,7 @@ pub(crate) fn poll_response<M: MemoryAccess>(
             &mut qp.route_cache,
         )?;
         let (pd, qpn) = (qp.init.pd, qp.qpn);
-        let res = emit_frame(&route, &t, buf, ctx.config.seal_icrc, |out| match read {
+        let res = super::packet_io::emit(&route, &t, buf, ctx.config.seal_icrc, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
                 // The MR is validated again for each packet: it may have been invalidated
                 // since the request (and replays re-check it, facts §4.5).
