@@ -262,19 +262,17 @@ fn serve_client(
         },
         _ => return,
     };
-    let (reply_tx, reply_rx) = bounded(1);
-    if registry
-        .send(RegMsg::Connect {
-            pid: pid as u32,
-            uid,
-            program,
-            reply: reply_tx,
-        })
-        .is_err()
-    {
-        return;
-    }
-    let Ok(client) = reply_rx.recv() else { return };
+    let connected = ask(|reply| {
+        registry
+            .send(RegMsg::Connect {
+                pid: pid as u32,
+                uid,
+                program,
+                reply,
+            })
+            .is_ok()
+    });
+    let Some(client) = connected else { return };
     let hello = Response::Hello {
         version: PROTOCOL_VERSION,
         client,
@@ -289,21 +287,16 @@ fn serve_client(
         };
         let (response, out_fds) = match ctl::decode::<Request>(&buf[..n]) {
             Ok(request) if cm::is_cm_request(&request) => {
-                let (tx, rx) = bounded(1);
-                if cm
-                    .send(CmMsg::Request {
+                let reply = ask(|reply| {
+                    cm.send(CmMsg::Request {
                         client,
                         request,
-                        reply: tx,
+                        reply,
                     })
-                    .is_err()
-                {
-                    break;
-                }
-                match rx.recv() {
-                    Ok(r) => r,
-                    Err(_) => break,
-                }
+                    .is_ok()
+                });
+                let Some(r) = reply else { break };
+                r
             }
             Err(e) => (
                 Response::Error {
@@ -318,38 +311,33 @@ fn serve_client(
                     Request::Hello { .. } | Request::QueryDevices | Request::ResShow
                 ) =>
                 {
-                    let (tx, rx) = bounded(1);
-                    if registry
-                        .send(RegMsg::Request {
-                            client,
-                            request,
-                            reply: tx,
-                        })
-                        .is_err()
-                    {
-                        break;
-                    }
-                    match rx.recv() {
-                        Ok(r) => (r, Vec::new()),
-                        Err(_) => break,
-                    }
+                    let reply = ask(|reply| {
+                        registry
+                            .send(RegMsg::Request {
+                                client,
+                                request,
+                                reply,
+                            })
+                            .is_ok()
+                    });
+                    let Some(r) = reply else { break };
+                    (r, Vec::new())
                 }
                 Some(dev) if dev < links.len() => {
                     let destroyed = match &request {
                         Request::DestroyQp { qpn } => Some(*qpn),
                         _ => None,
                     };
-                    let (tx, rx) = bounded(1);
-                    if !links[dev].send(DevMsg::Request {
-                        client,
-                        pid,
-                        request,
-                        fds,
-                        reply: tx,
-                    }) {
-                        break;
-                    }
-                    let Ok((r, out)) = rx.recv() else { break };
+                    let reply = ask(|reply| {
+                        links[dev].send(DevMsg::Request {
+                            client,
+                            pid,
+                            request,
+                            fds,
+                            reply,
+                        })
+                    });
+                    let Some((r, out)) = reply else { break };
                     match (&r, destroyed) {
                         (Response::Qp { qpn, .. }, _) => {
                             qpns.insert(*qpn, dev);
@@ -377,6 +365,16 @@ fn serve_client(
         link.send(DevMsg::ClientGone { client });
     }
     let _ = registry.send(RegMsg::Disconnect { client });
+}
+
+/// Sends a request with a one-shot reply channel (`send` returns whether the message was
+/// taken) and waits for the answer; `None` when the other thread is gone.
+fn ask<R>(send: impl FnOnce(Sender<R>) -> bool) -> Option<R> {
+    let (reply, answer) = bounded(1);
+    if !send(reply) {
+        return None;
+    }
+    answer.recv().ok()
 }
 
 /// Runs the daemon until SIGINT or SIGTERM. `port` is the RoCE v2 UDP port (4791 but in
