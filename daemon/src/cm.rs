@@ -339,14 +339,14 @@ fn ps_of(ps: u16) -> Option<PortSpace> {
     PortSpace::from_u16(ps)
 }
 
-/// 127.0.0.1 and ::1, "this host": a device that does not serve them itself takes them as its
-/// own address. (Other 127.x.y.z addresses may be other daemons on the same host.)
 /// The IP address of a RoCE v2 GID (`::ffff:a.b.c.d` is IPv4).
 fn gid_ip(gid: [u8; 16]) -> IpAddr {
     let v6 = Ipv6Addr::from(gid);
     v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
+/// 127.0.0.1 and ::1, "this host": a device that does not serve them itself takes them as its
+/// own address. (Other 127.x.y.z addresses may be other daemons on the same host.)
 fn is_this_host(ip: IpAddr) -> bool {
     ip == IpAddr::V4(Ipv4Addr::LOCALHOST) || ip == IpAddr::V6(Ipv6Addr::LOCALHOST)
 }

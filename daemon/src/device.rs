@@ -1167,18 +1167,19 @@ impl DeviceThread {
 /// device thread for the CPUs: a device thread that waits a whole time slice behind a spinning
 /// application adds milliseconds to every round trip. A higher scheduling weight lets it run as
 /// soon as it wakes. Without the privilege to raise it (not root), nothing changes.
-fn idle_yield() {
-    // SAFETY: no arguments; sched_yield cannot fail on Linux.
-    unsafe {
-        libc::sched_yield();
-    }
-}
-
 fn raise_priority() {
     // SAFETY: plain system calls on this thread's own id; no memory is passed.
     unsafe {
         let tid = libc::gettid();
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -10);
+    }
+}
+
+/// Gives the CPU to whoever waits for it while the loop spins for more work (see `run`).
+fn idle_yield() {
+    // SAFETY: no arguments; sched_yield cannot fail on Linux.
+    unsafe {
+        libc::sched_yield();
     }
 }
 
