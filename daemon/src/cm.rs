@@ -85,6 +85,23 @@ pub struct GsiMad {
     pub mad: Vec<u8>,
 }
 
+/// MADs received and not yet taken by the CM thread: the kernel's GSI QP has as many receive
+/// buffers (ib_mad's `IB_MAD_QP_RECV_SIZE`); a MAD that finds them all taken is dropped, and
+/// the sender's retries cover it. Without a bound, a peer sending MADs faster than the CM
+/// thread handles them would grow the daemon's memory without limit.
+pub const GSI_RECV_QUEUE: usize = 512;
+
+/// The queue from the device threads to the CM thread.
+pub fn gsi_queue() -> (Sender<GsiMad>, Receiver<GsiMad>) {
+    crossbeam_channel::bounded(GSI_RECV_QUEUE)
+}
+
+/// Hands a received MAD to the CM thread without ever blocking the device thread; false when
+/// it was dropped (the queue is full, or the CM thread is gone).
+pub fn deliver_gsi(sink: &Sender<GsiMad>, mad: GsiMad) -> bool {
+    sink.try_send(mad).is_ok()
+}
+
 /// Messages to the CM thread.
 pub enum CmMsg {
     Request {
@@ -1717,6 +1734,28 @@ fn cm_id_of(r: &Request) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn received_mads_beyond_the_gsi_queue_are_dropped_without_blocking() {
+        let (sink, queue) = gsi_queue();
+        let mad = |i: usize| GsiMad {
+            device: 0,
+            src: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9)),
+            dst: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            mad: vec![i as u8; proto::wire::mad::MAD_LEN],
+        };
+        // Nobody reads: the device thread must neither block nor queue without limit.
+        let taken = (0..GSI_RECV_QUEUE + 10)
+            .filter(|&i| deliver_gsi(&sink, mad(i)))
+            .count();
+        assert_eq!(taken, GSI_RECV_QUEUE);
+        assert_eq!(queue.len(), GSI_RECV_QUEUE);
+        // The oldest were kept, in order; room again once the CM thread takes one.
+        assert_eq!(queue.recv().map(|m| m.mad[0]).ok(), Some(0));
+        assert!(deliver_gsi(&sink, mad(1)));
+        drop(queue);
+        assert!(!deliver_gsi(&sink, mad(2)), "the CM thread is gone");
+    }
 
     #[test]
     fn gsi_packets_round_trip() {

@@ -579,12 +579,15 @@ impl DeviceThread {
             if dqpn == proto::cm::GSI_QPN {
                 // QP1 is the GSI: CM MADs go to the CM thread.
                 if let (Some(sink), Some(mad)) = (gsi, crate::cm::gsi_payload(d.bytes)) {
-                    let _ = sink.send(crate::cm::GsiMad {
+                    let mad = crate::cm::GsiMad {
                         device: index,
                         src: d.src.ip(),
                         dst: d.dst.ip(),
                         mad: mad.to_vec(),
-                    });
+                    };
+                    if !crate::cm::deliver_gsi(sink, mad) {
+                        debug!(src = %d.src, "CM MAD dropped: the CM thread's queue is full");
+                    }
                 }
             } else if dqpn == Qpn::MULTICAST.value() {
                 for (&id, c) in clients.iter_mut() {

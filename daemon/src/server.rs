@@ -392,7 +392,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     let mut devices = Vec::new();
     let mut links = Vec::new();
     let mut device_threads = Vec::new();
-    let (gsi_tx, gsi_rx) = unbounded();
+    let (gsi_tx, gsi_rx) = cm::gsi_queue();
     for (index, d) in config.devices.iter().enumerate() {
         let info = config::device_info(d)?;
         let (tx, rx) = unbounded();
