@@ -568,11 +568,7 @@ impl DeviceThread {
             let Some(len) = rebuild_ip(d, rx_buf) else {
                 return;
             };
-            let Some(dqpn) = d
-                .bytes
-                .get(5..8)
-                .map(|b| u32::from_be_bytes([0, b[0], b[1], b[2]]))
-            else {
+            let Some(dqpn) = dest_qpn(d.bytes) else {
                 return;
             };
             let packet = &rx_buf[..len];
@@ -589,21 +585,8 @@ impl DeviceThread {
                         debug!(src = %d.src, "CM MAD dropped: the CM thread's queue is full");
                     }
                 }
-            } else if dqpn == Qpn::MULTICAST.value() {
-                for (&id, c) in clients.iter_mut() {
-                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
-                        broken.push(id);
-                    }
-                }
-            } else if let Some((&id, c)) = blocks
-                .get(&(dqpn / QPN_BLOCK))
-                .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
-            {
-                if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
-                    broken.push(id);
-                }
             } else {
-                debug!(qpn = dqpn, "packet for an unknown QP dropped");
+                deliver_packet(clients, blocks, now, dqpn, packet, &mut broken);
             }
         });
         busy |= delivered > 0;
@@ -616,7 +599,8 @@ impl DeviceThread {
         // as rxe's loopback). A round stops taking packets once LOCAL_BATCH_BYTES of them
         // wait, delivers them, and goes again, so that the answers and completions they cause
         // leave in the same pump.
-        let mut local_mcast: Vec<Vec<u8>> = Vec::new();
+        // (frame, offset of its BTH)
+        let mut local_mcast: Vec<(Vec<u8>, usize)> = Vec::new();
         let via_socket = self.local_via_socket;
         for round in 0..LOCAL_ROUNDS {
             let (net, gids, local, local_mcast) =
@@ -648,7 +632,7 @@ impl DeviceThread {
                                 // receives a group's datagrams back, while rxe's members on the
                                 // sending host get them.
                                 if let Some(frame) = room.get(..t.len) {
-                                    local_mcast.push(frame.to_vec());
+                                    local_mcast.push((frame.to_vec(), t.transport_offset));
                                 }
                             }
                             send_frame(net, room, &t);
@@ -670,11 +654,10 @@ impl DeviceThread {
         }
         // The receivers' completions go out on the next round.
         busy |= !local_mcast.is_empty();
-        for packet in &local_mcast {
-            for (&id, c) in self.clients.iter_mut() {
-                if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
-                    broken.push(id);
-                }
+        for (frame, bth) in &local_mcast {
+            if let Some(dqpn) = frame.get(*bth..).and_then(dest_qpn) {
+                let (clients, blocks) = (&mut self.clients, &self.blocks);
+                deliver_packet(clients, blocks, now, dqpn, frame, &mut broken);
             }
         }
         broken.sort_unstable();
@@ -693,17 +676,7 @@ impl DeviceThread {
     fn deliver_local(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) {
         let (clients, blocks) = (&mut self.clients, &self.blocks);
         self.local.drain(|dqpn, frame| {
-            match blocks
-                .get(&(dqpn / QPN_BLOCK))
-                .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
-            {
-                Some((&id, c)) => {
-                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, frame)) {
-                        broken.push(id);
-                    }
-                }
-                None => debug!(qpn = dqpn, "local packet for an unknown QP dropped"),
-            }
+            deliver_packet(clients, blocks, now, dqpn, frame, broken);
         });
     }
 
@@ -749,16 +722,17 @@ impl DeviceThread {
         });
     }
 
-    /// Takes the datagrams the group sockets received from other devices and hands them to
-    /// every engine (each delivers to its QPs attached to the group). The device's own sends,
+    /// Takes the datagrams the group sockets received from other devices and hands them on
+    /// as the main sockets' ([`deliver_packet`]). The device's own sends,
     /// looped back by the kernel, are dropped: its QPs got them from the local path already.
     fn receive_groups(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) -> bool {
         let mut busy = false;
-        let (groups, verifier, gids, clients) = (
+        let (groups, verifier, gids, clients, blocks) = (
             &self.groups,
             &mut self.group_verifier,
             &self.gids,
             &mut self.clients,
+            &self.blocks,
         );
         // Datagrams land in the back half of the device's receive buffer and are rebuilt into
         // its front half, rather than in a fresh zeroed buffer on every pump. One byte beyond
@@ -786,15 +760,10 @@ impl DeviceThread {
                     bytes,
                     ipv4,
                 };
-                let Some(len) = rebuild_ip(&d, rx_buf) else {
+                let (Some(len), Some(dqpn)) = (rebuild_ip(&d, rx_buf), dest_qpn(bytes)) else {
                     continue;
                 };
-                let packet = &rx_buf[..len];
-                for (&id, c) in clients.iter_mut() {
-                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
-                        broken.push(id);
-                    }
-                }
+                deliver_packet(clients, blocks, now, dqpn, &rx_buf[..len], broken);
             }
         }
         busy
@@ -1200,6 +1169,42 @@ fn contained<T>(f: impl FnOnce() -> T) -> Option<T> {
 
 fn guarded(engine: &mut Engine, f: impl FnOnce(&mut Engine)) -> bool {
     contained(|| f(engine)).is_some()
+}
+
+/// The destination QPN in a BTH (bytes 5..8).
+fn dest_qpn(bth: &[u8]) -> Option<u32> {
+    bth.get(5..8)
+        .map(|b| u32::from_be_bytes([0, b[0], b[1], b[2]]))
+}
+
+/// Hands a verified packet (IP header onward) to the engine that owns its destination QP or,
+/// for the multicast QPN, to every engine (each delivers to its own QPs attached to the
+/// group, as rxe_rcv_mcast_pkt). Clients whose engine panicked are added to `broken`.
+fn deliver_packet(
+    clients: &mut BTreeMap<u64, ClientDev>,
+    blocks: &HashMap<u32, u64>,
+    now: tp::Nanos,
+    dqpn: u32,
+    packet: &[u8],
+    broken: &mut Vec<u64>,
+) {
+    let mut handle = |id: u64, c: &mut ClientDev| {
+        if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
+            broken.push(id);
+        }
+    };
+    if dqpn == Qpn::MULTICAST.value() {
+        for (&id, c) in clients.iter_mut() {
+            handle(id, c);
+        }
+    } else if let Some((&id, c)) = blocks
+        .get(&(dqpn / QPN_BLOCK))
+        .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
+    {
+        handle(id, c);
+    } else {
+        debug!(qpn = dqpn, "packet for an unknown QP dropped");
+    }
 }
 
 /// Strips the device index from every handle in a request.
