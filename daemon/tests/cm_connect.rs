@@ -175,6 +175,27 @@ fn disconnect(p: &mut Pair) {
     }
 }
 
+/// One connection's whole life between a new server program of the daemon at `server`
+/// (listening on `listen`) and a new client program of the daemon at `client` (connecting to
+/// `dst`): established, data both ways, disconnected. The pair is returned for later checks
+/// and to keep its programs alive.
+fn connect_use_and_disconnect(
+    server: &Path,
+    client: &Path,
+    listen: SocketAddr,
+    dst: SocketAddr,
+) -> Pair {
+    let mut p = establish(
+        Side::new(server, 1 << 16),
+        Side::new(client, 1 << 16),
+        listen,
+        dst,
+    );
+    transfer(&mut p);
+    disconnect(&mut p);
+    p
+}
+
 fn sock(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
@@ -344,15 +365,8 @@ fn two_daemons_connect_through_the_cm_on_the_wire() {
     let ds = daemon_when_free("cm-170", &["--addr", addr_s]);
     let dc = daemon_when_free("cm-171", &["--addr", addr_c]);
     let listen = sock("127.0.0.170:7471");
-    let mut p = establish(
-        Side::new(&ds.socket, 1 << 16),
-        Side::new(&dc.socket, 1 << 16),
-        listen,
-        listen,
-    );
+    let p = connect_use_and_disconnect(&ds.socket, &dc.socket, listen, listen);
     let (cq, sq) = (p.client.qpn, p.server.qpn);
-    transfer(&mut p);
-    disconnect(&mut p);
     let _ = p.listener;
     refusals_and_sidr(&ds.socket, &dc.socket, addr_s);
     client_death(&ds.socket, &dc.socket, sock("127.0.0.170:7475"));
@@ -400,36 +414,20 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
         ],
     );
     let listen = sock("127.0.0.172:7471");
-    let mut p = establish(
-        Side::new(&d.socket, 1 << 16),
-        Side::new(&d.socket, 1 << 16),
-        listen,
-        listen,
-    );
-    transfer(&mut p);
-    disconnect(&mut p);
+    let p = connect_use_and_disconnect(&d.socket, &d.socket, listen, listen);
     // Both programs exit and run again at once, while their connection is in timewait: the
     // new ones get other QPNs, so the REQ is not refused as a stale connection (REJ 10).
     drop(p);
-    let mut again = establish(
-        Side::new(&d.socket, 1 << 16),
-        Side::new(&d.socket, 1 << 16),
-        listen,
-        listen,
-    );
-    transfer(&mut again);
-    disconnect(&mut again);
+    let _again = connect_use_and_disconnect(&d.socket, &d.socket, listen, listen);
     refusals_and_sidr(&d.socket, &d.socket, addr);
 
     // Loopback other than the device's address is the device itself.
-    let mut q = establish(
-        Side::new(&d.socket, 1 << 16),
-        Side::new(&d.socket, 1 << 16),
+    let _q = connect_use_and_disconnect(
+        &d.socket,
+        &d.socket,
         sock("0.0.0.0:7480"),
         sock("127.0.0.1:7480"),
     );
-    transfer(&mut q);
-    disconnect(&mut q);
 
     // Nobody at 127.0.0.173: the REQ is retried, then UNREACHABLE (-ETIMEDOUT).
     let c = &mut Side::new(&d.socket, 1 << 12);
@@ -452,12 +450,5 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
 fn ipv6_loopback_connection() {
     let d = daemon_when_free("cm-v6", &["--addr", "::1"]);
     let listen = sock("[::1]:7471");
-    let mut p = establish(
-        Side::new(&d.socket, 1 << 16),
-        Side::new(&d.socket, 1 << 16),
-        listen,
-        listen,
-    );
-    transfer(&mut p);
-    disconnect(&mut p);
+    connect_use_and_disconnect(&d.socket, &d.socket, listen, listen);
 }
