@@ -1881,6 +1881,26 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn bind_to(id: u32, addr: &str) -> Request {
+        Request::CmBind { id, addr: sa(addr) }
+    }
+
+    fn resolve_addr_to(id: u32, dst: SocketAddr) -> Request {
+        Request::CmResolveAddr {
+            id,
+            src: None,
+            dst,
+            timeout_ms: 1000,
+        }
+    }
+
+    fn resolve_route(id: u32) -> Request {
+        Request::CmResolveRoute {
+            id,
+            timeout_ms: 1000,
+        }
+    }
+
     /// Listener `l` on `listen`, an active id resolved to `dst` and connecting; returns the
     /// active id and the CONNECT_REQUEST (or whatever the listener's channel got).
     fn start_connect(
@@ -1891,24 +1911,8 @@ mod tests {
         qpn: u32,
     ) -> u32 {
         let a = id(svc, 2, ch.0, cm_ps::TCP, qp_type::RC);
-        ok(
-            svc,
-            2,
-            Request::CmResolveAddr {
-                id: a,
-                src: None,
-                dst,
-                timeout_ms: 1000,
-            },
-        );
-        ok(
-            svc,
-            2,
-            Request::CmResolveRoute {
-                id: a,
-                timeout_ms: 1000,
-            },
-        );
+        ok(svc, 2, resolve_addr_to(a, dst));
+        ok(svc, 2, resolve_route(a));
         assert_eq!(
             kinds(&events(ch.1)),
             vec![Ev::AddrResolved as u32, Ev::RouteResolved as u32]
@@ -1941,51 +1945,16 @@ mod tests {
         let b = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
         let u = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
         let e = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: a,
-                addr: sa("0.0.0.0:7000"),
-            },
-        );
-        let r = call(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: b,
-                addr: sa("127.0.0.1:7000"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(a, "0.0.0.0:7000"));
+        let r = call(&mut svc, 1, bind_to(b, "127.0.0.1:7000"));
         assert_eq!(
             errno_of(r),
             libc::EADDRINUSE,
             "a wildcard covers every address"
         );
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: b,
-                addr: sa("[::1]:7000"),
-            },
-        );
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: u,
-                addr: sa("127.0.0.1:7000"),
-            },
-        );
-        let Response::CmIdInfo(info) = ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: e,
-                addr: sa("127.0.0.1:0"),
-            },
-        ) else {
+        ok(&mut svc, 1, bind_to(b, "[::1]:7000"));
+        ok(&mut svc, 1, bind_to(u, "127.0.0.1:7000"));
+        let Response::CmIdInfo(info) = ok(&mut svc, 1, bind_to(e, "127.0.0.1:0")) else {
             panic!()
         };
         let port = info.src_addr.unwrap().port();
@@ -1993,14 +1962,7 @@ mod tests {
         assert_eq!(info.device.as_deref(), Some("srxe0"));
         assert_eq!(info.gid_type, Some(RoceVersion::V2));
         let f = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        let r = call(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: f,
-                addr: sa("10.9.9.9:1"),
-            },
-        );
+        let r = call(&mut svc, 1, bind_to(f, "10.9.9.9:1"));
         assert_eq!(errno_of(r), libc::EADDRNOTAVAIL);
         // Ids are their client's: another client cannot use or destroy them.
         assert_eq!(
@@ -2015,14 +1977,7 @@ mod tests {
         svc.client_gone(1);
         let (ch2, _fd2) = channel(&mut svc, 3);
         let g = id(&mut svc, 3, ch2, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            3,
-            Request::CmBind {
-                id: g,
-                addr: sa("127.0.0.1:7000"),
-            },
-        );
+        ok(&mut svc, 3, bind_to(g, "127.0.0.1:7000"));
     }
 
     #[test]
@@ -2030,14 +1985,7 @@ mod tests {
         let (mut svc, wire) = service(&["127.0.0.1", "::1"], RoceVersion::V2);
         let (ch, fd) = channel(&mut svc, 1);
         let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: l,
-                addr: sa("[::]:7100"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(l, "[::]:7100"));
         ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
         let (cch, cfd) = channel(&mut svc, 2);
         let a = start_connect(&mut svc, &wire, (cch, &cfd), sa("127.0.0.1:7100"), 0x10011);
@@ -2119,14 +2067,7 @@ mod tests {
         let (ch, fd) = channel(&mut svc, 1);
         let (ch_b, fd_b) = channel(&mut svc, 1);
         let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: l,
-                addr: sa("127.0.0.1:7200"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(l, "127.0.0.1:7200"));
         ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
         ok(
             &mut svc,
@@ -2161,24 +2102,8 @@ mod tests {
             },
         );
         assert_eq!(errno_of(r), libc::ENOSYS);
-        ok(
-            &mut svc,
-            2,
-            Request::CmResolveAddr {
-                id: a,
-                src: None,
-                dst: sa("127.0.0.1:7200"),
-                timeout_ms: 1000,
-            },
-        );
-        ok(
-            &mut svc,
-            2,
-            Request::CmResolveRoute {
-                id: a,
-                timeout_ms: 1000,
-            },
-        );
+        ok(&mut svc, 2, resolve_addr_to(a, sa("127.0.0.1:7200")));
+        ok(&mut svc, 2, resolve_route(a));
         let evs = events(&cfd);
         let path = evs[1].info.as_ref().unwrap().path.unwrap();
         assert_eq!((path.traffic_class, path.packet_life_time), (0x20, 13));
@@ -2256,16 +2181,7 @@ mod tests {
         let (mut svc, _) = service(&["127.0.0.1"], RoceVersion::V1);
         let (ch, fd) = channel(&mut svc, 1);
         let a = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmResolveAddr {
-                id: a,
-                src: None,
-                dst: sa("127.0.0.1:1"),
-                timeout_ms: 1000,
-            },
-        );
+        ok(&mut svc, 1, resolve_addr_to(a, sa("127.0.0.1:1")));
         let evs = events(&fd);
         assert_eq!(
             (evs[0].event, evs[0].status),
@@ -2479,24 +2395,10 @@ mod tests {
         let (mut svc, wire) = service(&["127.0.0.1"], RoceVersion::V2);
         let (ch, _fd) = channel(&mut svc, 1);
         let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: l,
-                addr: sa("0.0.0.0:7174"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(l, "0.0.0.0:7174"));
         ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
         let u = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: u,
-                addr: sa("0.0.0.0:7174"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(u, "0.0.0.0:7174"));
         ok(&mut svc, 1, Request::CmListen { id: u, backlog: 1 });
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = || {
@@ -2546,44 +2448,14 @@ mod tests {
         let (mut svc, wire) = service(&["127.0.0.1", "127.0.0.2"], RoceVersion::V2);
         let (ch, fd) = channel(&mut svc, 1);
         let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: l,
-                addr: sa("0.0.0.0:7300"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(l, "0.0.0.0:7300"));
         ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
         let (cch, cfd) = channel(&mut svc, 2);
         let a = id(&mut svc, 2, cch, cm_ps::TCP, qp_type::RC);
         // The active side binds .1 and connects to .2.
-        ok(
-            &mut svc,
-            2,
-            Request::CmBind {
-                id: a,
-                addr: sa("127.0.0.1:0"),
-            },
-        );
-        ok(
-            &mut svc,
-            2,
-            Request::CmResolveAddr {
-                id: a,
-                src: None,
-                dst: sa("127.0.0.2:7300"),
-                timeout_ms: 1000,
-            },
-        );
-        ok(
-            &mut svc,
-            2,
-            Request::CmResolveRoute {
-                id: a,
-                timeout_ms: 1000,
-            },
-        );
+        ok(&mut svc, 2, bind_to(a, "127.0.0.1:0"));
+        ok(&mut svc, 2, resolve_addr_to(a, sa("127.0.0.2:7300")));
+        ok(&mut svc, 2, resolve_route(a));
         ok(
             &mut svc,
             2,
