@@ -635,25 +635,17 @@ impl CmService {
             CmEvent::Rejected {
                 id, private_data, ..
             } => {
-                let Some(h) = self.conns.remove(&(device, id)) else {
+                let Some(h) = self.forget_conn(device, id) else {
                     return;
                 };
-                if let Some(x) = self.ids.get_mut(&h) {
-                    x.conn = None;
-                    x.pending_on = None;
-                }
                 let mut m = Self::event(kind, status);
                 m.conn.private_data = private_data;
                 self.emit(h, m);
             }
             CmEvent::Unreachable { id } => {
-                let Some(h) = self.conns.remove(&(device, id)) else {
+                let Some(h) = self.forget_conn(device, id) else {
                     return;
                 };
-                if let Some(x) = self.ids.get_mut(&h) {
-                    x.conn = None;
-                    x.pending_on = None;
-                }
                 self.emit(h, Self::event(kind, status));
             }
             CmEvent::Disconnected {
@@ -667,22 +659,16 @@ impl CmService {
                 self.emit(h, m);
             }
             CmEvent::TimewaitExit { id } => {
-                let Some(h) = self.conns.remove(&(device, id)) else {
+                let Some(h) = self.forget_conn(device, id) else {
                     return;
                 };
-                if let Some(x) = self.ids.get_mut(&h) {
-                    x.conn = None;
-                }
                 self.emit(h, Self::event(kind, status));
             }
             CmEvent::SidrResponse { id, rep } => {
-                let Some(h) = self.conns.remove(&(device, id)) else {
+                let Some(h) = self.forget_conn(device, id) else {
                     return;
                 };
                 let ah = self.ah_of(h);
-                if let Some(x) = self.ids.get_mut(&h) {
-                    x.conn = None;
-                }
                 let mut m = Self::event(kind, status);
                 if rep.status == sidr_status::SUCCESS {
                     m.ud = Some(CmUdParam {
@@ -697,6 +683,18 @@ impl CmService {
                 self.emit(h, m);
             }
         }
+    }
+
+    /// The id of a connection the endpoint has finished with (rejected, unreachable, out of
+    /// timewait, SIDR answered), which no longer has it (nor is a request waiting on its
+    /// listener).
+    fn forget_conn(&mut self, device: usize, conn: ConnId) -> Option<u32> {
+        let h = self.conns.remove(&(device, conn))?;
+        if let Some(x) = self.ids.get_mut(&h) {
+            x.conn = None;
+            x.pending_on = None;
+        }
+        Some(h)
     }
 
     /// A REQ (`req`), or a SIDR_REQ when `req` is `None`, for a service we listen on: find the
@@ -733,20 +731,21 @@ impl CmService {
             _ => None,
         };
         let d = &mut self.devices[device];
+        // ib_cm / rdma_cm's refusal: REJ "consumer defined" (28), or the SIDR status.
+        let mut refuse = |sidr_status: u8| {
+            let _ = if sidr {
+                d.endpoint.sidr_reply(now, conn, sidr_status, 0, 0, &[])
+            } else {
+                d.endpoint
+                    .reject(now, conn, RejReason::CONSUMER_DEFINED, &[], &[])
+            };
+        };
         let Some((lh, hdr)) = listener else {
             debug!(
                 service = service_id,
                 "REQ for no matching listener: rejected"
             );
-            if sidr {
-                let _ = d
-                    .endpoint
-                    .sidr_reply(now, conn, sidr_status::UNSUPPORTED, 0, 0, &[]);
-            } else {
-                let _ = d
-                    .endpoint
-                    .reject(now, conn, RejReason::CONSUMER_DEFINED, &[], &[]);
-            }
+            refuse(sidr_status::UNSUPPORTED);
             return;
         };
         let waiting = self
@@ -756,15 +755,7 @@ impl CmService {
             .count();
         if waiting >= MAX_BACKLOG {
             debug!(listener = lh, "connection request refused: backlog full");
-            if sidr {
-                let _ = d
-                    .endpoint
-                    .sidr_reply(now, conn, sidr_status::REJECT, 0, 0, &[]);
-            } else {
-                let _ = d
-                    .endpoint
-                    .reject(now, conn, RejReason::CONSUMER_DEFINED, &[], &[]);
-            }
+            refuse(sidr_status::REJECT);
             return;
         }
         let Some(l) = self.ids.get(&lh) else { return };
