@@ -216,11 +216,7 @@ fn refusals(server: &Path, client: &Path, listen: SocketAddr, free_port: SocketA
     let id = client.cm_id(&c_ch, cm_ps::TCP, qp_type::RC);
     client.cm_resolve(&c_ch, id, listen);
     let qpn = client.qpn;
-    client.cm_ok(Request::CmConnect {
-        id,
-        conn: conn_param(qpn, b"let me in"),
-        psn: None,
-    });
+    client.cm_connect(id, qpn, b"let me in");
     let req = expect_event(&s_ch, Ev::ConnectRequest);
     let child = req.child.unwrap().id;
     server.cm_ok(Request::CmReject {
@@ -235,11 +231,7 @@ fn refusals(server: &Path, client: &Path, listen: SocketAddr, free_port: SocketA
     // Nobody listens: the passive CM answers REJ 8 "invalid service ID" at once.
     let id = client.cm_id(&c_ch, cm_ps::TCP, qp_type::RC);
     client.cm_resolve(&c_ch, id, free_port);
-    client.cm_ok(Request::CmConnect {
-        id,
-        conn: conn_param(qpn, b""),
-        psn: None,
-    });
+    client.cm_connect(id, qpn, b"");
     let rej = expect_event(&c_ch, Ev::Rejected);
     assert_eq!((rej.id, rej.status), (id, 8), "{rej:?}");
     client.cm_ok(Request::CmDestroyId { id });
@@ -262,11 +254,7 @@ fn sidr(server: &mut Side, client: &mut Side, listen: SocketAddr, server_gid: [u
     assert_eq!(init.qkey, RDMA_UDP_QKEY);
     assert_ne!(mask & 64, 0, "INIT of a UD QP sets the Q_Key");
     let qpn = client.qpn;
-    client.cm_ok(Request::CmConnect {
-        id,
-        conn: conn_param(qpn, b"udp?"),
-        psn: None,
-    });
+    client.cm_connect(id, qpn, b"udp?");
     let req = expect_event(&s_ch, Ev::ConnectRequest);
     assert!(req.conn.private_data.starts_with(b"udp?"));
     assert!(req.ud.is_some());
@@ -435,11 +423,7 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
     let id = c.cm_id(&ch, cm_ps::TCP, qp_type::RC);
     c.cm_resolve(&ch, id, sock("127.0.0.173:7471"));
     let qpn = c.qpn;
-    c.cm_ok(Request::CmConnect {
-        id,
-        conn: conn_param(qpn, b""),
-        psn: None,
-    });
+    c.cm_connect(id, qpn, b"");
     let e = expect_event(&ch, Ev::Unreachable);
     assert_eq!((e.id, e.status), (id, -110), "{e:?}");
 
