@@ -2082,15 +2082,19 @@ fn rebuild_ip(d: &RxDatagram<'_>, out: &mut [u8]) -> Option<usize> {
     Some(total)
 }
 
-/// Sends a GSI packet (BTH..ICRC) built by the CM thread, sealing its ICRC for the socket's
-/// addresses as [`send_frame`] does.
-fn send_gsi(net: &mut UdpTransport, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
-    let local_port = match src {
+/// The UDP source port of what the device sends from `src` (its socket's; the ICRC covers it).
+fn local_port(net: &UdpTransport, src: IpAddr) -> u16 {
+    match src {
         IpAddr::V4(_) => net.local_addr_v4(),
         IpAddr::V6(_) => net.local_addr_v6(),
     }
-    .map_or(proto::wire::ROCE_V2_PORT, |a| a.port());
-    if PacketBuilder::new(src, dst, local_port)
+    .map_or(proto::wire::ROCE_V2_PORT, |a| a.port())
+}
+
+/// Sends a GSI packet (BTH..ICRC) built by the CM thread, sealing its ICRC for the socket's
+/// addresses as [`send_frame`] does.
+fn send_gsi(net: &mut UdpTransport, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+    if PacketBuilder::new(src, dst, local_port(net, src))
         .seal(0, packet)
         .is_err()
     {
@@ -2122,13 +2126,8 @@ fn send_frame(net: &mut UdpTransport, buf: &mut [u8], t: &tp::Transmit) {
             frame[7],
         ),
     };
-    let local_port = match t.src {
-        IpAddr::V4(_) => net.local_addr_v4(),
-        IpAddr::V6(_) => net.local_addr_v6(),
-    }
-    .map_or(proto::wire::ROCE_V2_PORT, |a| a.port());
     let transport = &mut frame[t.transport_offset..];
-    let builder = PacketBuilder::new(t.src, t.dst, local_port);
+    let builder = PacketBuilder::new(t.src, t.dst, local_port(net, t.src));
     let meta = TxMeta {
         dst: SocketAddr::new(t.dst, proto::wire::ROCE_V2_PORT),
         src: Some(t.src),
