@@ -1421,8 +1421,6 @@ impl CmService {
                     conn.qkey
                 };
                 x.qkey = qkey;
-                x.conn = None;
-                self.conns.remove(&(d, c));
                 match self.devices[d].endpoint.sidr_reply(
                     now,
                     c,
@@ -1431,7 +1429,14 @@ impl CmService {
                     qkey,
                     &conn.private_data,
                 ) {
-                    Ok(()) => done(),
+                    Ok(()) => {
+                        // Answered: the endpoint has forgotten the request. A refused answer
+                        // (private data too long) leaves it waiting, as the kernel's id
+                        // stays in SIDR_REQ_RCVD, for another accept or a reject.
+                        x.conn = None;
+                        self.conns.remove(&(d, c));
+                        done()
+                    }
                     Err(e) => error(libc::EINVAL, e.to_string()),
                 }
             }
@@ -2377,6 +2382,53 @@ mod tests {
         };
         assert_eq!((r.status, r.qpn, r.qkey), (0, 0x10012, rc::RDMA_UDP_QKEY));
         assert_eq!(r.service_id, rc::service_id(PortSpace::Udp, 7174));
+    }
+
+    /// An accept whose private data a SIDR_REP cannot carry fails, and leaves the request
+    /// to be answered (as the kernel's ib_send_cm_sidr_rep, which fails with EINVAL then).
+    #[test]
+    fn a_refused_sidr_accept_leaves_the_request_answerable() {
+        use proto::cm::{CmMad, CmMessage};
+        let (mut svc, wire, _channel, evs, _) =
+            kernel_request_to_listener(cm_ps::UDP, qp_type::UD, "0.0.0.0:7174", "udaddy.pcap");
+        let child = evs[0].child.clone().unwrap().id;
+        let too_long = CmConnParam {
+            qp_num: 0x10012,
+            private_data: vec![0xab; proto::cm::msg::private_data_len::SIDR_REP + 1],
+            ..CmConnParam::default()
+        };
+        let r = call(
+            &mut svc,
+            1,
+            Request::CmAccept {
+                id: child,
+                conn: too_long,
+            },
+        );
+        assert_eq!(errno_of(r), libc::EINVAL);
+        svc.drain();
+        assert!(wire.lock().unwrap().is_empty(), "nothing was sent");
+        let fits = CmConnParam {
+            qp_num: 0x10012,
+            private_data: b"ok".to_vec(),
+            ..CmConnParam::default()
+        };
+        ok(
+            &mut svc,
+            1,
+            Request::CmAccept {
+                id: child,
+                conn: fits,
+            },
+        );
+        svc.drain();
+        let sent = std::mem::take(&mut *wire.lock().unwrap());
+        let rep = CmMad::parse(gsi_payload(&sent[0].2).unwrap()).unwrap();
+        let CmMessage::SidrRep(r) = rep.message else {
+            panic!("{rep:?}")
+        };
+        assert_eq!((r.status, r.qpn), (sidr_status::SUCCESS, 0x10012));
+        assert!(r.private_data.starts_with(b"ok"));
     }
 
     /// Random CM MADs (valid header, random attribute and body) from the wire never panic the
