@@ -245,6 +245,29 @@ struct Channel {
     backlog: VecDeque<Vec<u8>>,
 }
 
+impl Channel {
+    /// Sends the waiting events, in order, until the socket is full.
+    fn flush(&mut self) {
+        while let Some(b) = self.backlog.front() {
+            match socket::send(
+                self.fd.as_raw_fd(),
+                b,
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            ) {
+                Ok(_) => {
+                    self.backlog.pop_front();
+                }
+                Err(nix::errno::Errno::EAGAIN) => break,
+                Err(e) => {
+                    // The client closed its end: nobody will read these events.
+                    debug!(client = self.client, "event channel closed: {e}");
+                    self.backlog.clear();
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     Idle,
@@ -542,31 +565,17 @@ impl CmService {
             status = msg.status,
             "rdma_cm event"
         );
+        // Only this channel: the others' waiting events are retried by the run loop, and
+        // going over every channel for every event made a burst of N connections cost N².
         if let Some(c) = self.channels.get_mut(&channel) {
             c.backlog.push_back(bytes);
+            c.flush();
         }
-        self.flush_channels();
     }
 
     fn flush_channels(&mut self) {
         for c in self.channels.values_mut() {
-            while let Some(b) = c.backlog.front() {
-                match socket::send(
-                    c.fd.as_raw_fd(),
-                    b,
-                    MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-                ) {
-                    Ok(_) => {
-                        c.backlog.pop_front();
-                    }
-                    Err(nix::errno::Errno::EAGAIN) => break,
-                    Err(e) => {
-                        // The client closed its end: nobody will read these events.
-                        debug!(client = c.client, "event channel closed: {e}");
-                        c.backlog.clear();
-                    }
-                }
-            }
+            c.flush();
         }
     }
 
