@@ -13,6 +13,12 @@
 //! clients. When nothing happened for a short spin, the thread tells every ring it sleeps and
 //! blocks in the packet I/O's poll, which also wakes on the doorbell eventfd that clients (and
 //! the control threads) write.
+//!
+//! Received packets for QP1 (CM MADs) go to the CM thread ([`crate::cm`]), which sends its
+//! MADs back through here ([`DevMsg::SendGsi`]). Packets between two QPs of this device go
+//! from engine to engine without the socket, as rxe's loopback ([`crate::net::LocalFrames`];
+//! `local_via_socket` sends them through it), and the device joins the IP multicast groups
+//! its QPs attach to ([`crate::net::MulticastGroup`]).
 
 use crate::memory::ProcessMemory;
 use crate::net::{

@@ -1,8 +1,9 @@
 //! `softroce daemon`: the main thread accepts clients on the control socket; each client gets
 //! a thread that reads its requests. Requests about devices and clients (hello, device list,
-//! `res show`) go to the registry thread; requests about resources go straight to the thread
-//! of the device they concern ([`crate::device`]), which owns the data path. When a client
-//! disconnects (or is killed), every device destroys what it owned.
+//! `res show`) go to the registry thread; rdma_cm requests (`Cm*`) to the CM thread
+//! ([`crate::cm`]); requests about resources go straight to the thread of the device they
+//! concern ([`crate::device`]), which owns the data path. When a client disconnects (or is
+//! killed), every device destroys what it owned and the CM thread its rdma_cm ids.
 
 use crate::cm::{self, CmDeviceSetup, CmMsg, CmService};
 use crate::config::{self, Config, DeviceConfig};
