@@ -1906,6 +1906,12 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
             }
         }
     }
+    push_refusals(c, refusals);
+    busy
+}
+
+/// Completes refused send requests with an error in their CQ (`(cq, cqe)` pairs).
+fn push_refusals(c: &mut ClientDev, refusals: Vec<(u32, Cqe)>) {
     for (cq, cqe) in refusals {
         if let Some(q) = c.cqs.get_mut(&cq) {
             let mut b = [0u8; wqe::CQE_SLOT_LEN];
@@ -1913,18 +1919,24 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
             let _ = q.ring.push(&b);
         }
     }
-    busy
 }
 
 fn retry_pending(c: &mut ClientDev) -> bool {
     let mut busy = false;
+    let mut refusals: Vec<(u32, Cqe)> = Vec::new();
     for (&qpn, q) in c.qps.iter_mut() {
         while c.engine.sq_room(Qpn::new(qpn)).is_some_and(|r| r > 0) {
             let Some(wr) = q.pending_send.pop_front() else {
                 break;
             };
             busy = true;
-            let _ = c.engine.post_send(Qpn::new(qpn), wr);
+            // Refused as it would have been had it found room at once (pump_rings): the
+            // program must get a completion for it.
+            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode() as u32);
+            if let Err(e) = c.engine.post_send(Qpn::new(qpn), wr) {
+                debug!(qpn, "send refused: {e}");
+                refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
+            }
         }
         while let Some(wr) = q.pending_recv.front() {
             match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {
@@ -1947,6 +1959,7 @@ fn retry_pending(c: &mut ClientDev) -> bool {
             }
         }
     }
+    push_refusals(c, refusals);
     busy
 }
 
