@@ -54,11 +54,7 @@ fn run(tag: &str, server_addr: &str, client_addr: &str) {
         client.cm_resolve(&c_ch, id, listen);
         qpn += 1;
         let start = Instant::now();
-        client.cm_ok(Request::CmConnect {
-            id,
-            conn: conn_param(qpn, b""),
-            psn: None,
-        });
+        client.cm_connect(id, qpn, b"");
         let req = next(&s_ch, Ev::ConnectRequest);
         let child = req.child.unwrap().id;
         server.cm_ok(Request::CmAccept {
@@ -80,11 +76,7 @@ fn run(tag: &str, server_addr: &str, client_addr: &str) {
         let id = client.cm_id(&c_ch, cm_ps::TCP, qp_type::RC);
         client.cm_resolve(&c_ch, id, listen);
         qpn += 1;
-        client.cm_ok(Request::CmConnect {
-            id,
-            conn: conn_param(qpn, b""),
-            psn: None,
-        });
+        client.cm_connect(id, qpn, b"");
         ids.push(id);
     }
     let mut established = 0;

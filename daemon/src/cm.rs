@@ -85,6 +85,23 @@ pub struct GsiMad {
     pub mad: Vec<u8>,
 }
 
+/// MADs received and not yet taken by the CM thread: the kernel's GSI QP has as many receive
+/// buffers (ib_mad's `IB_MAD_QP_RECV_SIZE`); a MAD that finds them all taken is dropped, and
+/// the sender's retries cover it. Without a bound, a peer sending MADs faster than the CM
+/// thread handles them would grow the daemon's memory without limit.
+pub const GSI_RECV_QUEUE: usize = 512;
+
+/// The queue from the device threads to the CM thread.
+pub fn gsi_queue() -> (Sender<GsiMad>, Receiver<GsiMad>) {
+    crossbeam_channel::bounded(GSI_RECV_QUEUE)
+}
+
+/// Hands a received MAD to the CM thread without ever blocking the device thread; false when
+/// it was dropped (the queue is full, or the CM thread is gone).
+pub fn deliver_gsi(sink: &Sender<GsiMad>, mad: GsiMad) -> bool {
+    sink.try_send(mad).is_ok()
+}
+
 /// Messages to the CM thread.
 pub enum CmMsg {
     Request {
@@ -228,6 +245,29 @@ struct Channel {
     backlog: VecDeque<Vec<u8>>,
 }
 
+impl Channel {
+    /// Sends the waiting events, in order, until the socket is full.
+    fn flush(&mut self) {
+        while let Some(b) = self.backlog.front() {
+            match socket::send(
+                self.fd.as_raw_fd(),
+                b,
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+            ) {
+                Ok(_) => {
+                    self.backlog.pop_front();
+                }
+                Err(nix::errno::Errno::EAGAIN) => break,
+                Err(e) => {
+                    // The client closed its end: nobody will read these events.
+                    debug!(client = self.client, "event channel closed: {e}");
+                    self.backlog.clear();
+                }
+            }
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Role {
     Idle,
@@ -339,14 +379,14 @@ fn ps_of(ps: u16) -> Option<PortSpace> {
     PortSpace::from_u16(ps)
 }
 
-/// 127.0.0.1 and ::1, "this host": a device that does not serve them itself takes them as its
-/// own address. (Other 127.x.y.z addresses may be other daemons on the same host.)
 /// The IP address of a RoCE v2 GID (`::ffff:a.b.c.d` is IPv4).
 fn gid_ip(gid: [u8; 16]) -> IpAddr {
     let v6 = Ipv6Addr::from(gid);
     v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
 }
 
+/// 127.0.0.1 and ::1, "this host": a device that does not serve them itself takes them as its
+/// own address. (Other 127.x.y.z addresses may be other daemons on the same host.)
 fn is_this_host(ip: IpAddr) -> bool {
     ip == IpAddr::V4(Ipv4Addr::LOCALHOST) || ip == IpAddr::V6(Ipv6Addr::LOCALHOST)
 }
@@ -525,31 +565,17 @@ impl CmService {
             status = msg.status,
             "rdma_cm event"
         );
+        // Only this channel: the others' waiting events are retried by the run loop, and
+        // going over every channel for every event made a burst of N connections cost N².
         if let Some(c) = self.channels.get_mut(&channel) {
             c.backlog.push_back(bytes);
+            c.flush();
         }
-        self.flush_channels();
     }
 
     fn flush_channels(&mut self) {
         for c in self.channels.values_mut() {
-            while let Some(b) = c.backlog.front() {
-                match socket::send(
-                    c.fd.as_raw_fd(),
-                    b,
-                    MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-                ) {
-                    Ok(_) => {
-                        c.backlog.pop_front();
-                    }
-                    Err(nix::errno::Errno::EAGAIN) => break,
-                    Err(e) => {
-                        // The client closed its end: nobody will read these events.
-                        debug!(client = c.client, "event channel closed: {e}");
-                        c.backlog.clear();
-                    }
-                }
-            }
+            c.flush();
         }
     }
 
@@ -618,25 +644,17 @@ impl CmService {
             CmEvent::Rejected {
                 id, private_data, ..
             } => {
-                let Some(h) = self.conns.remove(&(device, id)) else {
+                let Some(h) = self.forget_conn(device, id) else {
                     return;
                 };
-                if let Some(x) = self.ids.get_mut(&h) {
-                    x.conn = None;
-                    x.pending_on = None;
-                }
                 let mut m = Self::event(kind, status);
                 m.conn.private_data = private_data;
                 self.emit(h, m);
             }
             CmEvent::Unreachable { id } => {
-                let Some(h) = self.conns.remove(&(device, id)) else {
+                let Some(h) = self.forget_conn(device, id) else {
                     return;
                 };
-                if let Some(x) = self.ids.get_mut(&h) {
-                    x.conn = None;
-                    x.pending_on = None;
-                }
                 self.emit(h, Self::event(kind, status));
             }
             CmEvent::Disconnected {
@@ -650,22 +668,16 @@ impl CmService {
                 self.emit(h, m);
             }
             CmEvent::TimewaitExit { id } => {
-                let Some(h) = self.conns.remove(&(device, id)) else {
+                let Some(h) = self.forget_conn(device, id) else {
                     return;
                 };
-                if let Some(x) = self.ids.get_mut(&h) {
-                    x.conn = None;
-                }
                 self.emit(h, Self::event(kind, status));
             }
             CmEvent::SidrResponse { id, rep } => {
-                let Some(h) = self.conns.remove(&(device, id)) else {
+                let Some(h) = self.forget_conn(device, id) else {
                     return;
                 };
                 let ah = self.ah_of(h);
-                if let Some(x) = self.ids.get_mut(&h) {
-                    x.conn = None;
-                }
                 let mut m = Self::event(kind, status);
                 if rep.status == sidr_status::SUCCESS {
                     m.ud = Some(CmUdParam {
@@ -680,6 +692,18 @@ impl CmService {
                 self.emit(h, m);
             }
         }
+    }
+
+    /// The id of a connection the endpoint has finished with (rejected, unreachable, out of
+    /// timewait, SIDR answered), which no longer has it (nor is a request waiting on its
+    /// listener).
+    fn forget_conn(&mut self, device: usize, conn: ConnId) -> Option<u32> {
+        let h = self.conns.remove(&(device, conn))?;
+        if let Some(x) = self.ids.get_mut(&h) {
+            x.conn = None;
+            x.pending_on = None;
+        }
+        Some(h)
     }
 
     /// A REQ (`req`), or a SIDR_REQ when `req` is `None`, for a service we listen on: find the
@@ -716,20 +740,21 @@ impl CmService {
             _ => None,
         };
         let d = &mut self.devices[device];
+        // ib_cm / rdma_cm's refusal: REJ "consumer defined" (28), or the SIDR status.
+        let mut refuse = |sidr_status: u8| {
+            let _ = if sidr {
+                d.endpoint.sidr_reply(now, conn, sidr_status, 0, 0, &[])
+            } else {
+                d.endpoint
+                    .reject(now, conn, RejReason::CONSUMER_DEFINED, &[], &[])
+            };
+        };
         let Some((lh, hdr)) = listener else {
             debug!(
                 service = service_id,
                 "REQ for no matching listener: rejected"
             );
-            if sidr {
-                let _ = d
-                    .endpoint
-                    .sidr_reply(now, conn, sidr_status::UNSUPPORTED, 0, 0, &[]);
-            } else {
-                let _ = d
-                    .endpoint
-                    .reject(now, conn, RejReason::CONSUMER_DEFINED, &[], &[]);
-            }
+            refuse(sidr_status::UNSUPPORTED);
             return;
         };
         let waiting = self
@@ -739,15 +764,7 @@ impl CmService {
             .count();
         if waiting >= MAX_BACKLOG {
             debug!(listener = lh, "connection request refused: backlog full");
-            if sidr {
-                let _ = d
-                    .endpoint
-                    .sidr_reply(now, conn, sidr_status::REJECT, 0, 0, &[]);
-            } else {
-                let _ = d
-                    .endpoint
-                    .reject(now, conn, RejReason::CONSUMER_DEFINED, &[], &[]);
-            }
+            refuse(sidr_status::REJECT);
             return;
         }
         let Some(l) = self.ids.get(&lh) else { return };
@@ -1413,8 +1430,6 @@ impl CmService {
                     conn.qkey
                 };
                 x.qkey = qkey;
-                x.conn = None;
-                self.conns.remove(&(d, c));
                 match self.devices[d].endpoint.sidr_reply(
                     now,
                     c,
@@ -1423,7 +1438,14 @@ impl CmService {
                     qkey,
                     &conn.private_data,
                 ) {
-                    Ok(()) => done(),
+                    Ok(()) => {
+                        // Answered: the endpoint has forgotten the request. A refused answer
+                        // (private data too long) leaves it waiting, as the kernel's id
+                        // stays in SIDR_REQ_RCVD, for another accept or a reject.
+                        x.conn = None;
+                        self.conns.remove(&(d, c));
+                        done()
+                    }
                     Err(e) => error(libc::EINVAL, e.to_string()),
                 }
             }
@@ -1719,6 +1741,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn received_mads_beyond_the_gsi_queue_are_dropped_without_blocking() {
+        let (sink, queue) = gsi_queue();
+        let mad = |i: usize| GsiMad {
+            device: 0,
+            src: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9)),
+            dst: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            mad: vec![i as u8; proto::wire::mad::MAD_LEN],
+        };
+        // Nobody reads: the device thread must neither block nor queue without limit.
+        let taken = (0..GSI_RECV_QUEUE + 10)
+            .filter(|&i| deliver_gsi(&sink, mad(i)))
+            .count();
+        assert_eq!(taken, GSI_RECV_QUEUE);
+        assert_eq!(queue.len(), GSI_RECV_QUEUE);
+        // The oldest were kept, in order; room again once the CM thread takes one.
+        assert_eq!(queue.recv().map(|m| m.mad[0]).ok(), Some(0));
+        assert!(deliver_gsi(&sink, mad(1)));
+        drop(queue);
+        assert!(!deliver_gsi(&sink, mad(2)), "the CM thread is gone");
+    }
+
+    #[test]
     fn gsi_packets_round_trip() {
         let mut mad = [0u8; proto::wire::mad::MAD_LEN];
         mad[0] = 1;
@@ -1842,6 +1886,26 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn bind_to(id: u32, addr: &str) -> Request {
+        Request::CmBind { id, addr: sa(addr) }
+    }
+
+    fn resolve_addr_to(id: u32, dst: SocketAddr) -> Request {
+        Request::CmResolveAddr {
+            id,
+            src: None,
+            dst,
+            timeout_ms: 1000,
+        }
+    }
+
+    fn resolve_route(id: u32) -> Request {
+        Request::CmResolveRoute {
+            id,
+            timeout_ms: 1000,
+        }
+    }
+
     /// Listener `l` on `listen`, an active id resolved to `dst` and connecting; returns the
     /// active id and the CONNECT_REQUEST (or whatever the listener's channel got).
     fn start_connect(
@@ -1852,24 +1916,8 @@ mod tests {
         qpn: u32,
     ) -> u32 {
         let a = id(svc, 2, ch.0, cm_ps::TCP, qp_type::RC);
-        ok(
-            svc,
-            2,
-            Request::CmResolveAddr {
-                id: a,
-                src: None,
-                dst,
-                timeout_ms: 1000,
-            },
-        );
-        ok(
-            svc,
-            2,
-            Request::CmResolveRoute {
-                id: a,
-                timeout_ms: 1000,
-            },
-        );
+        ok(svc, 2, resolve_addr_to(a, dst));
+        ok(svc, 2, resolve_route(a));
         assert_eq!(
             kinds(&events(ch.1)),
             vec![Ev::AddrResolved as u32, Ev::RouteResolved as u32]
@@ -1902,51 +1950,16 @@ mod tests {
         let b = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
         let u = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
         let e = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: a,
-                addr: sa("0.0.0.0:7000"),
-            },
-        );
-        let r = call(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: b,
-                addr: sa("127.0.0.1:7000"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(a, "0.0.0.0:7000"));
+        let r = call(&mut svc, 1, bind_to(b, "127.0.0.1:7000"));
         assert_eq!(
             errno_of(r),
             libc::EADDRINUSE,
             "a wildcard covers every address"
         );
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: b,
-                addr: sa("[::1]:7000"),
-            },
-        );
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: u,
-                addr: sa("127.0.0.1:7000"),
-            },
-        );
-        let Response::CmIdInfo(info) = ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: e,
-                addr: sa("127.0.0.1:0"),
-            },
-        ) else {
+        ok(&mut svc, 1, bind_to(b, "[::1]:7000"));
+        ok(&mut svc, 1, bind_to(u, "127.0.0.1:7000"));
+        let Response::CmIdInfo(info) = ok(&mut svc, 1, bind_to(e, "127.0.0.1:0")) else {
             panic!()
         };
         let port = info.src_addr.unwrap().port();
@@ -1954,14 +1967,7 @@ mod tests {
         assert_eq!(info.device.as_deref(), Some("srxe0"));
         assert_eq!(info.gid_type, Some(RoceVersion::V2));
         let f = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        let r = call(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: f,
-                addr: sa("10.9.9.9:1"),
-            },
-        );
+        let r = call(&mut svc, 1, bind_to(f, "10.9.9.9:1"));
         assert_eq!(errno_of(r), libc::EADDRNOTAVAIL);
         // Ids are their client's: another client cannot use or destroy them.
         assert_eq!(
@@ -1976,14 +1982,7 @@ mod tests {
         svc.client_gone(1);
         let (ch2, _fd2) = channel(&mut svc, 3);
         let g = id(&mut svc, 3, ch2, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            3,
-            Request::CmBind {
-                id: g,
-                addr: sa("127.0.0.1:7000"),
-            },
-        );
+        ok(&mut svc, 3, bind_to(g, "127.0.0.1:7000"));
     }
 
     #[test]
@@ -1991,14 +1990,7 @@ mod tests {
         let (mut svc, wire) = service(&["127.0.0.1", "::1"], RoceVersion::V2);
         let (ch, fd) = channel(&mut svc, 1);
         let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: l,
-                addr: sa("[::]:7100"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(l, "[::]:7100"));
         ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
         let (cch, cfd) = channel(&mut svc, 2);
         let a = start_connect(&mut svc, &wire, (cch, &cfd), sa("127.0.0.1:7100"), 0x10011);
@@ -2080,14 +2072,7 @@ mod tests {
         let (ch, fd) = channel(&mut svc, 1);
         let (ch_b, fd_b) = channel(&mut svc, 1);
         let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: l,
-                addr: sa("127.0.0.1:7200"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(l, "127.0.0.1:7200"));
         ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
         ok(
             &mut svc,
@@ -2122,24 +2107,8 @@ mod tests {
             },
         );
         assert_eq!(errno_of(r), libc::ENOSYS);
-        ok(
-            &mut svc,
-            2,
-            Request::CmResolveAddr {
-                id: a,
-                src: None,
-                dst: sa("127.0.0.1:7200"),
-                timeout_ms: 1000,
-            },
-        );
-        ok(
-            &mut svc,
-            2,
-            Request::CmResolveRoute {
-                id: a,
-                timeout_ms: 1000,
-            },
-        );
+        ok(&mut svc, 2, resolve_addr_to(a, sa("127.0.0.1:7200")));
+        ok(&mut svc, 2, resolve_route(a));
         let evs = events(&cfd);
         let path = evs[1].info.as_ref().unwrap().path.unwrap();
         assert_eq!((path.traffic_class, path.packet_life_time), (0x20, 13));
@@ -2217,16 +2186,7 @@ mod tests {
         let (mut svc, _) = service(&["127.0.0.1"], RoceVersion::V1);
         let (ch, fd) = channel(&mut svc, 1);
         let a = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmResolveAddr {
-                id: a,
-                src: None,
-                dst: sa("127.0.0.1:1"),
-                timeout_ms: 1000,
-            },
-        );
+        ok(&mut svc, 1, resolve_addr_to(a, sa("127.0.0.1:1")));
         let evs = events(&fd);
         assert_eq!(
             (evs[0].event, evs[0].status),
@@ -2433,6 +2393,53 @@ mod tests {
         assert_eq!(r.service_id, rc::service_id(PortSpace::Udp, 7174));
     }
 
+    /// An accept whose private data a SIDR_REP cannot carry fails, and leaves the request
+    /// to be answered (as the kernel's ib_send_cm_sidr_rep, which fails with EINVAL then).
+    #[test]
+    fn a_refused_sidr_accept_leaves_the_request_answerable() {
+        use proto::cm::{CmMad, CmMessage};
+        let (mut svc, wire, _channel, evs, _) =
+            kernel_request_to_listener(cm_ps::UDP, qp_type::UD, "0.0.0.0:7174", "udaddy.pcap");
+        let child = evs[0].child.clone().unwrap().id;
+        let too_long = CmConnParam {
+            qp_num: 0x10012,
+            private_data: vec![0xab; proto::cm::msg::private_data_len::SIDR_REP + 1],
+            ..CmConnParam::default()
+        };
+        let r = call(
+            &mut svc,
+            1,
+            Request::CmAccept {
+                id: child,
+                conn: too_long,
+            },
+        );
+        assert_eq!(errno_of(r), libc::EINVAL);
+        svc.drain();
+        assert!(wire.lock().unwrap().is_empty(), "nothing was sent");
+        let fits = CmConnParam {
+            qp_num: 0x10012,
+            private_data: b"ok".to_vec(),
+            ..CmConnParam::default()
+        };
+        ok(
+            &mut svc,
+            1,
+            Request::CmAccept {
+                id: child,
+                conn: fits,
+            },
+        );
+        svc.drain();
+        let sent = std::mem::take(&mut *wire.lock().unwrap());
+        let rep = CmMad::parse(gsi_payload(&sent[0].2).unwrap()).unwrap();
+        let CmMessage::SidrRep(r) = rep.message else {
+            panic!("{rep:?}")
+        };
+        assert_eq!((r.status, r.qpn), (sidr_status::SUCCESS, 0x10012));
+        assert!(r.private_data.starts_with(b"ok"));
+    }
+
     /// Random CM MADs (valid header, random attribute and body) from the wire never panic the
     /// service, whatever listeners and connections exist.
     #[test]
@@ -2440,24 +2447,10 @@ mod tests {
         let (mut svc, wire) = service(&["127.0.0.1"], RoceVersion::V2);
         let (ch, _fd) = channel(&mut svc, 1);
         let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: l,
-                addr: sa("0.0.0.0:7174"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(l, "0.0.0.0:7174"));
         ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
         let u = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: u,
-                addr: sa("0.0.0.0:7174"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(u, "0.0.0.0:7174"));
         ok(&mut svc, 1, Request::CmListen { id: u, backlog: 1 });
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = || {
@@ -2507,44 +2500,14 @@ mod tests {
         let (mut svc, wire) = service(&["127.0.0.1", "127.0.0.2"], RoceVersion::V2);
         let (ch, fd) = channel(&mut svc, 1);
         let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(
-            &mut svc,
-            1,
-            Request::CmBind {
-                id: l,
-                addr: sa("0.0.0.0:7300"),
-            },
-        );
+        ok(&mut svc, 1, bind_to(l, "0.0.0.0:7300"));
         ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
         let (cch, cfd) = channel(&mut svc, 2);
         let a = id(&mut svc, 2, cch, cm_ps::TCP, qp_type::RC);
         // The active side binds .1 and connects to .2.
-        ok(
-            &mut svc,
-            2,
-            Request::CmBind {
-                id: a,
-                addr: sa("127.0.0.1:0"),
-            },
-        );
-        ok(
-            &mut svc,
-            2,
-            Request::CmResolveAddr {
-                id: a,
-                src: None,
-                dst: sa("127.0.0.2:7300"),
-                timeout_ms: 1000,
-            },
-        );
-        ok(
-            &mut svc,
-            2,
-            Request::CmResolveRoute {
-                id: a,
-                timeout_ms: 1000,
-            },
-        );
+        ok(&mut svc, 2, bind_to(a, "127.0.0.1:0"));
+        ok(&mut svc, 2, resolve_addr_to(a, sa("127.0.0.2:7300")));
+        ok(&mut svc, 2, resolve_route(a));
         ok(
             &mut svc,
             2,

@@ -13,6 +13,12 @@
 //! clients. When nothing happened for a short spin, the thread tells every ring it sleeps and
 //! blocks in the packet I/O's poll, which also wakes on the doorbell eventfd that clients (and
 //! the control threads) write.
+//!
+//! Received packets for QP1 (CM MADs) go to the CM thread ([`crate::cm`]), which sends its
+//! MADs back through here ([`DevMsg::SendGsi`]). Packets between two QPs of this device go
+//! from engine to engine without the socket, as rxe's loopback ([`crate::net::LocalFrames`];
+//! `local_via_socket` sends them through it), and the device joins the IP multicast groups
+//! its QPs attach to ([`crate::net::MulticastGroup`]).
 
 use crate::memory::ProcessMemory;
 use crate::net::{
@@ -568,39 +574,25 @@ impl DeviceThread {
             let Some(len) = rebuild_ip(d, rx_buf) else {
                 return;
             };
-            let Some(dqpn) = d
-                .bytes
-                .get(5..8)
-                .map(|b| u32::from_be_bytes([0, b[0], b[1], b[2]]))
-            else {
+            let Some(dqpn) = dest_qpn(d.bytes) else {
                 return;
             };
             let packet = &rx_buf[..len];
             if dqpn == proto::cm::GSI_QPN {
                 // QP1 is the GSI: CM MADs go to the CM thread.
                 if let (Some(sink), Some(mad)) = (gsi, crate::cm::gsi_payload(d.bytes)) {
-                    let _ = sink.send(crate::cm::GsiMad {
+                    let mad = crate::cm::GsiMad {
                         device: index,
                         src: d.src.ip(),
                         dst: d.dst.ip(),
                         mad: mad.to_vec(),
-                    });
-                }
-            } else if dqpn == Qpn::MULTICAST.value() {
-                for (&id, c) in clients.iter_mut() {
-                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
-                        broken.push(id);
+                    };
+                    if !crate::cm::deliver_gsi(sink, mad) {
+                        debug!(src = %d.src, "CM MAD dropped: the CM thread's queue is full");
                     }
                 }
-            } else if let Some((&id, c)) = blocks
-                .get(&(dqpn / QPN_BLOCK))
-                .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
-            {
-                if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
-                    broken.push(id);
-                }
             } else {
-                debug!(qpn = dqpn, "packet for an unknown QP dropped");
+                deliver_packet(clients, blocks, now, dqpn, packet, &mut broken);
             }
         });
         busy |= delivered > 0;
@@ -613,7 +605,8 @@ impl DeviceThread {
         // as rxe's loopback). A round stops taking packets once LOCAL_BATCH_BYTES of them
         // wait, delivers them, and goes again, so that the answers and completions they cause
         // leave in the same pump.
-        let mut local_mcast: Vec<Vec<u8>> = Vec::new();
+        // (frame, offset of its BTH)
+        let mut local_mcast: Vec<(Vec<u8>, usize)> = Vec::new();
         let via_socket = self.local_via_socket;
         for round in 0..LOCAL_ROUNDS {
             let (net, gids, local, local_mcast) =
@@ -645,7 +638,7 @@ impl DeviceThread {
                                 // receives a group's datagrams back, while rxe's members on the
                                 // sending host get them.
                                 if let Some(frame) = room.get(..t.len) {
-                                    local_mcast.push(frame.to_vec());
+                                    local_mcast.push((frame.to_vec(), t.transport_offset));
                                 }
                             }
                             send_frame(net, room, &t);
@@ -667,11 +660,10 @@ impl DeviceThread {
         }
         // The receivers' completions go out on the next round.
         busy |= !local_mcast.is_empty();
-        for packet in &local_mcast {
-            for (&id, c) in self.clients.iter_mut() {
-                if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
-                    broken.push(id);
-                }
+        for (frame, bth) in &local_mcast {
+            if let Some(dqpn) = frame.get(*bth..).and_then(dest_qpn) {
+                let (clients, blocks) = (&mut self.clients, &self.blocks);
+                deliver_packet(clients, blocks, now, dqpn, frame, &mut broken);
             }
         }
         broken.sort_unstable();
@@ -690,17 +682,7 @@ impl DeviceThread {
     fn deliver_local(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) {
         let (clients, blocks) = (&mut self.clients, &self.blocks);
         self.local.drain(|dqpn, frame| {
-            match blocks
-                .get(&(dqpn / QPN_BLOCK))
-                .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
-            {
-                Some((&id, c)) => {
-                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, frame)) {
-                        broken.push(id);
-                    }
-                }
-                None => debug!(qpn = dqpn, "local packet for an unknown QP dropped"),
-            }
+            deliver_packet(clients, blocks, now, dqpn, frame, broken);
         });
     }
 
@@ -746,16 +728,17 @@ impl DeviceThread {
         });
     }
 
-    /// Takes the datagrams the group sockets received from other devices and hands them to
-    /// every engine (each delivers to its QPs attached to the group). The device's own sends,
+    /// Takes the datagrams the group sockets received from other devices and hands them on
+    /// as the main sockets' ([`deliver_packet`]). The device's own sends,
     /// looped back by the kernel, are dropped: its QPs got them from the local path already.
     fn receive_groups(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) -> bool {
         let mut busy = false;
-        let (groups, verifier, gids, clients) = (
+        let (groups, verifier, gids, clients, blocks) = (
             &self.groups,
             &mut self.group_verifier,
             &self.gids,
             &mut self.clients,
+            &self.blocks,
         );
         // Datagrams land in the back half of the device's receive buffer and are rebuilt into
         // its front half, rather than in a fresh zeroed buffer on every pump. One byte beyond
@@ -783,15 +766,10 @@ impl DeviceThread {
                     bytes,
                     ipv4,
                 };
-                let Some(len) = rebuild_ip(&d, rx_buf) else {
+                let (Some(len), Some(dqpn)) = (rebuild_ip(&d, rx_buf), dest_qpn(bytes)) else {
                     continue;
                 };
-                let packet = &rx_buf[..len];
-                for (&id, c) in clients.iter_mut() {
-                    if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
-                        broken.push(id);
-                    }
-                }
+                deliver_packet(clients, blocks, now, dqpn, &rx_buf[..len], broken);
             }
         }
         busy
@@ -1167,18 +1145,19 @@ impl DeviceThread {
 /// device thread for the CPUs: a device thread that waits a whole time slice behind a spinning
 /// application adds milliseconds to every round trip. A higher scheduling weight lets it run as
 /// soon as it wakes. Without the privilege to raise it (not root), nothing changes.
-fn idle_yield() {
-    // SAFETY: no arguments; sched_yield cannot fail on Linux.
-    unsafe {
-        libc::sched_yield();
-    }
-}
-
 fn raise_priority() {
     // SAFETY: plain system calls on this thread's own id; no memory is passed.
     unsafe {
         let tid = libc::gettid();
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -10);
+    }
+}
+
+/// Gives the CPU to whoever waits for it while the loop spins for more work (see `run`).
+fn idle_yield() {
+    // SAFETY: no arguments; sched_yield cannot fail on Linux.
+    unsafe {
+        libc::sched_yield();
     }
 }
 
@@ -1196,6 +1175,42 @@ fn contained<T>(f: impl FnOnce() -> T) -> Option<T> {
 
 fn guarded(engine: &mut Engine, f: impl FnOnce(&mut Engine)) -> bool {
     contained(|| f(engine)).is_some()
+}
+
+/// The destination QPN in a BTH (bytes 5..8).
+fn dest_qpn(bth: &[u8]) -> Option<u32> {
+    bth.get(5..8)
+        .map(|b| u32::from_be_bytes([0, b[0], b[1], b[2]]))
+}
+
+/// Hands a verified packet (IP header onward) to the engine that owns its destination QP or,
+/// for the multicast QPN, to every engine (each delivers to its own QPs attached to the
+/// group, as rxe_rcv_mcast_pkt). Clients whose engine panicked are added to `broken`.
+fn deliver_packet(
+    clients: &mut BTreeMap<u64, ClientDev>,
+    blocks: &HashMap<u32, u64>,
+    now: tp::Nanos,
+    dqpn: u32,
+    packet: &[u8],
+    broken: &mut Vec<u64>,
+) {
+    let mut handle = |id: u64, c: &mut ClientDev| {
+        if !guarded(&mut c.engine, |e| e.handle_verified_packet(now, packet)) {
+            broken.push(id);
+        }
+    };
+    if dqpn == Qpn::MULTICAST.value() {
+        for (&id, c) in clients.iter_mut() {
+            handle(id, c);
+        }
+    } else if let Some((&id, c)) = blocks
+        .get(&(dqpn / QPN_BLOCK))
+        .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
+    {
+        handle(id, c);
+    } else {
+        debug!(qpn = dqpn, "packet for an unknown QP dropped");
+    }
 }
 
 /// Strips the device index from every handle in a request.
@@ -1891,6 +1906,12 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
             }
         }
     }
+    push_refusals(c, refusals);
+    busy
+}
+
+/// Completes refused send requests with an error in their CQ (`(cq, cqe)` pairs).
+fn push_refusals(c: &mut ClientDev, refusals: Vec<(u32, Cqe)>) {
     for (cq, cqe) in refusals {
         if let Some(q) = c.cqs.get_mut(&cq) {
             let mut b = [0u8; wqe::CQE_SLOT_LEN];
@@ -1898,18 +1919,24 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
             let _ = q.ring.push(&b);
         }
     }
-    busy
 }
 
 fn retry_pending(c: &mut ClientDev) -> bool {
     let mut busy = false;
+    let mut refusals: Vec<(u32, Cqe)> = Vec::new();
     for (&qpn, q) in c.qps.iter_mut() {
         while c.engine.sq_room(Qpn::new(qpn)).is_some_and(|r| r > 0) {
             let Some(wr) = q.pending_send.pop_front() else {
                 break;
             };
             busy = true;
-            let _ = c.engine.post_send(Qpn::new(qpn), wr);
+            // Refused as it would have been had it found room at once (pump_rings): the
+            // program must get a completion for it.
+            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode() as u32);
+            if let Err(e) = c.engine.post_send(Qpn::new(qpn), wr) {
+                debug!(qpn, "send refused: {e}");
+                refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
+            }
         }
         while let Some(wr) = q.pending_recv.front() {
             match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {
@@ -1932,6 +1959,7 @@ fn retry_pending(c: &mut ClientDev) -> bool {
             }
         }
     }
+    push_refusals(c, refusals);
     busy
 }
 
@@ -2073,15 +2101,19 @@ fn rebuild_ip(d: &RxDatagram<'_>, out: &mut [u8]) -> Option<usize> {
     Some(total)
 }
 
-/// Sends a GSI packet (BTH..ICRC) built by the CM thread, sealing its ICRC for the socket's
-/// addresses as [`send_frame`] does.
-fn send_gsi(net: &mut UdpTransport, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
-    let local_port = match src {
+/// The UDP source port of what the device sends from `src` (its socket's; the ICRC covers it).
+fn local_port(net: &UdpTransport, src: IpAddr) -> u16 {
+    match src {
         IpAddr::V4(_) => net.local_addr_v4(),
         IpAddr::V6(_) => net.local_addr_v6(),
     }
-    .map_or(proto::wire::ROCE_V2_PORT, |a| a.port());
-    if PacketBuilder::new(src, dst, local_port)
+    .map_or(proto::wire::ROCE_V2_PORT, |a| a.port())
+}
+
+/// Sends a GSI packet (BTH..ICRC) built by the CM thread, sealing its ICRC for the socket's
+/// addresses as [`send_frame`] does.
+fn send_gsi(net: &mut UdpTransport, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+    if PacketBuilder::new(src, dst, local_port(net, src))
         .seal(0, packet)
         .is_err()
     {
@@ -2113,13 +2145,8 @@ fn send_frame(net: &mut UdpTransport, buf: &mut [u8], t: &tp::Transmit) {
             frame[7],
         ),
     };
-    let local_port = match t.src {
-        IpAddr::V4(_) => net.local_addr_v4(),
-        IpAddr::V6(_) => net.local_addr_v6(),
-    }
-    .map_or(proto::wire::ROCE_V2_PORT, |a| a.port());
     let transport = &mut frame[t.transport_offset..];
-    let builder = PacketBuilder::new(t.src, t.dst, local_port);
+    let builder = PacketBuilder::new(t.src, t.dst, local_port(net, t.src));
     let meta = TxMeta {
         dst: SocketAddr::new(t.dst, proto::wire::ROCE_V2_PORT),
         src: Some(t.src),

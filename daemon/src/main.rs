@@ -224,7 +224,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
 }
 
 /// Finds libsoftroce.so: $SOFTROCE_SHIM, else beside this executable (cargo puts both in
-/// target/<profile>/), else the system library path.
+/// `target/<profile>/`), else the system library path.
 fn shim_path() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("SOFTROCE_SHIM").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));

@@ -552,6 +552,15 @@ impl ProcessMemory {
         if len == 0 {
             return Ok(());
         }
+        // A range past the end of the address space is never mapped. Refused here, as `read`
+        // refuses it, because the deferred path computes the range's end (`addr + len`).
+        if addr.checked_add(len as u64).is_none() {
+            return Err(AccessError::Unmapped {
+                pid: self.pid.as_raw(),
+                addr,
+                len,
+            });
+        }
         if self.window.overlaps(addr, len) {
             self.window.len = 0;
         }
@@ -717,6 +726,31 @@ mod tests {
             gone.check_mapped(v.as_ptr() as u64, 1),
             Err(AccessError::Gone { .. })
         ));
+    }
+
+    #[test]
+    fn a_range_past_the_end_of_the_address_space_is_refused() {
+        let mut m = me();
+        let mut out = [0u8; 16];
+        for addr in [u64::MAX - 3, u64::MAX] {
+            assert!(matches!(
+                m.write(addr, &[7u8; 16]),
+                Err(AccessError::Unmapped { .. })
+            ));
+            assert!(matches!(
+                m.read(addr, &mut out),
+                Err(AccessError::Unmapped { .. })
+            ));
+            m.begin_pass();
+            assert!(matches!(
+                m.read(addr, &mut out),
+                Err(AccessError::Unmapped { .. })
+            ));
+            m.end_pass();
+        }
+        // Nothing was held for writing.
+        m.flush().unwrap();
+        assert_eq!(m.stats().deferred_write_errors, 0);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! `softroce daemon`: the main thread accepts clients on the control socket; each client gets
 //! a thread that reads its requests. Requests about devices and clients (hello, device list,
-//! `res show`) go to the registry thread; requests about resources go straight to the thread
-//! of the device they concern ([`crate::device`]), which owns the data path. When a client
-//! disconnects (or is killed), every device destroys what it owned.
+//! `res show`) go to the registry thread; rdma_cm requests (`Cm*`) to the CM thread
+//! ([`crate::cm`]); requests about resources go straight to the thread of the device they
+//! concern ([`crate::device`]), which owns the data path. When a client disconnects (or is
+//! killed), every device destroys what it owned and the CM thread its rdma_cm ids.
 
 use crate::cm::{self, CmDeviceSetup, CmMsg, CmService};
 use crate::config::{self, Config, DeviceConfig};
@@ -262,19 +263,17 @@ fn serve_client(
         },
         _ => return,
     };
-    let (reply_tx, reply_rx) = bounded(1);
-    if registry
-        .send(RegMsg::Connect {
-            pid: pid as u32,
-            uid,
-            program,
-            reply: reply_tx,
-        })
-        .is_err()
-    {
-        return;
-    }
-    let Ok(client) = reply_rx.recv() else { return };
+    let connected = ask(|reply| {
+        registry
+            .send(RegMsg::Connect {
+                pid: pid as u32,
+                uid,
+                program,
+                reply,
+            })
+            .is_ok()
+    });
+    let Some(client) = connected else { return };
     let hello = Response::Hello {
         version: PROTOCOL_VERSION,
         client,
@@ -289,21 +288,16 @@ fn serve_client(
         };
         let (response, out_fds) = match ctl::decode::<Request>(&buf[..n]) {
             Ok(request) if cm::is_cm_request(&request) => {
-                let (tx, rx) = bounded(1);
-                if cm
-                    .send(CmMsg::Request {
+                let reply = ask(|reply| {
+                    cm.send(CmMsg::Request {
                         client,
                         request,
-                        reply: tx,
+                        reply,
                     })
-                    .is_err()
-                {
-                    break;
-                }
-                match rx.recv() {
-                    Ok(r) => r,
-                    Err(_) => break,
-                }
+                    .is_ok()
+                });
+                let Some(r) = reply else { break };
+                r
             }
             Err(e) => (
                 Response::Error {
@@ -318,38 +312,33 @@ fn serve_client(
                     Request::Hello { .. } | Request::QueryDevices | Request::ResShow
                 ) =>
                 {
-                    let (tx, rx) = bounded(1);
-                    if registry
-                        .send(RegMsg::Request {
-                            client,
-                            request,
-                            reply: tx,
-                        })
-                        .is_err()
-                    {
-                        break;
-                    }
-                    match rx.recv() {
-                        Ok(r) => (r, Vec::new()),
-                        Err(_) => break,
-                    }
+                    let reply = ask(|reply| {
+                        registry
+                            .send(RegMsg::Request {
+                                client,
+                                request,
+                                reply,
+                            })
+                            .is_ok()
+                    });
+                    let Some(r) = reply else { break };
+                    (r, Vec::new())
                 }
                 Some(dev) if dev < links.len() => {
                     let destroyed = match &request {
                         Request::DestroyQp { qpn } => Some(*qpn),
                         _ => None,
                     };
-                    let (tx, rx) = bounded(1);
-                    if !links[dev].send(DevMsg::Request {
-                        client,
-                        pid,
-                        request,
-                        fds,
-                        reply: tx,
-                    }) {
-                        break;
-                    }
-                    let Ok((r, out)) = rx.recv() else { break };
+                    let reply = ask(|reply| {
+                        links[dev].send(DevMsg::Request {
+                            client,
+                            pid,
+                            request,
+                            fds,
+                            reply,
+                        })
+                    });
+                    let Some((r, out)) = reply else { break };
                     match (&r, destroyed) {
                         (Response::Qp { qpn, .. }, _) => {
                             qpns.insert(*qpn, dev);
@@ -379,6 +368,16 @@ fn serve_client(
     let _ = registry.send(RegMsg::Disconnect { client });
 }
 
+/// Sends a request with a one-shot reply channel (`send` returns whether the message was
+/// taken) and waits for the answer; `None` when the other thread is gone.
+fn ask<R>(send: impl FnOnce(Sender<R>) -> bool) -> Option<R> {
+    let (reply, answer) = bounded(1);
+    if !send(reply) {
+        return None;
+    }
+    answer.recv().ok()
+}
+
 /// Runs the daemon until SIGINT or SIGTERM. `port` is the RoCE v2 UDP port (4791 but in
 /// tests).
 pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
@@ -394,7 +393,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     let mut devices = Vec::new();
     let mut links = Vec::new();
     let mut device_threads = Vec::new();
-    let (gsi_tx, gsi_rx) = unbounded();
+    let (gsi_tx, gsi_rx) = cm::gsi_queue();
     for (index, d) in config.devices.iter().enumerate() {
         let info = config::device_info(d)?;
         let (tx, rx) = unbounded();

@@ -175,6 +175,27 @@ fn disconnect(p: &mut Pair) {
     }
 }
 
+/// One connection's whole life between a new server program of the daemon at `server`
+/// (listening on `listen`) and a new client program of the daemon at `client` (connecting to
+/// `dst`): established, data both ways, disconnected. The pair is returned for later checks
+/// and to keep its programs alive.
+fn connect_use_and_disconnect(
+    server: &Path,
+    client: &Path,
+    listen: SocketAddr,
+    dst: SocketAddr,
+) -> Pair {
+    let mut p = establish(
+        Side::new(server, 1 << 16),
+        Side::new(client, 1 << 16),
+        listen,
+        dst,
+    );
+    transfer(&mut p);
+    disconnect(&mut p);
+    p
+}
+
 fn sock(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
@@ -195,11 +216,7 @@ fn refusals(server: &Path, client: &Path, listen: SocketAddr, free_port: SocketA
     let id = client.cm_id(&c_ch, cm_ps::TCP, qp_type::RC);
     client.cm_resolve(&c_ch, id, listen);
     let qpn = client.qpn;
-    client.cm_ok(Request::CmConnect {
-        id,
-        conn: conn_param(qpn, b"let me in"),
-        psn: None,
-    });
+    client.cm_connect(id, qpn, b"let me in");
     let req = expect_event(&s_ch, Ev::ConnectRequest);
     let child = req.child.unwrap().id;
     server.cm_ok(Request::CmReject {
@@ -214,11 +231,7 @@ fn refusals(server: &Path, client: &Path, listen: SocketAddr, free_port: SocketA
     // Nobody listens: the passive CM answers REJ 8 "invalid service ID" at once.
     let id = client.cm_id(&c_ch, cm_ps::TCP, qp_type::RC);
     client.cm_resolve(&c_ch, id, free_port);
-    client.cm_ok(Request::CmConnect {
-        id,
-        conn: conn_param(qpn, b""),
-        psn: None,
-    });
+    client.cm_connect(id, qpn, b"");
     let rej = expect_event(&c_ch, Ev::Rejected);
     assert_eq!((rej.id, rej.status), (id, 8), "{rej:?}");
     client.cm_ok(Request::CmDestroyId { id });
@@ -241,11 +254,7 @@ fn sidr(server: &mut Side, client: &mut Side, listen: SocketAddr, server_gid: [u
     assert_eq!(init.qkey, RDMA_UDP_QKEY);
     assert_ne!(mask & 64, 0, "INIT of a UD QP sets the Q_Key");
     let qpn = client.qpn;
-    client.cm_ok(Request::CmConnect {
-        id,
-        conn: conn_param(qpn, b"udp?"),
-        psn: None,
-    });
+    client.cm_connect(id, qpn, b"udp?");
     let req = expect_event(&s_ch, Ev::ConnectRequest);
     assert!(req.conn.private_data.starts_with(b"udp?"));
     assert!(req.ud.is_some());
@@ -344,15 +353,8 @@ fn two_daemons_connect_through_the_cm_on_the_wire() {
     let ds = daemon_when_free("cm-170", &["--addr", addr_s]);
     let dc = daemon_when_free("cm-171", &["--addr", addr_c]);
     let listen = sock("127.0.0.170:7471");
-    let mut p = establish(
-        Side::new(&ds.socket, 1 << 16),
-        Side::new(&dc.socket, 1 << 16),
-        listen,
-        listen,
-    );
+    let p = connect_use_and_disconnect(&ds.socket, &dc.socket, listen, listen);
     let (cq, sq) = (p.client.qpn, p.server.qpn);
-    transfer(&mut p);
-    disconnect(&mut p);
     let _ = p.listener;
     refusals_and_sidr(&ds.socket, &dc.socket, addr_s);
     client_death(&ds.socket, &dc.socket, sock("127.0.0.170:7475"));
@@ -400,36 +402,20 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
         ],
     );
     let listen = sock("127.0.0.172:7471");
-    let mut p = establish(
-        Side::new(&d.socket, 1 << 16),
-        Side::new(&d.socket, 1 << 16),
-        listen,
-        listen,
-    );
-    transfer(&mut p);
-    disconnect(&mut p);
+    let p = connect_use_and_disconnect(&d.socket, &d.socket, listen, listen);
     // Both programs exit and run again at once, while their connection is in timewait: the
     // new ones get other QPNs, so the REQ is not refused as a stale connection (REJ 10).
     drop(p);
-    let mut again = establish(
-        Side::new(&d.socket, 1 << 16),
-        Side::new(&d.socket, 1 << 16),
-        listen,
-        listen,
-    );
-    transfer(&mut again);
-    disconnect(&mut again);
+    let _again = connect_use_and_disconnect(&d.socket, &d.socket, listen, listen);
     refusals_and_sidr(&d.socket, &d.socket, addr);
 
     // Loopback other than the device's address is the device itself.
-    let mut q = establish(
-        Side::new(&d.socket, 1 << 16),
-        Side::new(&d.socket, 1 << 16),
+    let _q = connect_use_and_disconnect(
+        &d.socket,
+        &d.socket,
         sock("0.0.0.0:7480"),
         sock("127.0.0.1:7480"),
     );
-    transfer(&mut q);
-    disconnect(&mut q);
 
     // Nobody at 127.0.0.173: the REQ is retried, then UNREACHABLE (-ETIMEDOUT).
     let c = &mut Side::new(&d.socket, 1 << 12);
@@ -437,11 +423,7 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
     let id = c.cm_id(&ch, cm_ps::TCP, qp_type::RC);
     c.cm_resolve(&ch, id, sock("127.0.0.173:7471"));
     let qpn = c.qpn;
-    c.cm_ok(Request::CmConnect {
-        id,
-        conn: conn_param(qpn, b""),
-        psn: None,
-    });
+    c.cm_connect(id, qpn, b"");
     let e = expect_event(&ch, Ev::Unreachable);
     assert_eq!((e.id, e.status), (id, -110), "{e:?}");
 
@@ -452,12 +434,5 @@ fn one_daemon_talks_to_itself_and_finds_dead_addresses() {
 fn ipv6_loopback_connection() {
     let d = daemon_when_free("cm-v6", &["--addr", "::1"]);
     let listen = sock("[::1]:7471");
-    let mut p = establish(
-        Side::new(&d.socket, 1 << 16),
-        Side::new(&d.socket, 1 << 16),
-        listen,
-        listen,
-    );
-    transfer(&mut p);
-    disconnect(&mut p);
+    connect_use_and_disconnect(&d.socket, &d.socket, listen, listen);
 }

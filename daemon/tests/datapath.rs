@@ -476,3 +476,53 @@ fn the_qp_limit_holds_across_clients() {
     }
     drop(a0);
 }
+
+/// A send request that waited in the daemon for room in a full send queue and is then refused
+/// by the engine (here an atomic at an unaligned address) still completes, with an error, as
+/// it would have had it found room at once: a program waits for every signaled completion.
+#[test]
+fn a_refused_request_that_waited_for_room_still_completes() {
+    let addr = "127.0.0.65";
+    let d = start_daemon_with("waited", &["--addr", addr, "--port", "0"], &[]);
+    let mut a = Side::new(&d.socket, 4096);
+    // Nobody has this QPN: nothing is ever acknowledged, so the send queue stays full
+    // until the retries run out and the QP fails, which flushes it.
+    a.connect(0x00ff_fff0, ctl::gid_of(addr.parse().unwrap()));
+    let sge = a.sge(0, 8);
+    let depth = 32; // Side's max_send_wr
+    for i in 0..depth {
+        a.post_send(&send_wqe(i, WrOpcode::Send, &sge, 0, 0));
+    }
+    let mut bad = send_wqe(999, WrOpcode::AtomicCmpAndSwp, &sge, 0x1001, a.rkey);
+    bad.compare_add = 1;
+    let n = bad.encode(&mut a.slot).unwrap();
+    // The ring has as many slots as the send queue: wait until the daemon took the others.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match a.sq.ring.push(&a.slot[..n]) {
+            Ok(_) => break,
+            Err(proto::ring::RingError::Full) => {
+                assert!(Instant::now() < deadline, "the daemon never took the sends");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    a.ring_doorbell();
+    let completions: Vec<_> = (0..=depth).map(|_| a.poll()).collect();
+    let refused = completions
+        .iter()
+        .find(|c| c.wr_id == 999)
+        .expect("a completion for the refused atomic");
+    assert_eq!(
+        refused.status,
+        proto::transport::WcStatus::LocQpOpErr as u32
+    );
+    assert!(
+        completions
+            .iter()
+            .filter(|c| c.wr_id != 999)
+            .all(|c| c.status != proto::transport::WcStatus::Success as u32),
+        "the sends to nobody failed: {completions:?}"
+    );
+}

@@ -119,6 +119,16 @@ impl Side {
             .expect("the id's info")
     }
 
+    /// `rdma_connect` for the QP `qp_num` with `private_data`, from a random PSN (the REQ's
+    /// starting PSN is the daemon's choice, as the kernel's).
+    pub fn cm_connect(&mut self, id: u32, qp_num: u32, private_data: &[u8]) {
+        self.cm_ok(Request::CmConnect {
+            id,
+            conn: conn_param(qp_num, private_data),
+            psn: None,
+        });
+    }
+
     /// `rdma_init_qp_attr` for `state`.
     pub fn cm_qp_attr(&mut self, id: u32, state: u32) -> (QpAttr, u32) {
         let Response::CmQpAttr { attr, mask } = self.cm_ok(Request::CmInitQpAttr {
