@@ -556,6 +556,14 @@ pub unsafe extern "C" fn rpoll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -
     })
 }
 
+/// `select(2)`'s timeout as `poll(2)`'s milliseconds. Saturating: a caller may pass any
+/// `tv_sec` (LONG_MAX as "forever"), and an overflow panic here, outside any
+/// `catch_unwind`, would abort the host program.
+fn timeval_ms(t: &libc::timeval) -> c_int {
+    let ms = t.tv_sec.saturating_mul(1000).saturating_add(t.tv_usec / 1000);
+    ms.clamp(0, libc::time_t::from(c_int::MAX)) as c_int
+}
+
 /// `rselect`, through [`rpoll`].
 ///
 /// # Safety
@@ -596,8 +604,7 @@ pub unsafe extern "C" fn rselect(
         -1
     } else {
         // SAFETY: non-null caller's timeval.
-        let t = unsafe { &*timeout };
-        (t.tv_sec * 1000 + t.tv_usec / 1000).clamp(0, c_int::MAX as libc::time_t) as c_int
+        timeval_ms(unsafe { &*timeout })
     };
     // SAFETY: fds has fds.len() entries.
     let ret = unsafe { rpoll(fds.as_mut_ptr(), fds.len() as nfds_t, to) };
@@ -953,6 +960,47 @@ mod tests {
         assert_eq!(riomap(), -1);
         assert_eq!(errno(), libc::ENOSYS);
         assert_eq!(RSOCKET_NAMES.len(), 27);
+    }
+
+    #[test]
+    fn rselect_takes_any_timeout() {
+        let t = |tv_sec, tv_usec| libc::timeval { tv_sec, tv_usec };
+        assert_eq!(timeval_ms(&t(1, 500_000)), 1500);
+        assert_eq!(timeval_ms(&t(-5, 0)), 0);
+        assert_eq!(timeval_ms(&t(libc::time_t::MAX, 999_999)), c_int::MAX);
+        // Through the export: a ready descriptor, and a timeout that overflowed the
+        // millisecond product (a panic across `extern "C"`, aborting the process).
+        let mut p = [0 as c_int; 2];
+        // SAFETY: a two-int array.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        // SAFETY: writing one byte to our pipe.
+        assert_eq!(unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) }, 1);
+        // SAFETY: fd_set is plain bytes; FD_ZERO/FD_SET on our own set.
+        let mut readfds: libc::fd_set = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        unsafe {
+            libc::FD_ZERO(&mut readfds);
+            libc::FD_SET(p[0], &mut readfds);
+        }
+        let mut forever = t(libc::time_t::MAX, 0);
+        // SAFETY: valid sets and timeval.
+        let n = unsafe {
+            rselect(
+                p[0] + 1,
+                &mut readfds,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut forever,
+            )
+        };
+        assert_eq!(n, 1);
+        // SAFETY: our set.
+        assert!(unsafe { libc::FD_ISSET(p[0], &readfds) });
+        // SAFETY: our descriptors.
+        unsafe {
+            libc::close(p[0]);
+            libc::close(p[1]);
+        }
     }
 
     #[test]
