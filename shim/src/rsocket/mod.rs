@@ -248,16 +248,20 @@ fn send_from(socket: c_int, iov: &[&[u8]], flags: c_int) -> Result<usize, Errno>
     g.send(iov, flags)
 }
 
+/// The iovec list of `rwritev`/`rsendmsg` as slices. At most `UIO_MAXIOV` entries, as the
+/// kernel's `writev(2)` (EINVAL): a larger count from a caller is refused before anything is
+/// read or allocated for it (`Vec::with_capacity(INT_MAX)` would abort on allocation).
+///
 /// # Safety
 /// `iov` has `n` valid entries whose buffers are readable.
-unsafe fn iov_slices<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<&'a [u8]>, Errno> {
-    if n < 0 || (iov.is_null() && n > 0) {
+unsafe fn iov_slices<'a>(iov: *const libc::iovec, n: usize) -> Result<Vec<&'a [u8]>, Errno> {
+    if n > libc::UIO_MAXIOV as usize || (iov.is_null() && n > 0) {
         return Err(Errno::INVAL);
     }
-    let mut v = Vec::with_capacity(n as usize);
+    let mut v = Vec::with_capacity(n);
     // The total must fit an ssize_t as well (writev(2): EINVAL otherwise); `send` sums it.
     let mut total = 0usize;
-    for i in 0..n as usize {
+    for i in 0..n {
         // SAFETY: per the contract.
         let e = unsafe { &*iov.add(i) };
         if e.iov_len == 0 {
@@ -423,8 +427,9 @@ pub unsafe extern "C" fn rsendto(
 #[no_mangle]
 pub unsafe extern "C" fn rwritev(socket: c_int, iov: *const libc::iovec, iovcnt: c_int) -> ssize_t {
     count(|| {
+        let n = usize::try_from(iovcnt).map_err(|_| Errno::INVAL)?;
         // SAFETY: per the contract.
-        let v = unsafe { iov_slices(iov, iovcnt)? };
+        let v = unsafe { iov_slices(iov, n)? };
         send_from(socket, &v, 0)
     })
 }
@@ -446,8 +451,13 @@ pub unsafe extern "C" fn rsendmsg(
         if !m.msg_control.is_null() && m.msg_controllen > 0 {
             return Err(Errno(libc::ENOTSUP));
         }
+        // sendmsg(2): EMSGSIZE past UIO_MAXIOV entries (the count was cast to an int before,
+        // so 2^32 + 1 entries read as one).
+        if m.msg_iovlen > libc::UIO_MAXIOV as usize {
+            return Err(Errno(libc::EMSGSIZE));
+        }
         // SAFETY: the caller's iovec list.
-        let v = unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int)? };
+        let v = unsafe { iov_slices(m.msg_iov, m.msg_iovlen)? };
         send_from(socket, &v, flags)
     })
 }
@@ -949,6 +959,29 @@ mod tests {
         // SAFETY: the count is the point of the test; nothing is read.
         assert_eq!(unsafe { rpoll(fds.as_mut_ptr(), nfds_t::MAX, 0) }, -1);
         assert_eq!(errno(), libc::EINVAL);
+    }
+
+    #[test]
+    fn iovec_counts_past_uio_maxiov_are_refused_before_use() {
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let iov = vec![empty; libc::UIO_MAXIOV as usize + 1];
+        // SAFETY: the count matches the list; every entry is empty.
+        assert_eq!(unsafe { rwritev(123_456, iov.as_ptr(), iov.len() as c_int) }, -1);
+        assert_eq!(errno(), libc::EINVAL);
+        // SAFETY: as above.
+        assert_eq!(unsafe { rwritev(123_456, iov.as_ptr(), -1) }, -1);
+        assert_eq!(errno(), libc::EINVAL);
+        // SAFETY: msghdr is integers and pointers; all-zero is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_ptr().cast_mut();
+        // Truncated to an int this read as one entry; nothing may be read for it.
+        msg.msg_iovlen = (1usize << 32) + 1;
+        // SAFETY: the count is the point of the test; nothing is read.
+        assert_eq!(unsafe { rsendmsg(123_456, &msg, 0) }, -1);
+        assert_eq!(errno(), libc::EMSGSIZE);
     }
 
     #[test]
