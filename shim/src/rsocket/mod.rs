@@ -104,6 +104,26 @@ unsafe fn copy_addr(
     Ok(())
 }
 
+/// `bind(2)`/`connect(2)`'s check of the caller's address: non-NULL, and `addrlen` covers the
+/// whole struct of its family (EINVAL otherwise), since the address is read as that struct
+/// (28 bytes for AF_INET6), never beyond the `addrlen` bytes the caller vouched for.
+///
+/// # Safety
+/// `addr` is NULL or has `addrlen` readable bytes.
+unsafe fn check_addr(addr: *const sockaddr, addrlen: socklen_t) -> Result<(), Errno> {
+    let addr = ffi::non_null_const(addr)?;
+    let len = addrlen as usize;
+    if len < std::mem::size_of::<libc::sa_family_t>() {
+        return Err(Errno::INVAL);
+    }
+    // SAFETY: at least the family is readable (checked above).
+    let family = unsafe { std::ptr::addr_of!((*addr.as_ptr()).sa_family).read_unaligned() };
+    if len < sockaddr_len(family) {
+        return Err(Errno::INVAL);
+    }
+    Ok(())
+}
+
 /// `rsocket`.
 #[no_mangle]
 pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int {
@@ -127,9 +147,10 @@ pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int 
 /// # Safety
 /// `addr` has `addrlen` readable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn rbind(socket: c_int, addr: *const sockaddr, _addrlen: socklen_t) -> c_int {
+pub unsafe extern "C" fn rbind(socket: c_int, addr: *const sockaddr, addrlen: socklen_t) -> c_int {
     ffi::int_or_minus_one(|| {
-        ffi::non_null(addr as *mut sockaddr)?;
+        // SAFETY: per the contract.
+        unsafe { check_addr(addr, addrlen)? };
         let s = get(socket)?;
         lock(&s).bind(addr)?;
         Ok(0)
@@ -181,7 +202,8 @@ pub unsafe extern "C" fn rconnect(
     addrlen: socklen_t,
 ) -> c_int {
     ffi::int_or_minus_one(|| {
-        ffi::non_null(addr as *mut sockaddr)?;
+        // SAFETY: per the contract.
+        unsafe { check_addr(addr, addrlen)? };
         let s = get(socket)?;
         lock(&s).connect(addr, addrlen as usize)?;
         Ok(0)
@@ -982,6 +1004,29 @@ mod tests {
         // SAFETY: the count is the point of the test; nothing is read.
         assert_eq!(unsafe { rsendmsg(123_456, &msg, 0) }, -1);
         assert_eq!(errno(), libc::EMSGSIZE);
+    }
+
+    #[test]
+    fn addresses_shorter_than_their_family_are_einval() {
+        // SAFETY: plain bytes.
+        let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        let a = (&sin6 as *const libc::sockaddr_in6).cast::<sockaddr>();
+        let v4_len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+        // SAFETY: 28 readable bytes, of which the call is told 16 (or 1).
+        unsafe {
+            assert_eq!(rbind(123_456, a, v4_len), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(rconnect(123_456, a, v4_len), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(rbind(123_456, a, 1), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(rconnect(123_456, std::ptr::null(), 28), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            // A long enough address passes the check (the socket is then unknown).
+            assert_eq!(rbind(123_456, a, 28), -1);
+            assert_eq!(errno(), libc::EBADF);
+        }
     }
 
     #[test]
