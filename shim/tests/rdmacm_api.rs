@@ -290,6 +290,36 @@ fn null_and_foreign_pointers_fail_cleanly() {
 }
 
 #[test]
+fn create_qp_refuses_a_pd_that_is_not_a_live_one_of_ours() {
+    daemon();
+    let ch = rdma_create_event_channel();
+    let id = new_id(ch, RDMA_PS_TCP);
+    let mut sin: libc::sockaddr_in =
+        // SAFETY: plain bytes.
+        unsafe { std::mem::zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    // A pointer no PD was ever allocated at (a freed PD looks the same to the shim): it must
+    // be refused without being read.
+    let dangling = ptr::NonNull::<softroce::abi::IbvPd>::dangling().as_ptr();
+    // SAFETY: live id, a valid sockaddr_in; a zeroed init attr (integers and NULLs).
+    unsafe {
+        assert_eq!(
+            rdma_bind_addr(id, (&mut sin as *mut libc::sockaddr_in).cast()),
+            0
+        );
+        assert!(!(*id).verbs.is_null());
+        let mut attr: softroce::abi::IbvQpInitAttr = std::mem::zeroed();
+        attr.qp_type = softroce::abi::consts::IBV_QPT_RC;
+        assert_eq!(rdma_create_qp(id, dangling, &mut attr), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert!((*id).qp.is_null());
+        assert_eq!(rdma_destroy_id(id), 0);
+        rdma_destroy_event_channel(ch);
+    }
+}
+
+#[test]
 fn a_channel_the_daemon_closes_reports_device_removal_then_enodev() {
     daemon();
     let ch = rdma_create_event_channel();

@@ -253,7 +253,12 @@ pub fn create_qp_ex(id: &ShimCmId, attr: &mut IbvQpInitAttrEx) -> Result<(), Err
         attr.pd = state::default_pd(id.id.verbs)?;
         attr.comp_mask |= QP_INIT_ATTR_PD;
     }
-    // SAFETY: checked non-null; a PD of ours or refused by the verb below.
+    // The caller's PD is read only once known to be a live one of ours (a freed or foreign
+    // pointer was dereferenced here before the verb below could refuse it).
+    if !crate::runtime::PDS.contains(attr.pd) {
+        return Err(Errno::INVAL);
+    }
+    // SAFETY: registered, so a live IbvPd.
     if unsafe { (*attr.pd).context } != id.id.verbs {
         return Err(Errno::INVAL);
     }
