@@ -14,6 +14,7 @@ use std::time::Duration;
 use libc::{c_int, c_void};
 use proto::ctl::{CmConnParam, CmEventMsg, CmUdParam};
 use softroce::rdmacm::abi::*;
+use softroce::rdmacm::ep::rdma_get_request;
 use softroce::rdmacm::exports::*;
 
 fn daemon() -> &'static fake_daemon::FakeDaemon {
@@ -316,6 +317,24 @@ fn create_qp_refuses_a_pd_that_is_not_a_live_one_of_ours() {
         assert!((*id).qp.is_null());
         assert_eq!(rdma_destroy_id(id), 0);
         rdma_destroy_event_channel(ch);
+    }
+}
+
+#[test]
+fn an_event_status_without_a_positive_errno_is_eio_and_the_event_is_acknowledged() {
+    daemon();
+    // A synchronous id (NULL channel): rdma_get_request reads its private channel.
+    let listen = new_id(ptr::null_mut(), RDMA_PS_TCP);
+    let mut msg = event(handle_of(listen), RDMA_CM_EVENT_ADDR_ERROR);
+    msg.status = c_int::MIN;
+    daemon().send_event(&msg);
+    let mut child = ptr::null_mut();
+    // SAFETY: a live id and a writable out pointer.
+    unsafe {
+        assert_eq!(rdma_get_request(listen, &mut child), -1);
+        assert_eq!(errno(), libc::EIO);
+        // The failed request's event was acknowledged: destroy does not wait for it forever.
+        assert_eq!(rdma_destroy_id(listen), 0);
     }
 }
 
