@@ -25,6 +25,24 @@ fn rc(body: impl FnOnce() -> Result<(), Errno>) -> c_int {
     ffi::int_or_minus_one(|| body().map(|()| 0))
 }
 
+/// [`rc`] for the `rdma_create_{qp,srq}[_ex]` exports: the id checked against the registry
+/// and the caller's attribute struct against NULL, then `make`.
+///
+/// # Safety
+/// `attr` is NULL or the caller's valid, writable attributes.
+unsafe fn rc_with_attr<A>(
+    id: *mut RdmaCmId,
+    attr: *mut A,
+    make: impl FnOnce(&ShimCmId, &mut A) -> Result<(), Errno>,
+) -> c_int {
+    rc(|| {
+        let id = id_from_ptr(id)?;
+        let mut a = ffi::non_null(attr)?;
+        // SAFETY: non-null, the caller's attributes (per the contract).
+        make(id, unsafe { a.as_mut() })
+    })
+}
+
 // ---- event channels ----
 
 /// `rdma_create_event_channel`.
@@ -713,12 +731,8 @@ pub unsafe extern "C" fn rdma_create_qp(
     pd: *mut IbvPd,
     qp_init_attr: *mut IbvQpInitAttr,
 ) -> c_int {
-    rc(|| {
-        let id = id_from_ptr(id)?;
-        let mut a = ffi::non_null(qp_init_attr)?;
-        // SAFETY: non-null, the caller's attributes.
-        qp::create_qp(id, pd, unsafe { a.as_mut() })
-    })
+    // SAFETY: the export's own contract on `attr`.
+    unsafe { rc_with_attr(id, qp_init_attr, |id, a| qp::create_qp(id, pd, a)) }
 }
 
 /// `rdma_create_qp_ex`.
@@ -730,12 +744,8 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     id: *mut RdmaCmId,
     qp_init_attr: *mut IbvQpInitAttrEx,
 ) -> c_int {
-    rc(|| {
-        let id = id_from_ptr(id)?;
-        let mut a = ffi::non_null(qp_init_attr)?;
-        // SAFETY: non-null, the caller's attributes.
-        qp::create_qp_ex(id, unsafe { a.as_mut() })
-    })
+    // SAFETY: the export's own contract on `attr`.
+    unsafe { rc_with_attr(id, qp_init_attr, qp::create_qp_ex) }
 }
 
 /// `rdma_destroy_qp`.
@@ -760,12 +770,8 @@ pub unsafe extern "C" fn rdma_create_srq(
     pd: *mut IbvPd,
     attr: *mut IbvSrqInitAttr,
 ) -> c_int {
-    rc(|| {
-        let id = id_from_ptr(id)?;
-        let mut a = ffi::non_null(attr)?;
-        // SAFETY: non-null, the caller's attributes.
-        qp::create_srq(id, pd, unsafe { a.as_mut() })
-    })
+    // SAFETY: the export's own contract on `attr`.
+    unsafe { rc_with_attr(id, attr, |id, a| qp::create_srq(id, pd, a)) }
 }
 
 /// `rdma_create_srq_ex`.
@@ -777,12 +783,8 @@ pub unsafe extern "C" fn rdma_create_srq_ex(
     id: *mut RdmaCmId,
     attr: *mut IbvSrqInitAttrEx,
 ) -> c_int {
-    rc(|| {
-        let id = id_from_ptr(id)?;
-        let mut a = ffi::non_null(attr)?;
-        // SAFETY: non-null, the caller's attributes.
-        qp::create_srq_ex(id, unsafe { a.as_mut() })
-    })
+    // SAFETY: the export's own contract on `attr`.
+    unsafe { rc_with_attr(id, attr, qp::create_srq_ex) }
 }
 
 /// `rdma_destroy_srq`.
