@@ -79,6 +79,17 @@ impl Finished {
     pub fn ok(&self) -> bool {
         self.status.success()
     }
+
+    /// Fails the test unless the program succeeded, with its output and `daemon`'s log.
+    pub fn assert_ok(&self, what: &str, daemon: &Daemon) {
+        assert!(
+            self.ok(),
+            "{what} failed ({}):\n{}\n--- daemon\n{}",
+            self.status,
+            self.output,
+            daemon.log()
+        );
+    }
 }
 
 /// A started program of a pair.
