@@ -10,44 +10,10 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use shim_support::{check_output, compile_c, require_program, shim_libs, workspace_root};
+use shim_support::symbols::{defined_symbols, export_list, readelf};
+use shim_support::{compile_c, shim_libs};
 
 const VERSION_NODES: &[&str] = &["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"];
-
-fn librdmacm_names() -> BTreeSet<String> {
-    std::fs::read_to_string(workspace_root().join("shim/librdmacm-exports.txt"))
-        .expect("read shim/librdmacm-exports.txt")
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect()
-}
-
-fn defined_symbols(lib: &Path) -> Vec<(String, String)> {
-    let out = Command::new(require_program("nm"))
-        .args(["-D", "--defined-only", "--with-symbol-versions"])
-        .arg(lib)
-        .output()
-        .expect("run nm");
-    check_output("nm -D", out)
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(2))
-        .map(|sym| match sym.find('@') {
-            Some(i) => (sym[..i].to_owned(), sym[i..].to_owned()),
-            None => (sym.to_owned(), String::new()),
-        })
-        .collect()
-}
-
-fn readelf(args: &[&str], lib: &Path) -> String {
-    let out = Command::new(require_program("readelf"))
-        .args(args)
-        .arg(lib)
-        .output()
-        .expect("run readelf");
-    check_output("readelf", out)
-}
 
 #[test]
 fn export_list_matches_installed_librdmacm() {
@@ -61,7 +27,7 @@ fn export_list_matches_installed_librdmacm() {
         .map(|(n, _)| n)
         .filter(|n| !n.starts_with("RDMACM_"))
         .collect();
-    let names = librdmacm_names();
+    let names = export_list("shim/librdmacm-exports.txt");
     assert_eq!(installed, names);
     assert_eq!(names.iter().filter(|n| n.starts_with("rdma_")).count(), 41);
 }
@@ -70,7 +36,7 @@ fn export_list_matches_installed_librdmacm() {
 fn preload_library_exports_every_librdmacm_name_unversioned() {
     let syms = defined_symbols(&shim_libs().preload);
     let mut missing = Vec::new();
-    for name in librdmacm_names() {
+    for name in export_list("shim/librdmacm-exports.txt") {
         match syms.iter().find(|(n, _)| *n == name) {
             None => missing.push(name),
             Some((_, v)) => assert!(v.is_empty(), "{name} is exported versioned ({v})"),
@@ -100,7 +66,7 @@ fn replacement_librdmacm_defines_version_nodes_and_soname() {
         );
     }
     let syms = defined_symbols(&lib);
-    for name in librdmacm_names() {
+    for name in export_list("shim/librdmacm-exports.txt") {
         let found = syms.iter().find(|(n, _)| *n == name);
         assert!(
             found.is_some(),
