@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use shim_support::shim_libs;
-use shim_support::symbols::{defined_symbols, export_list, readelf};
+use shim_support::symbols::{assert_replacement_library, defined_symbols, export_list, readelf};
 
 const VERSION_NODES: &[&str] = &[
     "IBVERBS_1.0",
@@ -73,30 +73,10 @@ fn export_list_matches_installed_libibverbs() {
 #[test]
 fn replacement_library_defines_version_nodes_and_soname() {
     let lib = shim_libs().replacement_dir.join("libibverbs.so.1");
-    let dynamic = readelf(&["-d"], &lib);
-    assert!(
-        dynamic.contains("Library soname: [libibverbs.so.1]"),
-        "{dynamic}"
+    assert_replacement_library(
+        &lib,
+        "libibverbs.so.1",
+        VERSION_NODES,
+        "shim/libibverbs-exports.txt",
     );
-    let versions = readelf(&["-V", "--wide"], &lib);
-    for node in VERSION_NODES {
-        assert!(
-            versions.contains(&format!("Name: {node}\n"))
-                || versions.contains(&format!("Name: {node} ")),
-            "version node {node} not defined:\n{versions}"
-        );
-    }
-    let syms = defined_symbols(&lib);
-    for name in export_list("shim/libibverbs-exports.txt") {
-        let found = syms.iter().find(|(n, _)| *n == name);
-        assert!(
-            found.is_some(),
-            "{name} missing from the replacement libibverbs.so.1"
-        );
-        let (_, version) = found.unwrap();
-        assert!(
-            version.is_empty() || version == "@@libibverbs.so.1",
-            "{name} is versioned {version} in the replacement"
-        );
-    }
 }

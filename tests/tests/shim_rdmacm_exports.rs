@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use shim_support::symbols::{defined_symbols, export_list, readelf};
+use shim_support::symbols::{assert_replacement_library, defined_symbols, export_list};
 use shim_support::{compile_c, shim_libs};
 
 const VERSION_NODES: &[&str] = &["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"];
@@ -52,32 +52,12 @@ fn preload_library_exports_every_librdmacm_name_unversioned() {
 fn replacement_librdmacm_defines_version_nodes_and_soname() {
     let lib = shim_libs().replacement_dir.join("librdmacm.so.1");
     assert!(lib.is_file(), "{} was not built", lib.display());
-    let dynamic = readelf(&["-d"], &lib);
-    assert!(
-        dynamic.contains("Library soname: [librdmacm.so.1]"),
-        "{dynamic}"
+    assert_replacement_library(
+        &lib,
+        "librdmacm.so.1",
+        VERSION_NODES,
+        "shim/librdmacm-exports.txt",
     );
-    let versions = readelf(&["-V", "--wide"], &lib);
-    for node in VERSION_NODES {
-        assert!(
-            versions.contains(&format!("Name: {node}\n"))
-                || versions.contains(&format!("Name: {node} ")),
-            "version node {node} not defined:\n{versions}"
-        );
-    }
-    let syms = defined_symbols(&lib);
-    for name in export_list("shim/librdmacm-exports.txt") {
-        let found = syms.iter().find(|(n, _)| *n == name);
-        assert!(
-            found.is_some(),
-            "{name} missing from the replacement librdmacm.so.1"
-        );
-        let (_, version) = found.unwrap();
-        assert!(
-            version.is_empty() || version == "@@librdmacm.so.1",
-            "{name} is versioned {version} in the replacement"
-        );
-    }
 }
 
 /// A C program linked against the real librdmacm (so every reference is `@RDMACM_1.x`) runs

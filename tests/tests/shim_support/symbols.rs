@@ -45,3 +45,34 @@ pub fn readelf(args: &[&str], lib: &Path) -> String {
         .expect("run readelf");
     check_output("readelf", out)
 }
+
+/// A replacement library (`replacement/<soname>`) names itself `soname`, defines every node of
+/// `version_nodes`, and exports every name of the list `exports` unversioned (or at the
+/// SONAME's base version, which `--version-script` adds), so it wins every `name@NODE`.
+pub fn assert_replacement_library(lib: &Path, soname: &str, version_nodes: &[&str], exports: &str) {
+    let dynamic = readelf(&["-d"], lib);
+    assert!(
+        dynamic.contains(&format!("Library soname: [{soname}]")),
+        "{dynamic}"
+    );
+    let versions = readelf(&["-V", "--wide"], lib);
+    for node in version_nodes {
+        assert!(
+            versions.contains(&format!("Name: {node}\n"))
+                || versions.contains(&format!("Name: {node} ")),
+            "version node {node} not defined:\n{versions}"
+        );
+    }
+    let syms = defined_symbols(lib);
+    let base = format!("@@{soname}");
+    for name in export_list(exports) {
+        let found = syms.iter().find(|(n, _)| *n == name);
+        let Some((_, version)) = found else {
+            panic!("{name} missing from the replacement {soname}");
+        };
+        assert!(
+            version.is_empty() || *version == base,
+            "{name} is versioned {version} in the replacement"
+        );
+    }
+}
