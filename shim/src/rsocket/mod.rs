@@ -592,7 +592,10 @@ pub unsafe extern "C" fn rpoll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -
 /// `tv_sec` (LONG_MAX as "forever"), and an overflow panic here, outside any
 /// `catch_unwind`, would abort the host program.
 fn timeval_ms(t: &libc::timeval) -> c_int {
-    let ms = t.tv_sec.saturating_mul(1000).saturating_add(t.tv_usec / 1000);
+    let ms = t
+        .tv_sec
+        .saturating_mul(1000)
+        .saturating_add(t.tv_usec / 1000);
     ms.clamp(0, libc::time_t::from(c_int::MAX)) as c_int
 }
 
@@ -991,7 +994,10 @@ mod tests {
         };
         let iov = vec![empty; libc::UIO_MAXIOV as usize + 1];
         // SAFETY: the count matches the list; every entry is empty.
-        assert_eq!(unsafe { rwritev(123_456, iov.as_ptr(), iov.len() as c_int) }, -1);
+        assert_eq!(
+            unsafe { rwritev(123_456, iov.as_ptr(), iov.len() as c_int) },
+            -1
+        );
         assert_eq!(errno(), libc::EINVAL);
         // SAFETY: as above.
         assert_eq!(unsafe { rwritev(123_456, iov.as_ptr(), -1) }, -1);
