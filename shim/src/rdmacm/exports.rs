@@ -330,6 +330,17 @@ fn device_rd_limits(id: &ShimCmId) -> (u8, u8) {
     }
 }
 
+/// librdmacm's choice of an initiator depth or responder resources (`rdma_connect`,
+/// `rdma_accept`): the caller's `value`, unless it passed no `rdma_conn_param` (`given`
+/// false) or the `RDMA_MAX_*` marker asking for the most available; then `fallback`.
+fn rd_choice(given: bool, value: u8, max_marker: u8, fallback: u8) -> u8 {
+    if given && value != max_marker {
+        value
+    } else {
+        fallback
+    }
+}
+
 /// The caller's `rdma_conn_param` (NULL allowed) as the protocol carries it, with the
 /// QP's number when the id has one (`ucma_copy_conn_param_to_kern`).
 fn read_conn_param(id: &ShimCmId, param: *const RdmaConnParam) -> Result<CmConnParam, Errno> {
@@ -382,19 +393,11 @@ pub unsafe extern "C" fn rdma_connect(id: *mut RdmaCmId, conn_param: *mut RdmaCo
         let mut c = read_conn_param(id, conn_param)?;
         let (max_init, max_resp) = device_rd_limits(id);
         {
+            let given = !conn_param.is_null();
             let mut st = id.state();
-            st.initiator_depth = if conn_param.is_null() || c.initiator_depth == RDMA_MAX_INIT_DEPTH
-            {
-                max_init
-            } else {
-                c.initiator_depth
-            };
+            st.initiator_depth = rd_choice(given, c.initiator_depth, RDMA_MAX_INIT_DEPTH, max_init);
             st.responder_resources =
-                if conn_param.is_null() || c.responder_resources == RDMA_MAX_RESP_RES {
-                    max_resp
-                } else {
-                    c.responder_resources
-                };
+                rd_choice(given, c.responder_resources, RDMA_MAX_RESP_RES, max_resp);
             if c.responder_resources != RDMA_MAX_RESP_RES && c.responder_resources > max_resp {
                 return Err(Errno::INVAL);
             }
@@ -423,19 +426,21 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, conn_param: *mut RdmaCon
         let mut c = read_conn_param(id, conn_param)?;
         let (max_init, max_resp) = device_rd_limits(id);
         let (ird, ord) = {
+            let given = !conn_param.is_null();
             let mut st = id.state();
-            st.initiator_depth = if conn_param.is_null() || c.initiator_depth == RDMA_MAX_INIT_DEPTH
-            {
-                st.initiator_depth.min(max_init)
-            } else {
-                c.initiator_depth
-            };
-            st.responder_resources =
-                if conn_param.is_null() || c.responder_resources == RDMA_MAX_RESP_RES {
-                    st.responder_resources.min(max_resp)
-                } else {
-                    c.responder_resources
-                };
+            // The passive side's fallback is what the request offered, capped by the device.
+            st.initiator_depth = rd_choice(
+                given,
+                c.initiator_depth,
+                RDMA_MAX_INIT_DEPTH,
+                st.initiator_depth.min(max_init),
+            );
+            st.responder_resources = rd_choice(
+                given,
+                c.responder_resources,
+                RDMA_MAX_RESP_RES,
+                st.responder_resources.min(max_resp),
+            );
             (st.responder_resources, st.initiator_depth)
         };
         c.initiator_depth = ord;
@@ -981,4 +986,20 @@ pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut RdmaCmId, ece: *mut IbvEce
         unsafe { e.as_ptr().write(IbvEce::default()) };
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rd_choice_takes_the_callers_value_unless_absent_or_the_max_marker() {
+        assert_eq!(rd_choice(true, 4, RDMA_MAX_INIT_DEPTH, 128), 4);
+        assert_eq!(rd_choice(true, 0, RDMA_MAX_INIT_DEPTH, 128), 0);
+        assert_eq!(
+            rd_choice(true, RDMA_MAX_INIT_DEPTH, RDMA_MAX_INIT_DEPTH, 128),
+            128
+        );
+        assert_eq!(rd_choice(false, 4, RDMA_MAX_RESP_RES, 16), 16);
+    }
 }
