@@ -20,6 +20,7 @@ use libc::{c_int, c_long, c_void, nfds_t, pollfd, sockaddr, socklen_t, ssize_t};
 use crate::ffi::{self, Errno};
 use crate::rdmacm::abi::{RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR};
 use crate::rdmacm::exports;
+use crate::rdmacm::sockaddr as sa;
 use stream::{st, Stream};
 
 /// `SOL_RDMA` and its options (`<rdma/rsocket.h>`).
@@ -70,14 +71,6 @@ fn count(body: impl FnOnce() -> Result<usize, Errno>) -> ssize_t {
     }
 }
 
-fn sockaddr_len(family: libc::sa_family_t) -> usize {
-    if c_int::from(family) == libc::AF_INET6 {
-        std::mem::size_of::<libc::sockaddr_in6>()
-    } else {
-        std::mem::size_of::<libc::sockaddr_in>()
-    }
-}
-
 /// `rs_copy_addr`: the address, truncated to `*len`; `*len` set to its full length.
 ///
 /// # Safety
@@ -90,7 +83,7 @@ unsafe fn copy_addr(
     if addr.is_null() || len.is_null() {
         return Err(Errno(libc::EFAULT));
     }
-    let full = sockaddr_len(src.ss_family);
+    let full = sa::family_len(src.ss_family);
     // SAFETY: per the contract.
     unsafe {
         let n = (*len as usize).min(full);
@@ -100,26 +93,6 @@ unsafe fn copy_addr(
             n,
         );
         *len = full as socklen_t;
-    }
-    Ok(())
-}
-
-/// `bind(2)`/`connect(2)`'s check of the caller's address: non-NULL, and `addrlen` covers the
-/// whole struct of its family (EINVAL otherwise), since the address is read as that struct
-/// (28 bytes for AF_INET6), never beyond the `addrlen` bytes the caller vouched for.
-///
-/// # Safety
-/// `addr` is NULL or has `addrlen` readable bytes.
-unsafe fn check_addr(addr: *const sockaddr, addrlen: socklen_t) -> Result<(), Errno> {
-    let addr = ffi::non_null_const(addr)?;
-    let len = addrlen as usize;
-    if len < std::mem::size_of::<libc::sa_family_t>() {
-        return Err(Errno::INVAL);
-    }
-    // SAFETY: at least the family is readable (checked above).
-    let family = unsafe { std::ptr::addr_of!((*addr.as_ptr()).sa_family).read_unaligned() };
-    if len < sockaddr_len(family) {
-        return Err(Errno::INVAL);
     }
     Ok(())
 }
@@ -150,7 +123,7 @@ pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int 
 pub unsafe extern "C" fn rbind(socket: c_int, addr: *const sockaddr, addrlen: socklen_t) -> c_int {
     ffi::int_or_minus_one(|| {
         // SAFETY: per the contract.
-        unsafe { check_addr(addr, addrlen)? };
+        unsafe { sa::check_len(addr, addrlen)? };
         let s = get(socket)?;
         lock(&s).bind(addr)?;
         Ok(0)
@@ -203,7 +176,7 @@ pub unsafe extern "C" fn rconnect(
 ) -> c_int {
     ffi::int_or_minus_one(|| {
         // SAFETY: per the contract.
-        unsafe { check_addr(addr, addrlen)? };
+        unsafe { sa::check_len(addr, addrlen)? };
         let s = get(socket)?;
         lock(&s).connect(addr, addrlen as usize)?;
         Ok(0)
