@@ -47,6 +47,16 @@ fn new_id(ch: *mut RdmaEventChannel, ps: c_int) -> *mut RdmaCmId {
     id
 }
 
+/// 127.0.0.1:`port` (0: any port) as a C caller passes it to `rdma_bind_addr`.
+fn localhost(port: u16) -> libc::sockaddr_in {
+    // SAFETY: plain bytes; all-zero is a valid sockaddr_in.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_port = port.to_be();
+    sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    sin
+}
+
 fn event(id: u32, event: u32) -> CmEventMsg {
     CmEventMsg {
         id,
@@ -114,12 +124,7 @@ fn connect_request_makes_a_child_with_the_shared_context_and_private_data() {
     daemon();
     let ch = rdma_create_event_channel();
     let listen = new_id(ch, RDMA_PS_TCP);
-    let mut sin: libc::sockaddr_in =
-        // SAFETY: plain bytes.
-        unsafe { std::mem::zeroed() };
-    sin.sin_family = libc::AF_INET as libc::sa_family_t;
-    sin.sin_port = 7471u16.to_be();
-    sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    let mut sin = localhost(7471);
     // SAFETY: live id, a valid sockaddr_in.
     unsafe {
         assert_eq!(
@@ -295,11 +300,7 @@ fn create_qp_refuses_a_pd_that_is_not_a_live_one_of_ours() {
     daemon();
     let ch = rdma_create_event_channel();
     let id = new_id(ch, RDMA_PS_TCP);
-    let mut sin: libc::sockaddr_in =
-        // SAFETY: plain bytes.
-        unsafe { std::mem::zeroed() };
-    sin.sin_family = libc::AF_INET as libc::sa_family_t;
-    sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    let mut sin = localhost(0);
     // A pointer no PD was ever allocated at (a freed PD looks the same to the shim): it must
     // be refused without being read.
     let dangling = ptr::NonNull::<softroce::abi::IbvPd>::dangling().as_ptr();
@@ -344,11 +345,7 @@ fn a_channel_the_daemon_closes_reports_device_removal_then_enodev() {
     let ch = rdma_create_event_channel();
     let on_device = new_id(ch, RDMA_PS_TCP);
     let unbound = new_id(ch, RDMA_PS_TCP);
-    let mut sin: libc::sockaddr_in =
-        // SAFETY: plain bytes.
-        unsafe { std::mem::zeroed() };
-    sin.sin_family = libc::AF_INET as libc::sa_family_t;
-    sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    let mut sin = localhost(0);
     // SAFETY: live id, a valid sockaddr_in.
     assert_eq!(
         unsafe { rdma_bind_addr(on_device, (&mut sin as *mut libc::sockaddr_in).cast()) },
