@@ -30,21 +30,21 @@ mkdir -p "$out/replacement"
 cp "$out/build-preload/$profile/libsoftroce.so" "$out/libsoftroce.so.tmp.$$"
 mv "$out/libsoftroce.so.tmp.$$" "$out/libsoftroce.so"
 
-"$cargo" rustc -q -p softroce-shim --lib --crate-type cdylib "${cargo_profile[@]}" \
-    --manifest-path "$root/Cargo.toml" --target-dir "$out/build-replacement" -- \
-    -C "link-arg=-Wl,--version-script=$root/shim/libibverbs.map" \
-    -C "link-arg=-Wl,-soname,libibverbs.so.1"
-cp "$out/build-replacement/$profile/libsoftroce.so" "$out/replacement/libibverbs.so.1.tmp.$$"
-mv "$out/replacement/libibverbs.so.1.tmp.$$" "$out/replacement/libibverbs.so.1"
+# A replacement library: the same code again, SONAME `$1`, version nodes from the map `$2`,
+# built in its own target dir `$3` (sharing one would make cargo rebuild the crate on every
+# run, as the link arguments alternate).
+build_replacement() {
+    local soname="$1" map="$2" target_dir="$out/$3"
+    "$cargo" rustc -q -p softroce-shim --lib --crate-type cdylib "${cargo_profile[@]}" \
+        --manifest-path "$root/Cargo.toml" --target-dir "$target_dir" -- \
+        -C "link-arg=-Wl,--version-script=$map" \
+        -C "link-arg=-Wl,-soname,$soname"
+    cp "$target_dir/$profile/libsoftroce.so" "$out/replacement/$soname.tmp.$$"
+    mv "$out/replacement/$soname.tmp.$$" "$out/replacement/$soname"
+}
 
-# librdmacm: the same code again, in its own target dir (sharing one would make cargo rebuild
-# the crate on every run, as the link arguments alternate).
-"$cargo" rustc -q -p softroce-shim --lib --crate-type cdylib "${cargo_profile[@]}" \
-    --manifest-path "$root/Cargo.toml" --target-dir "$out/build-replacement-rdmacm" -- \
-    -C "link-arg=-Wl,--version-script=$root/shim/librdmacm.map" \
-    -C "link-arg=-Wl,-soname,librdmacm.so.1"
-cp "$out/build-replacement-rdmacm/$profile/libsoftroce.so" "$out/replacement/librdmacm.so.1.tmp.$$"
-mv "$out/replacement/librdmacm.so.1.tmp.$$" "$out/replacement/librdmacm.so.1"
+build_replacement libibverbs.so.1 "$root/shim/libibverbs.map" build-replacement
+build_replacement librdmacm.so.1 "$root/shim/librdmacm.map" build-replacement-rdmacm
 
 echo "$out/libsoftroce.so"
 echo "$out/replacement/libibverbs.so.1"

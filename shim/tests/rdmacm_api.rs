@@ -14,6 +14,7 @@ use std::time::Duration;
 use libc::{c_int, c_void};
 use proto::ctl::{CmConnParam, CmEventMsg, CmUdParam};
 use softroce::rdmacm::abi::*;
+use softroce::rdmacm::ep::rdma_get_request;
 use softroce::rdmacm::exports::*;
 
 fn daemon() -> &'static fake_daemon::FakeDaemon {
@@ -44,6 +45,16 @@ fn new_id(ch: *mut RdmaEventChannel, ps: c_int) -> *mut RdmaCmId {
         0
     );
     id
+}
+
+/// 127.0.0.1:`port` (0: any port) as a C caller passes it to `rdma_bind_addr`.
+fn localhost(port: u16) -> libc::sockaddr_in {
+    // SAFETY: plain bytes; all-zero is a valid sockaddr_in.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_port = port.to_be();
+    sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    sin
 }
 
 fn event(id: u32, event: u32) -> CmEventMsg {
@@ -113,12 +124,7 @@ fn connect_request_makes_a_child_with_the_shared_context_and_private_data() {
     daemon();
     let ch = rdma_create_event_channel();
     let listen = new_id(ch, RDMA_PS_TCP);
-    let mut sin: libc::sockaddr_in =
-        // SAFETY: plain bytes.
-        unsafe { std::mem::zeroed() };
-    sin.sin_family = libc::AF_INET as libc::sa_family_t;
-    sin.sin_port = 7471u16.to_be();
-    sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    let mut sin = localhost(7471);
     // SAFETY: live id, a valid sockaddr_in.
     unsafe {
         assert_eq!(
@@ -290,16 +296,56 @@ fn null_and_foreign_pointers_fail_cleanly() {
 }
 
 #[test]
+fn create_qp_refuses_a_pd_that_is_not_a_live_one_of_ours() {
+    daemon();
+    let ch = rdma_create_event_channel();
+    let id = new_id(ch, RDMA_PS_TCP);
+    let mut sin = localhost(0);
+    // A pointer no PD was ever allocated at (a freed PD looks the same to the shim): it must
+    // be refused without being read.
+    let dangling = ptr::NonNull::<softroce::abi::IbvPd>::dangling().as_ptr();
+    // SAFETY: live id, a valid sockaddr_in; a zeroed init attr (integers and NULLs).
+    unsafe {
+        assert_eq!(
+            rdma_bind_addr(id, (&mut sin as *mut libc::sockaddr_in).cast()),
+            0
+        );
+        assert!(!(*id).verbs.is_null());
+        let mut attr: softroce::abi::IbvQpInitAttr = std::mem::zeroed();
+        attr.qp_type = softroce::abi::consts::IBV_QPT_RC;
+        assert_eq!(rdma_create_qp(id, dangling, &mut attr), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert!((*id).qp.is_null());
+        assert_eq!(rdma_destroy_id(id), 0);
+        rdma_destroy_event_channel(ch);
+    }
+}
+
+#[test]
+fn an_event_status_without_a_positive_errno_is_eio_and_the_event_is_acknowledged() {
+    daemon();
+    // A synchronous id (NULL channel): rdma_get_request reads its private channel.
+    let listen = new_id(ptr::null_mut(), RDMA_PS_TCP);
+    let mut msg = event(handle_of(listen), RDMA_CM_EVENT_ADDR_ERROR);
+    msg.status = c_int::MIN;
+    daemon().send_event(&msg);
+    let mut child = ptr::null_mut();
+    // SAFETY: a live id and a writable out pointer.
+    unsafe {
+        assert_eq!(rdma_get_request(listen, &mut child), -1);
+        assert_eq!(errno(), libc::EIO);
+        // The failed request's event was acknowledged: destroy does not wait for it forever.
+        assert_eq!(rdma_destroy_id(listen), 0);
+    }
+}
+
+#[test]
 fn a_channel_the_daemon_closes_reports_device_removal_then_enodev() {
     daemon();
     let ch = rdma_create_event_channel();
     let on_device = new_id(ch, RDMA_PS_TCP);
     let unbound = new_id(ch, RDMA_PS_TCP);
-    let mut sin: libc::sockaddr_in =
-        // SAFETY: plain bytes.
-        unsafe { std::mem::zeroed() };
-    sin.sin_family = libc::AF_INET as libc::sa_family_t;
-    sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+    let mut sin = localhost(0);
     // SAFETY: live id, a valid sockaddr_in.
     assert_eq!(
         unsafe { rdma_bind_addr(on_device, (&mut sin as *mut libc::sockaddr_in).cast()) },

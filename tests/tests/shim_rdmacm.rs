@@ -21,16 +21,6 @@ const REFUSED: &[&str] = &[
     "Unexpected CM event",
 ];
 
-fn assert_ok(what: &str, f: &Finished, daemon: &Daemon) {
-    assert!(
-        f.ok(),
-        "{what} failed ({}):\n{}\n--- daemon\n{}",
-        f.status,
-        f.output,
-        daemon.log()
-    );
-}
-
 /// rping's 100 pings: both sides print every ping's data, byte for byte what rping writes.
 fn check_rping(server: &Finished, client: &Finished) {
     let expected: Vec<String> = (0..100).map(rping_expected).collect();
@@ -45,7 +35,7 @@ fn rping_pair(test: &str, sd: &Daemon, cd: &Daemon, addr: &str) {
         (cd, "rping", &["-c", "-a", addr, "-C", "100", "-v"]),
         REFUSED,
     );
-    assert_ok("rping -c", &c, cd);
+    c.assert_ok("rping -c", cd);
     // The server ends when the client disconnects; rping reports that as a failed wait for
     // the next advertisement (its exit status is not meaningful), so its data is checked.
     check_rping(&s, &c);
@@ -127,8 +117,8 @@ fn ucmatose_ten_connections() {
         ),
         REFUSED,
     );
-    assert_ok("ucmatose server", &s, &d);
-    assert_ok("ucmatose client", &c, &d);
+    s.assert_ok("ucmatose server", &d);
+    c.assert_ok("ucmatose client", &d);
     for f in [&s, &c] {
         assert!(f.output.contains("data transfers complete"), "{}", f.output);
         assert!(f.output.contains("return status 0"), "{}", f.output);
@@ -144,8 +134,8 @@ fn udaddy_ud_exchange() {
         (&d, "udaddy", &["-s", "127.0.0.185"]),
         REFUSED,
     );
-    assert_ok("udaddy server", &s, &d);
-    assert_ok("udaddy client", &c, &d);
+    s.assert_ok("udaddy server", &d);
+    c.assert_ok("udaddy client", &d);
     for f in [&s, &c] {
         assert!(f.output.contains("data transfers complete"), "{}", f.output);
         assert!(f.output.contains("return status 0"), "{}", f.output);
@@ -161,8 +151,8 @@ fn rdma_server_and_rdma_client() {
         (&d, "rdma_client", &["-s", "127.0.0.186", "-p", "7471"]),
         REFUSED,
     );
-    assert_ok("rdma_server", &s, &d);
-    assert_ok("rdma_client", &c, &d);
+    s.assert_ok("rdma_server", &d);
+    c.assert_ok("rdma_client", &d);
     assert!(s.output.contains("rdma_server: end 0"), "{}", s.output);
     assert!(c.output.contains("rdma_client: end 0"), "{}", c.output);
 }
@@ -199,7 +189,7 @@ fn rping_with_the_replacement_librdmacm() {
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
     let server = server.finish(since);
-    assert_ok("rping -c (replacement)", &client, &d);
+    client.assert_ok("rping -c (replacement)", &d);
     let expected: Vec<String> = (0..10).map(rping_expected).collect();
     assert_eq!(rping_data(&client.output), expected);
     assert_eq!(rping_data(&server.output), expected);
@@ -219,8 +209,8 @@ fn mckey_ud_multicast() {
     let sender_args: Vec<&str> = group.into_iter().chain(["-s"]).collect();
     let sender = start(&d, "mckey", "sender", "mckey", &sender_args).finish(since);
     let receiver = receiver.finish(since);
-    assert_ok("mckey sender", &sender, &d);
-    assert_ok("mckey receiver", &receiver, &d);
+    sender.assert_ok("mckey sender", &d);
+    receiver.assert_ok("mckey receiver", &d);
     for f in [&sender, &receiver] {
         assert!(f.output.contains("data transfers complete"), "{}", f.output);
         assert!(f.output.contains("return status 0"), "{}", f.output);
@@ -250,8 +240,8 @@ fn mckey_ud_multicast_across_two_daemons() {
         .collect();
     let sender = start(&sending, "mckey2", "sender", "mckey", &sender_args).finish(since);
     let receiver = receiver.finish(since);
-    assert_ok("mckey sender", &sender, &sending);
-    assert_ok("mckey receiver", &receiver, &receiving);
+    sender.assert_ok("mckey sender", &sending);
+    receiver.assert_ok("mckey receiver", &receiving);
     for f in [&sender, &receiver] {
         assert!(f.output.contains("data transfers complete"), "{}", f.output);
         assert!(f.output.contains("return status 0"), "{}", f.output);
@@ -284,8 +274,8 @@ fn perftest_rdma_cm(program: &str, port: u16, d: &Daemon) {
         }
         break (server.finish(since), c);
     };
-    assert_ok(&format!("{program} -R server"), &s, d);
-    assert_ok(&format!("{program} -R client"), &c, d);
+    s.assert_ok(&format!("{program} -R server"), d);
+    c.assert_ok(&format!("{program} -R client"), d);
     for f in [&s, &c] {
         // The result line: the message size then the iteration count.
         let result = f
@@ -351,7 +341,7 @@ fn rping_with_program_managed_qp() {
         ),
         REFUSED,
     );
-    assert_ok("rping -c -q", &c, &d);
+    c.assert_ok("rping -c -q", &d);
     check_rping(&s, &c);
 }
 
@@ -368,7 +358,7 @@ fn rping_cm_mads_between_two_daemons_pass_both_checkers() {
         (&b, "rping", &["-c", "-a", "127.0.0.191", "-C", "10", "-v"]),
         REFUSED,
     );
-    assert_ok("rping -c", &c, &b);
+    c.assert_ok("rping -c", &b);
     assert_eq!(rping_data(&s.output).len(), 10, "{}", s.output);
     let text = cap.check();
     for m in ["REQ", "REP", "RTU", "DREQ", "DREP"] {
@@ -424,8 +414,8 @@ fn ucmatose_and_udaddy_across_two_daemons() {
             (&b, program, &client_args),
             REFUSED,
         );
-        assert_ok(&format!("{program} server"), &s, &a);
-        assert_ok(&format!("{program} client"), &c, &b);
+        s.assert_ok(&format!("{program} server"), &a);
+        c.assert_ok(&format!("{program} client"), &b);
         for f in [&s, &c] {
             assert!(
                 f.output.contains("return status 0"),

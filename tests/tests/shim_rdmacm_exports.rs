@@ -10,44 +10,10 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 
-use shim_support::{check_output, compile_c, require_program, shim_libs, workspace_root};
+use shim_support::symbols::{assert_replacement_library, defined_symbols, export_list};
+use shim_support::{compile_c, shim_libs};
 
 const VERSION_NODES: &[&str] = &["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"];
-
-fn librdmacm_names() -> BTreeSet<String> {
-    std::fs::read_to_string(workspace_root().join("shim/librdmacm-exports.txt"))
-        .expect("read shim/librdmacm-exports.txt")
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(String::from)
-        .collect()
-}
-
-fn defined_symbols(lib: &Path) -> Vec<(String, String)> {
-    let out = Command::new(require_program("nm"))
-        .args(["-D", "--defined-only", "--with-symbol-versions"])
-        .arg(lib)
-        .output()
-        .expect("run nm");
-    check_output("nm -D", out)
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(2))
-        .map(|sym| match sym.find('@') {
-            Some(i) => (sym[..i].to_owned(), sym[i..].to_owned()),
-            None => (sym.to_owned(), String::new()),
-        })
-        .collect()
-}
-
-fn readelf(args: &[&str], lib: &Path) -> String {
-    let out = Command::new(require_program("readelf"))
-        .args(args)
-        .arg(lib)
-        .output()
-        .expect("run readelf");
-    check_output("readelf", out)
-}
 
 #[test]
 fn export_list_matches_installed_librdmacm() {
@@ -61,7 +27,7 @@ fn export_list_matches_installed_librdmacm() {
         .map(|(n, _)| n)
         .filter(|n| !n.starts_with("RDMACM_"))
         .collect();
-    let names = librdmacm_names();
+    let names = export_list("shim/librdmacm-exports.txt");
     assert_eq!(installed, names);
     assert_eq!(names.iter().filter(|n| n.starts_with("rdma_")).count(), 41);
 }
@@ -70,7 +36,7 @@ fn export_list_matches_installed_librdmacm() {
 fn preload_library_exports_every_librdmacm_name_unversioned() {
     let syms = defined_symbols(&shim_libs().preload);
     let mut missing = Vec::new();
-    for name in librdmacm_names() {
+    for name in export_list("shim/librdmacm-exports.txt") {
         match syms.iter().find(|(n, _)| *n == name) {
             None => missing.push(name),
             Some((_, v)) => assert!(v.is_empty(), "{name} is exported versioned ({v})"),
@@ -86,32 +52,12 @@ fn preload_library_exports_every_librdmacm_name_unversioned() {
 fn replacement_librdmacm_defines_version_nodes_and_soname() {
     let lib = shim_libs().replacement_dir.join("librdmacm.so.1");
     assert!(lib.is_file(), "{} was not built", lib.display());
-    let dynamic = readelf(&["-d"], &lib);
-    assert!(
-        dynamic.contains("Library soname: [librdmacm.so.1]"),
-        "{dynamic}"
+    assert_replacement_library(
+        &lib,
+        "librdmacm.so.1",
+        VERSION_NODES,
+        "shim/librdmacm-exports.txt",
     );
-    let versions = readelf(&["-V", "--wide"], &lib);
-    for node in VERSION_NODES {
-        assert!(
-            versions.contains(&format!("Name: {node}\n"))
-                || versions.contains(&format!("Name: {node} ")),
-            "version node {node} not defined:\n{versions}"
-        );
-    }
-    let syms = defined_symbols(&lib);
-    for name in librdmacm_names() {
-        let found = syms.iter().find(|(n, _)| *n == name);
-        assert!(
-            found.is_some(),
-            "{name} missing from the replacement librdmacm.so.1"
-        );
-        let (_, version) = found.unwrap();
-        assert!(
-            version.is_empty() || version == "@@librdmacm.so.1",
-            "{name} is versioned {version} in the replacement"
-        );
-    }
 }
 
 /// A C program linked against the real librdmacm (so every reference is `@RDMACM_1.x`) runs

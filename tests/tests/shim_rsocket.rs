@@ -15,16 +15,6 @@ use std::time::Instant;
 /// What a client prints when it came before its server listened (it is then run again).
 const REFUSED: &[&str] = &["Connection refused", "REJECTED", "rconnect"];
 
-fn assert_ok(what: &str, f: &Finished, daemon: &Daemon) {
-    assert!(
-        f.ok(),
-        "{what} failed ({}):\n{}\n--- daemon\n{}",
-        f.status,
-        f.output,
-        daemon.log()
-    );
-}
-
 /// Deterministic pseudo-random bytes (xorshift64*), so a failure is reproducible.
 fn random_bytes(len: usize, mut seed: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 8);
@@ -92,7 +82,7 @@ fn rcopy_files_byte_for_byte() {
         std::fs::write(&src, &data).expect("write source file");
         let _ = std::fs::remove_file(&dst);
         let c = rcopy_client(&d, "rcopy", &format!("client-{name}"), &src, &dst, port);
-        assert_ok(&format!("rcopy {name}"), &c, &d);
+        c.assert_ok(&format!("rcopy {name}"), &d);
         assert!(c.output.contains("done"), "rcopy {name}:\n{}", c.output);
         let got = std::fs::read(&dst).expect("the copy exists");
         assert_eq!(got.len(), data.len(), "{name}: length");
@@ -123,8 +113,8 @@ fn rstream_pair(test: &str, sd: &Daemon, cd: &Daemon, addr: &str, port: &str, ex
         (cd, "rstream", &client_args),
         REFUSED,
     );
-    assert_ok("rstream client", &c, cd);
-    assert_ok("rstream server", &s, sd);
+    c.assert_ok("rstream client", cd);
+    s.assert_ok("rstream server", sd);
     for (who, f) in [("server", &s), ("client", &c)] {
         // One result line per run: "custom  <size> <xfers> ...".
         assert!(
@@ -384,8 +374,8 @@ fn rsocket_api_from_c() {
     )
     .finish(since);
     let s = server.finish(since);
-    assert_ok("C client", &c, &d);
-    assert_ok("C server", &s, &d);
+    c.assert_ok("C client", &d);
+    s.assert_ok("C server", &d);
     assert!(c.output.contains("client ok"), "{}", c.output);
     assert!(s.output.contains("server ok"), "{}", s.output);
 }

@@ -252,8 +252,8 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             h.qp_type = hi.ai_qp_type;
             h.port_space = hi.ai_port_space;
             if !hi.ai_src_addr.is_null() {
-                // SAFETY: the hint's source address.
-                h.src = unsafe { sa::read(hi.ai_src_addr) }.ok();
+                // SAFETY: the hint's source address of ai_src_len bytes.
+                h.src = unsafe { sa::read_sized(hi.ai_src_addr, hi.ai_src_len) }.ok();
             }
         }
         // SAFETY: NULL or C strings per the contract.
@@ -359,6 +359,27 @@ mod tests {
             ..Hints::default()
         };
         assert!(resolve(Some(c"not-a-number.invalid"), None, &numeric).is_err());
+    }
+
+    #[test]
+    fn a_hint_source_shorter_than_its_family_is_not_read() {
+        let src = sa::storage("[::1]:7".parse().unwrap());
+        let mut hints = RdmaAddrinfo::zeroed();
+        hints.ai_src_addr = (&src as *const libc::sockaddr_storage)
+            .cast::<sockaddr>()
+            .cast_mut();
+        let mut res = ptr::null_mut();
+        for (len, kept) in [(28, true), (16, false)] {
+            hints.ai_src_len = len;
+            // SAFETY: valid strings and hints (src has 128 readable bytes); writable out.
+            let rc =
+                unsafe { rdma_getaddrinfo(c"127.0.0.181".as_ptr(), ptr::null(), &hints, &mut res) };
+            assert_eq!(rc, 0);
+            // SAFETY: rdma_getaddrinfo succeeded.
+            assert_eq!(unsafe { !(*res).ai_src_addr.is_null() }, kept, "len {len}");
+            // SAFETY: from rdma_getaddrinfo.
+            unsafe { rdma_freeaddrinfo(res) };
+        }
     }
 
     #[test]

@@ -146,7 +146,7 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut RdmaCmId, id: *mut *mut R
             Err(err)
         };
         if e.status != 0 {
-            return fail(Errno(e.status.abs()));
+            return fail(events::status_errno(e.status));
         }
         if e.event as u32 != RDMA_CM_EVENT_CONNECT_REQUEST {
             return fail(Errno::INVAL);

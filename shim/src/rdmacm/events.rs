@@ -347,11 +347,16 @@ fn complete_status(ev: &RdmaCmEvent) -> Result<(), Errno> {
     }
     if ev.event as u32 == RDMA_CM_EVENT_REJECTED {
         Err(Errno(libc::ECONNREFUSED))
-    } else if ev.status < 0 {
-        Err(Errno(-ev.status))
     } else {
-        Err(Errno(ev.status))
+        Err(status_errno(ev.status))
     }
+}
+
+/// The errno a non-zero event `status` stands for: librdmacm's statuses are `-errno` (some
+/// are positive, a REJ reason). The status comes from the daemon; `i32::MIN` has no positive
+/// form (negating it overflowed, a panic that left the event unacknowledged): EIO.
+pub fn status_errno(status: c_int) -> Errno {
+    Errno(status.checked_abs().unwrap_or(libc::EIO))
 }
 
 /// librdmacm's `ucma_complete`: a synchronous id waits for the event its operation raises
@@ -401,6 +406,14 @@ mod tests {
         assert_eq!(
             complete_status(&ev(RDMA_CM_EVENT_ADDR_ERROR, 0)),
             Err(Errno(libc::EHOSTUNREACH))
+        );
+        assert_eq!(
+            complete_status(&ev(RDMA_CM_EVENT_ADDR_ERROR, c_int::MIN)),
+            Err(Errno::IO)
+        );
+        assert_eq!(
+            complete_status(&ev(RDMA_CM_EVENT_CONNECT_ERROR, 110)),
+            Err(Errno(libc::ETIMEDOUT))
         );
     }
 

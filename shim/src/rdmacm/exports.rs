@@ -25,6 +25,24 @@ fn rc(body: impl FnOnce() -> Result<(), Errno>) -> c_int {
     ffi::int_or_minus_one(|| body().map(|()| 0))
 }
 
+/// [`rc`] for the `rdma_create_{qp,srq}[_ex]` exports: the id checked against the registry
+/// and the caller's attribute struct against NULL, then `make`.
+///
+/// # Safety
+/// `attr` is NULL or the caller's valid, writable attributes.
+unsafe fn rc_with_attr<A>(
+    id: *mut RdmaCmId,
+    attr: *mut A,
+    make: impl FnOnce(&ShimCmId, &mut A) -> Result<(), Errno>,
+) -> c_int {
+    rc(|| {
+        let id = id_from_ptr(id)?;
+        let mut a = ffi::non_null(attr)?;
+        // SAFETY: non-null, the caller's attributes (per the contract).
+        make(id, unsafe { a.as_mut() })
+    })
+}
+
 // ---- event channels ----
 
 /// `rdma_create_event_channel`.
@@ -312,6 +330,17 @@ fn device_rd_limits(id: &ShimCmId) -> (u8, u8) {
     }
 }
 
+/// librdmacm's choice of an initiator depth or responder resources (`rdma_connect`,
+/// `rdma_accept`): the caller's `value`, unless it passed no `rdma_conn_param` (`given`
+/// false) or the `RDMA_MAX_*` marker asking for the most available; then `fallback`.
+fn rd_choice(given: bool, value: u8, max_marker: u8, fallback: u8) -> u8 {
+    if given && value != max_marker {
+        value
+    } else {
+        fallback
+    }
+}
+
 /// The caller's `rdma_conn_param` (NULL allowed) as the protocol carries it, with the
 /// QP's number when the id has one (`ucma_copy_conn_param_to_kern`).
 fn read_conn_param(id: &ShimCmId, param: *const RdmaConnParam) -> Result<CmConnParam, Errno> {
@@ -364,19 +393,11 @@ pub unsafe extern "C" fn rdma_connect(id: *mut RdmaCmId, conn_param: *mut RdmaCo
         let mut c = read_conn_param(id, conn_param)?;
         let (max_init, max_resp) = device_rd_limits(id);
         {
+            let given = !conn_param.is_null();
             let mut st = id.state();
-            st.initiator_depth = if conn_param.is_null() || c.initiator_depth == RDMA_MAX_INIT_DEPTH
-            {
-                max_init
-            } else {
-                c.initiator_depth
-            };
+            st.initiator_depth = rd_choice(given, c.initiator_depth, RDMA_MAX_INIT_DEPTH, max_init);
             st.responder_resources =
-                if conn_param.is_null() || c.responder_resources == RDMA_MAX_RESP_RES {
-                    max_resp
-                } else {
-                    c.responder_resources
-                };
+                rd_choice(given, c.responder_resources, RDMA_MAX_RESP_RES, max_resp);
             if c.responder_resources != RDMA_MAX_RESP_RES && c.responder_resources > max_resp {
                 return Err(Errno::INVAL);
             }
@@ -405,19 +426,21 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, conn_param: *mut RdmaCon
         let mut c = read_conn_param(id, conn_param)?;
         let (max_init, max_resp) = device_rd_limits(id);
         let (ird, ord) = {
+            let given = !conn_param.is_null();
             let mut st = id.state();
-            st.initiator_depth = if conn_param.is_null() || c.initiator_depth == RDMA_MAX_INIT_DEPTH
-            {
-                st.initiator_depth.min(max_init)
-            } else {
-                c.initiator_depth
-            };
-            st.responder_resources =
-                if conn_param.is_null() || c.responder_resources == RDMA_MAX_RESP_RES {
-                    st.responder_resources.min(max_resp)
-                } else {
-                    c.responder_resources
-                };
+            // The passive side's fallback is what the request offered, capped by the device.
+            st.initiator_depth = rd_choice(
+                given,
+                c.initiator_depth,
+                RDMA_MAX_INIT_DEPTH,
+                st.initiator_depth.min(max_init),
+            );
+            st.responder_resources = rd_choice(
+                given,
+                c.responder_resources,
+                RDMA_MAX_RESP_RES,
+                st.responder_resources.min(max_resp),
+            );
             (st.responder_resources, st.initiator_depth)
         };
         c.initiator_depth = ord;
@@ -713,12 +736,8 @@ pub unsafe extern "C" fn rdma_create_qp(
     pd: *mut IbvPd,
     qp_init_attr: *mut IbvQpInitAttr,
 ) -> c_int {
-    rc(|| {
-        let id = id_from_ptr(id)?;
-        let mut a = ffi::non_null(qp_init_attr)?;
-        // SAFETY: non-null, the caller's attributes.
-        qp::create_qp(id, pd, unsafe { a.as_mut() })
-    })
+    // SAFETY: the export's own contract on `attr`.
+    unsafe { rc_with_attr(id, qp_init_attr, |id, a| qp::create_qp(id, pd, a)) }
 }
 
 /// `rdma_create_qp_ex`.
@@ -730,12 +749,8 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
     id: *mut RdmaCmId,
     qp_init_attr: *mut IbvQpInitAttrEx,
 ) -> c_int {
-    rc(|| {
-        let id = id_from_ptr(id)?;
-        let mut a = ffi::non_null(qp_init_attr)?;
-        // SAFETY: non-null, the caller's attributes.
-        qp::create_qp_ex(id, unsafe { a.as_mut() })
-    })
+    // SAFETY: the export's own contract on `attr`.
+    unsafe { rc_with_attr(id, qp_init_attr, qp::create_qp_ex) }
 }
 
 /// `rdma_destroy_qp`.
@@ -760,12 +775,8 @@ pub unsafe extern "C" fn rdma_create_srq(
     pd: *mut IbvPd,
     attr: *mut IbvSrqInitAttr,
 ) -> c_int {
-    rc(|| {
-        let id = id_from_ptr(id)?;
-        let mut a = ffi::non_null(attr)?;
-        // SAFETY: non-null, the caller's attributes.
-        qp::create_srq(id, pd, unsafe { a.as_mut() })
-    })
+    // SAFETY: the export's own contract on `attr`.
+    unsafe { rc_with_attr(id, attr, |id, a| qp::create_srq(id, pd, a)) }
 }
 
 /// `rdma_create_srq_ex`.
@@ -777,12 +788,8 @@ pub unsafe extern "C" fn rdma_create_srq_ex(
     id: *mut RdmaCmId,
     attr: *mut IbvSrqInitAttrEx,
 ) -> c_int {
-    rc(|| {
-        let id = id_from_ptr(id)?;
-        let mut a = ffi::non_null(attr)?;
-        // SAFETY: non-null, the caller's attributes.
-        qp::create_srq_ex(id, unsafe { a.as_mut() })
-    })
+    // SAFETY: the export's own contract on `attr`.
+    unsafe { rc_with_attr(id, attr, qp::create_srq_ex) }
 }
 
 /// `rdma_destroy_srq`.
@@ -979,4 +986,20 @@ pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut RdmaCmId, ece: *mut IbvEce
         unsafe { e.as_ptr().write(IbvEce::default()) };
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rd_choice_takes_the_callers_value_unless_absent_or_the_max_marker() {
+        assert_eq!(rd_choice(true, 4, RDMA_MAX_INIT_DEPTH, 128), 4);
+        assert_eq!(rd_choice(true, 0, RDMA_MAX_INIT_DEPTH, 128), 0);
+        assert_eq!(
+            rd_choice(true, RDMA_MAX_INIT_DEPTH, RDMA_MAX_INIT_DEPTH, 128),
+            128
+        );
+        assert_eq!(rd_choice(false, 4, RDMA_MAX_RESP_RES, 16), 16);
+    }
 }

@@ -219,26 +219,32 @@ fn create_cqs(id: &ShimCmId, send_size: u32, recv_size: u32) -> Result<(), Errno
     Ok(())
 }
 
+/// Takes an object pointer out of an id field, leaving NULL (so it is destroyed once).
+///
+/// # Safety
+/// `field` points into a live id.
+unsafe fn take<T>(field: *mut *mut T) -> Option<*mut T> {
+    // SAFETY: per the contract.
+    let p = unsafe { field.replace(ptr::null_mut()) };
+    (!p.is_null()).then_some(p)
+}
+
 /// `ucma_destroy_cqs`: the CQs and channels the id holds.
 pub fn destroy_cqs(id: &ShimCmId) {
     let p = id.as_id_ptr();
-    // SAFETY: p is the live id; each object is one of ours (or NULL, refused harmlessly).
+    // SAFETY: p is the live id; each object is one of ours (or refused harmlessly).
     unsafe {
-        if !(*p).recv_cq.is_null() {
-            verbs::cq::ibv_destroy_cq((*p).recv_cq);
-            (*p).recv_cq = ptr::null_mut();
+        if let Some(cq) = take(ptr::addr_of_mut!((*p).recv_cq)) {
+            verbs::cq::ibv_destroy_cq(cq);
         }
-        if !(*p).recv_cq_channel.is_null() {
-            verbs::events::ibv_destroy_comp_channel((*p).recv_cq_channel);
-            (*p).recv_cq_channel = ptr::null_mut();
+        if let Some(ch) = take(ptr::addr_of_mut!((*p).recv_cq_channel)) {
+            verbs::events::ibv_destroy_comp_channel(ch);
         }
-        if !(*p).send_cq.is_null() {
-            verbs::cq::ibv_destroy_cq((*p).send_cq);
-            (*p).send_cq = ptr::null_mut();
+        if let Some(cq) = take(ptr::addr_of_mut!((*p).send_cq)) {
+            verbs::cq::ibv_destroy_cq(cq);
         }
-        if !(*p).send_cq_channel.is_null() {
-            verbs::events::ibv_destroy_comp_channel((*p).send_cq_channel);
-            (*p).send_cq_channel = ptr::null_mut();
+        if let Some(ch) = take(ptr::addr_of_mut!((*p).send_cq_channel)) {
+            verbs::events::ibv_destroy_comp_channel(ch);
         }
     }
 }
@@ -253,7 +259,12 @@ pub fn create_qp_ex(id: &ShimCmId, attr: &mut IbvQpInitAttrEx) -> Result<(), Err
         attr.pd = state::default_pd(id.id.verbs)?;
         attr.comp_mask |= QP_INIT_ATTR_PD;
     }
-    // SAFETY: checked non-null; a PD of ours or refused by the verb below.
+    // The caller's PD is read only once known to be a live one of ours (a freed or foreign
+    // pointer was dereferenced here before the verb below could refuse it).
+    if !crate::runtime::PDS.contains(attr.pd) {
+        return Err(Errno::INVAL);
+    }
+    // SAFETY: registered, so a live IbvPd.
     if unsafe { (*attr.pd).context } != id.id.verbs {
         return Err(Errno::INVAL);
     }
@@ -328,9 +339,8 @@ pub fn destroy_qp(id: &ShimCmId) {
     let p = id.as_id_ptr();
     // SAFETY: p is the live id; its QP is ours (or NULL).
     unsafe {
-        if !(*p).qp.is_null() {
-            verbs::qp::ibv_destroy_qp((*p).qp);
-            (*p).qp = ptr::null_mut();
+        if let Some(qp) = take(ptr::addr_of_mut!((*p).qp)) {
+            verbs::qp::ibv_destroy_qp(qp);
         }
     }
     destroy_cqs(id);
@@ -385,9 +395,8 @@ pub fn destroy_srq(id: &ShimCmId) {
     let p = id.as_id_ptr();
     // SAFETY: p is the live id; its SRQ is ours (or NULL).
     unsafe {
-        if !(*p).srq.is_null() {
-            verbs::srq::ibv_destroy_srq((*p).srq);
-            (*p).srq = ptr::null_mut();
+        if let Some(srq) = take(ptr::addr_of_mut!((*p).srq)) {
+            verbs::srq::ibv_destroy_srq(srq);
         }
     }
 }

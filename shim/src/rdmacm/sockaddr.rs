@@ -40,6 +40,50 @@ pub unsafe fn read(sa: *const sockaddr) -> Result<SocketAddr, Errno> {
     }
 }
 
+/// The bytes a C struct of `family` takes (`sockaddr_in6` for AF_INET6, else `sockaddr_in`:
+/// what [`read`] reads, or refuses).
+pub fn family_len(family: libc::sa_family_t) -> usize {
+    if i32::from(family) == libc::AF_INET6 {
+        std::mem::size_of::<sockaddr_in6>()
+    } else {
+        std::mem::size_of::<sockaddr_in>()
+    }
+}
+
+/// Checks a caller's address that comes with its length (`bind(2)`-style, or an
+/// `rdma_addrinfo`'s `ai_*_len`): non-NULL and `len` covering the whole struct of its family,
+/// so [`read`] never reads past the bytes the caller vouched for. EINVAL otherwise.
+///
+/// # Safety
+/// `sa` is NULL or has `len` readable bytes.
+pub unsafe fn check_len(sa: *const sockaddr, len: libc::socklen_t) -> Result<(), Errno> {
+    if sa.is_null() {
+        return Err(Errno::INVAL);
+    }
+    let len = len as usize;
+    if len < std::mem::size_of::<libc::sa_family_t>() {
+        return Err(Errno::INVAL);
+    }
+    // SAFETY: at least the family is readable (checked above).
+    let family = unsafe { std::ptr::addr_of!((*sa).sa_family).read_unaligned() };
+    if len < family_len(family) {
+        return Err(Errno::INVAL);
+    }
+    Ok(())
+}
+
+/// [`read`] of an address that comes with its length ([`check_len`] first).
+///
+/// # Safety
+/// As [`check_len`].
+pub unsafe fn read_sized(sa: *const sockaddr, len: libc::socklen_t) -> Result<SocketAddr, Errno> {
+    // SAFETY: per the contract.
+    unsafe {
+        check_len(sa, len)?;
+        read(sa)
+    }
+}
+
 /// Reads an optional source address: NULL is `None`, an AF_UNSPEC family (as some callers
 /// pass a zeroed storage) is `None` too.
 ///
@@ -149,6 +193,20 @@ mod tests {
             Err(Errno(libc::EAFNOSUPPORT))
         );
         assert_eq!(port_be(&ss), 0);
+    }
+
+    #[test]
+    fn sized_reads_need_the_whole_struct_of_the_family() {
+        let a: SocketAddr = "[::1]:9".parse().unwrap();
+        let ss = storage(a);
+        let p = (&ss as *const sockaddr_storage).cast::<sockaddr>();
+        // SAFETY: ss has 128 readable bytes; the lengths are what is tested.
+        unsafe {
+            assert_eq!(read_sized(p, 28), Ok(a));
+            assert_eq!(read_sized(p, 16), Err(Errno::INVAL));
+            assert_eq!(read_sized(p, 1), Err(Errno::INVAL));
+            assert_eq!(read_sized(std::ptr::null(), 28), Err(Errno::INVAL));
+        }
     }
 
     #[test]

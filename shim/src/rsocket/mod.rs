@@ -20,6 +20,7 @@ use libc::{c_int, c_long, c_void, nfds_t, pollfd, sockaddr, socklen_t, ssize_t};
 use crate::ffi::{self, Errno};
 use crate::rdmacm::abi::{RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR};
 use crate::rdmacm::exports;
+use crate::rdmacm::sockaddr as sa;
 use stream::{st, Stream};
 
 /// `SOL_RDMA` and its options (`<rdma/rsocket.h>`).
@@ -70,14 +71,6 @@ fn count(body: impl FnOnce() -> Result<usize, Errno>) -> ssize_t {
     }
 }
 
-fn sockaddr_len(family: libc::sa_family_t) -> usize {
-    if c_int::from(family) == libc::AF_INET6 {
-        std::mem::size_of::<libc::sockaddr_in6>()
-    } else {
-        std::mem::size_of::<libc::sockaddr_in>()
-    }
-}
-
 /// `rs_copy_addr`: the address, truncated to `*len`; `*len` set to its full length.
 ///
 /// # Safety
@@ -90,7 +83,7 @@ unsafe fn copy_addr(
     if addr.is_null() || len.is_null() {
         return Err(Errno(libc::EFAULT));
     }
-    let full = sockaddr_len(src.ss_family);
+    let full = sa::family_len(src.ss_family);
     // SAFETY: per the contract.
     unsafe {
         let n = (*len as usize).min(full);
@@ -127,9 +120,10 @@ pub extern "C" fn rsocket(domain: c_int, kind: c_int, protocol: c_int) -> c_int 
 /// # Safety
 /// `addr` has `addrlen` readable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn rbind(socket: c_int, addr: *const sockaddr, _addrlen: socklen_t) -> c_int {
+pub unsafe extern "C" fn rbind(socket: c_int, addr: *const sockaddr, addrlen: socklen_t) -> c_int {
     ffi::int_or_minus_one(|| {
-        ffi::non_null(addr as *mut sockaddr)?;
+        // SAFETY: per the contract.
+        unsafe { sa::check_len(addr, addrlen)? };
         let s = get(socket)?;
         lock(&s).bind(addr)?;
         Ok(0)
@@ -181,7 +175,8 @@ pub unsafe extern "C" fn rconnect(
     addrlen: socklen_t,
 ) -> c_int {
     ffi::int_or_minus_one(|| {
-        ffi::non_null(addr as *mut sockaddr)?;
+        // SAFETY: per the contract.
+        unsafe { sa::check_len(addr, addrlen)? };
         let s = get(socket)?;
         lock(&s).connect(addr, addrlen as usize)?;
         Ok(0)
@@ -248,16 +243,20 @@ fn send_from(socket: c_int, iov: &[&[u8]], flags: c_int) -> Result<usize, Errno>
     g.send(iov, flags)
 }
 
+/// The iovec list of `rwritev`/`rsendmsg` as slices. At most `UIO_MAXIOV` entries, as the
+/// kernel's `writev(2)` (EINVAL): a larger count from a caller is refused before anything is
+/// read or allocated for it (`Vec::with_capacity(INT_MAX)` would abort on allocation).
+///
 /// # Safety
 /// `iov` has `n` valid entries whose buffers are readable.
-unsafe fn iov_slices<'a>(iov: *const libc::iovec, n: c_int) -> Result<Vec<&'a [u8]>, Errno> {
-    if n < 0 || (iov.is_null() && n > 0) {
+unsafe fn iov_slices<'a>(iov: *const libc::iovec, n: usize) -> Result<Vec<&'a [u8]>, Errno> {
+    if n > libc::UIO_MAXIOV as usize || (iov.is_null() && n > 0) {
         return Err(Errno::INVAL);
     }
-    let mut v = Vec::with_capacity(n as usize);
+    let mut v = Vec::with_capacity(n);
     // The total must fit an ssize_t as well (writev(2): EINVAL otherwise); `send` sums it.
     let mut total = 0usize;
-    for i in 0..n as usize {
+    for i in 0..n {
         // SAFETY: per the contract.
         let e = unsafe { &*iov.add(i) };
         if e.iov_len == 0 {
@@ -423,8 +422,9 @@ pub unsafe extern "C" fn rsendto(
 #[no_mangle]
 pub unsafe extern "C" fn rwritev(socket: c_int, iov: *const libc::iovec, iovcnt: c_int) -> ssize_t {
     count(|| {
+        let n = usize::try_from(iovcnt).map_err(|_| Errno::INVAL)?;
         // SAFETY: per the contract.
-        let v = unsafe { iov_slices(iov, iovcnt)? };
+        let v = unsafe { iov_slices(iov, n)? };
         send_from(socket, &v, 0)
     })
 }
@@ -446,8 +446,13 @@ pub unsafe extern "C" fn rsendmsg(
         if !m.msg_control.is_null() && m.msg_controllen > 0 {
             return Err(Errno(libc::ENOTSUP));
         }
+        // sendmsg(2): EMSGSIZE past UIO_MAXIOV entries (the count was cast to an int before,
+        // so 2^32 + 1 entries read as one).
+        if m.msg_iovlen > libc::UIO_MAXIOV as usize {
+            return Err(Errno(libc::EMSGSIZE));
+        }
         // SAFETY: the caller's iovec list.
-        let v = unsafe { iov_slices(m.msg_iov, m.msg_iovlen as c_int)? };
+        let v = unsafe { iov_slices(m.msg_iov, m.msg_iovlen)? };
         send_from(socket, &v, flags)
     })
 }
@@ -556,6 +561,17 @@ pub unsafe extern "C" fn rpoll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -
     })
 }
 
+/// `select(2)`'s timeout as `poll(2)`'s milliseconds. Saturating: a caller may pass any
+/// `tv_sec` (LONG_MAX as "forever"), and an overflow panic here, outside any
+/// `catch_unwind`, would abort the host program.
+fn timeval_ms(t: &libc::timeval) -> c_int {
+    let ms = t
+        .tv_sec
+        .saturating_mul(1000)
+        .saturating_add(t.tv_usec / 1000);
+    ms.clamp(0, libc::time_t::from(c_int::MAX)) as c_int
+}
+
 /// `rselect`, through [`rpoll`].
 ///
 /// # Safety
@@ -596,8 +612,7 @@ pub unsafe extern "C" fn rselect(
         -1
     } else {
         // SAFETY: non-null caller's timeval.
-        let t = unsafe { &*timeout };
-        (t.tv_sec * 1000 + t.tv_usec / 1000).clamp(0, c_int::MAX as libc::time_t) as c_int
+        timeval_ms(unsafe { &*timeout })
     };
     // SAFETY: fds has fds.len() entries.
     let ret = unsafe { rpoll(fds.as_mut_ptr(), fds.len() as nfds_t, to) };
@@ -945,6 +960,55 @@ mod tests {
     }
 
     #[test]
+    fn iovec_counts_past_uio_maxiov_are_refused_before_use() {
+        let empty = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        let iov = vec![empty; libc::UIO_MAXIOV as usize + 1];
+        // SAFETY: the count matches the list; every entry is empty.
+        assert_eq!(
+            unsafe { rwritev(123_456, iov.as_ptr(), iov.len() as c_int) },
+            -1
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        // SAFETY: as above.
+        assert_eq!(unsafe { rwritev(123_456, iov.as_ptr(), -1) }, -1);
+        assert_eq!(errno(), libc::EINVAL);
+        // SAFETY: msghdr is integers and pointers; all-zero is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_ptr().cast_mut();
+        // Truncated to an int this read as one entry; nothing may be read for it.
+        msg.msg_iovlen = (1usize << 32) + 1;
+        // SAFETY: the count is the point of the test; nothing is read.
+        assert_eq!(unsafe { rsendmsg(123_456, &msg, 0) }, -1);
+        assert_eq!(errno(), libc::EMSGSIZE);
+    }
+
+    #[test]
+    fn addresses_shorter_than_their_family_are_einval() {
+        // SAFETY: plain bytes.
+        let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        let a = (&sin6 as *const libc::sockaddr_in6).cast::<sockaddr>();
+        let v4_len = std::mem::size_of::<libc::sockaddr_in>() as socklen_t;
+        // SAFETY: 28 readable bytes, of which the call is told 16 (or 1).
+        unsafe {
+            assert_eq!(rbind(123_456, a, v4_len), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(rconnect(123_456, a, v4_len), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(rbind(123_456, a, 1), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            assert_eq!(rconnect(123_456, std::ptr::null(), 28), -1);
+            assert_eq!(errno(), libc::EINVAL);
+            // A long enough address passes the check (the socket is then unknown).
+            assert_eq!(rbind(123_456, a, 28), -1);
+            assert_eq!(errno(), libc::EBADF);
+        }
+    }
+
+    #[test]
     fn unsupported_kinds_and_calls() {
         assert_eq!(rsocket(libc::AF_INET, libc::SOCK_DGRAM, 0), -1);
         assert_eq!(errno(), libc::ENOSYS);
@@ -953,6 +1017,47 @@ mod tests {
         assert_eq!(riomap(), -1);
         assert_eq!(errno(), libc::ENOSYS);
         assert_eq!(RSOCKET_NAMES.len(), 27);
+    }
+
+    #[test]
+    fn rselect_takes_any_timeout() {
+        let t = |tv_sec, tv_usec| libc::timeval { tv_sec, tv_usec };
+        assert_eq!(timeval_ms(&t(1, 500_000)), 1500);
+        assert_eq!(timeval_ms(&t(-5, 0)), 0);
+        assert_eq!(timeval_ms(&t(libc::time_t::MAX, 999_999)), c_int::MAX);
+        // Through the export: a ready descriptor, and a timeout that overflowed the
+        // millisecond product (a panic across `extern "C"`, aborting the process).
+        let mut p = [0 as c_int; 2];
+        // SAFETY: a two-int array.
+        assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+        // SAFETY: writing one byte to our pipe.
+        assert_eq!(unsafe { libc::write(p[1], b"x".as_ptr().cast(), 1) }, 1);
+        // SAFETY: fd_set is plain bytes; FD_ZERO/FD_SET on our own set.
+        let mut readfds: libc::fd_set = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        unsafe {
+            libc::FD_ZERO(&mut readfds);
+            libc::FD_SET(p[0], &mut readfds);
+        }
+        let mut forever = t(libc::time_t::MAX, 0);
+        // SAFETY: valid sets and timeval.
+        let n = unsafe {
+            rselect(
+                p[0] + 1,
+                &mut readfds,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &mut forever,
+            )
+        };
+        assert_eq!(n, 1);
+        // SAFETY: our set.
+        assert!(unsafe { libc::FD_ISSET(p[0], &readfds) });
+        // SAFETY: our descriptors.
+        unsafe {
+            libc::close(p[0]);
+            libc::close(p[1]);
+        }
     }
 
     #[test]

@@ -632,10 +632,9 @@ impl Stream {
         self.sseq_no = self.sseq_no.wrapping_add(1);
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= length;
-        let mut t = self.target_sgl(self.target_sge);
+        let t = self.target_sgl(self.target_sge);
         let (addr, rkey) = (t.addr, t.key);
-        t.addr = t.addr.wrapping_add(u64::from(length));
-        t.length -= length;
+        let t = consume_target(t, length);
         let i = self.target_sge;
         self.set_target_sgl(i, t);
         if t.length == 0 {
@@ -1291,6 +1290,18 @@ impl Stream {
     }
 }
 
+/// What is left of target SGE `t` after a transfer of `length` bytes into it. The entry is the
+/// peer's: it RDMA-writes our target SGL whenever it likes, so the entry may have shrunk since
+/// `send` sized the transfer from it. Saturate and wrap rather than overflow (a panic on the
+/// send path); a transfer past what the peer offers is its remote access error to report.
+fn consume_target(t: RsSge, length: u32) -> RsSge {
+    RsSge {
+        addr: t.addr.wrapping_add(u64::from(length)),
+        key: t.key,
+        length: t.length.saturating_sub(length),
+    }
+}
+
 /// Walks an iovec list, copying out consecutive bytes.
 struct IovCursor<'a> {
     iov: &'a [&'a [u8]],
@@ -1362,6 +1373,31 @@ mod tests {
         let mut cur = IovCursor::new(&iov);
         assert_eq!(cur.take_slice(4).len(), 4);
         assert_eq!(cur.take_slice(6).len(), 6);
+    }
+
+    #[test]
+    fn a_target_sge_the_peer_shrank_or_placed_at_the_top_never_overflows() {
+        let t = RsSge {
+            addr: 0x1000,
+            key: 7,
+            length: 4096,
+        };
+        assert_eq!(
+            consume_target(t, 1024),
+            RsSge {
+                addr: 0x1400,
+                key: 7,
+                length: 3072
+            }
+        );
+        // The peer rewrote the entry to 100 bytes after a 1024-byte transfer was sized.
+        let shrunk = RsSge { length: 100, ..t };
+        assert_eq!(consume_target(shrunk, 1024).length, 0);
+        let top = RsSge {
+            addr: u64::MAX - 1,
+            ..t
+        };
+        assert_eq!(consume_target(top, 4).addr, 2);
     }
 
     #[test]

@@ -41,6 +41,17 @@ fn poll_yield_every() -> u32 {
     })
 }
 
+/// Counts a poll in `empty_polls` (consecutive empty ones; a completion starts over) and says
+/// whether this one is an `every`-th empty one in a row (0: never).
+fn count_poll(empty_polls: &AtomicU32, found: bool, every: u32) -> bool {
+    if found {
+        empty_polls.store(0, Ordering::Relaxed);
+        return false;
+    }
+    let n = empty_polls.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+    every > 0 && n.is_multiple_of(every)
+}
+
 /// The allocation behind an `ibv_cq *` / `ibv_cq_ex *` (same address).
 #[repr(C)]
 pub struct ShimCq {
@@ -76,14 +87,10 @@ pub fn cq_from_ptr<'a, T>(cq: *mut T) -> Result<&'a ShimCq, Errno> {
 }
 
 impl ShimCq {
-    /// Counts an empty poll and yields the CPU every [`poll_yield_every`] of them.
-    fn empty_poll(&self) {
-        let every = poll_yield_every();
-        let n = self
-            .empty_polls
-            .fetch_add(1, Ordering::Relaxed)
-            .wrapping_add(1);
-        if every > 0 && n.is_multiple_of(every) {
+    /// Counts one poll (`ibv_poll_cq`, `ibv_start_poll`/`ibv_next_poll`) and yields the CPU
+    /// on every [`poll_yield_every`]-th consecutive one that found the ring empty.
+    fn polled(&self, found: bool) {
+        if count_poll(&self.empty_polls, found, poll_yield_every()) {
             // SAFETY: no arguments; sched_yield cannot fail on Linux.
             unsafe { libc::sched_yield() };
         }
@@ -367,11 +374,8 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_
             got += 1;
         }
         drop(ring);
-        if got == 0 && n > 0 {
-            shim.empty_poll();
-        } else {
-            shim.empty_polls.store(0, Ordering::Relaxed);
-        }
+        // A zero-entry poll is not an empty one (it asked for nothing).
+        shim.polled(got > 0 || n == 0);
         Ok(got)
     })
 }
@@ -494,6 +498,7 @@ fn advance(cq: *mut IbvCqEx) -> c_int {
     };
     match got {
         Ok(true) => {
+            shim.polled(true);
             *lock(&shim.current) = wc;
             // SAFETY: live CQ; these two public fields are what ibv_cq_ex users read.
             unsafe {
@@ -503,7 +508,7 @@ fn advance(cq: *mut IbvCqEx) -> c_int {
             0
         }
         Ok(false) => {
-            shim.empty_poll();
+            shim.polled(false);
             libc::ENOENT
         }
         Err(e) => e.0,
@@ -561,4 +566,24 @@ unsafe extern "C" fn read_dlid_path_bits(cq: *mut IbvCqEx) -> u8 {
 pub fn cq_context_handle(cq: *mut IbvCq) -> Result<(u32, *mut IbvContext), Errno> {
     let shim = cq_from_ptr(cq)?;
     Ok((shim.handle, shim.cq.context))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn yields_count_consecutive_empty_polls_on_both_poll_paths() {
+        let c = AtomicU32::new(0);
+        let run =
+            |found: &[bool]| -> Vec<bool> { found.iter().map(|&f| count_poll(&c, f, 4)).collect() };
+        assert_eq!(
+            run(&[false, false, false, false]),
+            [false, false, false, true]
+        );
+        // A completion starts the count over: three empty polls after it are not a fourth.
+        assert_eq!(run(&[false, true, false, false, false]), [false; 5]);
+        assert_eq!(run(&[false]), [true]);
+        assert!(!count_poll(&c, false, 0), "0 never yields");
+    }
 }

@@ -10,6 +10,7 @@
 
 pub mod programs;
 pub mod rdmacm;
+pub mod symbols;
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};

@@ -22,10 +22,13 @@ pub fn captured_loopback_daemon(name: &str, nn: u8) -> Daemon {
     Daemon::start(name, &["--addr", &addr, "--port", "4791", "--no-gso"])
 }
 
-/// A running program whose stdout and stderr go to a file. Dropping it kills the program.
+/// A running program whose stdout and stderr go to a file (or one file each). Dropping it
+/// kills the program.
 pub struct Logged {
     pub child: Child,
     log: PathBuf,
+    /// stderr's own file, when kept apart from stdout.
+    err_log: Option<PathBuf>,
 }
 
 impl Logged {
@@ -38,11 +41,42 @@ impl Logged {
             .stderr(err)
             .spawn()
             .expect("spawn the program");
-        Logged { child, log }
+        Logged {
+            child,
+            log,
+            err_log: None,
+        }
     }
 
+    /// stdout and stderr in separate files (rping's cm thread writes to stderr while its
+    /// data lines sit in the stdout buffer: one file would interleave them mid-line).
+    pub fn spawn_split(mut cmd: Command, out: PathBuf, err: PathBuf) -> Logged {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(File::create(&out).expect("create stdout log"))
+            .stderr(File::create(&err).expect("create stderr log"))
+            .spawn()
+            .expect("spawn the program");
+        Logged {
+            child,
+            log: out,
+            err_log: Some(err),
+        }
+    }
+
+    /// The log; for a split one, stdout then stderr.
     pub fn output(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        let out = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let err = self
+            .err_log
+            .as_ref()
+            .and_then(|e| std::fs::read_to_string(e).ok())
+            .unwrap_or_default();
+        if err.is_empty() {
+            out
+        } else {
+            format!("{out}\n{err}")
+        }
     }
 
     /// Waits until `deadline` at most for the program to exit.

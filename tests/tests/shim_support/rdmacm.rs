@@ -2,69 +2,12 @@
 //! shim: a server and a client, each pointed at a daemon, both bounded in time (killed with a
 //! clear failure after [`LIMIT`]), their output kept for the assertions.
 
-use super::programs::scratch;
+use super::programs::{scratch, Logged};
 use super::{require_program, Daemon};
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
-
-/// A running program with stdout and stderr in separate files (rping's cm thread writes to
-/// stderr while its data lines sit in the stdout buffer: one file would interleave them
-/// mid-line). Dropping it kills the program.
-pub struct Logged {
-    pub child: Child,
-    out: PathBuf,
-    err: PathBuf,
-}
-
-impl Logged {
-    fn spawn(mut cmd: Command, out: PathBuf, err: PathBuf) -> Logged {
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(File::create(&out).expect("create stdout log"))
-            .stderr(File::create(&err).expect("create stderr log"))
-            .spawn()
-            .expect("spawn the program");
-        Logged { child, out, err }
-    }
-
-    /// stdout, then stderr.
-    pub fn output(&self) -> String {
-        let out = std::fs::read_to_string(&self.out).unwrap_or_default();
-        let err = std::fs::read_to_string(&self.err).unwrap_or_default();
-        if err.is_empty() {
-            out
-        } else {
-            format!("{out}\n{err}")
-        }
-    }
-
-    fn wait_until(&mut self, deadline: Instant) -> Option<ExitStatus> {
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Logged {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill();
-        }
-    }
-}
 
 /// How long any one program may run before the test fails.
 pub const LIMIT: Duration = Duration::from_secs(60);
@@ -78,6 +21,17 @@ pub struct Finished {
 impl Finished {
     pub fn ok(&self) -> bool {
         self.status.success()
+    }
+
+    /// Fails the test unless the program succeeded, with its output and `daemon`'s log.
+    pub fn assert_ok(&self, what: &str, daemon: &Daemon) {
+        assert!(
+            self.ok(),
+            "{what} failed ({}):\n{}\n--- daemon\n{}",
+            self.status,
+            self.output,
+            daemon.log()
+        );
     }
 }
 
@@ -145,7 +99,7 @@ fn spawn<'a>(
     let dir = scratch("rdmacm", test);
     Side {
         name: format!("{role}: {program} {}", args.join(" ")),
-        logged: Logged::spawn(
+        logged: Logged::spawn_split(
             cmd,
             dir.join(format!("{role}.out")),
             dir.join(format!("{role}.err")),
