@@ -1,7 +1,7 @@
 //! One device's data path, on its own thread: the transport engines, the shared rings of every
 //! client, and the packet I/O.
 //!
-//! Each client process gets its own engine ([`proto::transport::Device`]) on each device it
+//! Each client process gets its own engine ([`proto::transport::Engine`]) on each device it
 //! opens, with its own block of QP numbers. All of a client's resources (PDs, MRs, CQs, QPs)
 //! live in that engine, and an R_Key is only ever honoured for a QP of the same PD, so
 //! packets are demultiplexed by destination QPN and every memory access the engine makes
@@ -140,7 +140,7 @@ impl ProcMem {
     }
 }
 
-type Engine = tp::Device<ProcMem>;
+type Engine = tp::Engine<ProcMem>;
 
 struct CqState {
     _region: SharedRegion,
@@ -802,7 +802,7 @@ impl DeviceThread {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
             self.last_block = block;
-            let mut config = tp::DeviceConfig::new(first, random_u64());
+            let mut config = tp::EngineConfig::new(first, random_u64());
             config.gids = self.gids.clone();
             config.port_mtu =
                 Mtu::from_enum(u32::from(self.info.active_mtu)).unwrap_or(Mtu::Mtu1024);
@@ -811,7 +811,7 @@ impl DeviceThread {
             // receiving engine takes with handle_verified_packet.
             config.seal_icrc = false;
             let mut engine =
-                tp::Device::new(config, ProcMem(RefCell::new(ProcessMemory::new(pid))));
+                tp::Engine::new(config, ProcMem(RefCell::new(ProcessMemory::new(pid))));
             engine.set_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);
             self.blocks.insert(block, client);
             self.clients.insert(

@@ -58,12 +58,12 @@ use std::time::Instant;
 
 const MSG: u32 = 1 << 20;
 
-fn device(ip: &str) -> Device<VecMemory> {
-    Device::new(DeviceConfig::new(ip.parse().unwrap(), 1), VecMemory::new())
+fn device(ip: &str) -> Engine<VecMemory> {
+    Engine::new(EngineConfig::new(ip.parse().unwrap(), 1), VecMemory::new())
 }
 
 struct Side {
-    dev: Device<VecMemory>,
+    dev: Engine<VecMemory>,
     qpn: proto::types::Qpn,
     cq: u32,
     addr: u64,

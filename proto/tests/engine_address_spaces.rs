@@ -30,7 +30,7 @@ impl MemoryAccess for Spaces {
     }
 }
 
-fn rc_up(dev: &mut Device<Spaces>, qpn: Qpn, remote: &str, dest: Qpn) {
+fn rc_up(dev: &mut Engine<Spaces>, qpn: Qpn, remote: &str, dest: Qpn) {
     let mut a = QpAttr {
         qp_state: QpState::Init,
         qp_access_flags: Access::ALL_REMOTE.union(Access::LOCAL_WRITE),
@@ -67,12 +67,12 @@ fn rc_up(dev: &mut Device<Spaces>, qpn: Qpn, remote: &str, dest: Qpn) {
 
 #[test]
 fn memory_accesses_carry_the_address_space_of_the_pd() {
-    let mut a = Device::new(
-        DeviceConfig::new("10.0.0.1".parse().unwrap(), 1),
+    let mut a = Engine::new(
+        EngineConfig::new("10.0.0.1".parse().unwrap(), 1),
         Spaces::default(),
     );
-    let mut b = Device::new(
-        DeviceConfig::new("10.0.0.2".parse().unwrap(), 2),
+    let mut b = Engine::new(
+        EngineConfig::new("10.0.0.2".parse().unwrap(), 2),
         Spaces::default(),
     );
     let pa = a.alloc_pd_in(7);

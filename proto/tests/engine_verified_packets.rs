@@ -1,9 +1,9 @@
 //! The engine's entry points for a daemon's fast path:
-//! - `Device::handle_verified_packet`: a packet whose ICRC the caller already checked is taken
+//! - `Engine::handle_verified_packet`: a packet whose ICRC the caller already checked is taken
 //!   without computing the ICRC again (so even a wrong ICRC passes), while its headers are
 //!   still checked; `handle_packet` keeps refusing the same bytes;
-//! - `Device::set_seal_icrc(false)`: frames without the ICRC, for a caller that seals them;
-//! - `Device::sq_room`: whether `post_send` would take one more request.
+//! - `Engine::set_seal_icrc(false)`: frames without the ICRC, for a caller that seals them;
+//! - `Engine::sq_room`: whether `post_send` would take one more request.
 
 use proto::sim::{LinkModel, QpOptions, Sim};
 use proto::transport::*;

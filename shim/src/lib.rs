@@ -7,7 +7,7 @@
 //!   errno convention.
 //! * [`daemon`]: the process's control connection to `softroce daemon` (handshake, requests,
 //!   hang-up monitoring, fork handling).
-//! * [`device`]: device descriptions ([`device::DeviceSource`]): the daemon's device list
+//! * [`discovery`]: device descriptions ([`discovery::DeviceSource`]): the daemon's device list
 //!   combined with kernel rxe's constants.
 //! * [`runtime`]: lazily built device table, live-object registries, async-event plumbing.
 //! * [`verbs`]: every exported libibverbs function (unimplemented ones fail with EOPNOTSUPP).
@@ -20,7 +20,7 @@
 
 pub mod abi;
 pub mod daemon;
-pub mod device;
+pub mod discovery;
 pub mod ffi;
 pub mod rdmacm;
 pub mod rsocket;

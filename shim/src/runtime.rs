@@ -14,7 +14,7 @@ use libc::c_int;
 
 use crate::abi::*;
 use crate::daemon::ControlConnection;
-use crate::device::{source_from_env, DeviceDescription, DeviceSource};
+use crate::discovery::{source_from_env, DeviceDescription, DeviceSource};
 use crate::ffi::Errno;
 use proto::ctl::{Request, Response};
 
@@ -231,7 +231,7 @@ pub fn context_from_ptr<'a>(ctx: *mut IbvContext) -> Result<&'a ShimContext, Err
         return Err(Errno::INVAL);
     }
     // SAFETY: `ctx` is registered, so it is the `vctx.context` member of a live, boxed
-    // ShimContext (see `verbs::device::ibv_open_device`); stepping back CONTEXT_OFFSET bytes
+    // ShimContext (see `verbs::context::ibv_open_device`); stepping back CONTEXT_OFFSET bytes
     // gives the start of that allocation. It is only freed after being unregistered.
     Ok(unsafe { &*ctx.cast::<u8>().sub(CONTEXT_OFFSET).cast::<ShimContext>() })
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use libc::{c_int, pollfd, POLLIN};
 use softroce::abi::*;
 use softroce::daemon;
-use softroce::verbs::device::*;
+use softroce::verbs::context::*;
 use softroce::verbs::events::*;
 
 fn errno() -> c_int {

@@ -2,7 +2,7 @@
 //! opened: there is no built-in fallback device. (The stderr line is checked end to end in
 //! tests/tests/shim_devices.rs.)
 
-use softroce::verbs::device::*;
+use softroce::verbs::context::*;
 
 #[test]
 fn no_daemon_means_an_empty_non_null_list() {

@@ -11,7 +11,7 @@ use std::ptr;
 use libc::{c_int, pollfd, POLLIN};
 use softroce::abi::*;
 use softroce::runtime::{context_from_ptr, AsyncEventRecord};
-use softroce::verbs::device::*;
+use softroce::verbs::context::*;
 use softroce::verbs::events::*;
 use softroce::verbs::pd::*;
 use softroce::verbs::query::*;

@@ -91,7 +91,7 @@ struct Rule {
 /// A node: a device, its memory, and a default PD and CQ.
 #[derive(Debug)]
 pub struct Node {
-    pub dev: Device<VecMemory>,
+    pub dev: Engine<VecMemory>,
     pub pd: u32,
     pub cq: u32,
     pub ip: IpAddr,
@@ -207,8 +207,8 @@ impl Sim {
     /// Adds a node with address `ip` (its GID 0); every link to and from it gets `link`.
     pub fn add_node(&mut self, ip: IpAddr, link: LinkModel) -> usize {
         let idx = self.nodes.len();
-        let mut dev = Device::new(
-            DeviceConfig::new(ip, self.seed ^ ((idx as u64 + 1) * 0x1234_5678)),
+        let mut dev = Engine::new(
+            EngineConfig::new(ip, self.seed ^ ((idx as u64 + 1) * 0x1234_5678)),
             VecMemory::new(),
         );
         let pd = dev.alloc_pd();
@@ -273,7 +273,7 @@ impl Sim {
         self.on_packet(1, Action::Drop, matcher);
     }
 
-    pub fn dev(&mut self, node: usize) -> &mut Device<VecMemory> {
+    pub fn dev(&mut self, node: usize) -> &mut Engine<VecMemory> {
         &mut self.nodes[node].dev
     }
 

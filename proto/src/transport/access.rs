@@ -1,7 +1,7 @@
 //! Key, protection-domain, access-flag and bounds checks in front of every memory access
 //! (IBTA Vol. 1 §10.6.3 for L_Keys, §9.7.4.1.4 for R_Keys), then the copy itself.
 
-use super::device::Ctx;
+use super::engine::Ctx;
 use super::memory::MemoryAccess;
 use super::packet_io::Payload;
 use super::resources::{Mr, MwBinding, MwType, MW_INDEX_BASE};

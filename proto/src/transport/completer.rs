@@ -2,7 +2,7 @@
 //! completes WQEs in order, turns NAKs into completion statuses, and starts go-back-N retries
 //! on sequence NAKs, implied NAKs, RNR NAKs and the retransmit timer.
 
-use super::device::{check_sq_drained, schedule, Ctx, RxPacket};
+use super::engine::{check_sq_drained, schedule, Ctx, RxPacket};
 use super::memory::MemoryAccess;
 use super::qp::Qp;
 use super::qp_attr::QpType;

@@ -3,7 +3,7 @@
 //! and the simulator with [`VecMemory`].
 //!
 //! Addresses are the virtual addresses the application registered (`ibv_reg_mr`'s `addr`),
-//! in the address space `space` of the PD the MR belongs to ([`super::Device::alloc_pd_in`]):
+//! in the address space `space` of the PD the MR belongs to ([`super::Engine::alloc_pd_in`]):
 //! a daemon serving several processes keys its `process_vm_*` calls by it (a pid, say).
 //! The engine has already checked keys, access flags and bounds before it calls the trait, so
 //! an implementation only reports what the host itself refuses (an unmapped page).

@@ -1,14 +1,14 @@
 //! The transport engine: RC, UC and UD queue pairs as kernel rxe runs them (IBTA Vol. 1
 //! chapters 9-11), as a sans-I/O state machine.
 //!
-//! One [`Device`] holds every resource of a port (PDs, MRs, CQs, SRQs, AHs, QPs) and the
+//! One [`Engine`] holds every resource of a port (PDs, MRs, CQs, SRQs, AHs, QPs) and the
 //! requester, completer and responder of every QP, split as rxe splits them:
 //! [`requester`] builds request packets, [`completer`] consumes responses and completes send
 //! WQEs, [`responder`] executes requests and queues responses.
 //!
-//! Driving it (quinn-proto style): feed received packets to [`Device::handle_packet`], call
-//! [`Device::handle_timeout`] when [`Device::poll_timeout`] says so, and drain
-//! [`Device::poll_transmit`] after every call. Time is `now` in nanoseconds from any
+//! Driving it (quinn-proto style): feed received packets to [`Engine::handle_packet`], call
+//! [`Engine::handle_timeout`] when [`Engine::poll_timeout`] says so, and drain
+//! [`Engine::poll_transmit`] after every call. Time is `now` in nanoseconds from any
 //! monotonic origin. Registered memory is reached through [`MemoryAccess`].
 //!
 //! **Packets in and out are whole IP packets** (IPv4 or IPv6 header, UDP to 4791, BTH .. ICRC),
@@ -16,15 +16,15 @@
 //! and UDP headers, so the engine must see them. A daemon on a TAP or raw socket adds the
 //! Ethernet header; one on a UDP socket sends `buf[transport_offset..]` (see [`Transmit`]).
 
-//! Counters: [`Device::counters`] keeps every counter rxe keeps, under rxe's names
+//! Counters: [`Engine::counters`] keeps every counter rxe keeps, under rxe's names
 //! (`ack_deferred` and `link_downed` stay 0: the first is rxe's internal task scheduling, the
 //! second belongs to the daemon's link).
 //!
 //! ```
 //! use proto::transport::*;
 //! // Two devices; in the daemon the "wire" is io_uring, here it is a function call.
-//! let mut a = Device::new(DeviceConfig::new("10.0.0.1".parse().unwrap(), 1), VecMemory::new());
-//! let mut b = Device::new(DeviceConfig::new("10.0.0.2".parse().unwrap(), 2), VecMemory::new());
+//! let mut a = Engine::new(EngineConfig::new("10.0.0.1".parse().unwrap(), 1), VecMemory::new());
+//! let mut b = Engine::new(EngineConfig::new("10.0.0.2".parse().unwrap(), 2), VecMemory::new());
 //! let (pd_a, pd_b) = (a.alloc_pd(), b.alloc_pd());
 //! let (cq_a, cq_b) = (a.create_cq(16).unwrap(), b.create_cq(16).unwrap());
 //! let init = |pd, cq| QpInit { pd, qp_type: QpType::Ud, send_cq: cq, recv_cq: cq, srq: None,
@@ -65,7 +65,7 @@ pub mod access;
 pub mod cc;
 pub mod completer;
 pub mod counters;
-pub mod device;
+pub mod engine;
 pub mod memory;
 mod packet_io;
 pub mod qp;
@@ -78,7 +78,7 @@ pub mod verbs;
 
 pub use cc::{CongestionControl, NoCongestionControl};
 pub use counters::Counters;
-pub use device::{Device, DeviceConfig, MrKeys, Transmit, MAX_FRAME_LEN};
+pub use engine::{Engine, EngineConfig, MrKeys, Transmit, MAX_FRAME_LEN};
 pub use memory::{MemoryAccess, MemoryError, VecMemory};
 pub use qp::{QpCap, QpInit};
 pub use qp_attr::{

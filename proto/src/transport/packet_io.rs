@@ -17,7 +17,7 @@
 //!   the fast path never accepts what the wire layer would refuse, and errors are counted
 //!   exactly as before.
 
-use super::device::{RxPacket, Transmit};
+use super::engine::{RxPacket, Transmit};
 use crate::types::Rkey;
 use crate::wire::{
     bth, icrc, ipv4, udp, AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr,
@@ -307,7 +307,7 @@ impl SegmentTemplate {
 /// memory straight into the frame, or lent). Returns None when `buf` is too short or the
 /// repr is inconsistent, `Some(Err)` when `fill` failed. The UDP checksum is 0, as rxe sends
 /// it; the length fields are computed here. Without `seal` the ICRC field is left zero: the
-/// daemon seals each packet once for the headers its socket writes (`DeviceConfig::seal_icrc`).
+/// daemon seals each packet once for the headers its socket writes (`EngineConfig::seal_icrc`).
 #[inline(always)]
 pub(crate) fn emit<'a, E>(
     route: &Route,

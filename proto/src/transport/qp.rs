@@ -144,7 +144,7 @@ pub(crate) struct Qp {
     pub init: QpInit,
     pub src_port: u16,
     /// The route last computed for this QP's packets, with the address vector and source
-    /// port it was computed for (see [`super::device::route_for`]).
+    /// port it was computed for (see [`super::engine::route_for`]).
     pub route_cache: Option<(AddressVector, u16, Route)>,
     /// The headers of the MIDDLE packets of the message being sent, once one was built
     /// (see [`super::packet_io::SegmentTemplate`]). Cleared by every modify.

@@ -2,7 +2,7 @@
 //! MTU, assigning PSNs, setting AckReq, honouring the window, the `max_rd_atomic` depth and
 //! fences, and going back N when the completer asks for a retry.
 
-use super::device::{complete, route_for, Ctx, Transmit};
+use super::engine::{complete, route_for, Ctx, Transmit};
 use super::memory::MemoryAccess;
 use super::packet_io::{Payload, SegmentTemplate};
 use super::qp::{Qp, SendWqe};
@@ -101,7 +101,7 @@ pub(crate) fn post_send<M: MemoryAccess>(
         read_req_psn: Psn::new(0),
         error: None,
     });
-    super::device::schedule(qp, &mut ctx.ready);
+    super::engine::schedule(qp, &mut ctx.ready);
     Ok(())
 }
 
@@ -134,7 +134,7 @@ pub(crate) fn complete_head<M>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) 
 /// Completes the head with an error and moves the QP to ERR, flushing the rest.
 pub(crate) fn fail_head<M>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) {
     complete_head(qp, ctx, status);
-    super::device::flush_qp(qp, ctx, false);
+    super::engine::flush_qp(qp, ctx, false);
     ctx.events.push_back(AsyncEvent::QpFatal { qpn: qp.qpn });
 }
 

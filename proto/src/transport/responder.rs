@@ -3,7 +3,7 @@
 //! NAKs, read responses, atomic ACKs. Duplicates are answered from the replay resources,
 //! never executed twice (IBTA §9.7.5.1).
 
-use super::device::{complete, flush_qp, route_for, schedule, Ctx, RxPacket, Transmit};
+use super::engine::{complete, flush_qp, route_for, schedule, Ctx, RxPacket, Transmit};
 use super::memory::MemoryAccess;
 use super::packet_io::{Payload, PendingIcrc, WriteMiddle};
 use super::qp::{npkts, InMessage, Qp, Resource, ResourceKind, RespOut};

@@ -326,7 +326,7 @@ impl WorkCompletion {
 }
 
 /// Asynchronous events (`ibv_event_type`) the device raises; drain them with
-/// [`super::Device::poll_event`].
+/// [`super::Engine::poll_event`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AsyncEvent {
     /// A completion queue overflowed (IBV_EVENT_CQ_ERR).

@@ -325,7 +325,7 @@ pub fn shared_context(index: usize) -> Result<*mut IbvContext, Errno> {
     }
     if table[index].context == 0 {
         // SAFETY: a device pointer of our own table.
-        let ctx = unsafe { crate::verbs::device::ibv_open_device(dev.as_ptr()) };
+        let ctx = unsafe { crate::verbs::context::ibv_open_device(dev.as_ptr()) };
         if ctx.is_null() {
             return Err(Errno::last());
         }

@@ -2,8 +2,8 @@
 //! remaining export as a documented-error stub.
 
 pub mod ah;
+pub mod context;
 pub mod cq;
-pub mod device;
 pub mod events;
 pub mod helpers;
 pub mod mw;

@@ -8,7 +8,7 @@
 use libc::{c_int, size_t};
 
 use crate::abi::*;
-use crate::device::{GidDescription, PortDescription};
+use crate::discovery::{GidDescription, PortDescription};
 use crate::ffi::{self, copy_sized, Errno};
 use crate::runtime::{self, ShimContext};
 

@@ -1,4 +1,4 @@
-//! The device: every resource of one softroce port, and the sans-I/O entry points that drive
+//! The engine: every resource of one softroce port, and the sans-I/O entry points that drive
 //! it (quinn-proto style): `handle_packet`, `handle_timeout`, `poll_transmit`, `poll_timeout`,
 //! `poll_event`, and the verbs (create/modify/destroy, post, poll CQ).
 
@@ -23,13 +23,13 @@ pub const MAX_FRAME_LEN: usize = 40 + 8 + 12 + 32 + 4096 + 4 + 4;
 
 /// Static configuration of a device.
 #[derive(Debug, Clone)]
-pub struct DeviceConfig {
+pub struct EngineConfig {
     /// The GID table: index 0 is the default source address of every AV.
     pub gids: Vec<IpAddr>,
     /// Seed of the random part of keys. The daemon seeds it from the OS; the engine reads no
     /// entropy itself.
     pub key_seed: u64,
-    /// `max_qp_wr`, `max_sge`, `max_cqe` etc. are kept modest; see [`DeviceConfig::default`].
+    /// `max_qp_wr`, `max_sge`, `max_cqe` etc. are kept modest; see [`EngineConfig::default`].
     pub max_cqe: usize,
     pub max_qp_wr: u32,
     pub max_sge: u32,
@@ -43,9 +43,9 @@ pub struct DeviceConfig {
     pub seal_icrc: bool,
 }
 
-impl DeviceConfig {
-    pub fn new(gid: IpAddr, key_seed: u64) -> DeviceConfig {
-        DeviceConfig {
+impl EngineConfig {
+    pub fn new(gid: IpAddr, key_seed: u64) -> EngineConfig {
+        EngineConfig {
             gids: vec![gid],
             key_seed,
             max_cqe: 32767,
@@ -112,7 +112,7 @@ pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 pub(crate) struct Ctx<M> {
     pub mem: M,
     pub keys: KeyGen,
-    pub config: DeviceConfig,
+    pub config: EngineConfig,
     pub pds: IntMap<u32, Pd>,
     pub mrs: IntMap<u32, Mr>,
     pub mws: IntMap<u32, Mw>,
@@ -134,20 +134,20 @@ pub(crate) struct Ctx<M> {
 
 /// One softroce device (port 1): its resources and its transport engine.
 #[derive(Debug)]
-pub struct Device<M: MemoryAccess> {
+pub struct Engine<M: MemoryAccess> {
     pub(crate) ctx: Ctx<M>,
     pub(crate) qps: IntMap<Qpn, Qp>,
     next_qpn: u32,
     /// QPNs this device may hand out are `next_qpn..qpn_end` (a daemon gives each client
-    /// process its own block, see [`Device::set_qpn_range`]).
+    /// process its own block, see [`Engine::set_qpn_range`]).
     qpn_end: u32,
     /// Multicast group (destination IP) -> attached UD QPs.
     mcast: HashMap<IpAddr, Vec<Qpn>>,
 }
 
-impl<M: MemoryAccess> Device<M> {
-    pub fn new(config: DeviceConfig, mem: M) -> Device<M> {
-        Device {
+impl<M: MemoryAccess> Engine<M> {
+    pub fn new(config: EngineConfig, mem: M) -> Engine<M> {
+        Engine {
             ctx: Ctx {
                 mem,
                 keys: KeyGen::new(config.key_seed),
@@ -202,7 +202,7 @@ impl<M: MemoryAccess> Device<M> {
 
     // ----- protection domains, memory regions -------------------------------------------
 
-    /// Whether `poll_transmit` computes the ICRC ([`DeviceConfig::seal_icrc`]).
+    /// Whether `poll_transmit` computes the ICRC ([`EngineConfig::seal_icrc`]).
     pub fn set_seal_icrc(&mut self, on: bool) {
         self.ctx.config.seal_icrc = on;
     }
@@ -732,7 +732,7 @@ impl<M: MemoryAccess> Device<M> {
         self.handle_parsed(now, parsed, packet);
     }
 
-    /// Like [`Device::handle_packet`] for a packet whose ICRC the caller has already checked
+    /// Like [`Engine::handle_packet`] for a packet whose ICRC the caller has already checked
     /// (a daemon verifies it on receive, where it also recovers the IPv4 Identification) or
     /// that never left the host (packets between two QPs of one device, as rxe's loopback):
     /// the headers are checked as usual, the ICRC is not computed again.
