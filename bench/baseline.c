@@ -12,6 +12,10 @@
 //   baseline tcp ADDR PORT             one TCP stream over loopback, 64 KiB writes
 //   baseline pingpong ADDR PORT N      UDP ping-pong of 2-byte datagrams, both sides busy-poll;
 //                                      one-way latency = RTT/2, percentiles over N round trips
+//   baseline shmpingpong N             ping-pong of a counter through shared memory between two
+//                                      processes, both busy-polling (the shortest hop one process
+//                                      can make to another: a cache line moving between cores);
+//                                      one way = RTT/2, percentiles over N round trips
 //
 // Each side is its own process (the receiver/server a forked child). With BASELINE_PIN set the
 // sender runs on CPU 0 and the receiver on CPU 1; by default neither is pinned, like the
@@ -317,6 +321,19 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static void report_rtt(const char *name, double *rtt, long iters) {
+    qsort(rtt, iters, sizeof(double), cmp_double);
+    double sum = 0;
+    for (long i = 0; i < iters; i++) sum += rtt[i];
+    // One way = RTT / 2, in µs, reported as perftest's latency programs do.
+    double k = 1e6 / 2;
+    printf("baseline=%s iters=%ld oneway_us_min=%.3f oneway_us_median=%.3f oneway_us_avg=%.3f "
+           "oneway_us_p99=%.3f oneway_us_p999=%.3f oneway_us_max=%.3f\n",
+           name, iters, rtt[0] * k, rtt[iters / 2] * k, sum / iters * k, rtt[(long)(iters * 0.99)] * k,
+           rtt[(long)(iters * 0.999)] * k, rtt[iters - 1] * k);
+    fflush(stdout);
+}
+
 // Both ends spin on non-blocking recv (no thread is ever woken), the shortest path a datagram
 // can take through the kernel's loopback.
 static void mode_pingpong(const char *ip, int port, long iters) {
@@ -350,16 +367,36 @@ static void mode_pingpong(const char *ip, int port, long iters) {
         if (i >= warmup) rtt[i - warmup] = now() - t0;
     }
     waitpid(child, NULL, 0);
-    qsort(rtt, iters, sizeof(double), cmp_double);
-    double sum = 0;
-    for (long i = 0; i < iters; i++) sum += rtt[i];
-    // One way = RTT / 2, in µs, reported as perftest's latency programs do.
-    double k = 1e6 / 2;
-    printf("baseline=udp_pingpong iters=%ld oneway_us_min=%.2f oneway_us_median=%.2f oneway_us_avg=%.2f "
-           "oneway_us_p99=%.2f oneway_us_p999=%.2f oneway_us_max=%.2f\n",
-           iters, rtt[0] * k, rtt[iters / 2] * k, sum / iters * k, rtt[(long)(iters * 0.99)] * k,
-           rtt[(long)(iters * 0.999)] * k, rtt[iters - 1] * k);
-    fflush(stdout);
+    report_rtt("udp_pingpong", rtt, iters);
+}
+
+// A counter on its own cache line in a MAP_SHARED mapping inherited by a forked child: the
+// parent writes 2k+1 and spins until it reads 2k+2, the child answers every odd value with the
+// next one. Neither side makes a system call or sleeps.
+static void mode_shm_pingpong(long iters) {
+    volatile uint64_t *line = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (line == MAP_FAILED) die("mmap");
+    *line = 0;
+    long warmup = iters / 10, total = iters + warmup;
+    pid_t child = fork_child();
+    if (child == 0) {
+        pin(1);
+        for (uint64_t k = 0; k < (uint64_t)total; k++) {
+            while (__atomic_load_n(line, __ATOMIC_ACQUIRE) != 2 * k + 1) __builtin_ia32_pause();
+            __atomic_store_n(line, 2 * k + 2, __ATOMIC_RELEASE);
+        }
+        _exit(0);
+    }
+    pin(0);
+    double *rtt = malloc(sizeof(double) * iters);
+    for (uint64_t k = 0; k < (uint64_t)total; k++) {
+        double t0 = now();
+        __atomic_store_n(line, 2 * k + 1, __ATOMIC_RELEASE);
+        while (__atomic_load_n(line, __ATOMIC_ACQUIRE) != 2 * k + 2) __builtin_ia32_pause();
+        if ((long)k >= warmup) rtt[k - warmup] = now() - t0;
+    }
+    waitpid(child, NULL, 0);
+    report_rtt("shm_pingpong", rtt, iters);
 }
 
 int main(int argc, char **argv) {
@@ -370,6 +407,7 @@ int main(int argc, char **argv) {
         mode_udp(argv[2], atoi(argv[3]), atoi(argv[4]), !strcmp(argv[5], "gso"));
     else if (argc == 4 && !strcmp(argv[1], "tcp")) mode_tcp(argv[2], atoi(argv[3]));
     else if (argc == 5 && !strcmp(argv[1], "pingpong")) mode_pingpong(argv[2], atoi(argv[3]), atol(argv[4]));
+    else if (argc == 3 && !strcmp(argv[1], "shmpingpong")) mode_shm_pingpong(atol(argv[2]));
     else {
         fprintf(stderr, "usage: see the comment at the top of bench/baseline.c\n");
         return 2;
