@@ -142,7 +142,10 @@ fn coalesced_ack_completes_every_earlier_unsignaled_and_signaled_wqe() {
         p.recv(10 + i, i * 1024, 1024);
     }
     for i in 0..4 {
+        // Each on the wire before the next is posted: each ends what is queued, so each
+        // asks for its own ACK.
         p.send(i, SendOp::Send, 0, 10);
+        p.sim.run(1);
     }
     // Lose the ACKs of the first three: the fourth's ACK acknowledges them all.
     p.sim
@@ -154,6 +157,26 @@ fn coalesced_ack_completes_every_earlier_unsignaled_and_signaled_wqe() {
     );
     assert_eq!(p.counters(0).completer_retry_err, 0, "no retry needed");
     assert!(p.sim.now < MS);
+}
+
+#[test]
+fn a_burst_of_messages_asks_for_one_ack_that_completes_them_all() {
+    let mut p = setup(QpOptions::default());
+    for i in 0..8 {
+        p.recv(10 + i, i * 1024, 1024);
+    }
+    // Queued together: only the last one's last packet asks for an ACK (the requester knows
+    // the next message follows at once), and that ACK completes all eight.
+    for i in 0..8 {
+        p.send(i, SendOp::Send, 0, 10);
+    }
+    p.sim.run(MS);
+    assert_eq!(
+        p.statuses_a(),
+        (0..8).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    assert_eq!(p.statuses_b().len(), 8);
+    assert_eq!(p.sent(Opcode::RC_ACKNOWLEDGE).len(), 1);
 }
 
 #[test]

@@ -200,6 +200,28 @@ fn opcode_for(ty: QpType, op: &SendOp, first: bool, last: bool) -> Option<Opcode
     }
 }
 
+/// Whether the WQE after `idx` is one the requester sends right after this one's last packet
+/// without waiting for anything: a SEND or RDMA WRITE, not fenced. Then the last packet of
+/// WQE `idx` need not ask for an ACK: the next message's ACK acknowledges both (IBTA
+/// §9.7.5.1.2, coalesced acknowledgement), as rxe's every-64-packets AckReq already does
+/// inside one long message, and a stream of small messages costs one ACK per 64 packets
+/// instead of one per message. A message that ends what is queued (a latency test's every
+/// message), or is followed by a READ, an atomic, a local operation or a fence, which may
+/// wait for this one's completion, still asks for its ACK.
+fn next_goes_at_once(qp: &Qp, idx: usize) -> bool {
+    qp.sq.get(idx + 1).is_some_and(|next| {
+        !next.wr.flags.contains(SendFlags::FENCE)
+            && matches!(
+                next.wr.op,
+                SendOp::Send
+                    | SendOp::SendWithImm(_)
+                    | SendOp::SendWithInv(_)
+                    | SendOp::Write(_)
+                    | SendOp::WriteWithImm(..)
+            )
+    })
+}
+
 /// Builds the next request packet of `qp`, if the requester may send one now.
 pub(crate) fn poll_request<M: MemoryAccess>(
     qp: &mut Qp,
@@ -406,7 +428,8 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     let mut ack_req = false;
     if ty == QpType::Rc {
         qp.noack_pkts += 1;
-        if last || qp.noack_pkts > MAX_PKT_PER_ACK || is_read_atomic {
+        let ends_burst = last && !next_goes_at_once(qp, idx);
+        if ends_burst || qp.noack_pkts > MAX_PKT_PER_ACK || is_read_atomic {
             ack_req = true;
         }
     }
