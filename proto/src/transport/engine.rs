@@ -137,10 +137,10 @@ pub(crate) struct Ctx<M> {
 pub struct Engine<M: MemoryAccess> {
     pub(crate) ctx: Ctx<M>,
     pub(crate) qps: IntMap<Qpn, Qp>,
-    next_qpn: u32,
+    pub(crate) next_qpn: u32,
     /// QPNs this device may hand out are `next_qpn..qpn_end` (a daemon gives each client
     /// process its own block, see [`Engine::set_qpn_range`]).
-    qpn_end: u32,
+    pub(crate) qpn_end: u32,
     /// Multicast group (destination IP) -> attached UD QPs.
     mcast: HashMap<IpAddr, Vec<Qpn>>,
     /// The QPs that may have a timer armed: every QP that armed one since it was last found
