@@ -109,7 +109,9 @@ impl<M: MemoryAccess> Ctx<M> {
     }
 
     /// Places `data` into the buffer described by `sges`, `offset` bytes into it. The
-    /// buffers need LOCAL_WRITE. Too little room is a length error.
+    /// buffers need LOCAL_WRITE. Too little room is a length error. These are receive
+    /// buffers and a READ's or atomic's local buffers: what they hold is defined only at the
+    /// work request's completion ([`MemoryAccess::write_for_completion`]).
     pub(crate) fn scatter(
         &mut self,
         pd: u32,
@@ -132,7 +134,7 @@ impl<M: MemoryAccess> Ctx<M> {
             let at = sge.addr.wrapping_add(skip);
             let space = self.check_local(pd, sge, at, n as u64, Access::LOCAL_WRITE)?;
             self.mem
-                .write(space, at, &data[done..done + n])
+                .write_for_completion(space, at, &data[done..done + n])
                 .map_err(|_| WcStatus::LocProtErr)?;
             done += n;
             skip = 0;

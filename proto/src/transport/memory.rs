@@ -25,6 +25,20 @@ pub trait MemoryAccess {
     /// Copies `data` to `addr`.
     fn write(&mut self, space: u64, addr: u64, data: &[u8]) -> Result<(), MemoryError>;
 
+    /// Copies `data` to `addr` in a buffer whose contents the consumer may look at only once
+    /// the work request that owns it completes: a receive buffer, or the local buffer of a
+    /// READ or an atomic (IBTA §10.8.3.1: the consumer owns it again only then). A memory
+    /// that is not in this process may then carry the bytes along with the completion instead
+    /// of writing them at once; the default writes them at once.
+    fn write_for_completion(
+        &mut self,
+        space: u64,
+        addr: u64,
+        data: &[u8],
+    ) -> Result<(), MemoryError> {
+        self.write(space, addr, data)
+    }
+
     /// 64-bit compare-and-swap in host byte order (IBTA §9.4.5: the responder operates on the
     /// 8-byte aligned word); returns the original value. The default reads then writes, which is
     /// atomic because the engine runs one operation at a time; a daemon sharing memory with a
