@@ -13,7 +13,7 @@
 //! | 0 | magic `RING_MAGIC`, version, slot size, slot count (written once by the daemon) |
 //! | 64 | producer index (free-running u32), on its own cache line |
 //! | 128 | consumer index (free-running u32), on its own cache line |
-//! | 192 | `consumer_sleeping` flag; `notify` word (CQ arming, see [`NOTIFY_NEXT`]) |
+//! | 192 | `consumer_sleeping` flag; `notify` word (CQ arming, see [`NOTIFY_NEXT`]); fast-path offer (send rings) and fast-source count (CQ rings), see [`fast`] |
 //! | 256 | `slot_count` slots of `slot_size` bytes |
 //!
 //! The other process is not trusted: the daemon keeps its own copy of the geometry, never reads
@@ -23,6 +23,7 @@
 
 #![allow(unsafe_code)]
 
+pub mod fast;
 pub mod wqe;
 
 use core::sync::atomic::{fence, AtomicU32, Ordering};
@@ -38,6 +39,11 @@ const OFF_PRODUCER: usize = 64;
 const OFF_CONSUMER: usize = 128;
 const OFF_SLEEPING: usize = 192;
 const OFF_NOTIFY: usize = 196;
+/// Send rings: the daemon offers the QP's requester to its process (the same-host fast path,
+/// [`fast`]): nonzero = offered.
+const OFF_FAST_OFFER: usize = 200;
+/// Completion rings: how many times the set of fast rings feeding this CQ changed.
+const OFF_FAST_SOURCES: usize = 204;
 
 /// CQ arming (`ibv_req_notify_cq`): no event wanted.
 pub const NOTIFY_NONE: u32 = 0;
@@ -290,6 +296,43 @@ impl SharedRing {
         self.word(OFF_SLEEPING).store(0, Ordering::Relaxed);
     }
 
+    /// The consumer takes over a ring another process consumed meanwhile (the same-host fast
+    /// path lends a receive ring to the process that runs its responder): reads the shared
+    /// consumer index, which must lie between ours and the producer's.
+    pub fn resync_consumer(&mut self) -> Result<(), RingError> {
+        let shared = self.word(OFF_CONSUMER).load(Ordering::Acquire);
+        let producer = self.word(OFF_PRODUCER).load(Ordering::Acquire);
+        let moved = shared.wrapping_sub(self.local);
+        if moved > self.used(producer, self.local)? {
+            return Err(RingError::Corrupt(moved));
+        }
+        self.local = shared;
+        Ok(())
+    }
+
+    // ---- the same-host fast path (see [`fast`]) ----
+
+    /// The daemon offers (or withdraws) the fast path for the QP whose send ring this is.
+    pub fn set_fast_offer(&self, offered: bool) {
+        self.word(OFF_FAST_OFFER)
+            .store(u32::from(offered), Ordering::Release);
+    }
+
+    /// Whether the daemon offers the fast path (read by the shim before it posts).
+    pub fn fast_offered(&self) -> bool {
+        self.word(OFF_FAST_OFFER).load(Ordering::Relaxed) != 0
+    }
+
+    /// The daemon changed the fast rings that feed this CQ.
+    pub fn bump_fast_sources(&self) {
+        self.word(OFF_FAST_SOURCES).fetch_add(1, Ordering::Release);
+    }
+
+    /// How many times the daemon changed them (the shim asks again when this moves).
+    pub fn fast_sources(&self) -> u32 {
+        self.word(OFF_FAST_SOURCES).load(Ordering::Acquire)
+    }
+
     // ---- CQ notification ----
 
     /// The application arms the CQ (`ibv_req_notify_cq`).
@@ -410,6 +453,28 @@ mod tests {
         );
         cons.consumer_awake();
         assert!(!prod.push(&[3]).unwrap());
+    }
+
+    #[test]
+    fn a_lent_ring_is_taken_back_where_the_other_consumer_left_it() {
+        let g = RingGeometry::new(8, 64).unwrap();
+        let mut mem = Mem::new(g.byte_len());
+        let mut prod = unsafe { SharedRing::init(mem.ptr(), g) };
+        let mut daemon = unsafe { SharedRing::attach(mem.ptr(), mem.len(), false) }.unwrap();
+        let mut other = unsafe { SharedRing::attach(mem.ptr(), mem.len(), false) }.unwrap();
+        let mut out = [0u8; 64];
+        for i in 0..3u8 {
+            prod.push(&[i]).unwrap();
+        }
+        other.pop(&mut out).unwrap();
+        other.pop(&mut out).unwrap();
+        daemon.resync_consumer().unwrap();
+        assert!(daemon.pop(&mut out).unwrap());
+        assert_eq!(out[0], 2);
+        assert!(!daemon.pop(&mut out).unwrap());
+        // A consumer index moved past the producer is refused.
+        unsafe { (mem.ptr().add(OFF_CONSUMER) as *mut u32).write(100) };
+        assert!(daemon.resync_consumer().is_err());
     }
 
     #[test]
