@@ -427,6 +427,31 @@ pub enum Request {
     CmQueryId {
         id: u32,
     },
+
+    // ---- the same-host fast path (see the "fast path" section below) ----
+    /// Takes the transport of the requester of `qpn` (and of the responder of the peer QP it
+    /// is connected to) into this process, after the daemon offered it
+    /// ([`crate::ring::SharedRing::fast_offered`] on the QP's send ring). Sent while the send
+    /// queue is empty. Response [`Response::FastGrant`] + 3 fds (the direction's memfd, the
+    /// peer QP's ring memfd, the peer client's MR table memfd), or an error (EAGAIN: not
+    /// now, post through the ring).
+    FastTake {
+        qpn: u32,
+    },
+    /// Gives back what [`Request::FastTake`] granted, after the direction's state was
+    /// published in its control block ([`crate::ring::fast::Direction::publish`]). `events`:
+    /// async events the engines raised meanwhile.
+    FastReturn {
+        qpn: u32,
+        events: Vec<FastEvent>,
+    },
+    /// The fast rings that feed completion queue `cq` of this client (other processes'
+    /// directions deliver its receive completions there), after the CQ ring's source count
+    /// changed ([`crate::ring::SharedRing::fast_sources`]). Response
+    /// [`Response::FastSources`] + one fd per ring.
+    FastSources {
+        cq: u32,
+    },
 }
 
 /// Resources one client holds.
@@ -531,6 +556,12 @@ pub enum Response {
     CmQpAttr {
         attr: QpAttr,
         mask: u32,
+    },
+    /// + 3 fds: see [`Request::FastTake`].
+    FastGrant(Box<FastGrant>),
+    /// + one fd per ring (the memfd of the direction that produces into it).
+    FastSources {
+        rings: Vec<FastRing>,
     },
 }
 
@@ -692,6 +723,157 @@ pub fn gid_of(addr: std::net::IpAddr) -> [u8; 16] {
     match addr {
         std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
         std::net::IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// The IP address of a RoCE v2 GID (`::ffff:a.b.c.d` is IPv4).
+pub fn gid_ip(gid: [u8; 16]) -> std::net::IpAddr {
+    let v6 = std::net::Ipv6Addr::from(gid);
+    v6.to_ipv4_mapped()
+        .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4)
+}
+
+// ---- the same-host fast path ----
+//
+// Between two QPs of one device whose processes have the same uid, the daemon lets the process
+// that sends run the transport: the requester of its QP and the responder of the peer QP move
+// into engines inside that process (a *direction*: docs/architecture.md, "The same-host fast
+// path"). The daemon offers it, the shim takes it with `FastTake`, and either side ends it.
+
+/// One QP as the daemon's engine holds it, for the engine that takes it over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FastQp {
+    pub qpn: u32,
+    /// [`qp_type`].
+    pub qp_type: u32,
+    /// `enum ibv_qp_state`.
+    pub state: u32,
+    /// Every attribute, as `ibv_query_qp` returns them (`sq_psn` and `rq_psn` are the QP's
+    /// current PSNs).
+    pub attr: QpAttr,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+    /// The client's handles (of the QP's owner).
+    pub pd: u32,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    /// The requester's oldest unacknowledged PSN (equal to `attr.sq_psn` when idle) and the
+    /// responder's MSN.
+    pub comp_psn: u32,
+    pub msn: u32,
+}
+
+/// A receive WQE the daemon's engine held for the peer QP, handed to the direction.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FastRecv {
+    pub wr_id: u64,
+    /// (address, length, L_Key).
+    pub sges: Vec<(u64, u32, u32)>,
+}
+
+/// What [`Request::FastTake`] grants.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FastGrant {
+    /// The direction's id (also in its control block).
+    pub direction: u64,
+    /// The direction memfd's length; the receive-completion ring it holds for the peer.
+    pub block_len: u64,
+    pub ring: RingPlace,
+    /// The taker's QP (its requester runs here) and the peer QP (its responder runs here).
+    pub requester: FastQp,
+    pub responder: FastQp,
+    /// The peer QP's process, whose memory the responder reaches.
+    pub peer_pid: i32,
+    /// The peer QP's receive ring in the second fd (this process becomes its consumer).
+    pub peer_rq: RingPlace,
+    pub peer_region_len: u64,
+    /// Receive WQEs the daemon had already taken from that ring, oldest first: they go first.
+    pub recvs: Vec<FastRecv>,
+    /// The peer client's MR table (the third fd), [`crate::ring::fast::MrTable`].
+    pub mr_table_len: u64,
+}
+
+/// One ring feeding a CQ: a direction's receive-completion ring.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FastRing {
+    pub direction: u64,
+    pub block_len: u64,
+    pub ring: RingPlace,
+}
+
+/// An async event an engine of a direction raised (`enum ibv_event_type`), for the QP's
+/// owner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FastEvent {
+    pub qpn: u32,
+    pub event_type: u32,
+}
+
+/// The transport's attributes from their `ibv_qp_attr` form (every field, as
+/// [`Response::QpAttr`] carries them), or None when one is out of range.
+pub fn transport_attr(a: &QpAttr) -> Option<crate::transport::QpAttr> {
+    use crate::transport::{Access, AddressVector, Mtu};
+    let state = crate::transport::QpState::from_u32(a.qp_state)?;
+    Some(crate::transport::QpAttr {
+        qp_state: state,
+        cur_qp_state: crate::transport::QpState::from_u32(a.cur_qp_state).unwrap_or(state),
+        path_mtu: Mtu::from_enum(a.path_mtu).unwrap_or(Mtu::Mtu1024),
+        qkey: crate::Qkey(a.qkey),
+        rq_psn: crate::Psn::new(a.rq_psn),
+        sq_psn: crate::Psn::new(a.sq_psn),
+        dest_qp_num: crate::Qpn::new(a.dest_qp_num),
+        qp_access_flags: Access(a.qp_access_flags),
+        ah_attr: a.ah_attr.is_global.then(|| AddressVector {
+            dgid: gid_ip(a.ah_attr.dgid),
+            sgid_index: a.ah_attr.sgid_index,
+            hop_limit: a.ah_attr.hop_limit,
+            traffic_class: a.ah_attr.traffic_class,
+            flow_label: a.ah_attr.flow_label,
+        }),
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: a.en_sqd_async_notify != 0,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+    })
+}
+
+/// The `ibv_qp_attr` form of a QP's transport attributes in state `state`.
+pub fn ctl_attr(state: crate::transport::QpState, a: &crate::transport::QpAttr) -> QpAttr {
+    let av = a.ah_attr;
+    QpAttr {
+        qp_state: state as u32,
+        cur_qp_state: state as u32,
+        path_mtu: a.path_mtu as u32,
+        qkey: a.qkey.0,
+        rq_psn: a.rq_psn.value(),
+        sq_psn: a.sq_psn.value(),
+        dest_qp_num: a.dest_qp_num.value(),
+        qp_access_flags: a.qp_access_flags.0,
+        ah_attr: AhAttr {
+            dgid: av.map_or([0; 16], |v| gid_of(v.dgid)),
+            flow_label: av.map_or(0, |v| v.flow_label),
+            sgid_index: av.map_or(0, |v| v.sgid_index),
+            hop_limit: av.map_or(0, |v| v.hop_limit),
+            traffic_class: av.map_or(0, |v| v.traffic_class),
+            is_global: av.is_some(),
+            port_num: 1,
+            ..Default::default()
+        },
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: 1,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        ..Default::default()
     }
 }
 

@@ -34,6 +34,20 @@ pub enum QpState {
 }
 
 impl QpState {
+    /// From `enum ibv_qp_state`.
+    pub fn from_u32(v: u32) -> Option<QpState> {
+        Some(match v {
+            0 => QpState::Reset,
+            1 => QpState::Init,
+            2 => QpState::Rtr,
+            3 => QpState::Rts,
+            4 => QpState::Sqd,
+            5 => QpState::Sqe,
+            6 => QpState::Err,
+            _ => return None,
+        })
+    }
+
     /// The responder processes requests in RTR and later (rxe: `qp->resp.state`).
     pub fn receives(self) -> bool {
         matches!(self, QpState::Rtr | QpState::Rts | QpState::Sqd)
