@@ -5,7 +5,8 @@ pub mod cm;
 pub mod config;
 pub mod ctl;
 pub mod device;
-pub mod memory;
+/// Client memory access: the `softroce-procmem` crate (shared with the shim's fast path).
+pub use procmem as memory;
 pub mod net;
 pub mod pcap;
 pub mod server;

@@ -1,4 +1,5 @@
-//! Reaching registered memory inside client processes without changing their address space:
+//! Reaching registered memory inside another process (the daemon's clients; for the shim's
+//! same-host fast path, the peer process) without changing their address space:
 //! `process_vm_readv` and `process_vm_writev` (verbs-abi.md §5). Remapping pages onto shared
 //! memory would be faster but loses concurrent writes, breaks fork and file-backed mappings, so
 //! it is not done.
