@@ -432,9 +432,9 @@ pub enum Request {
     /// Takes the transport of the requester of `qpn` (and of the responder of the peer QP it
     /// is connected to) into this process, after the daemon offered it
     /// ([`crate::ring::SharedRing::fast_offered`] on the QP's send ring). Sent while the send
-    /// queue is empty. Response [`Response::FastGrant`] + 3 fds (the direction's memfd, the
-    /// peer QP's ring memfd, the peer client's MR table memfd), or an error (EAGAIN: not
-    /// now, post through the ring).
+    /// queue is empty. Response [`Response::FastGrant`] + 4 fds (the direction's memfd, the
+    /// peer QP's ring memfd, the peer client's and the taker's MR table memfds), or an error
+    /// (EAGAIN: not now, post through the ring).
     FastTake {
         qpn: u32,
     },
@@ -557,7 +557,7 @@ pub enum Response {
         attr: QpAttr,
         mask: u32,
     },
-    /// + 3 fds: see [`Request::FastTake`].
+    /// + 4 fds: see [`Request::FastTake`].
     FastGrant(Box<FastGrant>),
     /// + one fd per ring (the memfd of the direction that produces into it).
     FastSources {
@@ -789,8 +789,13 @@ pub struct FastGrant {
     pub peer_region_len: u64,
     /// Receive WQEs the daemon had already taken from that ring, oldest first: they go first.
     pub recvs: Vec<FastRecv>,
-    /// The peer client's MR table (the third fd), [`crate::ring::fast::MrTable`].
+    /// The peer client's MR table (the third fd) and the taker's own (the fourth),
+    /// [`crate::ring::fast::MrTable`].
     pub mr_table_len: u64,
+    pub own_mr_table_len: u64,
+    /// The device's GID table as its engines hold it, and its port MTU (`enum ibv_mtu`).
+    pub gids: Vec<[u8; 16]>,
+    pub port_mtu: u8,
 }
 
 /// One ring feeding a CQ: a direction's receive-completion ring.

@@ -417,6 +417,120 @@ impl Cqe {
     }
 }
 
+/// The engine's work requests and completions from and to these entries: what the daemon
+/// does with each slot it takes from a ring, and the shim's fast path with each work request
+/// it runs itself.
+pub mod convert {
+    use super::{Cqe, RecvWqe, SendData, SendWqe, WrOpcode};
+    use crate::transport::{
+        Access, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, UdDest, WcFlags, WorkCompletion,
+    };
+    use crate::types::Rkey;
+
+    /// The engine's send work request for a decoded WQE. `ah_handle` maps the UD
+    /// destination's address-handle name (the daemon strips its device index from it).
+    pub fn send_wr(
+        w: &SendWqe<'_>,
+        ah_handle: impl Fn(u32) -> u32,
+    ) -> Result<SendWr, &'static str> {
+        let remote = RemoteAddr {
+            va: w.remote_addr,
+            rkey: w.rkey,
+        };
+        let op = match w.opcode {
+            WrOpcode::Send => SendOp::Send,
+            // `ibv_send_wr.imm_data` is __be32: the slot holds the bytes the application
+            // stored, which go on the wire as they are; the engine's immediate is the ImmDt
+            // field's big-endian value.
+            WrOpcode::SendWithImm => SendOp::SendWithImm(u32::from_be(w.imm_or_inv)),
+            WrOpcode::SendWithInv => SendOp::SendWithInv(Rkey(w.imm_or_inv)),
+            WrOpcode::RdmaWrite => SendOp::Write(remote),
+            WrOpcode::RdmaWriteWithImm => SendOp::WriteWithImm(remote, u32::from_be(w.imm_or_inv)),
+            WrOpcode::RdmaRead => SendOp::Read(remote),
+            WrOpcode::AtomicCmpAndSwp => SendOp::CompareSwap {
+                remote,
+                compare: w.compare_add,
+                swap: w.swap,
+            },
+            WrOpcode::AtomicFetchAndAdd => SendOp::FetchAdd {
+                remote,
+                add: w.compare_add,
+            },
+            WrOpcode::AtomicWrite => SendOp::AtomicWrite {
+                remote,
+                value: w.compare_add,
+            },
+            WrOpcode::Flush => SendOp::Flush {
+                remote,
+                len: w.compare_add as u32,
+                placement: w.swap as u8,
+            },
+            WrOpcode::LocalInv => SendOp::LocalInv(Rkey(w.imm_or_inv)),
+            WrOpcode::BindMw => {
+                let b = w.bind.ok_or("bind without its arguments")?;
+                SendOp::BindMw {
+                    mw_rkey: b.mw_rkey,
+                    mr_lkey: b.mr_lkey,
+                    addr: b.addr,
+                    length: b.length,
+                    access: Access(b.access),
+                    // The low byte of the new R_Key is the consumer's key (ibv_inc_rkey).
+                    key: b.new_rkey.0 as u8,
+                }
+            }
+        };
+        let (sg_list, inline_data) = match w.data {
+            SendData::Sges(s) => (s.to_vec(), Vec::new()),
+            SendData::Inline(d) => (Vec::new(), d.to_vec()),
+        };
+        Ok(SendWr {
+            wr_id: w.wr_id,
+            op,
+            sg_list,
+            inline_data,
+            flags: SendFlags(w.flags & super::send_flags::ALL),
+            ud: w.ud.map(|u| UdDest {
+                ah: ah_handle(u.ah),
+                ..u
+            }),
+        })
+    }
+
+    /// The engine's receive work request for a decoded WQE.
+    pub fn recv_wr(w: &RecvWqe<'_>) -> RecvWr {
+        RecvWr {
+            wr_id: w.wr_id,
+            sg_list: w.sges.to_vec(),
+        }
+    }
+
+    /// The `struct ibv_wc` image of an engine completion.
+    pub fn cqe(wc: &WorkCompletion) -> Cqe {
+        Cqe {
+            wr_id: wc.wr_id,
+            status: wc.status as u32,
+            opcode: wc.opcode as u32,
+            vendor_err: 0,
+            byte_len: wc.byte_len,
+            // `ibv_wc.imm_data` is `__be32`: the wire's ImmDt bytes as they arrived (the
+            // engine holds them as a host value), as rxe copies them; an invalidated R_Key is
+            // host order.
+            imm_or_inv: if wc.wc_flags.contains(WcFlags::WITH_INV) {
+                wc.invalidated_rkey
+            } else {
+                wc.imm_data.to_be()
+            },
+            qp_num: wc.qp_num.value(),
+            src_qp: wc.src_qp.value(),
+            wc_flags: wc.wc_flags.0,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
