@@ -21,6 +21,7 @@
 pub mod abi;
 pub mod daemon;
 pub mod discovery;
+pub mod fast;
 pub mod ffi;
 pub mod rdmacm;
 pub mod rsocket;

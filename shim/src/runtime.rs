@@ -220,6 +220,8 @@ pub struct ShimContext {
     pub doorbell: OwnedFd,
     /// CQs, QPs and SRQs of this context by daemon handle / QPN.
     pub objects: Mutex<ObjectTable>,
+    /// The same-host fast path's directions and sources of this context.
+    pub fast: crate::fast::FastPath,
 }
 
 /// Offset of the `ibv_context` inside [`ShimContext`] (320 for rdma-core 44).

@@ -48,6 +48,15 @@ impl Mapping {
         })
     }
 
+    /// The mapping's first byte (page aligned) and length.
+    pub fn base(&self) -> *mut u8 {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     /// Attaches to the ring the daemon placed at `place`, checking that it lies inside the
     /// mapping and has the geometry the daemon announced.
     pub fn ring(&self, place: &RingPlace, producer: bool) -> Result<SharedRing, Errno> {

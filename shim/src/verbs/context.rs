@@ -179,6 +179,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
             handle,
             doorbell,
             objects: Mutex::new(ObjectTable::default()),
+            fast: Default::default(),
         });
         let raw = Box::into_raw(shim);
         // SAFETY: `raw` is a fresh, valid allocation; take the address of its context member.

@@ -141,6 +141,9 @@ impl ShimQp {
     pub fn post_built(&self, mut wrs: Vec<BuiltWr>) -> Result<(), Errno> {
         let ctx = self.context()?;
         ctx.data_path_ok()?;
+        // The `ibv_wr_*` batches go through the ring: a direction of this QP comes back to
+        // the daemon first.
+        ctx.fast.give_back(ctx, self.qp.qp_base.qp_num);
         if self.state() < IBV_QPS_RTS {
             return Err(Errno::INVAL);
         }
@@ -176,6 +179,75 @@ impl ShimQp {
 
     /// Validates and encodes one send WR into the send queue (rxe's validate_send_wr checks).
     fn post_send_one(&self, sq: &mut Producer, wr: &IbvSendWr) -> Result<bool, Errno> {
+        let len = self.encode_send(sq, wr)?;
+        sq.publish(len)
+    }
+
+    /// Whether this QP's type can be on the same-host fast path (the daemon decides if it
+    /// is: see `crate::fast`).
+    fn fast_capable(&self) -> bool {
+        matches!(self.qp.qp_base.qp_type, IBV_QPT_RC | IBV_QPT_UC) && self.qp.qp_base.srq.is_null()
+    }
+
+    /// Posts the list starting at `wr` on the fast path when this QP's direction runs here
+    /// (or the daemon offers it): each WR is validated and encoded exactly as for the ring,
+    /// then decoded from that encoding, so that both paths see the same work request. `None`:
+    /// post through the ring.
+    fn post_fast(
+        &self,
+        ctx: &ShimContext,
+        sq: &mut Producer,
+        wr: *mut IbvSendWr,
+    ) -> Option<Result<(), (Errno, *mut IbvSendWr)>> {
+        if !crate::fast::enabled() || !self.fast_capable() {
+            return None;
+        }
+        let qpn = self.qp.qp_base.qp_num;
+        let offered = sq.ring.fast_offered();
+        if !offered && !ctx.fast.runs(qpn) {
+            return None;
+        }
+        let slot_count = sq.ring.geometry().slot_count;
+        let sq_empty = sq.ring.free().is_ok_and(|f| f == slot_count);
+        let mut encoded: Vec<Vec<u8>> = Vec::new();
+        let mut failed = None;
+        let mut cur = wr;
+        while !cur.is_null() {
+            // SAFETY: non-null and part of the caller's list of valid WRs (verb contract).
+            let w = unsafe { &*cur };
+            match self.encode_send(sq, w) {
+                Ok(len) => encoded.push(sq.slot[..len].to_vec()),
+                Err(e) => {
+                    failed = Some((e, cur));
+                    break;
+                }
+            }
+            cur = w.next;
+        }
+        let mut sges = vec![[wqe::Sge::default(); wqe::MAX_SGE]; encoded.len()];
+        let mut wqes = Vec::with_capacity(encoded.len());
+        for (slot, sges) in encoded.iter().zip(sges.iter_mut()) {
+            let w = SendWqe::decode(
+                slot,
+                self.cap.max_send_sge as usize,
+                self.cap.max_inline_data as usize,
+                sges,
+            )
+            .ok()?;
+            wqes.push(w);
+        }
+        match ctx.fast.post(ctx, qpn, offered, sq_empty, &wqes) {
+            crate::fast::Posted::Ring => None,
+            crate::fast::Posted::Done(_) => Some(match failed {
+                None => Ok(()),
+                Some(f) => Err(f),
+            }),
+        }
+    }
+
+    /// Validates and encodes one send WR into the producer's scratch slot; returns its
+    /// length.
+    fn encode_send(&self, sq: &mut Producer, wr: &IbvSendWr) -> Result<usize, Errno> {
         let qp_type = self.qp.qp_base.qp_type;
         let opcode = WrOpcode::from_u32(wr.opcode as u32).ok_or(Errno::INVAL)?;
         let allowed = match qp_type {
@@ -289,8 +361,7 @@ impl ShimQp {
         let mut slot = std::mem::take(&mut sq.slot);
         let encoded = entry.encode(&mut slot);
         sq.slot = slot;
-        let len = encoded.map_err(|_| Errno::INVAL)?;
-        sq.publish(len)
+        encoded.map_err(|_| Errno::INVAL)
     }
 }
 
@@ -339,8 +410,12 @@ pub unsafe extern "C" fn post_send(
                 failed = wr;
                 return Err(Errno::INVAL);
             }
-            // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
-            unsafe { helpers::post_each(wr, |w| shim.post_send_one(&mut sq, w)) }
+            if let Some(result) = shim.post_fast(ctx, &mut sq, wr) {
+                (false, result)
+            } else {
+                // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
+                unsafe { helpers::post_each(wr, |w| shim.post_send_one(&mut sq, w)) }
+            }
         };
         if ring_bell {
             ctx.ring_doorbell();
@@ -725,6 +800,9 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mas
         // SAFETY: non-null, the caller's attributes.
         let a = unsafe { a.as_ref() };
         let ctx = shim.context()?;
+        // A QP whose requester runs here comes back to the daemon before it changes (the
+        // daemon reclaims the peer's half of it itself).
+        ctx.fast.give_back(ctx, shim.qp.qp_base.qp_num);
         let c = |v: c_int| v as u32;
         ctx.call_done(&Request::ModifyQp {
             qpn: shim.qp.qp_base.qp_num,
@@ -840,6 +918,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
         let shim = qp_from_ptr(qp)?;
         let ctx = shim.context()?;
         let qpn = shim.qp.qp_base.qp_num;
+        ctx.fast.give_back(ctx, qpn);
         match ctx.call_done(&Request::DestroyQp { qpn }) {
             Ok(()) | Err(Errno(libc::ENODEV)) => {}
             Err(e) => return Err(e),

@@ -1,0 +1,512 @@
+//! One direction this process runs: the requester of its QP and the responder of the peer QP,
+//! each in an engine of its own (the same `proto::transport::Engine` the daemon runs), with
+//! packets handed from one to the other in this thread, as the daemon hands packets between
+//! two of its own engines.
+//!
+//! The peer's engine reaches the peer's memory with `process_vm_writev`/`readv` (deferred and
+//! merged, as in the daemon), takes the peer's receive WQEs from its receive ring when a
+//! request needs one, and delivers the peer's receive completions into the direction's ring,
+//! which the peer's `ibv_poll_cq` reads. This process's own send completions stay here.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::os::fd::OwnedFd;
+use std::time::Instant;
+
+use proto::ctl::{self, FastEvent, FastGrant, FastQp};
+use proto::ring::fast::{
+    Direction, FastCqe, MrChanges, MrCursor, MrTable, Published, PUBLISHED_ERROR,
+};
+use proto::ring::wqe::{self, convert, Cqe, RecvWqe};
+use proto::ring::SharedRing;
+use proto::transport::{
+    Access, AsyncEvent, Engine, EngineConfig, MemoryAccess, MrKeys, Mtu, QpCap, QpConfig, QpInit,
+    QpSequence, QpState, QpType, SendWr, WcOpcode, WcStatus,
+};
+use proto::wire::{OpInfo, Opcode};
+use proto::{Lkey, Psn, Qpn, Rkey};
+
+use super::memory::{LocalMemory, PeerMemory, Placed};
+use crate::ffi::Errno;
+use crate::shm::Mapping;
+
+/// What a pump left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Both halves idle, direction still ours.
+    Idle,
+    /// The daemon took it back: post through the ring from now on.
+    Revoked,
+    /// Something the fast path leaves to the daemon happened (an error, a state change, a
+    /// timer): give it back.
+    GiveBack,
+}
+
+/// The engine-level pieces of one QP made from its `FastQp`.
+fn qp_config(fq: &FastQp, pd: u32, cq: u32) -> Result<(QpConfig, QpSequence), Errno> {
+    let attr = ctl::transport_attr(&fq.attr).ok_or(Errno::PROTO)?;
+    let qp_type = match fq.qp_type {
+        ctl::qp_type::RC => QpType::Rc,
+        ctl::qp_type::UC => QpType::Uc,
+        _ => return Err(Errno::PROTO),
+    };
+    let state = QpState::from_u32(fq.state).ok_or(Errno::PROTO)?;
+    let init = QpInit {
+        pd,
+        qp_type,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        cap: QpCap {
+            max_send_wr: fq.cap.max_send_wr.max(1),
+            max_recv_wr: fq.cap.max_recv_wr.max(1),
+            max_send_sge: fq.cap.max_send_sge,
+            max_recv_sge: fq.cap.max_recv_sge,
+            max_inline_data: fq.cap.max_inline_data,
+        },
+        sq_sig_all: fq.sq_sig_all,
+    };
+    let seq = QpSequence {
+        req_psn: attr.sq_psn,
+        comp_psn: Psn::new(fq.comp_psn),
+        resp_psn: attr.rq_psn,
+        msn: fq.msn,
+    };
+    Ok((
+        QpConfig {
+            qpn: Qpn::new(fq.qpn),
+            init,
+            attr,
+            state,
+        },
+        seq,
+    ))
+}
+
+/// An engine configured as the daemon's engines of this device are.
+fn engine<M: MemoryAccess>(g: &FastGrant, mem: M) -> Result<Engine<M>, Errno> {
+    let gids: Vec<IpAddr> = g.gids.iter().map(|gid| ctl::gid_ip(*gid)).collect();
+    let first = *gids.first().ok_or(Errno::PROTO)?;
+    let mut config = EngineConfig::new(first, 0);
+    config.gids = gids;
+    config.port_mtu = Mtu::from_enum(u32::from(g.port_mtu)).unwrap_or(Mtu::Mtu1024);
+    // Packets between the two engines never leave the process: never sealed, taken as
+    // verified (as between two engines of the daemon).
+    config.seal_icrc = false;
+    Ok(Engine::new(config, mem))
+}
+
+/// One side's view of a client's MR table, and the PD its engine mirrors.
+struct MrMirror {
+    table: MrTable,
+    cursor: MrCursor,
+    /// The client's PD handle whose regions the engine holds, and the engine's PD.
+    client_pd: u32,
+    engine_pd: u32,
+    _map: Mapping,
+}
+
+impl MrMirror {
+    fn new(fd: &OwnedFd, len: u64, client_pd: u32, engine_pd: u32) -> Result<MrMirror, Errno> {
+        let map = Mapping::map(fd, len)?;
+        // SAFETY: the mapping is `len` bytes, page aligned, and lives in the struct beside
+        // the table (declared after it, so dropped after).
+        let table = unsafe { MrTable::attach(map.base(), map.len()) }.ok_or(Errno::PROTO)?;
+        Ok(MrMirror {
+            table,
+            cursor: MrCursor::default(),
+            client_pd,
+            engine_pd,
+            _map: map,
+        })
+    }
+
+    /// Brings the engine's copy of the regions up to date with the table.
+    fn sync<M: MemoryAccess>(&mut self, engine: &mut Engine<M>) {
+        let indexes: Vec<u32> = match self.table.changes(&mut self.cursor) {
+            MrChanges::None => return,
+            MrChanges::Some(v) => v,
+            MrChanges::Rescan => (0..self.table.capacity()).collect(),
+        };
+        for index in indexes {
+            match self.table.entry(index).filter(|e| e.pd == self.client_pd) {
+                Some(e) => {
+                    let keys = MrKeys {
+                        handle: e.index,
+                        lkey: Lkey(e.lkey),
+                        rkey: Rkey(e.rkey),
+                    };
+                    let _ =
+                        engine.insert_mr(self.engine_pd, keys, e.addr, e.length, Access(e.access));
+                }
+                None => engine.remove_mr(index),
+            }
+        }
+    }
+}
+
+pub struct DirectionRt {
+    pub id: u64,
+    /// This process's QP (its requester runs here) and the peer's (its responder).
+    pub requester: Qpn,
+    pub responder: Qpn,
+    /// The client's handle of the CQ that gets the requester's completions.
+    pub send_cq: u32,
+    own: Engine<LocalMemory>,
+    mirror: Engine<PeerMemory>,
+    own_cq: u32,
+    mirror_cq: u32,
+    own_mrs: MrMirror,
+    peer_mrs: MrMirror,
+    control: Direction,
+    /// The peer's receive completions go here (we produce, the peer consumes).
+    ring: SharedRing,
+    ring_slot: Vec<u8>,
+    /// Completions the ring had no room for yet, oldest first.
+    held: VecDeque<Vec<u8>>,
+    /// The peer QP's receive ring: we consume it while the direction is ours.
+    peer_rq: SharedRing,
+    peer_max_recv_sge: usize,
+    rq_slot: Vec<u8>,
+    /// Receive WQEs the grant carried, and how many of them are still unused.
+    recvs_given: u32,
+    recvs_left: u32,
+    /// The requester's completions, for this process's `ibv_poll_cq` of `send_cq`.
+    pub completions: VecDeque<Cqe>,
+    /// Events for the daemon to deliver when the direction is given back.
+    pub events: Vec<FastEvent>,
+    /// States at the grant: a change means the daemon must take over.
+    own_state: QpState,
+    mirror_state: QpState,
+    frame: Vec<u8>,
+    start: Instant,
+    _block: Mapping,
+    _peer_region: Mapping,
+}
+
+// SAFETY: the engines and rings are only used under the owning context's fast-path lock;
+// their raw pointers point into mappings owned by the same struct.
+unsafe impl Send for DirectionRt {}
+
+impl DirectionRt {
+    /// Builds the direction the daemon granted. `fds`: the direction's memfd, the peer QP's
+    /// ring memfd, the peer's MR table, our own MR table.
+    pub fn new(g: &FastGrant, fds: &[OwnedFd]) -> Result<DirectionRt, Errno> {
+        let [block_fd, peer_fd, peer_mr_fd, own_mr_fd] = fds else {
+            return Err(Errno::PROTO);
+        };
+        let block = Mapping::map(block_fd, g.block_len)?;
+        // SAFETY: the mapping is at least block_len bytes, page aligned, and lives in the
+        // struct beside the handle.
+        let control = unsafe { Direction::attach(block.base(), block.len(), g.direction) }
+            .ok_or(Errno::PROTO)?;
+        let ring = block.ring(&g.ring, true)?;
+        let peer_region = Mapping::map(peer_fd, g.peer_region_len)?;
+        let mut peer_rq = peer_region.ring(&g.peer_rq, false)?;
+        peer_rq.resync_consumer().map_err(|_| Errno::PROTO)?;
+
+        let mut own = engine(g, LocalMemory)?;
+        let own_pd = own.alloc_pd();
+        let own_cq = own.create_cq(32767).map_err(|_| Errno::PROTO)?;
+        let (oc, os) = qp_config(&g.requester, own_pd, own_cq)?;
+        own.import_qp(&oc, &os).map_err(|_| Errno::PROTO)?;
+        let mut own_mrs = MrMirror::new(own_mr_fd, g.own_mr_table_len, g.requester.pd, own_pd)?;
+        own_mrs.sync(&mut own);
+
+        let mut mirror = engine(g, PeerMemory::new(g.peer_pid))?;
+        let mirror_pd = mirror.alloc_pd();
+        let mirror_cq = mirror.create_cq(32767).map_err(|_| Errno::PROTO)?;
+        let (mc, ms) = qp_config(&g.responder, mirror_pd, mirror_cq)?;
+        mirror.import_qp(&mc, &ms).map_err(|_| Errno::PROTO)?;
+        let mut peer_mrs = MrMirror::new(peer_mr_fd, g.mr_table_len, g.responder.pd, mirror_pd)?;
+        peer_mrs.sync(&mut mirror);
+        for r in &g.recvs {
+            let wr = proto::transport::RecvWr {
+                wr_id: r.wr_id,
+                sg_list: r
+                    .sges
+                    .iter()
+                    .map(|&(addr, length, lkey)| proto::transport::Sge {
+                        addr,
+                        length,
+                        lkey: Lkey(lkey),
+                    })
+                    .collect(),
+            };
+            mirror.post_recv(mc.qpn, wr).map_err(|_| Errno::PROTO)?;
+        }
+        let slot_size = g.ring.slot_size as usize;
+        let peer_slot = g.peer_rq.slot_size as usize;
+        Ok(DirectionRt {
+            id: g.direction,
+            requester: oc.qpn,
+            responder: mc.qpn,
+            send_cq: g.requester.send_cq,
+            own,
+            mirror,
+            own_cq,
+            mirror_cq,
+            own_mrs,
+            peer_mrs,
+            control,
+            ring,
+            ring_slot: vec![0u8; slot_size],
+            held: VecDeque::new(),
+            peer_rq,
+            peer_max_recv_sge: g.responder.cap.max_recv_sge as usize,
+            rq_slot: vec![0u8; peer_slot],
+            recvs_given: g.recvs.len() as u32,
+            recvs_left: g.recvs.len() as u32,
+            completions: VecDeque::new(),
+            events: Vec::new(),
+            own_state: oc.state,
+            mirror_state: mc.state,
+            frame: vec![0u8; proto::transport::MAX_FRAME_LEN],
+            start: Instant::now(),
+            _block: block,
+            _peer_region: peer_region,
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    /// Whether `extra` more messages that each consume a receive WQE of the peer would find
+    /// one now (the peer's queue only grows meanwhile: we are its only consumer). A message
+    /// that would not is left to the daemon, which has the RNR machinery and its timers.
+    pub fn receives_available(&self, extra: u32) -> bool {
+        let queued = self.mirror.rq_len(self.responder).unwrap_or(0) as u64;
+        let in_ring = u64::from(self.peer_rq.available().unwrap_or(0));
+        queued + in_ring >= u64::from(extra)
+    }
+
+    /// Runs `wrs` on the requester: queues them (a request the engine refuses completes with
+    /// an error, as the daemon completes one it refuses), runs both engines until neither has
+    /// anything to send, delivers the completions and publishes the state. Nothing runs if
+    /// the daemon revoked the direction meanwhile.
+    pub fn run(&mut self, wrs: Vec<SendWr>) -> Outcome {
+        if !self.control.enter() {
+            return Outcome::Revoked;
+        }
+        self.own_mrs.sync(&mut self.own);
+        self.peer_mrs.sync(&mut self.mirror);
+        for wr in wrs {
+            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode() as u32);
+            if self.own.post_send(self.requester, wr).is_err() {
+                self.completions.push_back(Cqe {
+                    wr_id,
+                    status: WcStatus::LocQpOpErr as u32,
+                    opcode,
+                    qp_num: self.requester.value(),
+                    ..Cqe::default()
+                });
+            }
+        }
+        self.pump();
+        self.deliver();
+        let outcome = self.settle();
+        self.control.leave();
+        outcome
+    }
+
+    /// Runs both engines until neither has anything to send (inside `enter`/`leave`).
+    fn pump(&mut self) {
+        let now = self.now();
+        self.mirror.memory_mut().begin_pass();
+        loop {
+            let mut moved = false;
+            while let Some(tx) = self.own.poll_transmit(now, &mut self.frame) {
+                moved = true;
+                if let Some(op) = self.frame.get(tx.transport_offset).copied() {
+                    self.feed_receive(op);
+                }
+                self.mirror
+                    .handle_verified_packet(now, &self.frame[..tx.len]);
+            }
+            while let Some(tx) = self.mirror.poll_transmit(now, &mut self.frame) {
+                moved = true;
+                self.own.handle_verified_packet(now, &self.frame[..tx.len]);
+            }
+            for due in [self.own.poll_timeout(), self.mirror.poll_timeout()] {
+                if due.is_some_and(|t| t <= now) {
+                    self.own.handle_timeout(now);
+                    self.mirror.handle_timeout(now);
+                    moved = true;
+                }
+            }
+            if !moved {
+                break;
+            }
+        }
+        self.mirror.memory_mut().end_pass();
+    }
+
+    /// Before a request packet that takes a receive WQE reaches the peer's responder, gives
+    /// the responder one from the peer's ring if it has none (only then: a WQE taken is
+    /// used in the same pump, so none is left over when the direction goes back).
+    fn feed_receive(&mut self, opcode: u8) {
+        let Some(info) = Opcode(opcode).info() else {
+            return;
+        };
+        let takes = info.has(OpInfo::RWR)
+            && (info.has(OpInfo::START) || info.has(OpInfo::WRITE))
+            && info.has(OpInfo::REQUEST);
+        if !takes || self.mirror.rq_len(self.responder) != Some(0) {
+            return;
+        }
+        let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
+        while let Ok(true) = self.peer_rq.pop(&mut self.rq_slot) {
+            let Ok(w) = RecvWqe::decode(&self.rq_slot, self.peer_max_recv_sge, &mut sges) else {
+                // As the daemon does with a malformed receive WQE: skipped.
+                continue;
+            };
+            let _ = self.mirror.post_recv(self.responder, convert::recv_wr(&w));
+            return;
+        }
+    }
+
+    /// Moves the completions out: the requester's to `completions`, the peer's receive
+    /// completions into the ring, each with the small receive data it owns; everything
+    /// else written into the peer lands first.
+    fn deliver(&mut self) {
+        while let Some(wc) = self.own.poll_cq(self.own_cq) {
+            self.completions.push_back(convert::cqe(&wc));
+        }
+        let mut ready: Vec<(Cqe, Vec<(u64, Vec<u8>)>)> = Vec::new();
+        while let Some(wc) = self.mirror.poll_cq(self.mirror_cq) {
+            let cqe = convert::cqe(&wc);
+            let mem = self.mirror.memory_mut();
+            let mut carried = Vec::new();
+            if wc.status != WcStatus::Success {
+                // What a failed receive placed is undefined; the QP is going to ERR, so
+                // nothing placed after it belongs to a later completion either.
+                mem.placed.clear();
+            } else if wc.opcode == WcOpcode::Recv {
+                let mut owed = wc.byte_len as usize;
+                let mut all_carried = true;
+                while owed > 0 {
+                    let Some(p) = mem.placed.pop_front() else {
+                        break;
+                    };
+                    owed = owed.saturating_sub(p.len());
+                    match p {
+                        Placed::Carried(addr, data) => carried.push((addr, data)),
+                        Placed::Written(_) => all_carried = false,
+                    }
+                }
+                let refs: Vec<(u64, &[u8])> =
+                    carried.iter().map(|(a, d)| (*a, d.as_slice())).collect();
+                if !all_carried || FastCqe::encoded_len(&refs) > self.ring_slot.len() {
+                    for (addr, data) in carried.drain(..) {
+                        mem.write_now(addr, &data);
+                    }
+                }
+            }
+            ready.push((cqe, carried));
+        }
+        self.mirror.memory_mut().flush();
+        for (cqe, carried) in ready {
+            let refs: Vec<(u64, &[u8])> = carried.iter().map(|(a, d)| (*a, d.as_slice())).collect();
+            let mut slot = vec![0u8; self.ring_slot.len()];
+            if let Some(n) = FastCqe::encode(&cqe, &refs, &mut slot) {
+                slot.truncate(n);
+                self.held.push_back(slot);
+            }
+        }
+        while let Some(entry) = self.held.front() {
+            match self.ring.push(entry) {
+                Ok(_) => {
+                    self.held.pop_front();
+                }
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Publishes the state, collects events, and says whether the daemon must take over.
+    fn settle(&mut self) -> Outcome {
+        let (r, p) = (self.requester, self.responder);
+        let own_seq = self.own.qp_sequence(r).unwrap_or_default();
+        let peer_seq = self.mirror.qp_sequence(p).unwrap_or_default();
+        let own_state = self.own.qp_config(r).map(|c| c.state);
+        let peer_state = self.mirror.qp_config(p).map(|c| c.state);
+        let failed = own_state != Some(self.own_state) || peer_state != Some(self.mirror_state);
+        let left = self.mirror.rq_len(p).unwrap_or(0) as u32;
+        self.recvs_left = self.recvs_left.min(left);
+        let mut events = false;
+        for (qpn, ev) in std::iter::from_fn(|| self.own.poll_event().map(|e| (r, e)))
+            .chain(std::iter::from_fn(|| {
+                self.mirror.poll_event().map(|e| (p, e))
+            }))
+            .collect::<Vec<_>>()
+        {
+            if let Some(event_type) = event_type(&ev) {
+                events = true;
+                self.events.push(FastEvent {
+                    qpn: event_qpn(&ev).unwrap_or(qpn).value(),
+                    event_type,
+                });
+            }
+        }
+        let idle = self.own.requester_idle(r) && self.mirror.responder_idle(p);
+        let held = !self.held.is_empty();
+        self.control.publish(&Published {
+            req_psn: own_seq.req_psn.value(),
+            comp_psn: own_seq.comp_psn.value(),
+            resp_psn: peer_seq.resp_psn.value(),
+            msn: peer_seq.msn,
+            recvs_used: self.recvs_given - self.recvs_left,
+            flags: if failed { PUBLISHED_ERROR } else { 0 },
+        });
+        self.control
+            .write_counters(0, &self.own.counters().to_words());
+        self.control
+            .write_counters(1, &self.mirror.counters().to_words());
+        if failed || events || !idle || held {
+            Outcome::GiveBack
+        } else {
+            Outcome::Idle
+        }
+    }
+
+    /// Publishes the state once more without running (before giving it back).
+    pub fn publish_now(&mut self) -> bool {
+        if !self.control.enter() {
+            return false;
+        }
+        let _ = self.settle();
+        self.control.leave();
+        true
+    }
+
+    pub fn is_revoked(&self) -> bool {
+        self.control.is_revoked()
+    }
+}
+
+/// `enum ibv_event_type` of an engine event (None for completion notifications, which the
+/// fast path does not arm).
+fn event_type(ev: &AsyncEvent) -> Option<u32> {
+    Some(match ev {
+        AsyncEvent::CqError { .. } => 0,
+        AsyncEvent::QpFatal { .. } => 1,
+        AsyncEvent::QpRequestError { .. } => 2,
+        AsyncEvent::QpAccessError { .. } => 3,
+        AsyncEvent::SqDrained { .. } => 5,
+        AsyncEvent::SrqLimitReached { .. } => 15,
+        AsyncEvent::LastWqeReached { .. } => 16,
+        AsyncEvent::CqNotify { .. } => return None,
+    })
+}
+
+fn event_qpn(ev: &AsyncEvent) -> Option<Qpn> {
+    match ev {
+        AsyncEvent::QpFatal { qpn }
+        | AsyncEvent::QpRequestError { qpn }
+        | AsyncEvent::QpAccessError { qpn }
+        | AsyncEvent::SqDrained { qpn }
+        | AsyncEvent::LastWqeReached { qpn } => Some(*qpn),
+        _ => None,
+    }
+}

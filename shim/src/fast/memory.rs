@@ -1,0 +1,200 @@
+//! The two memories a direction's engines reach: this process's own (the requester's
+//! buffers), and the peer process's (the responder's), through `process_vm_readv`/`writev`.
+//!
+//! Both engines check keys, access flags and bounds against the registered regions before
+//! they call these, as the daemon's engines do; what is left here is the copy.
+
+use std::cell::RefCell;
+
+use procmem::ProcessMemory;
+use proto::transport::{MemoryAccess, MemoryError};
+
+/// This process's own registered memory, reached directly.
+///
+/// The addresses are those of regions this process registered (the engine found them inside
+/// one), so they are mapped unless the application unmapped memory it had registered, which
+/// is its own undefined behaviour (rxe would keep writing the pinned pages; here the copy
+/// faults in the application, as its own `memcpy` into that memory would).
+#[derive(Debug, Default)]
+pub struct LocalMemory;
+
+impl LocalMemory {
+    fn bytes(addr: u64, len: usize) -> Option<&'static [u8]> {
+        if addr == 0 || addr.checked_add(len as u64).is_none() {
+            return None;
+        }
+        // SAFETY: `[addr, addr + len)` lies in a region this process registered and has not
+        // deregistered (checked by the engine's L_Key/R_Key checks against the regions the
+        // daemon published); see the type's documentation for a region unmapped meanwhile.
+        Some(unsafe { std::slice::from_raw_parts(addr as *const u8, len) })
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn bytes_mut(addr: u64, len: usize) -> Option<&'static mut [u8]> {
+        if addr == 0 || addr.checked_add(len as u64).is_none() {
+            return None;
+        }
+        // SAFETY: as `bytes`; the region has local write access (checked by the engine), and
+        // the slice does not outlive the engine call that asked for it.
+        Some(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len) })
+    }
+}
+
+impl MemoryAccess for LocalMemory {
+    fn read(&self, _space: u64, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        let src = LocalMemory::bytes(addr, out.len()).ok_or(MemoryError {
+            addr,
+            len: out.len(),
+        })?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn write(&mut self, _space: u64, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        let dst = LocalMemory::bytes_mut(addr, data.len()).ok_or(MemoryError {
+            addr,
+            len: data.len(),
+        })?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+
+    fn lend(&self, _space: u64, addr: u64, len: usize) -> Option<&[u8]> {
+        LocalMemory::bytes(addr, len)
+    }
+
+    fn lend_mut(&mut self, _space: u64, addr: u64, len: usize) -> Option<&mut [u8]> {
+        LocalMemory::bytes_mut(addr, len)
+    }
+
+    fn compare_swap(
+        &mut self,
+        _space: u64,
+        addr: u64,
+        compare: u64,
+        swap: u64,
+    ) -> Result<u64, MemoryError> {
+        let word = LocalMemory::word(addr)?;
+        Ok(match word.compare_exchange(compare, swap, SEQ, SEQ) {
+            Ok(v) | Err(v) => v,
+        })
+    }
+
+    fn fetch_add(&mut self, _space: u64, addr: u64, add: u64) -> Result<u64, MemoryError> {
+        Ok(LocalMemory::word(addr)?.fetch_add(add, SEQ))
+    }
+}
+
+const SEQ: std::sync::atomic::Ordering = std::sync::atomic::Ordering::SeqCst;
+
+impl LocalMemory {
+    /// The 8-byte aligned word at `addr` (the engine checked the alignment of atomics).
+    fn word(addr: u64) -> Result<&'static std::sync::atomic::AtomicU64, MemoryError> {
+        if addr == 0 || !addr.is_multiple_of(8) {
+            return Err(MemoryError { addr, len: 8 });
+        }
+        // SAFETY: an aligned word inside a registered region with atomic access (checked by
+        // the engine); the application's own threads may touch it concurrently, which is why
+        // this is a real atomic.
+        Ok(unsafe { &*(addr as *const std::sync::atomic::AtomicU64) })
+    }
+}
+
+/// Receive-buffer writes up to this long travel with their completion instead of by a system
+/// call (see [`PeerMemory::write_for_completion`]); a completion slot holds about this much.
+pub const CARRIED_MAX: usize = 176;
+
+/// One receive-buffer write, in the order the engine made them.
+#[derive(Debug)]
+pub enum Placed {
+    /// Held back: the bytes and where they go.
+    Carried(u64, Vec<u8>),
+    /// Written into the peer (deferred with the other writes) already.
+    Written(usize),
+}
+
+impl Placed {
+    pub fn len(&self) -> usize {
+        match self {
+            Placed::Carried(_, d) => d.len(),
+            Placed::Written(n) => *n,
+        }
+    }
+}
+
+/// The peer process's memory: [`ProcessMemory`] (large, aligned, deferred calls, as the
+/// daemon uses it), plus the small receive-buffer writes held back to travel with their
+/// completions ([`proto::ring::fast::FastCqe`]).
+#[derive(Debug)]
+pub struct PeerMemory {
+    process: RefCell<ProcessMemory>,
+    /// Every receive-buffer write since the completions were last forwarded: a receive
+    /// completion of `byte_len` bytes owns the first ones that add up to it.
+    pub placed: std::collections::VecDeque<Placed>,
+}
+
+impl PeerMemory {
+    pub fn new(pid: i32) -> PeerMemory {
+        PeerMemory {
+            process: RefCell::new(ProcessMemory::new(pid)),
+            placed: Default::default(),
+        }
+    }
+
+    /// Writes everything held for writing into the peer (before any completion is
+    /// published, so that nobody learns of data that is not in place).
+    pub fn flush(&mut self) {
+        let _ = self.process.get_mut().flush();
+    }
+
+    /// Writes carried bytes the normal way (they did not fit their completion).
+    pub fn write_now(&mut self, addr: u64, data: &[u8]) {
+        let _ = self.process.get_mut().write(addr, data);
+    }
+
+    pub fn begin_pass(&mut self) {
+        self.process.get_mut().begin_pass();
+    }
+
+    pub fn end_pass(&mut self) {
+        self.process.get_mut().end_pass();
+    }
+}
+
+impl MemoryAccess for PeerMemory {
+    fn read(&self, _space: u64, addr: u64, out: &mut [u8]) -> Result<(), MemoryError> {
+        let len = out.len();
+        self.process
+            .borrow_mut()
+            .read(addr, out)
+            .map_err(|_| MemoryError { addr, len })
+    }
+
+    fn write(&mut self, _space: u64, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
+        self.process
+            .get_mut()
+            .write(addr, data)
+            .map_err(|_| MemoryError {
+                addr,
+                len: data.len(),
+            })
+    }
+
+    /// A receive buffer's bytes are defined only at the receive's completion: small writes
+    /// are kept to travel with it, and the peer copies them into its buffer when it polls
+    /// that completion (no system call into the peer for a small SEND).
+    fn write_for_completion(
+        &mut self,
+        space: u64,
+        addr: u64,
+        data: &[u8],
+    ) -> Result<(), MemoryError> {
+        if data.len() <= CARRIED_MAX {
+            self.placed.push_back(Placed::Carried(addr, data.to_vec()));
+            return Ok(());
+        }
+        self.write(space, addr, data)?;
+        self.placed.push_back(Placed::Written(data.len()));
+        Ok(())
+    }
+}
