@@ -5,6 +5,7 @@ pub mod cm;
 pub mod config;
 pub mod ctl;
 pub mod device;
+pub mod gsi;
 /// Client memory access: the `softroce-procmem` crate (shared with the shim's fast path).
 pub use procmem as memory;
 pub mod net;

@@ -726,8 +726,9 @@ pub fn gid_of(addr: std::net::IpAddr) -> [u8; 16] {
     }
 }
 
-/// The IP address of a RoCE v2 GID (`::ffff:a.b.c.d` is IPv4).
-pub fn gid_ip(gid: [u8; 16]) -> std::net::IpAddr {
+/// The address a RoCE GID stands for: `::ffff:a.b.c.d` is IPv4, anything else IPv6 (the
+/// inverse of [`gid_of`]).
+pub fn ip_of_gid(gid: [u8; 16]) -> std::net::IpAddr {
     let v6 = std::net::Ipv6Addr::from(gid);
     v6.to_ipv4_mapped()
         .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4)
@@ -829,7 +830,7 @@ pub fn transport_attr(a: &QpAttr) -> Option<crate::transport::QpAttr> {
         dest_qp_num: crate::Qpn::new(a.dest_qp_num),
         qp_access_flags: Access(a.qp_access_flags),
         ah_attr: a.ah_attr.is_global.then(|| AddressVector {
-            dgid: gid_ip(a.ah_attr.dgid),
+            dgid: ip_of_gid(a.ah_attr.dgid),
             sgid_index: a.ah_attr.sgid_index,
             hop_limit: a.ah_attr.hop_limit,
             traffic_class: a.ah_attr.traffic_class,
@@ -879,6 +880,13 @@ pub fn ctl_attr(state: crate::transport::QpState, a: &crate::transport::QpAttr) 
         retry_cnt: a.retry_cnt,
         rnr_retry: a.rnr_retry,
         ..Default::default()
+    }
+}
+
+impl DeviceInfo {
+    /// The GID table's entries as addresses, in table order.
+    pub fn gid_addrs(&self) -> Vec<std::net::IpAddr> {
+        self.gids.iter().map(|g| ip_of_gid(g.gid)).collect()
     }
 }
 

@@ -85,7 +85,7 @@ fn qp_config(fq: &FastQp, pd: u32, cq: u32) -> Result<(QpConfig, QpSequence), Er
 
 /// An engine configured as the daemon's engines of this device are.
 fn engine<M: MemoryAccess>(g: &FastGrant, mem: M) -> Result<Engine<M>, Errno> {
-    let gids: Vec<IpAddr> = g.gids.iter().map(|gid| ctl::gid_ip(*gid)).collect();
+    let gids: Vec<IpAddr> = g.gids.iter().map(|gid| ctl::ip_of_gid(*gid)).collect();
     let first = *gids.first().ok_or(Errno::PROTO)?;
     let mut config = EngineConfig::new(first, 0);
     config.gids = gids;
