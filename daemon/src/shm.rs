@@ -65,6 +65,20 @@ impl SharedRegion {
         self.file.as_ref().map(std::os::fd::AsFd::as_fd)
     }
 
+    /// A duplicate of the descriptor, while the region still holds it (for regions the
+    /// daemon hands to more than one process: the fast path's, `device::fast`).
+    pub fn dup_fd(&self) -> Option<OwnedFd> {
+        self.file
+            .as_ref()
+            .and_then(|f| f.try_clone().ok())
+            .map(OwnedFd::from)
+    }
+
+    /// The mapping's first byte (page aligned).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
     /// Gives the descriptor away (to be sent to the client); the mapping stays.
     pub fn take_fd(&mut self) -> Option<OwnedFd> {
         self.file.take().map(OwnedFd::from)

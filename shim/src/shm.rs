@@ -57,6 +57,11 @@ impl Mapping {
         self.len
     }
 
+    /// Never true: a mapping is at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// Attaches to the ring the daemon placed at `place`, checking that it lies inside the
     /// mapping and has the geometry the daemon announced.
     pub fn ring(&self, place: &RingPlace, producer: bool) -> Result<SharedRing, Errno> {

@@ -84,6 +84,13 @@ pub(super) struct QpHost {
     pub pending_send: VecDeque<SendWr>,
     pub pending_recv: VecDeque<RecvWr>,
     pub ctx: u32,
+    /// The same-host fast path ([`super::fast`]): a duplicate of the rings' memfd, kept for
+    /// the RC and UC QPs that may lend their receive ring to a peer process; the requester
+    /// runs in the client's process (the send ring is not read meanwhile); the receive ring
+    /// is lent to the process that runs this QP's responder.
+    pub region_fd: Option<OwnedFd>,
+    pub away: bool,
+    pub lent: bool,
 }
 
 pub(super) struct SrqState {
@@ -99,6 +106,10 @@ pub(super) struct SrqState {
 /// A client's presence on this device.
 pub(super) struct ClientDev {
     pub pid: i32,
+    /// The process's real user id (the fast path joins only processes of one user).
+    pub uid: Option<u32>,
+    /// QPs whose memfd is kept for the fast path (at most [`super::fast::FD_BUDGET`]).
+    pub fast_fds: usize,
     pub engine: Engine,
     pub block: u32,
     /// Context handle -> async event socket (write end).
@@ -180,6 +191,8 @@ impl DeviceThread {
                 client,
                 ClientDev {
                     pid,
+                    uid: super::fast::process_uid(pid),
+                    fast_fds: 0,
                     engine,
                     block,
                     contexts: HashMap::new(),
@@ -204,11 +217,14 @@ impl DeviceThread {
     /// its QPN block and its engine, with everything in it.
     pub(super) fn client_gone(&mut self, client: u64) {
         self.group_detach(|(c, _)| c == client, None);
+        self.fast_client_gone(client);
         if let Some(c) = self.clients.remove(&client) {
             self.blocks.remove(&c.block);
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
-            debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),
+            let mut counters = *c.engine.counters();
+            counters.accumulate(&self.fast.counters_of(client));
+            debug!(client, ?counters, memory = ?c.engine.memory().0.borrow().stats(),
                    "engine counters");
         }
     }

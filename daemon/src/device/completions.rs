@@ -33,12 +33,17 @@ pub(super) fn cqe_of(wc: &WorkCompletion) -> Cqe {
 }
 
 /// Moves completions from the engine's CQs into the shared rings, fires completion events of
-/// armed CQs, and forwards async events. Returns whether anything moved.
-pub(super) fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
+/// armed CQs, and forwards async events. Returns whether anything moved. `fenced`: CQs whose
+/// completions wait in the engine, because a fast-path ring with older ones of the same
+/// queue has not been read yet (`super::fast`).
+pub(super) fn deliver_completions(c: &mut ClientDev, index: u32, fenced: &[u32]) -> bool {
     let tag = |h: u32| super::handles::tag_handle(index, h);
     let mut busy = false;
     let mut b = [0u8; wqe::CQE_SLOT_LEN];
     for (&h, q) in c.cqs.iter_mut() {
+        if fenced.contains(&h) {
+            continue;
+        }
         let mut fire = false;
         while q.ring.free().unwrap_or(0) > 0 {
             let Some(wc) = c.engine.poll_cq(h) else { break };

@@ -49,6 +49,14 @@ impl DeviceThread {
             }
             _ => {}
         }
+        match &request {
+            Request::FastTake { qpn } => return self.fast_take(client, *qpn),
+            Request::FastReturn { qpn, events } => {
+                return (self.fast_return(client, *qpn, events), vec![])
+            }
+            Request::FastSources { cq } => return self.fast_sources(client, *cq),
+            _ => {}
+        }
         let c = match self.client(client, pid) {
             Ok(c) => c,
             Err((code, why)) => return (errno(code, why), vec![]),
@@ -208,7 +216,9 @@ impl DeviceThread {
                 }
                 match c.engine.destroy_qp(Qpn::new(qpn)) {
                     Ok(()) => {
-                        c.qps.remove(&qpn);
+                        if c.qps.remove(&qpn).is_some_and(|q| q.region_fd.is_some()) {
+                            c.fast_fds -= 1;
+                        }
                         // A destroyed QP leaves its groups (rxe detaches it in rxe_qp_destroy).
                         self.group_detach(|m| m == (client, qpn), None);
                         Response::Done

@@ -19,6 +19,11 @@ pub(super) fn tag_handle(index: u32, h: u32) -> u32 {
     (index << HANDLE_DEVICE_SHIFT) | h
 }
 
+/// A handle without its device index.
+pub(super) fn untag_handle(h: u32) -> u32 {
+    h & HANDLE_MASK
+}
+
 /// Strips the device index from every handle in a request.
 pub(super) fn untag(r: Request) -> Request {
     let m = |h: u32| h & HANDLE_MASK;
@@ -101,6 +106,7 @@ pub(super) fn untag(r: Request) -> Request {
         Request::DestroyAh { ah } => Request::DestroyAh { ah: m(ah) },
         Request::AllocMw { pd, mw_type } => Request::AllocMw { pd: m(pd), mw_type },
         Request::DeallocMw { mw } => Request::DeallocMw { mw: m(mw) },
+        Request::FastSources { cq } => Request::FastSources { cq: m(cq) },
         other => other,
     }
 }

@@ -27,6 +27,7 @@
 mod clients;
 mod completions;
 mod control;
+mod fast;
 mod handles;
 mod multicast;
 mod objects;
@@ -118,6 +119,28 @@ pub struct DeviceThread {
     /// The IP multicast groups the device's QPs are attached to, with the attachments
     /// (client, QPN): the group is joined while any remains (rxe_mcast_add/rxe_mcast_del).
     groups: HashMap<IpAddr, JoinedGroup>,
+    /// The same-host fast path's directions and MR tables ([`fast`]).
+    fast: fast::FastPaths,
+    /// Requests, replies and revocations waiting for directions to come back.
+    fast_waiting: Vec<Waiting>,
+}
+
+/// Something waiting until fast-path directions are back (or their takers outside them).
+struct Waiting {
+    directions: Vec<u64>,
+    /// Revoke them (a request that changes their QPs), or only wait until no taker is inside
+    /// (a deregistration: the MR tables already say it).
+    revoke: bool,
+    then: Then,
+}
+
+/// A reply held back, with where it goes.
+type HeldReply = (Response, Vec<OwnedFd>, Sender<(Response, Vec<OwnedFd>)>);
+
+enum Then {
+    Request(Box<DevMsg>),
+    Reply(Box<HeldReply>),
+    Nothing,
 }
 
 impl DeviceThread {
@@ -161,6 +184,8 @@ impl DeviceThread {
             local: LocalFrames::new(),
             local_via_socket: cfg.local_via_socket,
             groups: HashMap::new(),
+            fast: fast::FastPaths::new(true),
+            fast_waiting: Vec::new(),
         })
     }
 
@@ -187,6 +212,7 @@ impl DeviceThread {
         let mut idle = true;
         loop {
             let mut busy = false;
+            let waiting = self.fast_retry_waiting();
             while let Ok(msg) = self.rx.try_recv() {
                 busy = true;
                 if !self.message(msg) {
@@ -210,6 +236,12 @@ impl DeviceThread {
                 // that will post the next work (or poll for this work's completion) may
                 // share this CPU, and this thread's raised priority would starve them.
                 // sched_yield lets them run first and returns at once if none waits.
+                idle_yield();
+                continue;
+            }
+            if waiting {
+                // Requests wait for fast-path directions to come back (their takers are
+                // inside them for microseconds): no sleep meanwhile, but no hogging either.
                 idle_yield();
                 continue;
             }
@@ -238,8 +270,40 @@ impl DeviceThread {
                 fds,
                 reply,
             } => {
-                let (resp, fds) = self.request(client, pid, handles::untag(request), fds);
-                let _ = reply.send((handles::tag(resp, self.index), fds));
+                let request = handles::untag(request);
+                // A request about QPs that run in a process (the fast path) waits until they
+                // are back.
+                let blockers = self.fast_blockers(client, &request);
+                if blockers
+                    .iter()
+                    .any(|id| self.fast.directions.contains_key(id))
+                {
+                    self.fast_waiting.push(Waiting {
+                        directions: blockers,
+                        revoke: true,
+                        then: Then::Request(Box::new(DevMsg::Request {
+                            client,
+                            pid,
+                            request,
+                            fds,
+                            reply,
+                        })),
+                    });
+                    return true;
+                }
+                let before = self.fast_before(client, &request);
+                let (resp, fds) = self.request(client, pid, request, fds);
+                let resp = handles::tag(resp, self.index);
+                match self.fast_after(client, before, &resp) {
+                    Some(directions) => self.fast_waiting.push(Waiting {
+                        directions,
+                        revoke: false,
+                        then: Then::Reply(Box::new((resp, fds, reply))),
+                    }),
+                    None => {
+                        let _ = reply.send((resp, fds));
+                    }
+                }
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
             DevMsg::SendGsi(mut mad) => {
@@ -299,13 +363,15 @@ impl DeviceThread {
         self.link.max_sleep().map_or(timeout, |m| timeout.min(m))
     }
 
-    /// Sets every consumer ring's sleeping flag; true if work slipped in meanwhile.
+    /// Sets every consumer ring's sleeping flag; true if work slipped in meanwhile. (Not on
+    /// a receive ring lent to a fast-path direction: its consumer is the taker, which does
+    /// not sleep, and posting to it must not ring this device's doorbell.)
     fn announce_sleep(&self) -> bool {
         let mut work = false;
         for c in self.clients.values() {
             for q in c.qps.values() {
                 work |= q.sq.consumer_prepare_sleep().unwrap_or(false);
-                if let Some(rq) = &q.rq {
+                if let Some(rq) = q.rq.as_ref().filter(|_| !q.lent) {
                     work |= rq.consumer_prepare_sleep().unwrap_or(false);
                 }
             }

@@ -218,6 +218,14 @@ pub(super) fn create_qp(
                 Some((ring, place)) => (Some(ring), Some(place)),
                 None => (None, None),
             };
+            // RC and UC QPs with a receive ring may go on the same-host fast path, which
+            // lends that ring to another process: keep a duplicate of the memfd for them.
+            let region_fd = (matches!(qp_type, QpType::Rc | QpType::Uc)
+                && srq.is_none()
+                && c.fast_fds < super::fast::FD_BUDGET)
+                .then(|| region.dup_fd())
+                .flatten();
+            c.fast_fds += usize::from(region_fd.is_some());
             let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
             c.qps.insert(
@@ -232,6 +240,9 @@ pub(super) fn create_qp(
                     pending_send: VecDeque::new(),
                     pending_recv: VecDeque::new(),
                     ctx,
+                    region_fd,
+                    away: false,
+                    lent: false,
                 },
             );
             (

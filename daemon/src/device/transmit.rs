@@ -32,14 +32,17 @@ impl DeviceThread {
         // (frame, offset of its BTH).
         let mut local_mcast: Vec<(Vec<u8>, usize)> = Vec::new();
         let via_socket = self.local_via_socket;
+        self.fast.prune_retired();
         for round in 0..LOCAL_ROUNDS {
-            let (link, gids, local, local_mcast) = (
+            let (link, gids, local, local_mcast, fast) = (
                 &mut self.link,
                 &self.gids,
                 &mut self.local,
                 &mut local_mcast,
+                &self.fast,
             );
             for (&id, c) in self.clients.iter_mut() {
+                let fenced = fast.fenced(id);
                 let outcome = contained(|| {
                     let mut busy = false;
                     if round == 0 && c.engine.poll_timeout().is_some_and(|t| t <= now) {
@@ -73,7 +76,7 @@ impl DeviceThread {
                         }
                     }
                     c.engine.memory_mut().settle(false);
-                    busy | deliver_completions(c, index)
+                    busy | deliver_completions(c, index, &fenced)
                 });
                 match outcome {
                     Some(b) => busy |= b,

@@ -118,8 +118,10 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
     let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
     let mut refusals: Vec<(u32, Cqe)> = Vec::new();
     for (&qpn, q) in c.qps.iter_mut() {
-        // Stop taking from the ring while earlier work still waits for the engine.
-        while q.pending_send.is_empty() {
+        // Stop taking from the ring while earlier work still waits for the engine, and while
+        // the requester runs in the client (the same-host fast path: the ring is read again
+        // once the direction is back).
+        while q.pending_send.is_empty() && !q.away {
             match q.sq.pop(slot) {
                 Ok(true) => {}
                 _ => break,
@@ -153,7 +155,8 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
                 }
             }
         }
-        if let Some(rq) = &mut q.rq {
+        // A receive ring lent to the process that runs this QP's responder is its to read.
+        if let Some(rq) = q.rq.as_mut().filter(|_| !q.lent) {
             while q.pending_recv.is_empty() {
                 match rq.pop(slot) {
                     Ok(true) => {}

@@ -198,6 +198,8 @@ const T_MAGIC: usize = 0;
 const T_CAPACITY: usize = 4;
 const T_GENERATION: usize = 64;
 const T_LOG_HEAD: usize = 128;
+/// One past the highest index ever set: a rescan reads the entries below it only.
+const T_HIGH: usize = 192;
 /// Changes remembered for readers that resynchronise incrementally.
 pub const MR_LOG_LEN: usize = 4096;
 const T_LOG: usize = 4096;
@@ -311,6 +313,11 @@ impl MrTable {
         self.capacity
     }
 
+    /// One past the highest index ever published (what a rescan reads).
+    pub fn high(&self) -> u32 {
+        self.word(T_HIGH).load(Ordering::Acquire).min(self.capacity)
+    }
+
     /// The current generation (bumped by every change).
     pub fn generation(&self) -> u64 {
         self.word64(T_GENERATION).load(Ordering::Acquire)
@@ -338,6 +345,10 @@ impl MrTable {
         self.word64(at + 32).store(e.addr, Ordering::Relaxed);
         self.word64(at + 40).store(e.length, Ordering::Relaxed);
         seq.store((s | 1).wrapping_add(1), Ordering::Release);
+        let high = self.word(T_HIGH);
+        if high.load(Ordering::Relaxed) <= index {
+            high.store(index + 1, Ordering::Relaxed);
+        }
         let head = self.word64(T_LOG_HEAD).load(Ordering::Relaxed);
         self.word(T_LOG + 4 * (head as usize % MR_LOG_LEN))
             .store(index, Ordering::Relaxed);

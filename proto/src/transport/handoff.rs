@@ -202,6 +202,33 @@ impl<M: MemoryAccess> Engine<M> {
         }
     }
 
+    /// An MR as [`Engine::insert_mr`] takes it: (PD, keys, address, length, access).
+    pub fn mr_info(&self, index: u32) -> Option<(u32, MrKeys, u64, u64, Access)> {
+        let mr = self.ctx.mrs.get(&index)?;
+        Some((
+            mr.pd,
+            MrKeys {
+                handle: index,
+                lkey: crate::types::Lkey(mr.lkey),
+                rkey: crate::types::Rkey(mr.rkey),
+            },
+            mr.addr,
+            mr.length,
+            mr.access,
+        ))
+    }
+
+    /// The indexes of every registered MR.
+    pub fn mr_indexes(&self) -> Vec<u32> {
+        self.ctx.mrs.keys().copied().collect()
+    }
+
+    /// Adds counters another engine kept for this engine's client (the engines of a fast
+    /// path direction, when it comes back).
+    pub fn absorb_counters(&mut self, c: &super::Counters) {
+        self.ctx.counters.accumulate(c);
+    }
+
     fn pd_users(&mut self, pd: u32, delta: i32) {
         if let Some(p) = self.ctx.pds.get_mut(&pd) {
             p.users = p.users.saturating_add_signed(delta);

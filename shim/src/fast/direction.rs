@@ -30,6 +30,9 @@ use super::memory::{LocalMemory, PeerMemory, Placed};
 use crate::ffi::Errno;
 use crate::shm::Mapping;
 
+/// Receive data that travels with its completion: (address, bytes).
+type Carried = Vec<(u64, Vec<u8>)>;
+
 /// What a pump left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -126,7 +129,7 @@ impl MrMirror {
         let indexes: Vec<u32> = match self.table.changes(&mut self.cursor) {
             MrChanges::None => return,
             MrChanges::Some(v) => v,
-            MrChanges::Rescan => (0..self.table.capacity()).collect(),
+            MrChanges::Rescan => (0..self.table.high()).collect(),
         };
         for index in indexes {
             match self.table.entry(index).filter(|e| e.pd == self.client_pd) {
@@ -373,7 +376,7 @@ impl DirectionRt {
         while let Some(wc) = self.own.poll_cq(self.own_cq) {
             self.completions.push_back(convert::cqe(&wc));
         }
-        let mut ready: Vec<(Cqe, Vec<(u64, Vec<u8>)>)> = Vec::new();
+        let mut ready: Vec<(Cqe, Carried)> = Vec::new();
         while let Some(wc) = self.mirror.poll_cq(self.mirror_cq) {
             let cqe = convert::cqe(&wc);
             let mem = self.mirror.memory_mut();
@@ -389,7 +392,7 @@ impl DirectionRt {
                     let Some(p) = mem.placed.pop_front() else {
                         break;
                     };
-                    owed = owed.saturating_sub(p.len());
+                    owed = owed.saturating_sub(p.bytes());
                     match p {
                         Placed::Carried(addr, data) => carried.push((addr, data)),
                         Placed::Written(_) => all_carried = false,

@@ -114,7 +114,8 @@ pub enum Placed {
 }
 
 impl Placed {
-    pub fn len(&self) -> usize {
+    /// Bytes it placed.
+    pub fn bytes(&self) -> usize {
         match self {
             Placed::Carried(_, d) => d.len(),
             Placed::Written(n) => *n,

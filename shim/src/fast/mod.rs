@@ -41,6 +41,13 @@ use crate::runtime::ShimContext;
 use crate::shm::Mapping;
 use direction::{DirectionRt, Outcome};
 
+fn trace(what: std::fmt::Arguments<'_>) {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("SOFTROCE_FAST_DEBUG").is_some()) {
+        eprintln!("[fast {}] {what}", std::process::id());
+    }
+}
+
 /// How long a QP whose grant was refused or given back waits before it asks again.
 const RETRY_AFTER: Duration = Duration::from_millis(5);
 
@@ -120,7 +127,9 @@ impl FastPath {
             if inner.backoff.get(&qpn).is_some_and(|t| Instant::now() < *t) {
                 return Posted::Ring;
             }
-            match take(ctx, qpn) {
+            let taken = take(ctx, qpn);
+            trace(format_args!("take qpn={qpn}: {}", taken.is_ok()));
+            match taken {
                 Ok(d) => {
                     self.used.store(true, std::sync::atomic::Ordering::Relaxed);
                     inner.directions.insert(qpn, d);
@@ -156,6 +165,9 @@ impl FastPath {
             return Posted::Ring;
         };
         if daemon_only || !d.receives_available(recvs_needed) {
+            trace(format_args!(
+                "qpn={qpn} to the daemon: daemon_only={daemon_only} recvs_needed={recvs_needed}"
+            ));
             drop(inner);
             self.give_back(ctx, qpn);
             return Posted::Ring;
@@ -169,7 +181,11 @@ impl FastPath {
                 Err(_) => return Posted::Ring,
             }
         }
-        match d.run(wrs) {
+        let outcome = d.run(wrs);
+        if outcome != Outcome::Idle {
+            trace(format_args!("qpn={qpn} ran {} -> {outcome:?}", wqes.len()));
+        }
+        match outcome {
             Outcome::Idle => Posted::Done(Ok(())),
             Outcome::GiveBack => {
                 drop(inner);
@@ -193,6 +209,7 @@ impl FastPath {
         let Some(mut d) = inner.directions.remove(&qpn) else {
             return;
         };
+        trace(format_args!("give back qpn={qpn}"));
         if d.publish_now() {
             let events = std::mem::take(&mut d.events);
             let _ = ctx.call_done(&Request::FastReturn { qpn, events });
@@ -247,9 +264,13 @@ impl FastPath {
                     out.push(entry.cqe);
                 }
             }
-            // A revoked direction's ring is dropped once it is empty.
-            rings
-                .retain(|(_, r)| !(r.control.is_revoked() && r.ring.available().unwrap_or(0) == 0));
+            // A revoked direction's ring is dropped once its taker is out of it for good
+            // (revoked, then not inside) and it is empty, in that order.
+            rings.retain(|(_, r)| {
+                !(r.control.is_revoked()
+                    && !r.control.busy()
+                    && r.ring.available().unwrap_or(0) == 0)
+            });
         }
     }
 
@@ -313,11 +334,16 @@ fn attach(
             stash.push_back(c);
         }
     }
-    let Ok((Response::FastSources { rings }, fds)) = ctx.call(&Request::FastSources { cq }, &[])
-    else {
+    let got = ctx.call(&Request::FastSources { cq }, &[]);
+    let Ok((Response::FastSources { rings }, fds)) = got else {
+        trace(format_args!("attach cq={cq:#x}: {:?}", got.err()));
         return;
     };
     inner.sources_seen.insert(cq, sources);
+    trace(format_args!(
+        "attach cq={cq:#x} sources={sources} rings={:?}",
+        rings.iter().map(|r| r.direction).collect::<Vec<_>>()
+    ));
     let known = inner.inbound.entry(cq).or_default();
     for (r, fd) in rings.iter().zip(fds) {
         if known.iter().any(|(id, _)| *id == r.direction) {

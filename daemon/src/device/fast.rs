@@ -1,0 +1,804 @@
+//! The same-host fast path, the device's side (docs/architecture.md, "The same-host fast
+//! path"; the shim's side is `shim/src/fast`).
+//!
+//! Between two QPs of this device whose processes belong to one user, the device lets the
+//! process that sends run the transport itself: the requester of its QP and the responder of
+//! the peer QP run in that process (a *direction*), in the same engine code, and the device
+//! does nothing per message. The device stays the device:
+//! - it **offers** a direction (`SharedRing::set_fast_offer` on the QP's send ring) only
+//!   while the conditions hold: RC or UC, both QPs connected to each other on this device,
+//!   the peer in RTR or RTS without an SRQ or memory windows, no completion channel on the CQs
+//!   involved, the same uid, packets between local QPs not sent through the link (which is
+//!   where capture and fault injection sit);
+//! - it **grants** one ([`Request::FastTake`]) only while both halves are idle in its own
+//!   engines, handing over the configuration, the sequence numbers and the peer's posted
+//!   receive WQEs, the peer QP's receive ring, and the MR tables it publishes for both
+//!   clients (updated at every registration; a deregistration is answered only once no
+//!   direction is using the table);
+//! - it **takes it back** ([`DeviceThread::reclaim`]) whenever it needs the QPs itself (a
+//!   modify, a query, a destroy, a memory window, a client gone) or the taker gives it back
+//!   ([`Request::FastReturn`], after an error or before work the fast path leaves to the
+//!   daemon): it revokes the direction, waits until the taker is outside it, and carries on
+//!   from the sequence numbers and counters the taker published.
+
+use super::clients::ClientDev;
+use super::handles::tag_handle;
+use super::DeviceThread;
+use crate::shm::SharedRegion;
+use proto::ctl::{self, FastEvent, FastGrant, FastQp, FastRecv, FastRing, Request, Response};
+use proto::ring::fast::{Direction, MrEntry, MrTable, CONTROL_LEN, PUBLISHED_ERROR};
+use proto::ring::RingGeometry;
+use proto::transport::{AttrMask, Counters, QpAttr, QpState, QpType, RecvWr};
+use proto::{Psn, Qpn};
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use tracing::{debug, info};
+
+/// QPs per client whose memfd the device keeps for the fast path (each costs an open file).
+pub(super) const FD_BUDGET: usize = 256;
+/// Bytes per slot of a direction's receive-completion ring (room for small SENDs' data).
+const RING_SLOT: u32 = 256;
+/// Entries of a client's MR table: the engine's MR indexes are below 2^19.
+const MR_TABLE_CAPACITY: u32 = 1 << 19;
+
+/// The real uid of a process, from `/proc/PID/status`.
+pub(super) fn process_uid(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// One direction the device granted.
+pub(super) struct DirectionHost {
+    pub taker: u64,
+    pub taker_qpn: u32,
+    pub peer: u64,
+    pub peer_qpn: u32,
+    /// The engine's handle of the peer QP's receive CQ (the ring feeds it).
+    pub peer_recv_cq: u32,
+    region: SharedRegion,
+    control: Direction,
+    ring: RingPlace,
+    /// The receive WQEs the grant carried (those not used come back).
+    recvs: Vec<RecvWr>,
+}
+
+#[derive(Clone, Copy)]
+struct RingPlace(ctl::RingPlace);
+
+/// The receive-completion ring of a direction that came back, kept until its consumer has
+/// read it: until then the CQ it feeds takes no completion from the device's engine (they are
+/// newer), and `FastSources` still lists it (its consumer may not have attached yet).
+struct Retired {
+    id: u64,
+    peer: u64,
+    peer_recv_cq: u32,
+    region: SharedRegion,
+    ring: ctl::RingPlace,
+}
+
+impl Retired {
+    /// Whether the consumer has read every entry.
+    fn drained(&self) -> bool {
+        let at = self.ring.offset as usize;
+        // SAFETY: the ring lies inside the region at `at` (it was initialised there); a
+        // consumer handle only reads the indices.
+        let ring = unsafe {
+            proto::ring::SharedRing::attach(
+                self.region.as_mut_ptr().add(at),
+                self.region.len() - at,
+                false,
+            )
+        };
+        ring.is_ok_and(|r| r.available().unwrap_or(0) == 0)
+    }
+}
+
+/// A client's published MR table.
+pub(super) struct TableHost {
+    region: SharedRegion,
+    table: MrTable,
+}
+
+/// The device's fast-path state.
+pub(super) struct FastPaths {
+    /// Off with `SOFTROCE_NO_FAST_PATH`, or when packets between local QPs go through the
+    /// link (`local_via_socket`: a capture must see them).
+    pub enabled: bool,
+    pub directions: HashMap<u64, DirectionHost>,
+    next_id: u64,
+    pub tables: HashMap<u64, TableHost>,
+    retired: Vec<Retired>,
+}
+
+impl FastPaths {
+    pub fn new(enabled: bool) -> FastPaths {
+        FastPaths {
+            enabled: enabled && std::env::var_os("SOFTROCE_NO_FAST_PATH").is_none(),
+            directions: HashMap::new(),
+            next_id: 1,
+            tables: HashMap::new(),
+            retired: Vec::new(),
+        }
+    }
+
+    /// The CQs of `client` that wait for a retired ring's consumer.
+    pub fn fenced(&self, client: u64) -> Vec<u32> {
+        self.retired
+            .iter()
+            .filter(|r| r.peer == client)
+            .map(|r| r.peer_recv_cq)
+            .collect()
+    }
+
+    /// Forgets the retired rings their consumers have read.
+    pub fn prune_retired(&mut self) {
+        if !self.retired.is_empty() {
+            self.retired.retain(|r| !r.drained());
+        }
+    }
+
+    /// Directions in which (client, QP) is the requester or the responder.
+    pub fn involving(&self, client: u64, qpn: u32) -> Vec<u64> {
+        self.directions
+            .iter()
+            .filter(|(_, d)| {
+                (d.taker == client && d.taker_qpn == qpn) || (d.peer == client && d.peer_qpn == qpn)
+            })
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Directions that use the MRs of `client` (as the taker's or the peer's).
+    pub fn of_client(&self, client: u64) -> Vec<u64> {
+        self.directions
+            .iter()
+            .filter(|(_, d)| d.taker == client || d.peer == client)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Whether every direction in `ids` is revoked and its taker outside it.
+    pub fn quiet(&self, ids: &[u64]) -> bool {
+        ids.iter()
+            .all(|id| self.directions.get(id).is_none_or(|d| !d.control.busy()))
+    }
+
+    /// The counters the takers of `client`'s directions published and the device has not
+    /// absorbed yet: add them to its engine's for a live view.
+    pub fn counters_of(&self, client: u64) -> Counters {
+        let mut sum = Counters::default();
+        for d in self.directions.values() {
+            if d.taker == client {
+                sum.accumulate(&Counters::from_words(&d.control.counters(0)));
+            }
+            if d.peer == client {
+                sum.accumulate(&Counters::from_words(&d.control.counters(1)));
+            }
+        }
+        sum
+    }
+}
+
+/// The [`FastQp`] of a QP of `c` (handles tagged as the client knows them).
+fn fast_qp(c: &ClientDev, qpn: u32, index: u32) -> Option<FastQp> {
+    let q = c.qps.get(&qpn)?;
+    let config = c.engine.qp_config(Qpn::new(qpn))?;
+    let (state, attr) = c.engine.query_qp(Qpn::new(qpn)).ok()?;
+    let seq = c.engine.qp_sequence(Qpn::new(qpn))?;
+    Some(FastQp {
+        qpn,
+        qp_type: match config.init.qp_type {
+            QpType::Rc => ctl::qp_type::RC,
+            QpType::Uc => ctl::qp_type::UC,
+            _ => return None,
+        },
+        state: state as u32,
+        attr: ctl::ctl_attr(state, &attr),
+        cap: ctl::QpCap {
+            max_send_wr: q.cap.max_send_wr,
+            max_recv_wr: q.cap.max_recv_wr,
+            max_send_sge: q.cap.max_send_sge,
+            max_recv_sge: q.cap.max_recv_sge,
+            max_inline_data: q.cap.max_inline_data,
+        },
+        sq_sig_all: q.sq_sig_all,
+        pd: config.init.pd,
+        send_cq: tag_handle(index, config.init.send_cq),
+        recv_cq: tag_handle(index, config.init.recv_cq),
+        comp_psn: seq.comp_psn.value(),
+        msn: seq.msn,
+    })
+}
+
+fn mr_entry(c: &ClientDev, index: u32) -> Option<MrEntry> {
+    let (pd, keys, addr, length, access) = c.engine.mr_info(index)?;
+    Some(MrEntry {
+        index,
+        lkey: keys.lkey.0,
+        rkey: keys.rkey.0,
+        pd,
+        access: access.0,
+        addr,
+        length,
+    })
+}
+
+fn again(why: &str) -> (Response, Vec<OwnedFd>) {
+    debug!("fast path: not granted: {why}");
+    (
+        Response::Error {
+            errno: libc::EAGAIN,
+            message: why.to_string(),
+        },
+        vec![],
+    )
+}
+
+impl DeviceThread {
+    /// The peer (client, QPN) of `(client, qpn)`'s requester if the device may offer its
+    /// direction now.
+    fn fast_eligible(&self, client: u64, qpn: u32) -> Option<(u64, u32)> {
+        if !self.fast.enabled || self.local_via_socket {
+            return None;
+        }
+        let c = self.clients.get(&client)?;
+        let q = c.qps.get(&qpn)?;
+        let config = c.engine.qp_config(Qpn::new(qpn))?;
+        if q.region_fd.is_none()
+            || q.away
+            || config.state != QpState::Rts
+            || !matches!(config.init.qp_type, QpType::Rc | QpType::Uc)
+        {
+            return None;
+        }
+        let av = config.attr.ah_attr?;
+        if !self.gids.contains(&av.dgid) {
+            return None;
+        }
+        let dest = config.attr.dest_qp_num.value();
+        let peer = *self.blocks.get(&(dest / super::clients::QPN_BLOCK))?;
+        if peer == client {
+            return None;
+        }
+        let p = self.clients.get(&peer)?;
+        let pq = p.qps.get(&dest)?;
+        let pc = p.engine.qp_config(Qpn::new(dest))?;
+        let paired = pc.attr.dest_qp_num.value() == qpn
+            && pc.attr.ah_attr.is_some_and(|a| self.gids.contains(&a.dgid))
+            && pc.init.qp_type == config.init.qp_type
+            && matches!(pc.state, QpState::Rtr | QpState::Rts);
+        let no_channels = c
+            .cqs
+            .get(&config.init.send_cq)
+            .is_some_and(|x| x.channel.is_none())
+            && p.cqs
+                .get(&pc.init.recv_cq)
+                .is_some_and(|x| x.channel.is_none());
+        let ok = paired
+            && no_channels
+            && pq.region_fd.is_some()
+            && pq.rq.is_some()
+            && !pq.lent
+            && pc.init.srq.is_none()
+            && p.mws.is_empty()
+            && c.uid.is_some()
+            && c.uid == p.uid;
+        ok.then_some((peer, dest))
+    }
+
+    /// Sets the offer on `(client, qpn)`'s send ring as the conditions say now.
+    pub(super) fn fast_refresh(&self, client: u64, qpn: u32) {
+        let offer = self.fast_eligible(client, qpn).is_some();
+        debug!(client, qpn, offer, "fast path: offer");
+        if let Some(q) = self.clients.get(&client).and_then(|c| c.qps.get(&qpn)) {
+            q.sq.set_fast_offer(offer);
+        }
+    }
+
+    /// The client's MR table, created (and filled) on first use; a duplicate of its fd.
+    fn mr_table_fd(&mut self, client: u64) -> Option<(OwnedFd, u64)> {
+        if !self.fast.tables.contains_key(&client) {
+            let c = self.clients.get(&client)?;
+            let len = MrTable::byte_len(MR_TABLE_CAPACITY);
+            let region = SharedRegion::create("mrs", len).ok()?;
+            // SAFETY: the region is `len` zeroed bytes, page aligned, and lives beside the
+            // table in TableHost.
+            let table = unsafe { MrTable::init(region.as_mut_ptr(), MR_TABLE_CAPACITY) };
+            for index in c.engine.mr_indexes() {
+                table.set(index, mr_entry(c, index).as_ref());
+            }
+            self.fast.tables.insert(client, TableHost { region, table });
+        }
+        let t = self.fast.tables.get(&client)?;
+        Some((t.region.dup_fd()?, t.region.len() as u64))
+    }
+
+    /// Publishes the MR `index` of `client` as its engine now holds it (or its absence).
+    pub(super) fn fast_mr_changed(&self, client: u64, index: u32) {
+        let (Some(t), Some(c)) = (self.fast.tables.get(&client), self.clients.get(&client)) else {
+            return;
+        };
+        t.table.set(index, mr_entry(c, index).as_ref());
+    }
+
+    /// `FastTake`: grants the direction of `(client, qpn)` if it is offered and both halves
+    /// are idle.
+    pub(super) fn fast_take(&mut self, client: u64, qpn: u32) -> (Response, Vec<OwnedFd>) {
+        let Some((peer, pqpn)) = self.fast_eligible(client, qpn) else {
+            return again("the fast path is not offered for this QP");
+        };
+        let index = self.index;
+        let idle = {
+            let (Some(c), Some(p)) = (self.clients.get(&client), self.clients.get(&peer)) else {
+                return again("client gone");
+            };
+            let q = &c.qps[&qpn];
+            let pq = &p.qps[&pqpn];
+            c.engine.requester_idle(Qpn::new(qpn))
+                && q.sq.available().unwrap_or(1) == 0
+                && q.pending_send.is_empty()
+                && p.engine.responder_idle(Qpn::new(pqpn))
+                && pq.pending_recv.is_empty()
+        };
+        if !idle {
+            return again("work in flight");
+        }
+        // Everything older than the direction is in the completion rings before it starts.
+        for id in [client, peer] {
+            if let Some(c) = self.clients.get_mut(&id) {
+                super::completions::deliver_completions(c, index, &[]);
+            }
+        }
+        let (Some((own_table, own_len)), Some((peer_table, peer_len))) =
+            (self.mr_table_fd(client), self.mr_table_fd(peer))
+        else {
+            return again("no MR table");
+        };
+        let (Some(requester), Some(responder)) = (
+            fast_qp(&self.clients[&client], qpn, index),
+            fast_qp(&self.clients[&peer], pqpn, index),
+        ) else {
+            return again("QP state");
+        };
+        let p = &self.clients[&peer];
+        let pc = p.engine.qp_config(Qpn::new(pqpn)).expect("checked above");
+        let depth = p
+            .cqs
+            .get(&pc.init.recv_cq)
+            .map_or(64, |x| x.ring.geometry().slot_count);
+        let Some(g) = RingGeometry::new((2 * depth).clamp(64, 1 << 16), RING_SLOT) else {
+            return again("ring");
+        };
+        let Ok(region) = SharedRegion::create("fast", CONTROL_LEN + g.byte_len()) else {
+            return again("memfd");
+        };
+        let id = self.fast.next_id;
+        self.fast.next_id += 1;
+        // SAFETY: the region holds CONTROL_LEN bytes and more, page aligned, and lives beside
+        // the handle in DirectionHost.
+        let control = unsafe { Direction::init(region.as_mut_ptr(), id) };
+        if region.init_ring(CONTROL_LEN, g).is_err() {
+            return again("ring");
+        }
+        let ring = ctl::RingPlace {
+            offset: CONTROL_LEN as u64,
+            slot_size: g.slot_size,
+            slot_count: g.slot_count,
+        };
+        let (Some(block_fd), Some(peer_fd)) = (
+            region.dup_fd(),
+            self.clients[&peer].qps[&pqpn]
+                .region_fd
+                .as_ref()
+                .and_then(|f| f.try_clone().ok()),
+        ) else {
+            return again("fds");
+        };
+        let p = self.clients.get_mut(&peer).expect("checked above");
+        let mut recvs = p.engine.take_recvs(Qpn::new(pqpn));
+        let pq = p.qps.get_mut(&pqpn).expect("checked above");
+        let peer_rq = pq.rq.as_ref().map(|r| r.geometry());
+        let Some(rq_g) = peer_rq else {
+            return again("no receive ring");
+        };
+        recvs.extend(pq.pending_recv.drain(..));
+        pq.lent = true;
+        if let Some(rq) = &pq.rq {
+            // The taker never sleeps on it: a post must not ring the device's doorbell.
+            rq.consumer_awake();
+        }
+        let rq_place = ctl::RingPlace {
+            // The send ring comes first, page aligned (objects::rings).
+            offset: (pq.sq.geometry().byte_len().next_multiple_of(4096)) as u64,
+            slot_size: rq_g.slot_size,
+            slot_count: rq_g.slot_count,
+        };
+        let peer_region_len = pq._region.len() as u64;
+        if let Some(cq) = p.cqs.get(&pc.init.recv_cq) {
+            cq.ring.bump_fast_sources();
+        }
+        let peer_pid = p.pid;
+        let c = self.clients.get_mut(&client).expect("checked above");
+        let q = c.qps.get_mut(&qpn).expect("checked above");
+        q.away = true;
+        q.sq.set_fast_offer(false);
+        let config = c.engine.qp_config(Qpn::new(qpn)).expect("checked above");
+        if let Some(cq) = c.cqs.get(&config.init.send_cq) {
+            // The taker moves its older completions aside before it reads the new ones.
+            cq.ring.bump_fast_sources();
+        }
+        let grant = FastGrant {
+            direction: id,
+            block_len: region.len() as u64,
+            ring,
+            requester,
+            responder,
+            peer_pid,
+            peer_rq: rq_place,
+            peer_region_len,
+            recvs: recvs
+                .iter()
+                .map(|r| FastRecv {
+                    wr_id: r.wr_id,
+                    sges: r
+                        .sg_list
+                        .iter()
+                        .map(|s| (s.addr, s.length, s.lkey.0))
+                        .collect(),
+                })
+                .collect(),
+            mr_table_len: peer_len,
+            own_mr_table_len: own_len,
+            gids: self.gids.iter().map(|a| ctl::gid_of(*a)).collect(),
+            port_mtu: self.info.active_mtu,
+        };
+        info!(device = %self.info.name, direction = id, taker = client, qpn, peer, peer_qpn = pqpn,
+              recvs = recvs.len(), "fast path: direction granted");
+        self.fast.directions.insert(
+            id,
+            DirectionHost {
+                taker: client,
+                taker_qpn: qpn,
+                peer,
+                peer_qpn: pqpn,
+                peer_recv_cq: pc.init.recv_cq,
+                region,
+                control,
+                ring: RingPlace(ring),
+                recvs,
+            },
+        );
+        (
+            Response::FastGrant(Box::new(grant)),
+            vec![block_fd, peer_fd, peer_table, own_table],
+        )
+    }
+
+    /// `FastSources`: the rings of the directions that feed `cq` of `client`.
+    pub(super) fn fast_sources(&self, client: u64, cq: u32) -> (Response, Vec<OwnedFd>) {
+        let mut rings = Vec::new();
+        let mut fds = Vec::new();
+        let live = self
+            .fast
+            .directions
+            .iter()
+            .filter(|(_, d)| d.peer == client && d.peer_recv_cq == cq)
+            .map(|(id, d)| (*id, &d.region, d.ring.0));
+        let retired = self
+            .fast
+            .retired
+            .iter()
+            .filter(|r| r.peer == client && r.peer_recv_cq == cq)
+            .map(|r| (r.id, &r.region, r.ring));
+        for (direction, region, ring) in live.chain(retired) {
+            if let Some(fd) = region.dup_fd() {
+                rings.push(FastRing {
+                    direction,
+                    block_len: region.len() as u64,
+                    ring,
+                });
+                fds.push(fd);
+            }
+        }
+        (Response::FastSources { rings }, fds)
+    }
+
+    /// `FastReturn`: the taker gives the direction of `qpn` back (it is outside it).
+    pub(super) fn fast_return(&mut self, client: u64, qpn: u32, events: &[FastEvent]) -> Response {
+        let ids: Vec<u64> = self
+            .fast
+            .directions
+            .iter()
+            .filter(|(_, d)| d.taker == client && d.taker_qpn == qpn)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let peer = self.fast.directions[&id].peer;
+            self.reclaim(id, true);
+            for ev in events {
+                let owner = if ev.qpn == qpn { client } else { peer };
+                self.fast_event(owner, ev);
+            }
+        }
+        Response::Done
+    }
+
+    /// Writes an event the taker's engines raised to the context of the QP's owner.
+    fn fast_event(&self, client: u64, ev: &FastEvent) {
+        let Some(c) = self.clients.get(&client) else {
+            return;
+        };
+        let Some(fd) = c.qps.get(&ev.qpn).and_then(|q| c.contexts.get(&q.ctx)) else {
+            return;
+        };
+        let mut rec = [0u8; 16];
+        rec[..8].copy_from_slice(&u64::from(ev.qpn).to_ne_bytes());
+        rec[8..12].copy_from_slice(&ev.event_type.to_ne_bytes());
+        let _ = nix::unistd::write(fd, &rec);
+    }
+
+    /// Revokes the directions `ids`; true once every one of them is back (its taker was
+    /// outside it, or `force`: the taker is gone).
+    pub(super) fn revoke_all(&mut self, ids: &[u64], force: bool) -> bool {
+        let mut done = true;
+        for id in ids {
+            done &= self.reclaim(*id, force);
+        }
+        done
+    }
+
+    /// Takes direction `id` back: revokes it and, once its taker is outside it (or `force`),
+    /// carries on from what the taker published. Returns whether it is back.
+    pub(super) fn reclaim(&mut self, id: u64, force: bool) -> bool {
+        let Some(d) = self.fast.directions.get(&id) else {
+            return true;
+        };
+        d.control.revoke();
+        if d.control.busy() && !force {
+            return false;
+        }
+        let d = self.fast.directions.remove(&id).expect("present");
+        let p = d.control.published();
+        let failed = p.flags & PUBLISHED_ERROR != 0;
+        if let Some(c) = self.clients.get_mut(&d.taker) {
+            let q = Qpn::new(d.taker_qpn);
+            c.engine
+                .set_requester_sequence(q, Psn::new(p.req_psn), Psn::new(p.comp_psn));
+            c.engine
+                .absorb_counters(&Counters::from_words(&d.control.counters(0)));
+            if let Some(h) = c.qps.get_mut(&d.taker_qpn) {
+                h.away = false;
+            }
+            if failed {
+                to_error(c, d.taker_qpn);
+            }
+        }
+        if let Some(pc) = self.clients.get_mut(&d.peer) {
+            let q = Qpn::new(d.peer_qpn);
+            pc.engine
+                .set_responder_sequence(q, Psn::new(p.resp_psn), p.msn);
+            pc.engine
+                .absorb_counters(&Counters::from_words(&d.control.counters(1)));
+            let used = (p.recvs_used as usize).min(d.recvs.len());
+            let mut recvs = d.recvs;
+            pc.engine.return_recvs(q, recvs.split_off(used));
+            if let Some(h) = pc.qps.get_mut(&d.peer_qpn) {
+                h.lent = false;
+                if let Some(rq) = h.rq.as_mut() {
+                    if rq.resync_consumer().is_err() {
+                        debug!(
+                            qpn = d.peer_qpn,
+                            "the fast path's receive ring came back corrupt"
+                        );
+                    }
+                }
+            }
+            if failed {
+                to_error(pc, d.peer_qpn);
+            }
+        }
+        info!(device = %self.info.name, direction = id, failed, used = p.recvs_used,
+              req_psn = p.req_psn, comp_psn = p.comp_psn, resp_psn = p.resp_psn, "fast path: direction back");
+        self.fast.retired.push(Retired {
+            id,
+            peer: d.peer,
+            peer_recv_cq: d.peer_recv_cq,
+            region: d.region,
+            ring: d.ring.0,
+        });
+        // Offered again (the taker asks after a pause) if the conditions still hold.
+        self.fast_refresh(d.taker, d.taker_qpn);
+        true
+    }
+
+    /// A client is gone: the directions it took come back at once (their taker is gone), the
+    /// ones whose peer it was once their takers are outside them (later, in the loop).
+    pub(super) fn fast_client_gone(&mut self, client: u64) {
+        let taken: Vec<u64> = self
+            .fast
+            .directions
+            .iter()
+            .filter(|(_, d)| d.taker == client)
+            .map(|(id, _)| *id)
+            .collect();
+        self.revoke_all(&taken, true);
+        let as_peer: Vec<u64> = self
+            .fast
+            .directions
+            .iter()
+            .filter(|(_, d)| d.peer == client)
+            .map(|(id, _)| *id)
+            .collect();
+        if !self.revoke_all(&as_peer, false) {
+            self.fast_waiting.push(super::Waiting {
+                directions: as_peer,
+                revoke: true,
+                then: super::Then::Nothing,
+            });
+        }
+        self.fast.tables.remove(&client);
+    }
+
+    /// The directions a request must wait for: those whose QPs it changes or reads (they are
+    /// revoked now), or, for a deregistration, those reading the client's MR table.
+    pub(super) fn fast_blockers(&mut self, client: u64, request: &Request) -> Vec<u64> {
+        if self.fast.directions.is_empty() {
+            return Vec::new();
+        }
+        let ids = match request {
+            Request::ModifyQp { qpn, .. }
+            | Request::QueryQp { qpn, .. }
+            | Request::DestroyQp { qpn } => self.fast.involving(client, *qpn),
+            Request::AllocMw { .. } | Request::CloseContext { .. } => self
+                .fast
+                .directions
+                .iter()
+                .filter(|(_, d)| d.peer == client || d.taker == client)
+                .map(|(id, _)| *id)
+                .collect(),
+            _ => return Vec::new(),
+        };
+        self.revoke_all(&ids, false);
+        ids
+    }
+
+    /// Retries the requests, replies and revocations that wait for directions; whether any
+    /// is left.
+    pub(super) fn fast_retry_waiting(&mut self) -> bool {
+        if self.fast_waiting.is_empty() {
+            return false;
+        }
+        let waiting = std::mem::take(&mut self.fast_waiting);
+        for w in waiting {
+            let ready = if w.revoke {
+                self.revoke_all(&w.directions, false)
+            } else {
+                self.fast.quiet(&w.directions)
+            };
+            if !ready {
+                self.fast_waiting.push(w);
+                continue;
+            }
+            match w.then {
+                super::Then::Request(msg) => {
+                    self.message(*msg);
+                }
+                super::Then::Reply(r) => {
+                    let (resp, fds, reply) = *r;
+                    let _ = reply.send((resp, fds));
+                }
+                super::Then::Nothing => {}
+            }
+        }
+        !self.fast_waiting.is_empty()
+    }
+}
+
+/// What a request's fast-path bookkeeping needs to know from before it ran.
+pub(super) enum Before {
+    Nothing,
+    RegMr,
+    /// The engine index of the MR being deregistered.
+    DeregMr(Option<u32>),
+    /// A QP being modified or destroyed, and the QP it was connected to.
+    Qp(u32, Option<(u64, u32)>),
+    /// A memory window: the client can no longer be the peer of a direction.
+    Mw,
+}
+
+impl DeviceThread {
+    /// The QP `(client, qpn)` is connected to, if it is on this device.
+    fn connected_to(&self, client: u64, qpn: u32) -> Option<(u64, u32)> {
+        let dest = self
+            .clients
+            .get(&client)?
+            .engine
+            .qp_config(Qpn::new(qpn))?
+            .attr
+            .dest_qp_num
+            .value();
+        let peer = *self.blocks.get(&(dest / super::clients::QPN_BLOCK))?;
+        Some((peer, dest))
+    }
+
+    pub(super) fn fast_before(&self, client: u64, request: &Request) -> Before {
+        if !self.fast.enabled {
+            return Before::Nothing;
+        }
+        match request {
+            Request::RegMr { .. } => Before::RegMr,
+            Request::DeregMr { mr } => Before::DeregMr(
+                self.clients
+                    .get(&client)
+                    .and_then(|c| c.mrs.get(mr).copied()),
+            ),
+            Request::ModifyQp { qpn, .. } | Request::DestroyQp { qpn } => {
+                Before::Qp(*qpn, self.connected_to(client, *qpn))
+            }
+            Request::AllocMw { .. } => Before::Mw,
+            _ => Before::Nothing,
+        }
+    }
+
+    /// The fast-path bookkeeping after a request ran: offers, MR tables. Returns the
+    /// directions the reply must wait for (a deregistration is answered once no taker can
+    /// still be using the region).
+    pub(super) fn fast_after(
+        &mut self,
+        client: u64,
+        before: Before,
+        resp: &Response,
+    ) -> Option<Vec<u64>> {
+        match before {
+            Before::Nothing => None,
+            Before::RegMr => {
+                if let Response::Mr { mr, .. } = resp {
+                    let index = self
+                        .clients
+                        .get(&client)
+                        .and_then(|c| c.mrs.get(&super::handles::untag_handle(*mr)).copied());
+                    if let Some(index) = index {
+                        self.fast_mr_changed(client, index);
+                    }
+                }
+                None
+            }
+            Before::DeregMr(index) => {
+                let index = index.filter(|_| matches!(resp, Response::Done))?;
+                self.fast_mr_changed(client, index);
+                let ids = self.fast.of_client(client);
+                (!self.fast.quiet(&ids)).then_some(ids)
+            }
+            Before::Qp(qpn, peer) => {
+                self.fast_refresh(client, qpn);
+                if let Some((p, pq)) = peer {
+                    self.fast_refresh(p, pq);
+                }
+                None
+            }
+            Before::Mw => {
+                // Every QP connected to one of this client's: no longer offered.
+                let towards: Vec<(u64, u32)> = self
+                    .clients
+                    .iter()
+                    .flat_map(|(&id, c)| c.qps.keys().map(move |&q| (id, q)))
+                    .filter(|&(id, q)| self.connected_to(id, q).is_some_and(|(p, _)| p == client))
+                    .collect();
+                for (id, q) in towards {
+                    self.fast_refresh(id, q);
+                }
+                None
+            }
+        }
+    }
+}
+
+/// Moves a QP of `c` to ERR (its halves came back from a direction that ended in an error).
+fn to_error(c: &mut ClientDev, qpn: u32) {
+    let attr = QpAttr {
+        qp_state: QpState::Err,
+        ..Default::default()
+    };
+    let _ = c.engine.modify_qp(Qpn::new(qpn), &attr, AttrMask::STATE);
+}
