@@ -446,25 +446,36 @@ pub fn fast_cqe_room(slot_size: usize, pieces: usize) -> usize {
 impl FastCqe<'_> {
     /// Bytes the entry needs.
     pub fn encoded_len(cqe_pieces: &[(u64, &[u8])]) -> usize {
+        FastCqe::encoded_len_of(cqe_pieces.iter().map(|(_, d)| d.len()))
+    }
+
+    /// Bytes an entry whose pieces are this long needs.
+    pub fn encoded_len_of(piece_lens: impl IntoIterator<Item = usize>) -> usize {
         FAST_CQE_HEADER
-            + cqe_pieces
-                .iter()
-                .map(|(_, d)| PIECE_HEADER + d.len().next_multiple_of(8))
+            + piece_lens
+                .into_iter()
+                .map(|n| PIECE_HEADER + n.next_multiple_of(8))
                 .sum::<usize>()
     }
 
     /// Writes the entry into `slot`; returns its length, or None if it does not fit.
-    pub fn encode(
+    pub fn encode(cqe: &super::wqe::Cqe, pieces: &[(u64, &[u8])], slot: &mut [u8]) -> Option<usize> {
+        FastCqe::encode_from(cqe, pieces.iter().copied(), slot)
+    }
+
+    /// [`FastCqe::encode`] with the pieces from an iterator.
+    pub fn encode_from<'p>(
         cqe: &super::wqe::Cqe,
-        pieces: &[(u64, &[u8])],
+        pieces: impl Iterator<Item = (u64, &'p [u8])> + Clone,
         slot: &mut [u8],
     ) -> Option<usize> {
-        let len = FastCqe::encoded_len(pieces);
-        if len > slot.len() || pieces.len() > u16::MAX as usize {
+        let len = FastCqe::encoded_len_of(pieces.clone().map(|(_, d)| d.len()));
+        let count = pieces.clone().count();
+        if len > slot.len() || count > u16::MAX as usize {
             return None;
         }
         cqe.encode(&mut slot[..super::wqe::IBV_WC_LEN]);
-        slot[48..50].copy_from_slice(&(pieces.len() as u16).to_ne_bytes());
+        slot[48..50].copy_from_slice(&(count as u16).to_ne_bytes());
         let mut at = FAST_CQE_HEADER;
         for (addr, data) in pieces {
             slot[at..at + 8].copy_from_slice(&addr.to_ne_bytes());

@@ -30,9 +30,6 @@ use super::memory::{LocalMemory, PeerMemory, Placed};
 use crate::ffi::Errno;
 use crate::shm::Mapping;
 
-/// Receive data that travels with its completion: (address, bytes).
-type Carried = Vec<(u64, Vec<u8>)>;
-
 /// What a pump left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -167,6 +164,10 @@ pub struct DirectionRt {
     ring_slot: Vec<u8>,
     /// Completions the ring had no room for yet, oldest first.
     held: VecDeque<Vec<u8>>,
+    /// Scratch of `deliver`: the peer's completions of one pass, with the range of
+    /// `pieces` (address, offset in the carried bytes, length) each carries.
+    ready: Vec<(Cqe, usize, usize)>,
+    pieces: Vec<(u64, usize, usize)>,
     /// The peer QP's receive ring: we consume it while the direction is ours.
     peer_rq: SharedRing,
     peer_max_recv_sge: usize,
@@ -183,6 +184,11 @@ pub struct DirectionRt {
     mirror_state: QpState,
     frame: Vec<u8>,
     start: Instant,
+    /// Entered, with queued work not run yet (see [`DirectionRt::queue`]).
+    open: bool,
+    opened_at: Instant,
+    queued: usize,
+    receives_queued: u32,
     _block: Mapping,
     _peer_region: Mapping,
 }
@@ -255,6 +261,8 @@ impl DirectionRt {
             ring,
             ring_slot: vec![0u8; slot_size],
             held: VecDeque::new(),
+            ready: Vec::new(),
+            pieces: Vec::new(),
             peer_rq,
             peer_max_recv_sge: g.responder.cap.max_recv_sge as usize,
             rq_slot: vec![0u8; peer_slot],
@@ -266,6 +274,10 @@ impl DirectionRt {
             mirror_state: mc.state,
             frame: vec![0u8; proto::transport::MAX_FRAME_LEN],
             start: Instant::now(),
+            open: false,
+            opened_at: Instant::now(),
+            queued: 0,
+            receives_queued: 0,
             _block: block,
             _peer_region: peer_region,
         })
@@ -284,17 +296,33 @@ impl DirectionRt {
         queued + in_ring >= u64::from(extra)
     }
 
-    /// Runs `wrs` on the requester: queues them (a request the engine refuses completes with
-    /// an error, as the daemon completes one it refuses), runs both engines until neither has
-    /// anything to send, delivers the completions and publishes the state. Nothing runs if
-    /// the daemon revoked the direction meanwhile.
-    pub fn run(&mut self, wrs: Vec<SendWr>) -> Outcome {
-        if !self.control.enter() {
-            return Outcome::Revoked;
+    /// Queues `wrs` on the requester, entering the direction first if this process is
+    /// outside it (false: the daemon revoked it; nothing was queued). A request the engine
+    /// refuses completes with an error, as the daemon completes one it refuses. The work
+    /// runs at [`DirectionRt::close`]: the next `ibv_poll_cq`, a full batch, or the
+    /// backstop (`super::Backstop`), so that a burst of posts costs one pass, one ACK and one
+    /// `process_vm_writev`; the direction stays entered meanwhile (a revoke waits for it).
+    pub fn queue(&mut self, wrs: Vec<SendWr>) -> bool {
+        if !self.open {
+            if !self.control.enter() {
+                return false;
+            }
+            self.open = true;
+            self.opened_at = Instant::now();
+            self.own_mrs.sync(&mut self.own);
+            self.peer_mrs.sync(&mut self.mirror);
         }
-        self.own_mrs.sync(&mut self.own);
-        self.peer_mrs.sync(&mut self.mirror);
         for wr in wrs {
+            self.queued += 1;
+            if matches!(
+                wr.op,
+                proto::transport::SendOp::Send
+                    | proto::transport::SendOp::SendWithImm(_)
+                    | proto::transport::SendOp::SendWithInv(_)
+                    | proto::transport::SendOp::WriteWithImm(..)
+            ) {
+                self.receives_queued += 1;
+            }
             let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode() as u32);
             if self.own.post_send(self.requester, wr).is_err() {
                 self.completions.push_back(Cqe {
@@ -306,9 +334,36 @@ impl DirectionRt {
                 });
             }
         }
+        true
+    }
+
+    /// Work requests queued and not run yet that take a receive WQE of the peer.
+    pub fn receives_queued(&self) -> u32 {
+        self.receives_queued
+    }
+
+    /// Work requests queued since the direction was entered.
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
+    /// Since when the direction is entered with work not run yet (None: outside).
+    pub fn open_since(&self) -> Option<Instant> {
+        self.open.then_some(self.opened_at)
+    }
+
+    /// Runs what was queued: both engines until neither has anything to send, then the
+    /// completions out and the state published, and leaves the direction.
+    pub fn close(&mut self) -> Outcome {
+        if !self.open {
+            return Outcome::Idle;
+        }
         self.pump();
         self.deliver();
         let outcome = self.settle();
+        self.open = false;
+        self.queued = 0;
+        self.receives_queued = 0;
         self.control.leave();
         outcome
     }
@@ -376,11 +431,13 @@ impl DirectionRt {
         while let Some(wc) = self.own.poll_cq(self.own_cq) {
             self.completions.push_back(convert::cqe(&wc));
         }
-        let mut ready: Vec<(Cqe, Carried)> = Vec::new();
+        // (completion, range of `pieces` it carries)
+        self.ready.clear();
+        self.pieces.clear();
         while let Some(wc) = self.mirror.poll_cq(self.mirror_cq) {
             let cqe = convert::cqe(&wc);
             let mem = self.mirror.memory_mut();
-            let mut carried = Vec::new();
+            let first = self.pieces.len();
             if wc.status != WcStatus::Success {
                 // What a failed receive placed is undefined; the QP is going to ERR, so
                 // nothing placed after it belongs to a later completion either.
@@ -394,29 +451,37 @@ impl DirectionRt {
                     };
                     owed = owed.saturating_sub(p.bytes());
                     match p {
-                        Placed::Carried(addr, data) => carried.push((addr, data)),
+                        Placed::Carried { addr, at, len } => self.pieces.push((addr, at, len)),
                         Placed::Written(_) => all_carried = false,
                     }
                 }
-                let refs: Vec<(u64, &[u8])> =
-                    carried.iter().map(|(a, d)| (*a, d.as_slice())).collect();
-                if !all_carried || FastCqe::encoded_len(&refs) > self.ring_slot.len() {
-                    for (addr, data) in carried.drain(..) {
+                let fits = FastCqe::encoded_len_of(self.pieces[first..].iter().map(|p| p.2))
+                    <= self.ring_slot.len();
+                if !all_carried || !fits {
+                    for &(addr, at, len) in &self.pieces[first..] {
+                        let data = mem.arena[at..at + len].to_vec();
                         mem.write_now(addr, &data);
                     }
+                    self.pieces.truncate(first);
                 }
             }
-            ready.push((cqe, carried));
+            self.ready.push((cqe, first, self.pieces.len()));
         }
         self.mirror.memory_mut().flush();
-        for (cqe, carried) in ready {
-            let refs: Vec<(u64, &[u8])> = carried.iter().map(|(a, d)| (*a, d.as_slice())).collect();
-            let mut slot = vec![0u8; self.ring_slot.len()];
-            if let Some(n) = FastCqe::encode(&cqe, &refs, &mut slot) {
-                slot.truncate(n);
-                self.held.push_back(slot);
+        let arena = &self.mirror.memory().arena;
+        for &(cqe, from, to) in &self.ready {
+            let pieces = self.pieces[from..to]
+                .iter()
+                .map(|&(addr, at, len)| (addr, &arena[at..at + len]));
+            let Some(n) = FastCqe::encode_from(&cqe, pieces, &mut self.ring_slot) else {
+                continue;
+            };
+            if self.held.is_empty() && self.ring.push(&self.ring_slot[..n]).is_ok() {
+                continue;
             }
+            self.held.push_back(self.ring_slot[..n].to_vec());
         }
+        self.mirror.memory_mut().arena.clear();
         while let Some(entry) = self.held.front() {
             match self.ring.push(entry) {
                 Ok(_) => {
@@ -473,8 +538,13 @@ impl DirectionRt {
         }
     }
 
-    /// Publishes the state once more without running (before giving it back).
+    /// Runs what is queued and publishes the state once more (before giving it back);
+    /// false if the daemon took the direction back already.
     pub fn publish_now(&mut self) -> bool {
+        if self.open {
+            let _ = self.close();
+            return true;
+        }
         if !self.control.enter() {
             return false;
         }

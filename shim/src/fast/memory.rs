@@ -105,10 +105,10 @@ impl LocalMemory {
 pub const CARRIED_MAX: usize = 176;
 
 /// One receive-buffer write, in the order the engine made them.
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 pub enum Placed {
-    /// Held back: the bytes and where they go.
-    Carried(u64, Vec<u8>),
+    /// Held back: where they go, and where the bytes are in [`PeerMemory::arena`].
+    Carried { addr: u64, at: usize, len: usize },
     /// Written into the peer (deferred with the other writes) already.
     Written(usize),
 }
@@ -117,7 +117,7 @@ impl Placed {
     /// Bytes it placed.
     pub fn bytes(&self) -> usize {
         match self {
-            Placed::Carried(_, d) => d.len(),
+            Placed::Carried { len, .. } => *len,
             Placed::Written(n) => *n,
         }
     }
@@ -132,6 +132,8 @@ pub struct PeerMemory {
     /// Every receive-buffer write since the completions were last forwarded: a receive
     /// completion of `byte_len` bytes owns the first ones that add up to it.
     pub placed: std::collections::VecDeque<Placed>,
+    /// The held-back bytes (emptied when the completions are forwarded).
+    pub arena: Vec<u8>,
 }
 
 impl PeerMemory {
@@ -139,6 +141,7 @@ impl PeerMemory {
         PeerMemory {
             process: RefCell::new(ProcessMemory::new(pid)),
             placed: Default::default(),
+            arena: Vec::new(),
         }
     }
 
@@ -191,7 +194,13 @@ impl MemoryAccess for PeerMemory {
         data: &[u8],
     ) -> Result<(), MemoryError> {
         if data.len() <= CARRIED_MAX {
-            self.placed.push_back(Placed::Carried(addr, data.to_vec()));
+            let at = self.arena.len();
+            self.arena.extend_from_slice(data);
+            self.placed.push_back(Placed::Carried {
+                addr,
+                at,
+                len: data.len(),
+            });
             return Ok(());
         }
         self.write(space, addr, data)?;

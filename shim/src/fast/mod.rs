@@ -28,12 +28,14 @@ pub mod memory;
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use proto::ctl::{FastRing, Request, Response};
 use proto::ring::fast::{Direction, FastCqe};
-use proto::ring::wqe::{Cqe, SendWqe, WrOpcode};
+use proto::ring::wqe::Cqe;
+use proto::transport::{SendOp, SendWr};
 use proto::ring::SharedRing;
 
 use crate::ffi::Errno;
@@ -41,7 +43,7 @@ use crate::runtime::ShimContext;
 use crate::shm::Mapping;
 use direction::{DirectionRt, Outcome};
 
-fn trace(what: std::fmt::Arguments<'_>) {
+pub(crate) fn trace(what: std::fmt::Arguments<'_>) {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *ON.get_or_init(|| std::env::var_os("SOFTROCE_FAST_DEBUG").is_some()) {
         eprintln!("[fast {}] {what}", std::process::id());
@@ -68,39 +70,124 @@ struct Inbound {
 // SAFETY: used only under the context's fast-path lock; the pointers point into `_map`.
 unsafe impl Send for Inbound {}
 
+/// QPN-keyed tables with the engine's multiplicative hash (SipHash showed in the profile).
+type IntMap<V> =
+    HashMap<u32, V, std::hash::BuildHasherDefault<proto::transport::engine::IntHasher>>;
+
+/// A CQ's fast sources.
+struct CqFeed {
+    cq: u32,
+    /// The CQ ring's source count when its sources were last fetched.
+    seen: u32,
+    /// Completions moved out of the CQ's other sources before a new source was attached.
+    stash: VecDeque<Cqe>,
+    /// Rings other processes' directions fill with this CQ's receive completions.
+    inbound: Vec<(u64, Inbound)>,
+}
+
+impl Inner {
+    fn feed(&mut self, cq: u32) -> &mut CqFeed {
+        let i = match self.feeds.iter().position(|f| f.cq == cq) {
+            Some(i) => i,
+            None => {
+                self.feeds.push(CqFeed {
+                    cq,
+                    seen: 0,
+                    stash: VecDeque::new(),
+                    inbound: Vec::new(),
+                });
+                self.feeds.len() - 1
+            }
+        };
+        &mut self.feeds[i]
+    }
+}
+
 #[derive(Default)]
 struct Inner {
     /// Directions this process runs, by requester QPN.
-    directions: HashMap<u32, DirectionRt>,
+    directions: IntMap<DirectionRt>,
+    /// Directions entered with queued work (their QPNs).
+    open: Vec<u32>,
+    /// Directions whose work ran outside a verb call (by the backstop) and that must be
+    /// given back at the next call.
+    give_back: Vec<u32>,
     /// QPs that may not ask for a grant before the given time.
-    backoff: HashMap<u32, Instant>,
-    /// Completions moved out of a CQ's other sources before a new source was attached.
-    stash: HashMap<u32, VecDeque<Cqe>>,
-    /// Rings feeding a CQ (by the CQ's handle), and the source count last seen.
-    inbound: HashMap<u32, Vec<(u64, Inbound)>>,
-    sources_seen: HashMap<u32, u32>,
+    backoff: IntMap<Instant>,
+    /// What feeds each CQ of this context besides its daemon ring (a few CQs: a list).
+    feeds: Vec<CqFeed>,
+    /// The backstop thread: started with the first direction; parked (waiting without a
+    /// timeout) when nothing was queued for a while.
+    backstop: bool,
+    backstop_parked: bool,
+    shutdown: bool,
 }
+
+/// What the context and its backstop thread share.
+#[derive(Default)]
+struct Shared {
+    inner: Mutex<Inner>,
+    /// Wakes a parked backstop.
+    wake: std::sync::Condvar,
+    /// Set once this context ran a direction or read a fast source: until then
+    /// `ibv_poll_cq` does not even take the lock.
+    used: AtomicBool,
+    /// Some direction is entered with queued work (a check without the lock).
+    open: AtomicBool,
+}
+
+/// A batch of queued work requests runs at once when it reaches this size.
+const BATCH: usize = 256;
+/// The backstop runs queued work the application left for this long without calling
+/// `ibv_poll_cq` (an application that posts and then waits on memory, or elsewhere).
+const BACKSTOP_AFTER: Duration = Duration::from_micros(200);
+/// The backstop parks (waits without a timeout, woken by the next post) after this long
+/// without queued work.
+const BACKSTOP_PARK_AFTER: Duration = Duration::from_millis(100);
 
 /// A context's fast-path state.
 #[derive(Default)]
 pub struct FastPath {
-    inner: Mutex<Inner>,
-    /// Set once this context ran a direction or read a fast source: until then
-    /// `ibv_poll_cq` does not even take the lock.
-    used: std::sync::atomic::AtomicBool,
+    shared: std::sync::Arc<Shared>,
+}
+
+impl Drop for FastPath {
+    fn drop(&mut self) {
+        let mut inner = self.lock();
+        inner.shutdown = true;
+        drop(inner);
+        self.shared.wake.notify_all();
+    }
 }
 
 /// What [`FastPath::post`] did with a work request list.
 pub enum Posted {
     /// Not on the fast path: post through the ring.
     Ring,
-    /// Posted (or refused at `bad`, with the errno).
-    Done(Result<(), (Errno, usize)>),
+    /// Queued on the fast path.
+    Done,
+}
+
+/// Why a work request list goes to the daemon: a memory window or an invalidation (they
+/// change the daemon's key tables), a UD destination, or (counted by the caller) receives
+/// the peer has not posted: an RNR, whose waiting and retrying the daemon does.
+fn daemon_only(wr: &SendWr) -> bool {
+    matches!(
+        wr.op,
+        SendOp::BindMw { .. } | SendOp::LocalInv(_) | SendOp::SendWithInv(_)
+    ) || wr.ud.is_some()
+}
+
+fn takes_receive(wr: &SendWr) -> bool {
+    matches!(
+        wr.op,
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) | SendOp::WriteWithImm(..)
+    )
 }
 
 impl FastPath {
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.shared.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether `qpn`'s requester runs here.
@@ -108,7 +195,7 @@ impl FastPath {
         self.lock().directions.contains_key(&qpn)
     }
 
-    /// Posts `wqes` (validated and decoded from the QP's own encoding, see `verbs::qp`) on
+    /// Queues `wrs` (validated and decoded from the QP's own encoding, see `verbs::qp`) on
     /// the direction of `qpn`, taking it first if the daemon offers it. `offered`: the
     /// QP's send ring says so; `sq_empty`: nothing waits in that ring (a grant needs it).
     pub fn post(
@@ -117,9 +204,10 @@ impl FastPath {
         qpn: u32,
         offered: bool,
         sq_empty: bool,
-        wqes: &[SendWqe<'_>],
+        wrs: Vec<SendWr>,
     ) -> Posted {
         let mut inner = self.lock();
+        self.give_back_pending(ctx, &mut inner);
         if !inner.directions.contains_key(&qpn) {
             if !offered || !sq_empty {
                 return Posted::Ring;
@@ -131,8 +219,12 @@ impl FastPath {
             trace(format_args!("take qpn={qpn}: {}", taken.is_ok()));
             match taken {
                 Ok(d) => {
-                    self.used.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.shared.used.store(true, Ordering::Relaxed);
                     inner.directions.insert(qpn, d);
+                    if !inner.backstop {
+                        inner.backstop = true;
+                        spawn_backstop(self.shared.clone());
+                    }
                 }
                 Err(_) => {
                     inner.backoff.insert(qpn, Instant::now() + RETRY_AFTER);
@@ -140,64 +232,81 @@ impl FastPath {
                 }
             }
         }
-        // Work the fast path leaves to the daemon: memory windows and invalidation change
-        // the daemon's key tables; a receive the peer has not posted is an RNR, whose
-        // waiting and retrying the daemon does.
-        let recvs_needed = wqes
-            .iter()
-            .filter(|w| {
-                matches!(
-                    w.opcode,
-                    WrOpcode::Send
-                        | WrOpcode::SendWithImm
-                        | WrOpcode::SendWithInv
-                        | WrOpcode::RdmaWriteWithImm
-                )
-            })
-            .count() as u32;
-        let daemon_only = wqes.iter().any(|w| {
-            matches!(
-                w.opcode,
-                WrOpcode::BindMw | WrOpcode::LocalInv | WrOpcode::SendWithInv
-            ) || w.ud.is_some()
-        });
+        let recvs_needed = wrs.iter().filter(|w| takes_receive(w)).count() as u32;
+        let to_daemon = wrs.iter().any(daemon_only);
         let Some(d) = inner.directions.get_mut(&qpn) else {
             return Posted::Ring;
         };
-        if daemon_only || !d.receives_available(recvs_needed) {
+        // The receives queued but not run yet count too.
+        if to_daemon || !d.receives_available(recvs_needed + d.receives_queued()) {
             trace(format_args!(
-                "qpn={qpn} to the daemon: daemon_only={daemon_only} recvs_needed={recvs_needed}"
+                "qpn={qpn} to the daemon: daemon_only={to_daemon} recvs_needed={recvs_needed}"
             ));
             drop(inner);
             self.give_back(ctx, qpn);
             return Posted::Ring;
         }
-        let mut wrs = Vec::with_capacity(wqes.len());
-        for w in wqes {
-            match proto::ring::wqe::convert::send_wr(w, |ah| ah) {
-                Ok(wr) => wrs.push(wr),
-                // Not possible for the opcodes that get here (a bind without its arguments
-                // went to the daemon above).
-                Err(_) => return Posted::Ring,
-            }
+        let n = wrs.len();
+        if !d.queue(wrs) {
+            // The daemon took it back first: nothing was queued; post through the ring.
+            let d = inner.directions.remove(&qpn);
+            retire(&mut inner, d);
+            return Posted::Ring;
         }
-        let outcome = d.run(wrs);
-        if outcome != Outcome::Idle {
-            trace(format_args!("qpn={qpn} ran {} -> {outcome:?}", wqes.len()));
-        }
-        match outcome {
-            Outcome::Idle => Posted::Done(Ok(())),
-            Outcome::GiveBack => {
+        let d = inner.directions.get_mut(&qpn).expect("present");
+        if d.queued() >= BATCH {
+            let outcome = d.close();
+            inner.open.retain(|q| *q != qpn);
+            if outcome == Outcome::GiveBack {
                 drop(inner);
                 self.give_back(ctx, qpn);
-                Posted::Done(Ok(()))
             }
-            Outcome::Revoked => {
-                // The daemon took it back first: nothing ran; post through the ring.
-                let d = inner.directions.remove(&qpn);
-                retire(&mut inner, d);
-                Posted::Ring
+            return Posted::Done;
+        }
+        if d.queued() == n {
+            // Newly entered: the backstop runs it if nobody polls.
+            inner.open.push(qpn);
+            self.shared.open.store(true, Ordering::Release);
+            if inner.backstop_parked {
+                inner.backstop_parked = false;
+                self.shared.wake.notify_one();
             }
+        }
+        Posted::Done
+    }
+
+    /// Runs the work queued on every direction of this context (before completions are
+    /// read, and by the backstop). Returns the directions to give back.
+    fn close_all(inner: &mut Inner, shared: &Shared, older_than: Option<Duration>) -> Vec<u32> {
+        let mut back = Vec::new();
+        let now = Instant::now();
+        let open = std::mem::take(&mut inner.open);
+        for qpn in open {
+            let Some(d) = inner.directions.get_mut(&qpn) else {
+                continue;
+            };
+            let young = older_than
+                .is_some_and(|age| d.open_since().is_some_and(|t| now.duration_since(t) < age));
+            if young {
+                inner.open.push(qpn);
+                continue;
+            }
+            if d.close() == Outcome::GiveBack {
+                back.push(qpn);
+            }
+        }
+        shared.open.store(!inner.open.is_empty(), Ordering::Release);
+        back
+    }
+
+    /// Gives back what the backstop could not (it makes no daemon calls).
+    fn give_back_pending(&self, ctx: &ShimContext, inner: &mut MutexGuard<'_, Inner>) {
+        if inner.give_back.is_empty() {
+            return;
+        }
+        let qpns = std::mem::take(&mut inner.give_back);
+        for qpn in qpns {
+            give_back_locked(ctx, inner, qpn);
         }
     }
 
@@ -206,85 +315,125 @@ impl FastPath {
     /// what the daemon delivers later.
     pub fn give_back(&self, ctx: &ShimContext, qpn: u32) {
         let mut inner = self.lock();
-        let Some(mut d) = inner.directions.remove(&qpn) else {
-            return;
-        };
-        trace(format_args!("give back qpn={qpn}"));
-        if d.publish_now() {
-            let events = std::mem::take(&mut d.events);
-            let _ = ctx.call_done(&Request::FastReturn { qpn, events });
-        }
-        inner.backoff.insert(qpn, Instant::now() + RETRY_AFTER);
-        retire(&mut inner, Some(d));
+        give_back_locked(ctx, &mut inner, qpn);
     }
 
-    /// Copies up to `out.len()` completions of CQ `cq` from the fast sources (and first from
-    /// what was moved aside). `daemon_ring`: the CQ's ring, whose source count says when to
-    /// attach new sources (its entries are moved aside first, being older).
-    pub fn poll(
-        &self,
-        ctx: &ShimContext,
-        cq: u32,
-        daemon_ring: &mut SharedRing,
-        out: &mut Vec<Cqe>,
-        max: usize,
-    ) {
+    /// The next completion of CQ `cq` from the fast sources (and first from what was moved
+    /// aside). `daemon_ring`: the CQ's ring, whose source count says when to attach new
+    /// sources (its entries are moved aside first, being older). Work queued on this
+    /// context's directions runs first.
+    pub fn poll_one(&self, ctx: &ShimContext, cq: u32, daemon_ring: &mut SharedRing) -> Option<Cqe> {
         let mut inner = self.lock();
+        if self.shared.open.load(Ordering::Acquire) {
+            let back = FastPath::close_all(&mut inner, &self.shared, None);
+            inner.give_back.extend(back);
+        }
+        self.give_back_pending(ctx, &mut inner);
         let sources = daemon_ring.fast_sources();
-        if inner.sources_seen.get(&cq).copied().unwrap_or(0) != sources {
+        if inner.feed(cq).seen != sources {
             attach(ctx, &mut inner, cq, sources, daemon_ring);
         }
-        if let Some(s) = inner.stash.get_mut(&cq) {
-            while out.len() < max {
-                let Some(c) = s.pop_front() else { break };
-                out.push(c);
-            }
+        if let Some(c) = inner.feed(cq).stash.pop_front() {
+            return Some(c);
         }
         for d in inner.directions.values_mut().filter(|d| d.send_cq == cq) {
-            while out.len() < max {
-                let Some(c) = d.completions.pop_front() else {
-                    break;
-                };
-                out.push(c);
+            if let Some(c) = d.completions.pop_front() {
+                return Some(c);
             }
         }
-        if let Some(rings) = inner.inbound.get_mut(&cq) {
-            for (_, r) in rings.iter_mut() {
-                while out.len() < max {
-                    match r.ring.pop(&mut r.slot) {
-                        Ok(true) => {}
-                        _ => break,
-                    }
-                    let Some(entry) = FastCqe::decode(&r.slot) else {
-                        continue;
-                    };
-                    for (addr, data) in &entry.pieces {
-                        place(*addr, data);
-                    }
-                    out.push(entry.cqe);
+        let feed = inner.feed(cq);
+        let mut found = None;
+        for (_, r) in feed.inbound.iter_mut() {
+            while found.is_none() {
+                match r.ring.pop(&mut r.slot) {
+                    Ok(true) => {}
+                    _ => break,
                 }
+                let Some(entry) = FastCqe::decode(&r.slot) else {
+                    continue;
+                };
+                for (addr, data) in &entry.pieces {
+                    place(*addr, data);
+                }
+                found = Some(entry.cqe);
             }
-            // A revoked direction's ring is dropped once its taker is out of it for good
-            // (revoked, then not inside) and it is empty, in that order.
-            rings.retain(|(_, r)| {
+            if found.is_some() {
+                return found;
+            }
+        }
+        // A revoked direction's ring is dropped once its taker is out of it for good
+        // (revoked, then not inside) and it is empty, in that order.
+        if !feed.inbound.is_empty() {
+            feed.inbound.retain(|(_, r)| {
                 !(r.control.is_revoked()
                     && !r.control.busy()
                     && r.ring.available().unwrap_or(0) == 0)
             });
         }
+        None
     }
 
     /// Whether CQ `daemon_ring` may have fast sources to read (a check without the lock).
     pub fn may_feed(&self, daemon_ring: &SharedRing) -> bool {
-        if self.used.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.shared.used.load(Ordering::Relaxed) {
             return true;
         }
         if daemon_ring.fast_sources() != 0 {
-            self.used.store(true, std::sync::atomic::Ordering::Relaxed);
+            self.shared.used.store(true, Ordering::Relaxed);
             return true;
         }
         false
     }
+}
+
+/// [`FastPath::give_back`] under the lock.
+fn give_back_locked(ctx: &ShimContext, inner: &mut MutexGuard<'_, Inner>, qpn: u32) {
+    inner.open.retain(|q| *q != qpn);
+    let Some(mut d) = inner.directions.remove(&qpn) else {
+        return;
+    };
+    trace(format_args!("give back qpn={qpn}"));
+    if d.publish_now() {
+        let events = std::mem::take(&mut d.events);
+        let _ = ctx.call_done(&Request::FastReturn { qpn, events });
+    }
+    inner.backoff.insert(qpn, Instant::now() + RETRY_AFTER);
+    retire(inner, Some(d));
+}
+
+/// The backstop: runs work the application queued and then left alone (it posted and did
+/// not poll) after [`BACKSTOP_AFTER`], so that a posted request always completes, as on a
+/// device that runs on its own. It sleeps in timed waits while the application posts, and
+/// parks after [`BACKSTOP_PARK_AFTER`] without work: an application that polls never makes
+/// it do anything, and never makes a system call for it.
+fn spawn_backstop(shared: std::sync::Arc<Shared>) {
+    let _ = std::thread::Builder::new()
+        .name("softroce-fast".into())
+        .spawn(move || {
+            let mut idle_since = Instant::now();
+            let mut inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if inner.shutdown {
+                    return;
+                }
+                if !inner.open.is_empty() {
+                    idle_since = Instant::now();
+                    let back = FastPath::close_all(&mut inner, &shared, Some(BACKSTOP_AFTER));
+                    inner.give_back.extend(back);
+                }
+                let parked = inner.open.is_empty() && idle_since.elapsed() > BACKSTOP_PARK_AFTER;
+                inner.backstop_parked = parked;
+                inner = if parked {
+                    shared.wake.wait(inner).unwrap_or_else(|e| e.into_inner())
+                } else {
+                    shared
+                        .wake
+                        .wait_timeout(inner, BACKSTOP_AFTER)
+                        .map(|(g, _)| g)
+                        .unwrap_or_else(|e| e.into_inner().0)
+                };
+            }
+        });
 }
 
 /// Asks the daemon for the direction of `qpn` and builds it.
@@ -310,11 +459,7 @@ fn take(ctx: &ShimContext, qpn: u32) -> Result<DirectionRt, Errno> {
 fn retire(inner: &mut Inner, d: Option<DirectionRt>) {
     if let Some(mut d) = d {
         let cq = d.send_cq;
-        inner
-            .stash
-            .entry(cq)
-            .or_default()
-            .extend(d.completions.drain(..));
+        inner.feed(cq).stash.extend(d.completions.drain(..));
     }
 }
 
@@ -327,7 +472,7 @@ fn attach(
     sources: u32,
     daemon_ring: &mut SharedRing,
 ) {
-    let stash = inner.stash.entry(cq).or_default();
+    let stash = &mut inner.feed(cq).stash;
     let mut slot = vec![0u8; daemon_ring.geometry().slot_size as usize];
     while let Ok(true) = daemon_ring.pop(&mut slot) {
         if let Some(c) = Cqe::decode(&slot) {
@@ -339,12 +484,12 @@ fn attach(
         trace(format_args!("attach cq={cq:#x}: {:?}", got.err()));
         return;
     };
-    inner.sources_seen.insert(cq, sources);
+    inner.feed(cq).seen = sources;
     trace(format_args!(
         "attach cq={cq:#x} sources={sources} rings={:?}",
         rings.iter().map(|r| r.direction).collect::<Vec<_>>()
     ));
-    let known = inner.inbound.entry(cq).or_default();
+    let known = &mut inner.feed(cq).inbound;
     for (r, fd) in rings.iter().zip(fds) {
         if known.iter().any(|(id, _)| *id == r.direction) {
             continue;

@@ -112,9 +112,7 @@ impl ShimCq {
         if ctx.fast.may_feed(ring) {
             // Completions of the same-host fast path come first (crate::fast: they are the
             // older ones of each queue).
-            let mut got = Vec::with_capacity(1);
-            ctx.fast.poll(ctx, self.handle, ring, &mut got, 1);
-            if let Some(c) = got.pop() {
+            if let Some(c) = ctx.fast.poll_one(ctx, self.handle, ring) {
                 let mut image = [0u8; IBV_WC_LEN];
                 c.encode(&mut image);
                 // SAFETY: IbvWc is plain data of IBV_WC_LEN bytes, `image` a `struct

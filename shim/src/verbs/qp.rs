@@ -209,14 +209,25 @@ impl ShimQp {
         }
         let slot_count = sq.ring.geometry().slot_count;
         let sq_empty = sq.ring.free().is_ok_and(|f| f == slot_count);
-        let mut encoded: Vec<Vec<u8>> = Vec::new();
+        let mut wrs = Vec::new();
         let mut failed = None;
+        let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
         let mut cur = wr;
         while !cur.is_null() {
             // SAFETY: non-null and part of the caller's list of valid WRs (verb contract).
             let w = unsafe { &*cur };
-            match self.encode_send(sq, w) {
-                Ok(len) => encoded.push(sq.slot[..len].to_vec()),
+            let converted = self.encode_send(sq, w).and_then(|len| {
+                let d = SendWqe::decode(
+                    &sq.slot[..len],
+                    self.cap.max_send_sge as usize,
+                    self.cap.max_inline_data as usize,
+                    &mut sges,
+                )
+                .map_err(|_| Errno::INVAL)?;
+                wqe::convert::send_wr(&d, |ah| ah).map_err(|_| Errno::INVAL)
+            });
+            match converted {
+                Ok(x) => wrs.push(x),
                 Err(e) => {
                     failed = Some((e, cur));
                     break;
@@ -224,21 +235,9 @@ impl ShimQp {
             }
             cur = w.next;
         }
-        let mut sges = vec![[wqe::Sge::default(); wqe::MAX_SGE]; encoded.len()];
-        let mut wqes = Vec::with_capacity(encoded.len());
-        for (slot, sges) in encoded.iter().zip(sges.iter_mut()) {
-            let w = SendWqe::decode(
-                slot,
-                self.cap.max_send_sge as usize,
-                self.cap.max_inline_data as usize,
-                sges,
-            )
-            .ok()?;
-            wqes.push(w);
-        }
-        match ctx.fast.post(ctx, qpn, offered, sq_empty, &wqes) {
+        match ctx.fast.post(ctx, qpn, offered, sq_empty, wrs) {
             crate::fast::Posted::Ring => None,
-            crate::fast::Posted::Done(_) => Some(match failed {
+            crate::fast::Posted::Done => Some(match failed {
                 None => Ok(()),
                 Some(f) => Err(f),
             }),
