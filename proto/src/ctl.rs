@@ -448,11 +448,16 @@ pub enum Request {
     /// The fast rings that feed completion queue `cq` of this client (other processes'
     /// directions deliver its receive completions there), after the CQ ring's source count
     /// changed ([`crate::ring::SharedRing::fast_sources`]). Response
-    /// [`Response::FastSources`] + one fd per ring.
+    /// [`Response::FastSources`] + one fd per ring: the rings not in `known` (direction
+    /// ids), at most [`FAST_SOURCES_PER_MESSAGE`] of them (the shim asks again while `more`).
     FastSources {
         cq: u32,
+        known: Vec<u64>,
     },
 }
+
+/// The most rings one [`Response::FastSources`] carries (each comes with a descriptor).
+pub const FAST_SOURCES_PER_MESSAGE: usize = 8;
 
 /// Resources one client holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -559,9 +564,11 @@ pub enum Response {
     },
     /// + 4 fds: see [`Request::FastTake`].
     FastGrant(Box<FastGrant>),
-    /// + one fd per ring (the memfd of the direction that produces into it).
+    /// + one fd per ring (the memfd of the direction that produces into it); `more`: there
+    /// are others, ask again.
     FastSources {
         rings: Vec<FastRing>,
+        more: bool,
     },
 }
 

@@ -54,7 +54,7 @@ impl DeviceThread {
             Request::FastReturn { qpn, events } => {
                 return (self.fast_return(client, *qpn, events), vec![])
             }
-            Request::FastSources { cq } => return self.fast_sources(client, *cq),
+            Request::FastSources { cq, known } => return self.fast_sources(client, *cq, known),
             _ => {}
         }
         let c = match self.client(client, pid) {

@@ -476,7 +476,12 @@ impl DeviceThread {
     }
 
     /// `FastSources`: the rings of the directions that feed `cq` of `client`.
-    pub(super) fn fast_sources(&self, client: u64, cq: u32) -> (Response, Vec<OwnedFd>) {
+    pub(super) fn fast_sources(
+        &self,
+        client: u64,
+        cq: u32,
+        known: &[u64],
+    ) -> (Response, Vec<OwnedFd>) {
         let mut rings = Vec::new();
         let mut fds = Vec::new();
         let live = self
@@ -491,7 +496,15 @@ impl DeviceThread {
             .iter()
             .filter(|r| r.peer == client && r.peer_recv_cq == cq)
             .map(|r| (r.id, &r.region, r.ring));
+        let mut more = false;
         for (direction, region, ring) in live.chain(retired) {
+            if known.contains(&direction) {
+                continue;
+            }
+            if rings.len() == ctl::FAST_SOURCES_PER_MESSAGE {
+                more = true;
+                break;
+            }
             if let Some(fd) = region.dup_fd() {
                 rings.push(FastRing {
                     direction,
@@ -501,7 +514,7 @@ impl DeviceThread {
                 fds.push(fd);
             }
         }
-        (Response::FastSources { rings }, fds)
+        (Response::FastSources { rings, more }, fds)
     }
 
     /// `FastReturn`: the taker gives the direction of `qpn` back (it is outside it).

@@ -106,7 +106,7 @@ pub(super) fn untag(r: Request) -> Request {
         Request::DestroyAh { ah } => Request::DestroyAh { ah: m(ah) },
         Request::AllocMw { pd, mw_type } => Request::AllocMw { pd: m(pd), mw_type },
         Request::DeallocMw { mw } => Request::DeallocMw { mw: m(mw) },
-        Request::FastSources { cq } => Request::FastSources { cq: m(cq) },
+        Request::FastSources { cq, known } => Request::FastSources { cq: m(cq), known },
         other => other,
     }
 }

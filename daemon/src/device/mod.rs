@@ -271,6 +271,7 @@ impl DeviceThread {
                 reply,
             } => {
                 let request = handles::untag(request);
+                tracing::trace!(client, ?request, "request");
                 // A request about QPs that run in a process (the fast path) waits until they
                 // are back.
                 let blockers = self.fast_blockers(client, &request);
@@ -294,6 +295,11 @@ impl DeviceThread {
                 let before = self.fast_before(client, &request);
                 let (resp, fds) = self.request(client, pid, request, fds);
                 let resp = handles::tag(resp, self.index);
+                tracing::trace!(
+                    client,
+                    ok = !matches!(resp, Response::Error { .. }),
+                    "response"
+                );
                 match self.fast_after(client, before, &resp) {
                     Some(directions) => self.fast_waiting.push(Waiting {
                         directions,

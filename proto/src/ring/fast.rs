@@ -459,7 +459,11 @@ impl FastCqe<'_> {
     }
 
     /// Writes the entry into `slot`; returns its length, or None if it does not fit.
-    pub fn encode(cqe: &super::wqe::Cqe, pieces: &[(u64, &[u8])], slot: &mut [u8]) -> Option<usize> {
+    pub fn encode(
+        cqe: &super::wqe::Cqe,
+        pieces: &[(u64, &[u8])],
+        slot: &mut [u8],
+    ) -> Option<usize> {
         FastCqe::encode_from(cqe, pieces.iter().copied(), slot)
     }
 

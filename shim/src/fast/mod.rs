@@ -35,8 +35,8 @@ use std::time::{Duration, Instant};
 use proto::ctl::{FastRing, Request, Response};
 use proto::ring::fast::{Direction, FastCqe};
 use proto::ring::wqe::Cqe;
-use proto::transport::{SendOp, SendWr};
 use proto::ring::SharedRing;
+use proto::transport::{SendOp, SendWr};
 
 use crate::ffi::Errno;
 use crate::runtime::ShimContext;
@@ -322,7 +322,12 @@ impl FastPath {
     /// aside). `daemon_ring`: the CQ's ring, whose source count says when to attach new
     /// sources (its entries are moved aside first, being older). Work queued on this
     /// context's directions runs first.
-    pub fn poll_one(&self, ctx: &ShimContext, cq: u32, daemon_ring: &mut SharedRing) -> Option<Cqe> {
+    pub fn poll_one(
+        &self,
+        ctx: &ShimContext,
+        cq: u32,
+        daemon_ring: &mut SharedRing,
+    ) -> Option<Cqe> {
         let mut inner = self.lock();
         if self.shared.open.load(Ordering::Acquire) {
             let back = FastPath::close_all(&mut inner, &self.shared, None);
@@ -479,23 +484,27 @@ fn attach(
             stash.push_back(c);
         }
     }
-    let got = ctx.call(&Request::FastSources { cq }, &[]);
-    let Ok((Response::FastSources { rings }, fds)) = got else {
-        trace(format_args!("attach cq={cq:#x}: {:?}", got.err()));
-        return;
-    };
-    inner.feed(cq).seen = sources;
-    trace(format_args!(
-        "attach cq={cq:#x} sources={sources} rings={:?}",
-        rings.iter().map(|r| r.direction).collect::<Vec<_>>()
-    ));
-    let known = &mut inner.feed(cq).inbound;
-    for (r, fd) in rings.iter().zip(fds) {
-        if known.iter().any(|(id, _)| *id == r.direction) {
-            continue;
+    // Bounded: a ring that cannot be mapped is asked for again, at most this many times.
+    for _ in 0..64 {
+        let known: Vec<u64> = inner.feed(cq).inbound.iter().map(|(id, _)| *id).collect();
+        let got = ctx.call(&Request::FastSources { cq, known }, &[]);
+        let Ok((Response::FastSources { rings, more }, fds)) = got else {
+            trace(format_args!("attach cq={cq:#x}: {:?}", got.err()));
+            return;
+        };
+        trace(format_args!(
+            "attach cq={cq:#x} sources={sources} rings={:?}",
+            rings.iter().map(|r| r.direction).collect::<Vec<_>>()
+        ));
+        let feed = inner.feed(cq);
+        for (r, fd) in rings.iter().zip(fds) {
+            if let Ok(i) = inbound(r, fd) {
+                feed.inbound.push((r.direction, i));
+            }
         }
-        if let Ok(i) = inbound(r, fd) {
-            known.push((r.direction, i));
+        if !more {
+            feed.seen = sources;
+            return;
         }
     }
 }
