@@ -564,8 +564,8 @@ pub enum Response {
     },
     /// + 4 fds: see [`Request::FastTake`].
     FastGrant(Box<FastGrant>),
-    /// + one fd per ring (the memfd of the direction that produces into it). With `more`,
-    /// there are others: ask again.
+    /// With one fd per ring (the memfd of the direction that produces into it). With
+    /// `more`, there are others: ask again.
     FastSources {
         rings: Vec<FastRing>,
         more: bool,
