@@ -33,6 +33,13 @@ pub struct DeviceConfig {
     pub max_qp: u32,
     #[serde(default = "default_max_mr")]
     pub max_mr: u32,
+    /// Deepest CQ a client may create (`ibv_query_device` reports it as `max_cqe`). The
+    /// default is what the stacks ask for without tuning: libfabric's `ofi_rxm` creates its
+    /// core CQs with 262,144 entries, which rxe's 32,767 refuses (EINVAL at `fi_enable`);
+    /// 1,048,575 leaves room above that (mlx5 reports 4,194,303) and keeps a CQ ring within
+    /// 2^20 slots of 64 bytes, whose pages are only touched as the CQ fills.
+    #[serde(default = "default_max_cqe")]
+    pub max_cqe: u32,
     /// The GID type rdma_cm uses on this device (configfs `default_roce_mode`).
     #[serde(default = "default_roce")]
     pub default_roce_mode: RoceVersion,
@@ -77,6 +84,9 @@ fn default_max_qp() -> u32 {
 fn default_max_mr() -> u32 {
     1 << 19
 }
+pub fn default_max_cqe() -> u32 {
+    (1 << 20) - 1
+}
 
 impl DeviceConfig {
     pub fn new(name: &str) -> DeviceConfig {
@@ -88,6 +98,7 @@ impl DeviceConfig {
             mtu: default_mtu(),
             max_qp: default_max_qp(),
             max_mr: default_max_mr(),
+            max_cqe: default_max_cqe(),
             default_roce_mode: default_roce(),
             cm_response_timeout: default_cm_response_timeout(),
             cm_max_retries: default_cm_max_retries(),
@@ -116,6 +127,14 @@ impl DeviceConfig {
                 "device {}: MTU {} is not one of 256, 512, 1024, 2048, 4096",
                 self.name,
                 self.mtu
+            );
+        }
+        if self.max_cqe == 0 || self.max_cqe > default_max_cqe() {
+            bail!(
+                "device {}: max_cqe {} is not within 1 ..= {}",
+                self.name,
+                self.max_cqe,
+                default_max_cqe()
             );
         }
         if self.addr.is_empty() && self.netdev.is_none() {
@@ -291,6 +310,7 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
         port_active: !addrs.is_empty(),
         gids,
         netdevs: d.netdev.iter().cloned().collect(),
+        max_cqe: d.max_cqe,
     })
 }
 

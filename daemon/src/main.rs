@@ -80,6 +80,10 @@ struct DaemonArgs {
     /// Most memory regions the device holds, over all clients.
     #[arg(long)]
     max_mr: Option<u32>,
+    /// Deepest CQ a client may create (default 1,048,575: libfabric's ofi_rxm asks for
+    /// 262,144 entries, more than rxe's 32,767).
+    #[arg(long)]
+    max_cqe: Option<u32>,
     /// The GID type rdma_cm uses (configfs default_roce_mode): v2 (the default) or v1; a
     /// mode the device does not offer is refused at start.
     #[arg(long)]
@@ -178,6 +182,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.mtu.is_some()
         || args.max_qp.is_some()
         || args.max_mr.is_some()
+        || args.max_cqe.is_some()
         || args.default_roce_mode.is_some()
         || args.cm_response_timeout.is_some()
         || args.cm_max_retries.is_some()
@@ -205,6 +210,9 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         if let Some(m) = args.max_mr {
             d.max_mr = m;
+        }
+        if let Some(m) = args.max_cqe {
+            d.max_cqe = m;
         }
         if let Some(m) = args.default_roce_mode {
             d.default_roce_mode = m;

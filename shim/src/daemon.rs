@@ -546,6 +546,7 @@ mod tests {
                 roce: RoceVersion::V2,
             }],
             netdevs: vec![],
+            max_cqe: 32767,
         };
         let path = serve_once(
             "ok",

@@ -183,7 +183,7 @@ pub fn description_from_daemon(info: &DeviceInfo) -> DeviceDescription {
             ndev_ifindex,
         });
     }
-    rxe_like_device(
+    let mut desc = rxe_like_device(
         &info.name,
         info.node_guid.to_be_bytes(),
         PortDescription {
@@ -191,7 +191,15 @@ pub fn description_from_daemon(info: &DeviceInfo) -> DeviceDescription {
             gids,
             pkeys: vec![0xffff],
         },
-    )
+    );
+    // The CQ depth is the daemon's, configured per device (deeper than rxe's by default:
+    // the stacks ask for more); 0 from an older daemon keeps rxe's.
+    if let Ok(max_cqe) = i32::try_from(info.max_cqe) {
+        if max_cqe > 0 {
+            desc.attr.orig_attr.max_cqe = max_cqe;
+        }
+    }
+    desc
 }
 
 fn is_loopback_gid(addr: &Ipv6Addr) -> bool {
@@ -411,6 +419,7 @@ mod tests {
                 },
             ],
             netdevs: vec![],
+            max_cqe: 32767,
         }
     }
 
