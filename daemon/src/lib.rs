@@ -10,3 +10,4 @@ pub mod net;
 pub mod pcap;
 pub mod server;
 pub mod shm;
+pub mod stack_env;

@@ -33,6 +33,9 @@ enum Command {
         /// $XDG_RUNTIME_DIR/softroce/ctl.sock, then /run/softroce/ctl.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Print every variable set for the program (and why) on stderr.
+        #[arg(short, long)]
+        verbose: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -144,7 +147,11 @@ fn main() -> ExitCode {
             command: PcapCommand::Check { verbose, files },
         } => return pcap_check(&files, verbose),
         Command::Daemon(args) => daemon(args),
-        Command::Run { socket, command } => run(socket.as_deref(), &command),
+        Command::Run {
+            socket,
+            verbose,
+            command,
+        } => run(socket.as_deref(), verbose, &command),
         Command::Res {
             command: ResCommand::Show { socket },
         } => res_show(socket.as_deref()),
@@ -254,18 +261,49 @@ fn shim_path() -> Result<PathBuf> {
     )
 }
 
-fn run(socket: Option<&Path>, command: &[String]) -> Result<()> {
+fn run(socket: Option<&Path>, verbose: bool, command: &[String]) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let shim = shim_path()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let err = std::process::Command::new(&command[0])
-        .args(&command[1..])
-        .env("LD_PRELOAD", preload)
-        .env("SOFTROCE_SOCKET", config::socket_path(socket))
-        .exec();
+    let socket_path = config::socket_path(socket);
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("LD_PRELOAD", &preload)
+        .env("SOFTROCE_SOCKET", &socket_path);
+    let say = |line: String| {
+        if verbose {
+            eprintln!("softroce run: {line}");
+        }
+    };
+    say(format!("LD_PRELOAD={preload}"));
+    say(format!("SOFTROCE_SOCKET={}", socket_path.display()));
+    // The stacks' variables name the daemon's devices; without a daemon there is nothing to
+    // name (the shim itself then says so on the program's first verb).
+    let devices = ctl::Client::connect(&socket_path, "softroce run").and_then(|mut c| {
+        match c.request(&Request::QueryDevices)? {
+            Response::Devices(d) => Ok(d),
+            other => bail!("unexpected answer to QueryDevices: {other:?}"),
+        }
+    });
+    match devices {
+        Ok(devices) => {
+            let is_set = |name: &str| std::env::var_os(name).is_some();
+            for s in softroce_daemon::stack_env::stack_env(&devices, &is_set) {
+                say(format!("{}={} ({})", s.name, s.value, s.why));
+                cmd.env(s.name, &s.value);
+            }
+            for name in ["UCX_NET_DEVICES", "OMPI_MCA_pml_ucx_devices"] {
+                if let Ok(v) = std::env::var(name) {
+                    say(format!("{name}={v} (kept: set by you)"));
+                }
+            }
+        }
+        Err(e) => say(format!("no stack variables set: {e:#}")),
+    }
+    let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", command[0]))
 }
 

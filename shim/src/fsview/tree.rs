@@ -177,7 +177,12 @@ impl Tree {
             self.file(&format!("{port}/gids/{n}"), &gid_text(&gid));
             let (ty, ndev) = match slot {
                 Some(g) => (
-                    Ok(if g.roce_v2 { "RoCE v2\n" } else { "IB/RoCE v1\n" }.to_owned()),
+                    Ok(if g.roce_v2 {
+                        "RoCE v2\n"
+                    } else {
+                        "IB/RoCE v1\n"
+                    }
+                    .to_owned()),
                     Ok(format!("{}\n", g.ndev)),
                 ),
                 None => (Err(libc::EINVAL), Err(libc::EINVAL)),

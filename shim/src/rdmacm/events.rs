@@ -72,7 +72,9 @@ pub fn get_event(ch: &ShimChannel) -> Result<*mut ShimEvent, Errno> {
     }
 }
 
-fn lock_carried(ch: &ShimChannel) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Vec<u8>>> {
+fn lock_carried(
+    ch: &ShimChannel,
+) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Vec<u8>>> {
     ch.carried.lock().unwrap_or_else(|e| e.into_inner())
 }
 
