@@ -129,9 +129,14 @@ impl DeviceConfig {
                 self.mtu
             );
         }
-        if self.max_cqe == 0 || self.max_cqe > default_max_cqe() {
+        // A CQ is a ring of a power-of-two number of slots, one kept empty: the deepest CQ
+        // is 2^k - 1 (rxe's 32,767, mlx5's 4,194,303).
+        if self.max_cqe == 0
+            || self.max_cqe > default_max_cqe()
+            || !(self.max_cqe + 1).is_power_of_two()
+        {
             bail!(
-                "device {}: max_cqe {} is not within 1 ..= {}",
+                "device {}: max_cqe {} must be one less than a power of two, at most {}",
                 self.name,
                 self.max_cqe,
                 default_max_cqe()
@@ -220,6 +225,15 @@ pub fn socket_path(flag: Option<&Path>) -> PathBuf {
     PathBuf::from("/run/softroce/ctl.sock")
 }
 
+/// The link MTU of a network interface (`/sys/class/net/NAME/mtu`).
+pub fn netdev_mtu(name: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// The addresses of a network interface, now.
 pub fn netdev_addrs(name: &str) -> Result<Vec<IpAddr>> {
     let mut out = Vec::new();
@@ -300,7 +314,16 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
             roce: d.roce,
         })
         .collect();
-    let mtu = ctl::mtu_enum(d.mtu).unwrap_or(5);
+    // As rxe: the active MTU is the largest IB MTU the netdev's link MTU carries with the
+    // RoCE headers (a 1500-byte veth or NIC: 1024), capped by the configured one. A 4096-byte
+    // path MTU over such a link sent packets the link refuses, and every multi-packet message
+    // between two hosts stalled (UCX's 2 KiB eager sends, fi_pingpong).
+    let link = d
+        .netdev
+        .as_deref()
+        .and_then(netdev_mtu)
+        .map_or(5, ctl::active_mtu_for_link);
+    let mtu = ctl::mtu_enum(d.mtu).unwrap_or(5).min(link);
     Ok(DeviceInfo {
         name: d.name.clone(),
         node_guid: u64::from_be_bytes(guid),

@@ -166,6 +166,9 @@ impl DeviceThread {
             self.last_block = block;
             let mut config = tp::EngineConfig::new(first, random_u64());
             config.gids = self.gids.clone();
+            // The device's configured CQ depth (`DeviceConfig::max_cqe`), which the shim
+            // reports as `max_cqe`.
+            config.max_cqe = self.info.max_cqe as usize;
             config.port_mtu =
                 Mtu::from_enum(u32::from(self.info.active_mtu)).unwrap_or(Mtu::Mtu1024);
             // The ICRC is computed once per packet: by the link for the headers it sends,
