@@ -12,7 +12,8 @@
 STACKS_ROOT=${STACKS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
 STACKS_DIR=${STACKS_DIR:-$(mktemp -d /tmp/softroce-stacks.XXXXXX)}
 STACKS_NS=sr$$
-declare -A STACKS_PID=() # host -> its daemon's pid
+declare -A STACKS_PID=()  # host -> its daemon's pid
+declare -A STACKS_ARGS=() # host -> its daemon's arguments
 STACKS_HOSTS=0
 # Set by the caller: SOFTROCE (the binary) and SOFTROCE_SHIM (libsoftroce.so).
 
@@ -36,8 +37,14 @@ stacks_run() {
 stacks_daemon() {
   local k=$1
   shift
-  stacks_in "$k" "$SOFTROCE" daemon --socket "$STACKS_DIR/h$k.sock" "$@" \
-    >"$STACKS_DIR/daemon-h$k.log" 2>&1 </dev/null &
+  STACKS_ARGS[$k]="$*"
+  # Started as a plain command (not through a function, which would put a subshell between
+  # $! and the daemon): `ip netns exec` execs the daemon, so $! is the daemon's pid.
+  local netns=()
+  [[ $k == 0 ]] || netns=(ip netns exec "$(stacks_ns "$k")")
+  rm -f "$STACKS_DIR/h$k.sock"
+  "${netns[@]}" "$SOFTROCE" daemon --socket "$STACKS_DIR/h$k.sock" "$@" \
+    >>"$STACKS_DIR/daemon-h$k.log" 2>&1 </dev/null &
   STACKS_PID[$k]=$!
   for _ in $(seq 1 200); do
     [[ -S $STACKS_DIR/h$k.sock ]] && "$SOFTROCE" res show --socket "$STACKS_DIR/h$k.sock" \
@@ -90,9 +97,17 @@ stacks_gid_index() {
   return 1
 }
 
-# tx_bytes the daemon of host K has sent over its socket, from its stop log line.
+# tx_bytes the daemon of host K sent over its socket in its last life, from its stop log line.
 stacks_daemon_tx_bytes() {
   grep -o 'tx_bytes: [0-9]*' "$STACKS_DIR/daemon-h$1.log" | tail -1 | awk '{print $2}'
+}
+
+# Restarts host K's daemon with the arguments it had (fresh counters).
+stacks_restart_daemon() {
+  local k=$1
+  stacks_stop_daemon "$k"
+  # shellcheck disable=SC2086 # the stored arguments are words
+  stacks_daemon "$k" ${STACKS_ARGS[$k]}
 }
 
 # Stops host K's daemon (so that its counters are logged), by the pid it was started with.
