@@ -3,8 +3,8 @@
 # Open MPI) run through `softroce run` in them. Sourced; needs root in a network namespace of
 # its own (run the callers under /work/bin/inns or as root on a machine of your own).
 #
-# Host k (1..N) is the namespace "sr<pid>h<k>" with a veth "eth0" on bridge "sr<pid>br" of the
-# calling namespace: 10.78.0.k/24 and fd78::k/64; the bridge has 10.78.0.254 and fd78::254 (the
+# Host k (1..N) is the namespace "sr<pid>h<k>" with a veth "eth0" (MTU $STACKS_MTU, 9000 by
+# default) on bridge "sr<pid>br" of the calling namespace: 10.78.0.k/24 and fd78::k/64; the bridge has 10.78.0.254 and fd78::254 (the
 # launcher side of mpirun). Its daemon serves device srxe0 on --netdev eth0 (so libfabric, which
 # skips interfaces named lo, accepts it) with its control socket at $STACKS_DIR/h<k>.sock.
 # Host 0 is the calling namespace with a daemon on the loopback default (one daemon cases).
@@ -65,7 +65,9 @@ stacks_loopback_host() {
 # Hosts 1..N on a bridge, each with its daemon on its eth0.
 stacks_hosts() {
   local n=$1 k br=${STACKS_NS}br
-  ip link add "$br" type bridge
+  # Jumbo frames, as RoCE networks are set up: a 9000-byte link carries 4096-byte RoCE packets
+  # (path MTU 4096), a 1500-byte one only 1024.
+  ip link add "$br" mtu "${STACKS_MTU:-9000}" type bridge
   ip addr add 10.78.0.254/24 dev "$br"
   ip addr add fd78::254/64 dev "$br" nodad
   ip link set "$br" up
@@ -73,7 +75,7 @@ stacks_hosts() {
     local ns
     ns=$(stacks_ns "$k")
     ip netns add "$ns"
-    ip link add "${STACKS_NS}v$k" type veth peer name eth0 netns "$ns"
+    ip link add "${STACKS_NS}v$k" mtu "${STACKS_MTU:-9000}" type veth peer name eth0 mtu "${STACKS_MTU:-9000}" netns "$ns"
     ip link set "${STACKS_NS}v$k" master "$br" up
     ip -n "$ns" link set lo up
     ip -n "$ns" addr add "10.78.0.$k/24" dev eth0
