@@ -7,6 +7,7 @@ pub mod ctl;
 pub mod device;
 pub mod memory;
 pub mod net;
+pub mod peer;
 pub mod pcap;
 pub mod server;
 pub mod shm;
