@@ -296,6 +296,83 @@ impl WriteBehind {
     }
 }
 
+/// No writer named (see [`ProcessMemory::set_writer`]).
+pub const NO_WRITER: u32 = u32::MAX;
+/// Most distinct spans of writers remembered between two flushes; past it a failed flush
+/// blames every writer since the last one.
+const MAX_WRITER_SPANS: usize = 4096;
+
+/// Who the bytes held for writing came for: spans of remote addresses with the writer's tag
+/// (the device names the QP whose packet is being placed), so that a deferred write that
+/// fails is charged to the QPs whose data it was.
+#[derive(Debug, Default)]
+struct Writers {
+    /// (start, end, tag), in the order written; contiguous writes of one tag merge.
+    spans: Vec<(u64, u64, u32)>,
+    /// Every tag seen since the last flush.
+    tags: Vec<u32>,
+    overflow: bool,
+    /// Tags whose writes failed, not taken yet.
+    failed: Vec<u32>,
+}
+
+impl Writers {
+    fn record(&mut self, addr: u64, len: usize, tag: u32) {
+        if tag == NO_WRITER {
+            return;
+        }
+        let end = addr.saturating_add(len as u64);
+        let room = self.spans.len() < MAX_WRITER_SPANS;
+        match self.spans.last_mut() {
+            Some((_, e, t)) if *t == tag && *e == addr => *e = end,
+            _ if room => self.spans.push((addr, end, tag)),
+            _ => self.overflow = true,
+        }
+        if !self.tags.contains(&tag) {
+            self.tags.push(tag);
+        }
+    }
+
+    /// Charges a failed write of `[addr, addr + len)` to its writers.
+    fn fail(&mut self, addr: u64, len: usize) {
+        let end = addr.saturating_add(len as u64);
+        let Writers {
+            spans,
+            tags,
+            overflow,
+            failed,
+        } = self;
+        let blamed: Vec<u32> = if *overflow {
+            tags.clone()
+        } else {
+            spans
+                .iter()
+                .filter(|&&(a, e, _)| a < end && addr < e)
+                .map(|&(_, _, t)| t)
+                .collect()
+        };
+        for t in blamed {
+            if !failed.contains(&t) {
+                failed.push(t);
+            }
+        }
+    }
+
+    fn fail_all(&mut self) {
+        for t in std::mem::take(&mut self.tags) {
+            if !self.failed.contains(&t) {
+                self.failed.push(t);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.spans.clear();
+        self.tags.clear();
+        self.overflow = false;
+    }
+}
+
 /// Counts of the bulk paths (for `res show`-style diagnostics and the tests).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryStats {
@@ -327,6 +404,9 @@ pub struct ProcessMemory {
     in_pass: bool,
     pending: WriteBehind,
     stats: MemoryStats,
+    /// Who the next writes are for ([`ProcessMemory::set_writer`]).
+    writer: u32,
+    writers: Writers,
 }
 
 impl Drop for ProcessMemory {
@@ -359,6 +439,8 @@ impl ProcessMemory {
             pages: PageCache::default(),
             in_pass: false,
             pending: WriteBehind::default(),
+            writer: NO_WRITER,
+            writers: Writers::default(),
             stats: MemoryStats::default(),
         }
     }
@@ -392,6 +474,18 @@ impl ProcessMemory {
         }
         self.alive_at.set(Some(now));
         Ok(())
+    }
+
+    /// Names whom the next writes are for (the device: the QP whose packet it hands to the
+    /// engine), until named again; [`NO_WRITER`] for nobody.
+    pub fn set_writer(&mut self, tag: u32) {
+        self.writer = tag;
+    }
+
+    /// The writers (see [`ProcessMemory::set_writer`]) of deferred writes that failed since
+    /// the last call: their data never reached the process.
+    pub fn take_failed_writers(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.writers.failed)
     }
 
     /// Whether the process is known to be gone (exited or exec'd since it connected).
@@ -463,6 +557,8 @@ impl ProcessMemory {
         if let Err(gone) = self.reachable() {
             self.stats.deferred_write_errors += self.pending.pieces.len() as u64;
             self.pending.clear();
+            self.writers.fail_all();
+            self.writers.clear();
             return Err(gone);
         }
         if self.pending.pieces.len() > 4 {
@@ -494,6 +590,9 @@ impl ProcessMemory {
                     let (_, addr, len) = pieces[0];
                     first_error.get_or_insert(self.error(e, addr, len));
                     if matches!(e, nix::Error::ESRCH | nix::Error::EPERM) {
+                        for &(_, addr, len) in pieces {
+                            self.writers.fail(addr, len);
+                        }
                         break;
                     }
                     0
@@ -510,6 +609,7 @@ impl ProcessMemory {
                 skip += 1;
             }
             let (_, addr, len) = pieces[skip.min(pieces.len() - 1)];
+            self.writers.fail(addr, len);
             first_error.get_or_insert(AccessError::Unmapped {
                 pid: self.pid.as_raw(),
                 addr,
@@ -519,6 +619,7 @@ impl ProcessMemory {
             from += skip + 1;
         }
         self.pending.clear();
+        self.writers.clear();
         first_error.map_or(Ok(()), Err)
     }
 
@@ -668,6 +769,7 @@ impl ProcessMemory {
                 self.stats.writes_coalesced += 1;
             }
             self.pending.push(addr, data);
+            self.writers.record(addr, len, self.writer);
             return Ok(());
         }
         if !self.pending.is_empty() {
@@ -1126,6 +1228,18 @@ mod tests {
         assert_eq!(m.stats().deferred_write_errors, 1);
         assert_eq!(&dst[7..107], &[1u8; 100][..]);
         assert_eq!(&dst[207..307], &[2u8; 100][..]);
+        // Each write named its writer: only the one whose piece failed is blamed.
+        m.set_writer(10);
+        m.write(base, &[3u8; 100]).unwrap();
+        m.set_writer(11);
+        m.write(8, &data).unwrap();
+        m.write(16 + data.len() as u64, &data).unwrap();
+        m.set_writer(12);
+        m.write(base + 200, &[4u8; 100]).unwrap();
+        assert!(m.flush().is_err());
+        assert_eq!(m.take_failed_writers(), [11]);
+        assert!(m.take_failed_writers().is_empty());
+        assert_eq!(&dst[207..307], &[4u8; 100][..]);
     }
 
     #[test]

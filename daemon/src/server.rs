@@ -289,7 +289,7 @@ fn serve_client(
     // Memory is reached through the process that connected, never through a pid alone
     // (crate::peer): one already gone is refused.
     let process = match ClientProcess::of_peer(conn.as_fd(), pid, uid) {
-        Ok(p) => p,
+        Ok(p) => Arc::new(p),
         Err(e) => return refuse(&conn, pid, uid, libc::ESRCH, e.to_string()),
     };
     let mut buf = vec![0u8; MAX_MESSAGE];
@@ -402,7 +402,7 @@ fn serve_client(
                     let reply = ask(|reply| {
                         links[dev].send(DevMsg::Request {
                             client,
-                            pid,
+                            process: Arc::clone(&process),
                             request,
                             fds,
                             reply,

@@ -2,12 +2,15 @@
 //! the data path (contexts, PDs, MRs, completion channels, CQs, QPs, SRQs, AHs, MWs, multicast
 //! attachments). Object creation, with its rings, is in [`super::objects`].
 
+use super::events::EventSink;
 use super::objects;
 use super::DeviceThread;
+use crate::peer::ClientProcess;
 use proto::ctl::{ip_of_gid, Request, Response};
 use proto::transport::{self as tp, Access, VerbsError};
 use proto::Qpn;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 
 pub(super) fn err(e: VerbsError) -> Response {
     Response::Error {
@@ -27,7 +30,7 @@ impl DeviceThread {
     pub(super) fn request(
         &mut self,
         client: u64,
-        pid: i32,
+        process: &Arc<ClientProcess>,
         request: Request,
         mut fds: Vec<OwnedFd>,
     ) -> (Response, Vec<OwnedFd>) {
@@ -49,7 +52,7 @@ impl DeviceThread {
             }
             _ => {}
         }
-        let c = match self.client(client, pid) {
+        let c = match self.client(client, process) {
             Ok(c) => c,
             Err((code, why)) => return (errno(code, why), vec![]),
         };
@@ -65,8 +68,12 @@ impl DeviceThread {
                         none,
                     );
                 };
+                let sink = match EventSink::new(fd) {
+                    Ok(s) => s,
+                    Err(why) => return (errno(libc::EINVAL, why), none),
+                };
                 let h = c.handle();
-                c.contexts.insert(h, fd);
+                c.contexts.insert(h, sink);
                 // The context's doorbell: the shim writes it after posting to a ring whose
                 // consumer (this thread) said it sleeps.
                 let doorbell = self.wake.as_fd().try_clone_to_owned();
@@ -160,8 +167,12 @@ impl DeviceThread {
                         none,
                     );
                 };
+                let sink = match EventSink::new(fd) {
+                    Ok(s) => s,
+                    Err(why) => return (errno(libc::EINVAL, why), none),
+                };
                 let h = c.handle();
-                c.channels.insert(h, fd);
+                c.channels.insert(h, sink);
                 Response::CompChannel { channel: h }
             }
             Request::DestroyCompChannel { channel } => {

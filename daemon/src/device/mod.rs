@@ -27,6 +27,7 @@
 mod clients;
 mod completions;
 mod control;
+mod events;
 mod handles;
 mod multicast;
 mod objects;
@@ -38,6 +39,7 @@ pub use handles::{handle_device, HANDLE_DEVICE_SHIFT};
 
 use crate::gsi::{GsiMad, GsiOut};
 use crate::net::{AdaptiveSpin, Link, LocalFrames, UdpLink, UdpLinkConfig};
+use crate::peer::ClientProcess;
 use clients::ClientDev;
 use crossbeam_channel::{Receiver, Sender};
 use multicast::JoinedGroup;
@@ -47,6 +49,7 @@ use proto::transport as tp;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::info;
 
@@ -64,7 +67,9 @@ const MAX_SLEEP: Duration = Duration::from_secs(10);
 pub enum DevMsg {
     Request {
         client: u64,
-        pid: i32,
+        /// The client's process, pinned when it connected ([`crate::peer`]): its memory is
+        /// only reached through it.
+        process: Arc<ClientProcess>,
         request: Request,
         fds: Vec<OwnedFd>,
         reply: Sender<(Response, Vec<OwnedFd>)>,
@@ -233,12 +238,12 @@ impl DeviceThread {
             DevMsg::Shutdown => return false,
             DevMsg::Request {
                 client,
-                pid,
+                process,
                 request,
                 fds,
                 reply,
             } => {
-                let (resp, fds) = self.request(client, pid, handles::untag(request), fds);
+                let (resp, fds) = self.request(client, &process, handles::untag(request), fds);
                 let _ = reply.send((handles::tag(resp, self.index), fds));
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
@@ -295,6 +300,12 @@ impl DeviceThread {
             Some(t) if t <= now => Duration::ZERO,
             Some(t) => Duration::from_nanos(t - now).min(MAX_SLEEP),
             None => MAX_SLEEP,
+        };
+        // Event records held back for a client that did not read are retried by polling.
+        let timeout = if self.clients.values().any(ClientDev::events_held_back) {
+            timeout.min(events::RETRY_INTERVAL)
+        } else {
+            timeout
         };
         self.link.max_sleep().map_or(timeout, |m| timeout.min(m))
     }

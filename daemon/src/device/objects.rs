@@ -109,6 +109,7 @@ pub(super) fn create_cq(
                     channel,
                     generation: 0,
                     ctx,
+                    in_error: false,
                 },
             );
             (
@@ -228,10 +229,12 @@ pub(super) fn create_qp(
                     rq,
                     cap: init.cap,
                     send_cq,
+                    recv_cq,
                     sq_sig_all,
                     pending_send: VecDeque::new(),
                     pending_recv: VecDeque::new(),
                     ctx,
+                    corrupt: false,
                 },
             );
             (
@@ -295,6 +298,7 @@ pub(super) fn create_srq(
                     limit,
                     max_wr: g.slot_count,
                     ctx,
+                    corrupt: false,
                 },
             );
             (
