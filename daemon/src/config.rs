@@ -99,10 +99,10 @@ pub struct ResourceLimits {
 }
 
 fn default_max_cq() -> u32 {
-    1 << 17
+    ctl::DeviceLimits::default().max_cq
 }
 fn default_max_srq() -> u32 {
-    1 << 16
+    ctl::DeviceLimits::default().max_srq
 }
 fn default_max_mr_bytes() -> u64 {
     1 << 52
@@ -208,11 +208,13 @@ fn default_cm_max_retries() -> u8 {
 fn default_mtu() -> u32 {
     DEFAULT_MTU
 }
+// The device-wide defaults are kernel rxe's (proto::ctl::DeviceLimits), so that
+// `ibv_devinfo -v` reads as on rxe.
 fn default_max_qp() -> u32 {
-    1 << 17
+    ctl::DeviceLimits::default().max_qp
 }
 fn default_max_mr() -> u32 {
-    1 << 19
+    ctl::DeviceLimits::default().max_mr
 }
 
 impl DeviceConfig {
@@ -464,6 +466,12 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
         port_active: !addrs.is_empty(),
         gids,
         netdevs: d.netdev.iter().cloned().collect(),
+        limits: ctl::DeviceLimits {
+            max_qp: d.max_qp,
+            max_cq: d.limits.max_cq,
+            max_mr: d.max_mr,
+            max_srq: d.limits.max_srq,
+        },
     })
 }
 

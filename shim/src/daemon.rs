@@ -608,6 +608,7 @@ mod tests {
                 roce: RoceVersion::V2,
             }],
             netdevs: vec![],
+            limits: Default::default(),
         };
         let path = serve_once(
             "ok",

@@ -75,7 +75,7 @@ impl ProcMem {
 pub(super) type Engine = tp::Engine<ProcMem>;
 
 pub(super) struct CqState {
-    pub _region: SharedRegion,
+    pub region: SharedRegion,
     pub ring: SharedRing,
     pub channel: Option<u32>,
     pub generation: u32,
@@ -85,7 +85,7 @@ pub(super) struct CqState {
 }
 
 pub(super) struct QpHost {
-    pub _region: SharedRegion,
+    pub region: SharedRegion,
     pub sq: SharedRing,
     pub rq: Option<SharedRing>,
     pub cap: QpCap,
@@ -102,7 +102,7 @@ pub(super) struct QpHost {
 }
 
 pub(super) struct SrqState {
-    pub _region: SharedRegion,
+    pub region: SharedRegion,
     pub ring: SharedRing,
     pub max_sge: u32,
     pub pending: VecDeque<RecvWr>,
@@ -126,7 +126,12 @@ pub(super) struct ClientDev {
     pub channels: HashMap<u32, EventSink>,
     /// PD handle -> (engine PD, the context that allocated it).
     pub pds: HashMap<u32, (u32, u32)>,
-    pub mrs: HashMap<u32, u32>,
+    /// MR handle -> (engine MR, its length).
+    pub mrs: HashMap<u32, (u32, u64)>,
+    /// Bytes registered in the MRs, and of the ring regions of the CQs, QPs and SRQs
+    /// (what the caps of [`super::limits`] count).
+    pub mr_bytes: u64,
+    pub ring_bytes: u64,
     pub cqs: HashMap<u32, CqState>,
     pub qps: HashMap<u32, QpHost>,
     pub srqs: HashMap<u32, SrqState>,
@@ -245,6 +250,8 @@ impl DeviceThread {
                     channels: HashMap::new(),
                     pds: HashMap::new(),
                     mrs: HashMap::new(),
+                    mr_bytes: 0,
+                    ring_bytes: 0,
                     cqs: HashMap::new(),
                     qps: HashMap::new(),
                     srqs: HashMap::new(),

@@ -35,23 +35,10 @@ impl DeviceThread {
         mut fds: Vec<OwnedFd>,
     ) -> (Response, Vec<OwnedFd>) {
         let name = self.info.name.clone();
-        let qps: usize = self.clients.values().map(|c| c.qps.len()).sum();
-        let mrs: usize = self.clients.values().map(|c| c.mrs.len()).sum();
-        match request {
-            Request::CreateQp { .. } if qps >= self.max_qp => {
-                return (
-                    errno(libc::ENOMEM, "the device's QP limit (max_qp) is reached"),
-                    vec![],
-                );
-            }
-            Request::RegMr { .. } if mrs >= self.max_mr => {
-                return (
-                    errno(libc::ENOMEM, "the device's MR limit (max_mr) is reached"),
-                    vec![],
-                );
-            }
-            _ => {}
+        if let Some(refused) = self.past_a_limit(client, &request) {
+            return (refused, vec![]);
         }
+        let ring_budget = self.ring_budget(client);
         let c = match self.client(client, process) {
             Ok(c) => c,
             Err((code, why)) => return (errno(code, why), vec![]),
@@ -115,6 +102,17 @@ impl DeviceThread {
                 let Some(&(epd, _)) = c.pds.get(&pd) else {
                     return (errno(libc::EINVAL, "no such PD"), none);
                 };
+                // No on-demand paging: refused as by a device without it (the kernel's
+                // ib_check_mr_access), and not advertised (odp_caps are 0).
+                if access & Access::ON_DEMAND.0 != 0 {
+                    return (
+                        errno(
+                            libc::EOPNOTSUPP,
+                            "IBV_ACCESS_ON_DEMAND: the device has no ODP",
+                        ),
+                        none,
+                    );
+                }
                 if iova != addr {
                     return (
                         errno(
@@ -137,7 +135,8 @@ impl DeviceThread {
                 match c.engine.reg_mr(epd, addr, length, Access(access)) {
                     Ok(keys) => {
                         let h = c.handle();
-                        c.mrs.insert(h, keys.handle);
+                        c.mrs.insert(h, (keys.handle, length));
+                        c.mr_bytes = c.mr_bytes.saturating_add(length);
                         Response::Mr {
                             mr: h,
                             lkey: keys.lkey.0,
@@ -148,9 +147,10 @@ impl DeviceThread {
                 }
             }
             Request::DeregMr { mr } => match c.mrs.get(&mr).copied() {
-                Some(e) => match c.engine.dereg_mr(e) {
+                Some((e, length)) => match c.engine.dereg_mr(e) {
                     Ok(()) => {
                         c.mrs.remove(&mr);
+                        c.mr_bytes = c.mr_bytes.saturating_sub(length);
                         Response::Done
                     }
                     Err(e) => err(e),
@@ -189,14 +189,16 @@ impl DeviceThread {
                 cqe,
                 channel,
                 comp_vector: _,
-            } => return objects::create_cq(c, ctx, cqe, channel),
+            } => return objects::create_cq(c, ctx, cqe, channel, ring_budget),
             Request::DestroyCq { cq } => {
                 if c.qps.values().any(|q| q.send_cq == cq) {
                     return (errno(libc::EBUSY, "QPs still use the CQ"), none);
                 }
                 match c.engine.destroy_cq(cq) {
                     Ok(()) => {
-                        c.cqs.remove(&cq);
+                        if let Some(q) = c.cqs.remove(&cq) {
+                            c.ring_bytes -= q.region.len() as u64;
+                        }
                         Response::Done
                     }
                     Err(e) => err(e),
@@ -210,7 +212,19 @@ impl DeviceThread {
                 srq,
                 cap,
                 sq_sig_all,
-            } => return objects::create_qp(c, pd, qp_type, send_cq, recv_cq, srq, cap, sq_sig_all),
+            } => {
+                return objects::create_qp(
+                    c,
+                    pd,
+                    qp_type,
+                    send_cq,
+                    recv_cq,
+                    srq,
+                    cap,
+                    sq_sig_all,
+                    ring_budget,
+                )
+            }
             Request::ModifyQp { qpn, attr, mask } => objects::modify_qp(c, qpn, &attr, mask),
             Request::QueryQp { qpn, mask: _ } => objects::query_qp(c, qpn),
             Request::DestroyQp { qpn } => {
@@ -219,7 +233,9 @@ impl DeviceThread {
                 }
                 match c.engine.destroy_qp(Qpn::new(qpn)) {
                     Ok(()) => {
-                        c.qps.remove(&qpn);
+                        if let Some(q) = c.qps.remove(&qpn) {
+                            c.ring_bytes -= q.region.len() as u64;
+                        }
                         // A destroyed QP leaves its groups (rxe detaches it in rxe_qp_destroy).
                         self.group_detach(|m| m == (client, qpn), None);
                         Response::Done
@@ -232,7 +248,7 @@ impl DeviceThread {
                 max_wr,
                 max_sge,
                 srq_limit,
-            } => return objects::create_srq(c, pd, max_wr, max_sge, srq_limit),
+            } => return objects::create_srq(c, pd, max_wr, max_sge, srq_limit, ring_budget),
             Request::ModifySrq {
                 srq,
                 max_wr: _,
@@ -266,7 +282,9 @@ impl DeviceThread {
             },
             Request::DestroySrq { srq } => match c.engine.destroy_srq(srq) {
                 Ok(()) => {
-                    c.srqs.remove(&srq);
+                    if let Some(s) = c.srqs.remove(&srq) {
+                        c.ring_bytes -= s.region.len() as u64;
+                    }
                     Response::Done
                 }
                 Err(e) => err(e),

@@ -29,6 +29,7 @@ mod completions;
 mod control;
 mod events;
 mod handles;
+mod limits;
 mod multicast;
 mod objects;
 mod receive;
@@ -92,9 +93,11 @@ pub enum DevMsg {
 /// The device thread's state.
 pub struct DeviceThread {
     index: u32,
-    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config).
+    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config),
+    /// and the other caps ([`limits`]).
     max_qp: usize,
     max_mr: usize,
+    limits: crate::config::ResourceLimits,
     /// How many devices the daemon serves: device `i` takes the QPN blocks `b` with
     /// `b % devices == i`, so that QPNs are unique across devices (clients name QPs by QPN).
     devices: u32,
@@ -150,6 +153,7 @@ impl DeviceThread {
         Ok(DeviceThread {
             max_qp: cfg.max_qp as usize,
             max_mr: cfg.max_mr as usize,
+            limits: cfg.limits,
             index: index as u32,
             devices: devices.max(1) as u32,
             info,

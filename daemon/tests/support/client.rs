@@ -56,6 +56,13 @@ pub fn start_daemon(name: &str, addr: &str) -> Daemon {
 
 /// Starts `[wrapper...] softroce daemon --name srxe0 ARGS --socket <dir>/ctl.sock`.
 pub fn start_daemon_with(name: &str, args: &[&str], wrapper: &[&str]) -> Daemon {
+    let mut all = vec!["--name", "srxe0"];
+    all.extend_from_slice(args);
+    start_daemon_args(name, &all, wrapper)
+}
+
+/// Starts `[wrapper...] softroce daemon ARGS --socket <dir>/ctl.sock`.
+pub fn start_daemon_args(name: &str, args: &[&str], wrapper: &[&str]) -> Daemon {
     // Beside the binary: target/<profile>/softroce-datapath/<name>.
     let dir = softroce_bin()
         .parent()
@@ -74,7 +81,7 @@ pub fn start_daemon_with(name: &str, args: &[&str], wrapper: &[&str]) -> Daemon 
         None => Command::new(softroce_bin()),
     };
     let child = cmd
-        .args(["daemon", "--name", "srxe0"])
+        .arg("daemon")
         .args(args)
         .arg("--socket")
         .arg(&socket)
