@@ -202,7 +202,7 @@ fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) ->
         | Request::AllocMw { pd, .. } => h(*pd),
         Request::DeregMr { mr } => h(*mr),
         Request::DestroyCompChannel { channel } => h(*channel),
-        Request::DestroyCq { cq } => h(*cq),
+        Request::DestroyCq { cq } | Request::ResizeCq { cq, .. } => h(*cq),
         Request::ModifySrq { srq, .. }
         | Request::QuerySrq { srq }
         | Request::DestroySrq { srq } => h(*srq),

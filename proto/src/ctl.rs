@@ -268,6 +268,10 @@ pub enum Request {
         max_sge: u32,
         srq_limit: u32,
     },
+    /// `ibv_modify_srq`. With `IBV_SRQ_MAX_WR` (mask 1) the SRQ gets a new ring of the new
+    /// size: the response is [`Response::Srq`] + fd, and the client posts to the new ring from
+    /// then on (the daemon took every WQE of the old one first, so the client must not post
+    /// while the request is out). Otherwise [`Response::Done`].
     ModifySrq {
         srq: u32,
         max_wr: u32,
@@ -451,6 +455,15 @@ pub enum Request {
     /// Addresses, device, port, GIDs and path of an id. Response [`Response::CmIdInfo`].
     CmQueryId {
         id: u32,
+    },
+
+    /// `ibv_resize_cq`: response [`Response::Cq`] + fd, a new ring of the granted depth. The
+    /// daemon writes completions to the new ring only, from the moment it answers; those
+    /// still in the old ring are the client's to take first (it must not poll while the
+    /// request is out). EINVAL when more completions wait than the new depth.
+    ResizeCq {
+        cq: u32,
+        cqe: u32,
     },
 }
 

@@ -4,6 +4,7 @@
 
 use super::events::EventSink;
 use super::objects;
+use super::resize;
 use super::DeviceThread;
 use crate::peer::ClientProcess;
 use proto::ctl::{ip_of_gid, Request, Response};
@@ -251,14 +252,30 @@ impl DeviceThread {
             } => return objects::create_srq(c, pd, max_wr, max_sge, srq_limit, ring_budget),
             Request::ModifySrq {
                 srq,
-                max_wr: _,
+                max_wr,
                 srq_limit,
                 mask,
             } => {
-                // IBV_SRQ_MAX_WR (1): resizing is not supported; IBV_SRQ_LIMIT (2) arms.
-                if mask & 1 != 0 {
-                    errno(libc::EOPNOTSUPP, "SRQ resize")
-                } else if mask & 2 != 0 {
+                // IBV_SRQ_MAX_WR (1) resizes (a new ring), IBV_SRQ_LIMIT (2) arms; both may
+                // come at once, the limit checked against the new size before anything
+                // changes (rxe_srq_chk_attr).
+                let new_max = max_wr
+                    .max(1)
+                    .checked_next_power_of_two()
+                    .unwrap_or(u32::MAX);
+                if mask & 3 == 3 && srq_limit > new_max {
+                    return (errno(libc::EINVAL, "SRQ limit above max_wr"), none);
+                }
+                let resized = if mask & 1 != 0 {
+                    let (r, fds) = resize::resize_srq(c, srq, max_wr, ring_budget);
+                    if !matches!(r, Response::Srq { .. }) {
+                        return (r, fds);
+                    }
+                    Some((r, fds))
+                } else {
+                    None
+                };
+                let armed = if mask & 2 != 0 {
                     match c.engine.arm_srq_limit(srq, srq_limit) {
                         Ok(()) => {
                             if let Some(s) = c.srqs.get_mut(&srq) {
@@ -270,7 +287,14 @@ impl DeviceThread {
                     }
                 } else {
                     Response::Done
+                };
+                match resized {
+                    Some((r, fds)) => return (r, fds),
+                    None => armed,
                 }
+            }
+            Request::ResizeCq { cq, cqe } => {
+                return resize::resize_cq(c, cq, cqe, ring_budget);
             }
             Request::QuerySrq { srq } => match c.srqs.get(&srq) {
                 Some(s) => Response::SrqAttr {

@@ -33,6 +33,7 @@ mod limits;
 mod multicast;
 mod objects;
 mod receive;
+mod resize;
 mod transmit;
 mod work_requests;
 

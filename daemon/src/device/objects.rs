@@ -41,7 +41,7 @@ pub(super) fn address_vector(a: &ctl::AhAttr) -> AddressVector {
 
 /// Allocates a sealed memfd holding `geometries` back to back; returns it and where each ring
 /// is.
-fn rings(
+pub(super) fn rings(
     name: &str,
     geometries: &[RingGeometry],
     budget: u64,
@@ -77,7 +77,7 @@ fn rings(
 }
 
 /// The region's descriptor, for the client; the daemon keeps only its mapping.
-fn give_fd(region: &mut SharedRegion) -> Vec<OwnedFd> {
+pub(super) fn give_fd(region: &mut SharedRegion) -> Vec<OwnedFd> {
     region.take_fd().into_iter().collect()
 }
 

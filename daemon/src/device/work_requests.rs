@@ -95,7 +95,7 @@ fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
     })
 }
 
-fn recv_wr(w: &RecvWqe<'_>) -> RecvWr {
+pub(super) fn recv_wr(w: &RecvWqe<'_>) -> RecvWr {
     RecvWr {
         wr_id: w.wr_id,
         sg_list: w.sges.to_vec(),

@@ -371,6 +371,24 @@ impl<M: MemoryAccess> Engine<M> {
         self.ctx.cqs.get_mut(&cq)?.entries.pop_front()
     }
 
+    /// `ibv_resize_cq`: the CQ's depth becomes `cqe`; EINVAL when more completions wait
+    /// than that (rxe_cq_chk_attr / rxe_queue_resize).
+    pub fn resize_cq(&mut self, cq: u32, cqe: usize) -> VerbsResult<()> {
+        if cqe == 0 || cqe > self.ctx.config.max_cqe {
+            return Err(VerbsError::Invalid("cqe out of range"));
+        }
+        let c = self
+            .ctx
+            .cqs
+            .get_mut(&cq)
+            .ok_or(VerbsError::NotFound("CQ"))?;
+        if c.entries.len() > cqe {
+            return Err(VerbsError::Invalid("cqe below the completions waiting"));
+        }
+        c.capacity = cqe;
+        Ok(())
+    }
+
     /// Completions waiting in a CQ (`None`: no such CQ).
     pub fn cq_len(&self, cq: u32) -> Option<usize> {
         self.ctx.cqs.get(&cq).map(|c| c.entries.len())
@@ -462,6 +480,32 @@ impl<M: MemoryAccess> Engine<M> {
             },
         );
         Ok(h)
+    }
+
+    /// `ibv_modify_srq` with IBV_SRQ_MAX_WR: the SRQ holds `max_wr` WQEs from now on. EINVAL
+    /// below the WQEs it holds or below its armed limit (rxe_srq_chk_attr).
+    pub fn resize_srq(&mut self, srq: u32, max_wr: u32) -> VerbsResult<()> {
+        let max_qp_wr = self.ctx.config.max_qp_wr;
+        let s = self
+            .ctx
+            .srqs
+            .get_mut(&srq)
+            .ok_or(VerbsError::NotFound("SRQ"))?;
+        if max_wr == 0 || max_wr > max_qp_wr {
+            return Err(VerbsError::Invalid("SRQ capacity"));
+        }
+        if (max_wr as usize) < s.queue.len() || (s.limit > 0 && max_wr < s.limit) {
+            return Err(VerbsError::Invalid(
+                "max_wr below the WQEs held or the armed limit",
+            ));
+        }
+        s.max_wr = max_wr;
+        Ok(())
+    }
+
+    /// WQEs an SRQ holds (`None`: no such SRQ).
+    pub fn srq_len(&self, srq: u32) -> Option<usize> {
+        self.ctx.srqs.get(&srq).map(|s| s.queue.len())
     }
 
     /// `ibv_modify_srq` with IBV_SRQ_LIMIT: arm the limit event (0 disarms).
