@@ -483,12 +483,20 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let (fd, context) = unsafe { ((*channel).fd, (*channel).context) };
         let ctx = runtime::context_from_ptr(context)?;
         loop {
+            // The device is gone: EIO, as the kernel's event file of a removed device
+            // answers, rather than a wait for events that cannot come.
+            if ctx.data_path_ok().is_err() {
+                return Err(Errno::IO);
+            }
             let mut rec = [0u8; 8];
             let n = runtime::read_record(fd, &mut rec)?;
             if n != rec.len() {
                 return Err(Errno::IO);
             }
             let handle = u32::from_ne_bytes([rec[0], rec[1], rec[2], rec[3]]);
+            if handle == crate::verbs::events::DEVICE_LOST {
+                continue; // checked at the top of the loop
+            }
             let Some(addr) = ctx.objects().cqs.get(&handle).copied() else {
                 continue; // the CQ was destroyed after the event was queued
             };
