@@ -175,6 +175,7 @@ impl UserOrId {
     pub fn uid(&self) -> Result<u32> {
         match self {
             UserOrId::Id(id) => Ok(*id),
+            UserOrId::Name(n) if n.parse::<u32>().is_ok() => Ok(n.parse()?),
             UserOrId::Name(n) => nix::unistd::User::from_name(n)
                 .ok()
                 .flatten()
@@ -187,6 +188,7 @@ impl UserOrId {
     pub fn gid(&self) -> Result<u32> {
         match self {
             UserOrId::Id(id) => Ok(*id),
+            UserOrId::Name(n) if n.parse::<u32>().is_ok() => Ok(n.parse()?),
             UserOrId::Name(n) => nix::unistd::Group::from_name(n)
                 .ok()
                 .flatten()
@@ -533,6 +535,41 @@ mod tests {
         let mut fast = plain;
         fast.cm_max_retries = 16;
         assert!(fast.validate().is_err());
+    }
+
+    #[test]
+    fn access_and_limits_parse_with_documented_defaults() {
+        let c = Config::from_toml(
+            r#"
+            allow_uid = [1000, "root"]
+            allow_group = ["0"]
+            max_connections = 10
+            [[device]]
+            name = "srxe0"
+            addr = ["127.0.0.1"]
+            [device.limits]
+            client_max_qp = 4
+            max_ring_bytes = 1048576
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.allow_uid,
+            [UserOrId::Id(1000), UserOrId::Name("root".into())]
+        );
+        assert_eq!(c.allow_uid[1].uid().unwrap(), 0);
+        assert_eq!((c.max_connections, c.max_connections_per_uid), (10, 256));
+        let l = c.devices[0].limits;
+        assert_eq!((l.client_max_qp, l.max_ring_bytes), (4, 1 << 20));
+        assert_eq!(l.client_max_cq, ResourceLimits::default().client_max_cq);
+        assert_eq!(c.devices[0].max_qp, 1_048_560, "rxe's max_qp by default");
+        let bad = Config::from_toml(
+            "allow_uid = [\"no-such-user-here\"]\n[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]",
+        )
+        .unwrap();
+        assert!(bad.validate().is_err());
+        assert!(Config::from_toml("[[device]]\nname=\"a\"\n[device.limits]\nbogus = 1").is_err());
     }
 
     #[test]
