@@ -248,6 +248,11 @@ impl DeviceThread {
                 fds,
                 reply,
             } => {
+                // A resize counts what the queue holds: the work the client posted before it
+                // asked is taken and completed first, as an adapter would have by then.
+                if matches!(request, Request::ResizeCq { .. }) {
+                    self.pump(Duration::ZERO);
+                }
                 let (resp, fds) = self.request(client, &process, handles::untag(request), fds);
                 let _ = reply.send((handles::tag(resp, self.index), fds));
             }
