@@ -27,8 +27,9 @@
 //!   no longer sees.
 //!
 //! The pid is only used while the process that connected still owns it: every call through
-//! it is preceded, at most [`LIVENESS_TTL`] earlier, by a check that the process's address
-//! space is still the one it connected with ([`ClientProcess::address_space_alive`], which
+//! it is preceded, at most [`LIVENESS_TTL`] earlier (so at most a thousand checks a second
+//! however busy the data path), by a check that the process's address space is still the one
+//! it connected with ([`ClientProcess::address_space_alive`], which
 //! is false after exit and after exec). Once that fails the memory is gone for good and the
 //! pid is never used again, so a pid the kernel recycles for another process is never read or
 //! written. (Recycling a pid takes the process's exit, its reaping and a walk of the kernel's
@@ -450,7 +451,8 @@ impl ProcessMemory {
     }
 
     /// Whether the pid may be used now: the pinned process's address space was found alive
-    /// within [`LIVENESS_TTL`] (checked again when older). `Gone` is final.
+    /// within [`LIVENESS_TTL`] (checked again when older; a registration always checks).
+    /// `Gone` is final.
     fn reachable(&self) -> Result<(), AccessError> {
         let gone = AccessError::Gone {
             pid: self.pid.as_raw(),
@@ -499,8 +501,6 @@ impl ProcessMemory {
     pub fn begin_pass(&mut self) {
         self.end_pass();
         self.in_pass = true;
-        // A pass's first access checks the process again, however recent the last check.
-        self.alive_at.set(None);
     }
 
     /// Ends a transmit pass: the snapshots may be stale from now on.
