@@ -66,6 +66,7 @@ mod tests {
             gids: vec![],
             netdevs: vec![],
             max_cqe: 1,
+            limits: Default::default(),
         }
     }
 

@@ -320,7 +320,7 @@ pub const WC_SL_ROCE_V2_IPV4: u8 = 0xa;
 pub const WC_SL_ROCE_V2_IPV6: u8 = 0x9;
 
 impl WorkCompletion {
-    pub(crate) fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: Qpn) -> Self {
+    pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: Qpn) -> Self {
         WorkCompletion {
             wr_id,
             status,

@@ -61,6 +61,7 @@ pub fn srxe0() -> DeviceInfo {
         ],
         netdevs: vec![],
         max_cqe: 32767,
+        limits: Default::default(),
     }
 }
 
