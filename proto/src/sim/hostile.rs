@@ -431,7 +431,7 @@ pub fn corpus(v: &Victim) -> Vec<Hostile> {
     }
     // A wrong P_Key, a wrong transport version, and a multicast QPN on an RC opcode.
     let mut p = write(v.mr_va, 64, v.rc_psn, v.mr_rkey);
-    p.pkey = 0x7fff;
+    p.pkey = 0x8001; // 0x7fff would be the default partition, limited member: accepted
     push(&mut out, "wrong P_Key", &p, Icrc::Valid);
     let mut p = write(v.mr_va, 64, v.rc_psn, v.mr_rkey);
     p.tver = 1;

@@ -34,6 +34,106 @@ pub struct Counters {
     pub cnp_rcvd: u64,
     /// Engine-only: ECN CE-marked packets received.
     pub ecn_marked_pkts: u64,
+    /// Engine-only: why packets were dropped or refused, one counter per reason (issue 16:
+    /// every hostile packet is counted under a reason).
+    pub drops: DropCounters,
+}
+
+/// Why received packets were dropped, ignored or refused.
+///
+/// Every packet the engine is given ends in exactly one of `rcvd_pkts`, `dropped_pkts`,
+/// `icrc_errors`, `cnp_rcvd` and `drops.bad_pkey`; every `dropped_pkts` has one of the reasons
+/// of the first group here. The second group says what became of packets counted in
+/// `rcvd_pkts` that did nothing (the rxe counters `duplicate_request`, `out_of_seq_request`,
+/// `send_rnr_err` count the rest).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropCounters {
+    // Dropped before reaching a QP (each also in `dropped_pkts`).
+    /// The headers do not parse: lengths that disagree, a pad count the length cannot hold,
+    /// a wrong transport version, a truncated header, a bad IP or UDP header.
+    pub malformed: u64,
+    /// A RoCE v1 (GRH) packet given to the v2 receive path.
+    pub not_v2: u64,
+    pub unknown_opcode: u64,
+    /// The destination QPN names no QP of this device.
+    pub unknown_qp: u64,
+    /// An opcode of another transport than the QP's (an RC opcode to a UD QP, ...).
+    pub wrong_transport: u64,
+    /// An RC/UC packet from or to other addresses than the QP's path, or for a QP with none.
+    pub wrong_path: u64,
+    // Not counted in `dropped_pkts`.
+    /// A P_Key other than the default partition (also `bad_pkey_cntr`, which saturates).
+    pub bad_pkey: u64,
+    /// A multicast packet for a group no QP of this device joined.
+    pub no_group: u64,
+    // Accepted (in `rcvd_pkts`), then ignored or refused.
+    /// The QP is in a state that does not take it (RESET, INIT, ERR, ...).
+    pub qp_state: u64,
+    /// Requests after a PSN gap, dropped silently once the gap was NAKed (IBTA §9.7.5.1.3).
+    pub psn_gap: u64,
+    /// A duplicate request with nothing to answer (class D, IBTA §9.7.5.1.5).
+    pub duplicate_ignored: u64,
+    /// A response that matched no outstanding request, or repeated one: no effect.
+    pub response_ignored: u64,
+    /// A UC message abandoned (a lost packet or a refused request; UC never NAKs).
+    pub uc_abandoned: u64,
+    /// A UD datagram with a wrong Q_Key (also `qkey_viol_cntr`, which saturates).
+    pub ud_bad_qkey: u64,
+    /// A UD datagram without a DETH, with no receive WQE, or too long for it.
+    pub ud_not_received: u64,
+    /// Requests NAKed with a remote access error (bad R_Key, PD, bounds or access).
+    pub nak_remote_access: u64,
+    /// Requests NAKed as invalid (lengths, opcode sequence, misaligned atomics, ...).
+    pub nak_invalid_request: u64,
+    /// Requests NAKed with a remote operational error.
+    pub nak_remote_operational: u64,
+}
+
+impl DropCounters {
+    /// Every reason as (name, value), for `counters` listings.
+    pub fn named(&self) -> [(&'static str, u64); 18] {
+        [
+            ("drop_malformed", self.malformed),
+            ("drop_not_v2", self.not_v2),
+            ("drop_unknown_opcode", self.unknown_opcode),
+            ("drop_unknown_qp", self.unknown_qp),
+            ("drop_wrong_transport", self.wrong_transport),
+            ("drop_wrong_path", self.wrong_path),
+            ("drop_bad_pkey", self.bad_pkey),
+            ("drop_no_group", self.no_group),
+            ("drop_qp_state", self.qp_state),
+            ("drop_psn_gap", self.psn_gap),
+            ("drop_duplicate_ignored", self.duplicate_ignored),
+            ("drop_response_ignored", self.response_ignored),
+            ("drop_uc_abandoned", self.uc_abandoned),
+            ("drop_ud_bad_qkey", self.ud_bad_qkey),
+            ("drop_ud_not_received", self.ud_not_received),
+            ("nak_remote_access", self.nak_remote_access),
+            ("nak_invalid_request", self.nak_invalid_request),
+            ("nak_remote_operational", self.nak_remote_operational),
+        ]
+    }
+
+    /// The reasons that are also counted in `dropped_pkts`.
+    pub fn dropped_total(&self) -> u64 {
+        self.malformed
+            + self.not_v2
+            + self.unknown_opcode
+            + self.unknown_qp
+            + self.wrong_transport
+            + self.wrong_path
+    }
+}
+
+/// A packet dropped before it reached a QP (counted in `dropped_pkts` and under its reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dropped {
+    Malformed,
+    NotV2,
+    UnknownOpcode,
+    UnknownQp,
+    WrongTransport,
+    WrongPath,
 }
 
 impl Counters {
@@ -62,5 +162,24 @@ impl Counters {
 
     pub(crate) fn qkey_violation(&mut self) {
         self.qkey_viol_cntr = self.qkey_viol_cntr.saturating_add(1);
+        self.drops.ud_bad_qkey += 1;
+    }
+
+    pub(crate) fn bad_pkey(&mut self) {
+        self.bad_pkey_cntr = self.bad_pkey_cntr.saturating_add(1);
+        self.drops.bad_pkey += 1;
+    }
+
+    pub(crate) fn dropped(&mut self, why: Dropped) {
+        self.dropped_pkts += 1;
+        let d = &mut self.drops;
+        *match why {
+            Dropped::Malformed => &mut d.malformed,
+            Dropped::NotV2 => &mut d.not_v2,
+            Dropped::UnknownOpcode => &mut d.unknown_opcode,
+            Dropped::UnknownQp => &mut d.unknown_qp,
+            Dropped::WrongTransport => &mut d.wrong_transport,
+            Dropped::WrongPath => &mut d.wrong_path,
+        } += 1;
     }
 }
