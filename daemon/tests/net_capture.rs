@@ -26,8 +26,12 @@ const GSO_BATCHES: [u32; 4] = [1, 2, 8, 20];
 fn oracle() -> std::path::PathBuf {
     let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-pcap-check");
     let team = Path::new("/work/shared/tools/roce-pcap-check");
-    match [beside.as_path(), team].into_iter().find(|p| p.exists()) {
-        Some(p) => p.to_path_buf(),
+    let found = [beside.as_path(), team]
+        .into_iter()
+        .find(|p| p.exists())
+        .map(Path::to_path_buf);
+    match found {
+        Some(p) => p,
         None => panic!(
             "precondition missing: the ICRC oracle is expected at {} (../shared beside the project)",
             beside.display()

@@ -13,8 +13,12 @@ use std::path::Path;
 fn captures_dir() -> std::path::PathBuf {
     let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/captures");
     let team = Path::new("/work/shared/captures");
-    match [beside.as_path(), team].into_iter().find(|p| p.is_dir()) {
-        Some(p) => p.to_path_buf(),
+    let found = [beside.as_path(), team]
+        .into_iter()
+        .find(|p| p.is_dir())
+        .map(Path::to_path_buf);
+    match found {
+        Some(p) => p,
         None => panic!(
             "precondition missing: the golden captures are expected at {} (../shared beside the project)",
             beside.display()
