@@ -29,7 +29,6 @@ use proto::ctl::{
     CmUdParam, DeviceInfo, QpAttr, Request, Response, RoceVersion,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -291,11 +290,10 @@ fn done() -> Reply {
     (Response::Done, Vec::new())
 }
 
+/// Starting PSNs, comm IDs and TIDs: from the kernel's CSPRNG, so that an off-path sender
+/// cannot guess a connection's PSN window (ReDMArk).
 fn random_u32() -> u32 {
-    // RandomState is seeded from the OS's entropy.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x434d);
-    h.finish() as u32
+    crate::entropy::u32()
 }
 
 fn ps_of(ps: u16) -> Option<PortSpace> {
