@@ -87,6 +87,16 @@ impl Registry {
             Request::QueryDevices => {
                 Response::Devices(self.devices.iter().map(|d| d.info.clone()).collect())
             }
+            Request::Counters => Response::Counters(
+                self.links
+                    .iter()
+                    .filter_map(|link| {
+                        let (tx, rx) = bounded(1);
+                        link.send(DevMsg::Counters { reply: tx }).then_some(())?;
+                        rx.recv_timeout(Duration::from_secs(2)).ok()
+                    })
+                    .collect(),
+            ),
             Request::ResShow => {
                 let mut clients: BTreeMap<u64, ClientResources> = self
                     .clients
@@ -183,7 +193,9 @@ impl Registry {
 fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) -> Option<usize> {
     let h = device::handle_device;
     Some(match request {
-        Request::Hello { .. } | Request::QueryDevices | Request::ResShow => return None,
+        Request::Hello { .. } | Request::QueryDevices | Request::ResShow | Request::Counters => {
+            return None
+        }
         Request::OpenContext { device } => links.iter().position(|l| &l.name == device)?,
         Request::CloseContext { ctx }
         | Request::AllocPd { ctx }
@@ -309,7 +321,10 @@ fn serve_client(
             Ok(request) => match route(&request, &links, &qpns) {
                 None if matches!(
                     request,
-                    Request::Hello { .. } | Request::QueryDevices | Request::ResShow
+                    Request::Hello { .. }
+                        | Request::QueryDevices
+                        | Request::ResShow
+                        | Request::Counters
                 ) =>
                 {
                     let reply = ask(|reply| {

@@ -427,6 +427,27 @@ pub enum Request {
     CmQueryId {
         id: u32,
     },
+    /// Every device's counters (`softroce` tools, tests). Response [`Response::Counters`].
+    Counters,
+}
+
+/// One device's counters by name: its link's (`link_*`), the device's own drops (`device_*`),
+/// and its engines' summed over every client it served (rxe's `hw_counters` names, the
+/// engine's and its drop reasons, `drop_*` and `nak_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCounters {
+    pub device: String,
+    pub counters: Vec<(String, u64)>,
+}
+
+impl DeviceCounters {
+    /// The value of counter `name` (0 if the device does not keep it).
+    pub fn get(&self, name: &str) -> u64 {
+        self.counters
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    }
 }
 
 /// Resources one client holds.
@@ -532,6 +553,7 @@ pub enum Response {
         attr: QpAttr,
         mask: u32,
     },
+    Counters(Vec<DeviceCounters>),
 }
 
 // ---- rdma_cm ----

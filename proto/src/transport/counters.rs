@@ -160,6 +160,80 @@ impl Counters {
         ]
     }
 
+    /// Every counter as (name, value): rxe's first, then the engine's own and its drop
+    /// reasons (what a `counters` listing prints).
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        let mut out = self.rxe_counters().to_vec();
+        out.extend([
+            ("qkey_viol_cntr", u64::from(self.qkey_viol_cntr)),
+            ("bad_pkey_cntr", u64::from(self.bad_pkey_cntr)),
+            ("icrc_errors", self.icrc_errors),
+            ("dropped_pkts", self.dropped_pkts),
+            ("cnp_sent", self.cnp_sent),
+            ("cnp_rcvd", self.cnp_rcvd),
+            ("ecn_marked_pkts", self.ecn_marked_pkts),
+        ]);
+        out.extend(self.drops.named());
+        out
+    }
+
+    /// Adds `other` to these (a device's total over its clients' engines, live and gone).
+    pub fn accumulate(&mut self, other: &Counters) {
+        let mut sum: Vec<u64> = self.named().iter().map(|(_, v)| *v).collect();
+        for (s, (_, v)) in sum.iter_mut().zip(other.named()) {
+            *s = s.saturating_add(v);
+        }
+        let mut it = sum.into_iter();
+        let mut next = || it.next().unwrap_or(0);
+        let sat16 = |v: u64| v.min(u64::from(u16::MAX)) as u16;
+        *self = Counters {
+            sent_pkts: next(),
+            rcvd_pkts: next(),
+            duplicate_request: next(),
+            out_of_seq_request: next(),
+            rcvd_rnr_err: next(),
+            send_rnr_err: next(),
+            rcvd_seq_err: next(),
+            ack_deferred: next(),
+            retry_exceeded_err: next(),
+            retry_rnr_exceeded_err: next(),
+            completer_retry_err: next(),
+            send_err: next(),
+            link_downed: next(),
+            rdma_sends: next(),
+            rdma_recvs: next(),
+            sent_bytes: next(),
+            rcvd_bytes: next(),
+            qkey_viol_cntr: sat16(next()),
+            bad_pkey_cntr: sat16(next()),
+            icrc_errors: next(),
+            dropped_pkts: next(),
+            cnp_sent: next(),
+            cnp_rcvd: next(),
+            ecn_marked_pkts: next(),
+            drops: DropCounters {
+                malformed: next(),
+                not_v2: next(),
+                unknown_opcode: next(),
+                unknown_qp: next(),
+                wrong_transport: next(),
+                wrong_path: next(),
+                bad_pkey: next(),
+                no_group: next(),
+                qp_state: next(),
+                psn_gap: next(),
+                duplicate_ignored: next(),
+                response_ignored: next(),
+                uc_abandoned: next(),
+                ud_bad_qkey: next(),
+                ud_not_received: next(),
+                nak_remote_access: next(),
+                nak_invalid_request: next(),
+                nak_remote_operational: next(),
+            },
+        };
+    }
+
     pub(crate) fn qkey_violation(&mut self) {
         self.qkey_viol_cntr = self.qkey_viol_cntr.saturating_add(1);
         self.drops.ud_bad_qkey += 1;
@@ -181,5 +255,37 @@ impl Counters {
             Dropped::WrongTransport => &mut d.wrong_transport,
             Dropped::WrongPath => &mut d.wrong_path,
         } += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accumulate_adds_every_named_counter() {
+        let mut a = Counters::default();
+        let mut one = Counters::default();
+        let n = one.named().len();
+        for _ in 0..2 {
+            a.accumulate(&one);
+        }
+        assert_eq!(a, Counters::default());
+        one.sent_pkts = 1;
+        one.drops.nak_remote_operational = 5;
+        one.qkey_viol_cntr = 3;
+        a.accumulate(&one);
+        a.accumulate(&one);
+        assert_eq!(
+            (
+                a.sent_pkts,
+                a.drops.nak_remote_operational,
+                a.qkey_viol_cntr
+            ),
+            (2, 10, 6)
+        );
+        assert_eq!(a.named().len(), n);
+        let names: std::collections::HashSet<_> = a.named().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names.len(), n, "names are unique");
     }
 }
