@@ -87,6 +87,10 @@ pub enum CmMsg {
         device: usize,
         info: DeviceInfo,
     },
+    /// What the received MADs did, per device (for [`Request::Counters`]).
+    Counters {
+        reply: Sender<Vec<proto::cm::conn::CmCounters>>,
+    },
     Shutdown,
 }
 
@@ -404,6 +408,9 @@ impl CmService {
                             d.addrs = info.gid_addrs();
                             d.setup.info = info;
                         }
+                    }
+                    Ok(CmMsg::Counters { reply }) => {
+                        let _ = reply.send(self.devices.iter().map(|d| d.endpoint.counters()).collect());
                     }
                     Ok(CmMsg::Shutdown) | Err(_) => return,
                 },

@@ -303,9 +303,13 @@ fn hostile_packets_change_nothing_are_counted_and_the_daemon_serves_on() {
         delta("link_rx_bad_icrc") + delta("link_rx_malformed") >= bad,
         "every bad ICRC counted: {bad} sent"
     );
+    // Every CM MAD reached the CM and was counted (malformed, ignored, or answered).
+    assert_eq!(delta("cm_mads_rcvd"), cm.len() as u64, "every CM MAD counted");
+    assert!(delta("cm_mads_malformed") + delta("cm_mads_ignored") <= cm.len() as u64);
+    assert!(delta("cm_mads_malformed") > 0 && delta("cm_mads_ignored") > 0);
     // Every hostile packet under a reason (the pingpong's own packets are all good ones).
     assert!(
-        accounted(&after) - accounted(&before) >= sent - cm.len() as u64,
+        accounted(&after) - accounted(&before) + delta("cm_mads_rcvd") >= sent,
         "{} of {sent} hostile packets accounted for",
         accounted(&after) - accounted(&before)
     );
