@@ -22,7 +22,7 @@ use proto::sim::hostile::{self, ExtFields, Icrc, RawPacket, Victim};
 use proto::wire::Opcode;
 use softroce_daemon::ctl::Client;
 use softroce_daemon::net::PacketBuilder;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 use support::client::*;
@@ -106,7 +106,7 @@ impl Attacker {
         }
         self.sock.send(&b).unwrap();
         self.sent += 1;
-        if self.sent % 32 == 0 {
+        if self.sent.is_multiple_of(32) {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
@@ -304,7 +304,11 @@ fn hostile_packets_change_nothing_are_counted_and_the_daemon_serves_on() {
         "every bad ICRC counted: {bad} sent"
     );
     // Every CM MAD reached the CM and was counted (malformed, ignored, or answered).
-    assert_eq!(delta("cm_mads_rcvd"), cm.len() as u64, "every CM MAD counted");
+    assert_eq!(
+        delta("cm_mads_rcvd"),
+        cm.len() as u64,
+        "every CM MAD counted"
+    );
     assert!(delta("cm_mads_malformed") + delta("cm_mads_ignored") <= cm.len() as u64);
     assert!(delta("cm_mads_malformed") > 0 && delta("cm_mads_ignored") > 0);
     // Every hostile packet under a reason (the pingpong's own packets are all good ones).
@@ -314,12 +318,12 @@ fn hostile_packets_change_nothing_are_counted_and_the_daemon_serves_on() {
         accounted(&after) - accounted(&before)
     );
     // Still serving: a new pingpong on fresh QPs, and the UC victim's real key writes.
-    let _ = (ping, pong);
     let mut x = Side::new(&da.socket, LEN);
     let mut y = Side::new(&db.socket, LEN);
     let (qx, qy) = (x.qpn, y.qpn);
     x.connect(qy, gb);
     y.connect(qx, ga);
     pingpong(&mut x, &mut y, 20);
-    let _ = (&mut peer, &mut uc_peer, IpAddr::from([0u8; 4]));
+    // The peers stay connected until here, so that the victims' QPs keep their paths.
+    drop((peer, uc_peer, ping, pong));
 }
