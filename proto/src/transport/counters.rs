@@ -264,28 +264,68 @@ mod tests {
 
     #[test]
     fn accumulate_adds_every_named_counter() {
-        let mut a = Counters::default();
+        // Every field distinct, so that a field `accumulate` maps to the wrong place shows.
         let mut one = Counters::default();
-        let n = one.named().len();
-        for _ in 0..2 {
-            a.accumulate(&one);
+        let mut n = 0;
+        let mut v = || {
+            n += 1;
+            n
+        };
+        one.sent_pkts = v();
+        one.rcvd_pkts = v();
+        one.duplicate_request = v();
+        one.out_of_seq_request = v();
+        one.rcvd_rnr_err = v();
+        one.send_rnr_err = v();
+        one.rcvd_seq_err = v();
+        one.ack_deferred = v();
+        one.retry_exceeded_err = v();
+        one.retry_rnr_exceeded_err = v();
+        one.completer_retry_err = v();
+        one.send_err = v();
+        one.link_downed = v();
+        one.rdma_sends = v();
+        one.rdma_recvs = v();
+        one.sent_bytes = v();
+        one.rcvd_bytes = v();
+        one.qkey_viol_cntr = v() as u16;
+        one.bad_pkey_cntr = v() as u16;
+        one.icrc_errors = v();
+        one.dropped_pkts = v();
+        one.cnp_sent = v();
+        one.cnp_rcvd = v();
+        one.ecn_marked_pkts = v();
+        let d = &mut one.drops;
+        for f in [
+            &mut d.malformed,
+            &mut d.not_v2,
+            &mut d.unknown_opcode,
+            &mut d.unknown_qp,
+            &mut d.wrong_transport,
+            &mut d.wrong_path,
+            &mut d.bad_pkey,
+            &mut d.no_group,
+            &mut d.qp_state,
+            &mut d.psn_gap,
+            &mut d.duplicate_ignored,
+            &mut d.response_ignored,
+            &mut d.uc_abandoned,
+            &mut d.ud_bad_qkey,
+            &mut d.ud_not_received,
+            &mut d.nak_remote_access,
+            &mut d.nak_invalid_request,
+            &mut d.nak_remote_operational,
+        ] {
+            *f = v();
         }
-        assert_eq!(a, Counters::default());
-        one.sent_pkts = 1;
-        one.drops.nak_remote_operational = 5;
-        one.qkey_viol_cntr = 3;
-        a.accumulate(&one);
-        a.accumulate(&one);
-        assert_eq!(
-            (
-                a.sent_pkts,
-                a.drops.nak_remote_operational,
-                a.qkey_viol_cntr
-            ),
-            (2, 10, 6)
-        );
-        assert_eq!(a.named().len(), n);
-        let names: std::collections::HashSet<_> = a.named().iter().map(|(k, _)| *k).collect();
-        assert_eq!(names.len(), n, "names are unique");
+        let mut sum = Counters::default();
+        sum.accumulate(&one);
+        assert_eq!(sum, one);
+        sum.accumulate(&one);
+        for ((name, got), (_, want)) in sum.named().into_iter().zip(one.named()) {
+            assert_eq!(got, 2 * want, "{name}");
+        }
+        let names: std::collections::HashSet<_> = one.named().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names.len(), one.named().len(), "names are unique");
     }
 }
