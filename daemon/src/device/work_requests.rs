@@ -6,9 +6,7 @@
 use super::clients::ClientDev;
 use super::DeviceThread;
 use proto::ring::wqe::{self, Cqe, RecvWqe, SendWqe};
-use proto::transport::{
-    self as tp, RecvWr, SendWr, VerbsError,
-};
+use proto::transport::{self as tp, RecvWr, SendWr, VerbsError};
 use proto::Qpn;
 use tracing::debug;
 
