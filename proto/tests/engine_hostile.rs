@@ -115,48 +115,46 @@ fn every_hostile_packet_is_counted_under_a_reason_and_changes_nothing() {
     // (RC only: a UC QP resynchronises on any packet that starts a message, at any PSN, so
     // a well-formed UC SEND is accepted from anyone who knows the QPN, as on every RNIC.)
     let qp_type = QpType::Rc;
-    {
-        let corpus = hostile::corpus(&device(qp_type).victim);
-        assert!(corpus.len() > 900, "{} packets", corpus.len());
-        for (i, h) in corpus.iter().enumerate() {
-            let mut dev = device(qp_type);
-            let before = *dev.sim.dev(1).counters();
-            deliver(&mut dev, &h.bytes, h.icrc);
-            let now = 2_000;
-            let mut buf = vec![0u8; MAX_FRAME_LEN];
-            while dev.sim.dev(1).poll_transmit(now, &mut buf).is_some() {}
-            let c = *dev.sim.dev(1).counters();
-            let why = format!(
-                "{qp_type:?} packet {i} ({}): {:02x?}",
-                h.what,
-                &h.bytes[..h.bytes.len().min(32)]
-            );
+    let corpus = hostile::corpus(&device(qp_type).victim);
+    assert!(corpus.len() > 900, "{} packets", corpus.len());
+    for (i, h) in corpus.iter().enumerate() {
+        let mut dev = device(qp_type);
+        let before = *dev.sim.dev(1).counters();
+        deliver(&mut dev, &h.bytes, h.icrc);
+        let now = 2_000;
+        let mut buf = vec![0u8; MAX_FRAME_LEN];
+        while dev.sim.dev(1).poll_transmit(now, &mut buf).is_some() {}
+        let c = *dev.sim.dev(1).counters();
+        let why = format!(
+            "{qp_type:?} packet {i} ({}): {:02x?}",
+            h.what,
+            &h.bytes[..h.bytes.len().min(32)]
+        );
+        assert!(
+            outcomes(&c) > outcomes(&before),
+            "not counted under any reason: {why}\n{c:#?}"
+        );
+        // Exactly one of the top-level fates.
+        let fates = |c: &Counters| {
+            c.rcvd_pkts + c.dropped_pkts + c.icrc_errors + c.cnp_rcvd + c.drops.bad_pkey
+        };
+        assert_eq!(fates(&c), fates(&before) + 1, "{why}");
+        assert_eq!(c.dropped_pkts, c.drops.dropped_total(), "{why}");
+        for (k, &(addr, len)) in dev.regions.iter().enumerate() {
             assert!(
-                outcomes(&c) > outcomes(&before),
-                "not counted under any reason: {why}\n{c:#?}"
+                dev.sim.read_mem(1, addr, len) == dev.snapshot[k],
+                "memory changed: {why}"
             );
-            // Exactly one of the top-level fates.
-            let fates = |c: &Counters| {
-                c.rcvd_pkts + c.dropped_pkts + c.icrc_errors + c.cnp_rcvd + c.drops.bad_pkey
-            };
-            assert_eq!(fates(&c), fates(&before) + 1, "{why}");
-            assert_eq!(c.dropped_pkts, c.drops.dropped_total(), "{why}");
-            for (k, &(addr, len)) in dev.regions.iter().enumerate() {
-                assert!(
-                    dev.sim.read_mem(1, addr, len) == dev.snapshot[k],
-                    "memory changed: {why}"
-                );
-            }
-            dev.sim.drain_completions();
-            let ok_recv = dev
-                .sim
-                .completions_of(1, Qpn::new(dev.victim.rc_qpn))
-                .into_iter()
-                .chain(dev.sim.completions_of(1, Qpn::new(dev.victim.ud_qpn)))
-                .filter(|wc| wc.status == WcStatus::Success)
-                .count();
-            assert_eq!(ok_recv, 0, "a receive completed: {why}");
         }
+        dev.sim.drain_completions();
+        let ok_recv = dev
+            .sim
+            .completions_of(1, Qpn::new(dev.victim.rc_qpn))
+            .into_iter()
+            .chain(dev.sim.completions_of(1, Qpn::new(dev.victim.ud_qpn)))
+            .filter(|wc| wc.status == WcStatus::Success)
+            .count();
+        assert_eq!(ok_recv, 0, "a receive completed: {why}");
     }
 }
 
