@@ -38,6 +38,32 @@ impl Rng {
     }
 }
 
+/// The counters of the daemon behind `socket` that say something went wrong or was
+/// recovered (retries, NAKs, drops), for the report: an error in the soak is explained by them.
+fn trouble_counters(socket: &std::path::Path) -> String {
+    let Ok(mut c) = softroce_daemon::ctl::Client::connect(socket, "soak-live") else {
+        return "(no counters: the daemon does not answer)".into();
+    };
+    let Ok(proto::ctl::Response::Counters(devs)) = c.request(&proto::ctl::Request::Counters) else {
+        return "(no counters)".into();
+    };
+    devs.iter()
+        .flat_map(|d| d.counters.iter())
+        .filter(|(n, v)| {
+            *v != 0
+                && (n.contains("err")
+                    || n.contains("retry")
+                    || n.contains("drop")
+                    || n.starts_with("nak_")
+                    || n.contains("_seq_")
+                    || n.contains("duplicate")
+                    || n.contains("bad_icrc"))
+        })
+        .map(|(n, v)| format!("{n}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -246,6 +272,8 @@ fn main() {
         && t.writes > 0
         && !grew(begin.0, end.0)
         && !grew(begin.1, end.1);
+    println!("soak: daemon a counters: {}", trouble_counters(&da.socket));
+    println!("soak: daemon b counters: {}", trouble_counters(&db.socket));
     println!("soak: {}", if ok { "PASS" } else { "FAIL" });
     drop(pairs);
     drop((da, db));
