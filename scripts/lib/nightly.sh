@@ -12,7 +12,7 @@ pick_toolchain() {
   fi
   if ! rustup toolchain list | grep -q '^nightly'; then
     echo "$(basename "$0"): no nightly toolchain; installing it with rustup" >&2
-    timeout 600 rustup toolchain install nightly --profile minimal >&2 || true
+    timeout 300 rustup toolchain install nightly --profile minimal >&2 || true
   fi
   if rustup toolchain list | grep -q '^nightly'; then
     toolchain=(+nightly)
