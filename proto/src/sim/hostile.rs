@@ -494,3 +494,24 @@ pub fn cm_corpus() -> Vec<[u8; 256]> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine_ingress fuzz target's first finding (in this helper, not the engine): a
+    /// transport shorter than a BTH was sealed, and `icrc::v2_ipv4` requires a whole BTH.
+    #[test]
+    fn short_transports_are_wrapped_unsealed() {
+        let (a, b) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+        for len in 0..16 {
+            let t = vec![0xabu8; len];
+            let p = ipv4_udp(a, b, 0xc000, 0, &t, true);
+            assert_eq!(&p[28..], &t[..], "{len} bytes kept as they are");
+        }
+        let t = RawPacket::new(Opcode::RC_SEND_ONLY.0, 0x11, 0, &ExtFields::default(), 4);
+        let p = ipv4_udp(a, b, 0xc000, 0, &t.to_bytes(), true);
+        let parsed = crate::wire::FrameRepr::parse_ip(&p, p.len()).unwrap();
+        assert!(parsed.verified().is_ok(), "a whole packet is sealed");
+    }
+}
