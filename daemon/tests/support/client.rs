@@ -137,6 +137,8 @@ pub struct Side {
     pub slot: Vec<u8>,
     /// `ctl::qp_type` of the QP (RC unless made `with_type`).
     pub qp_type: u32,
+    /// The local ACK timeout `connect` gives the QP (IB enum: 4.096 µs · 2^t; 14 ≈ 67 ms).
+    pub ack_timeout: u8,
 }
 
 pub fn ok(r: Response) -> Response {
@@ -259,6 +261,7 @@ impl Side {
             qpn,
             slot: vec![0u8; 4096],
             qp_type,
+            ack_timeout: 14,
         }
     }
 
@@ -310,7 +313,7 @@ impl Side {
             })
             .unwrap());
         a.qp_state = 3;
-        a.timeout = 14;
+        a.timeout = self.ack_timeout;
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.max_rd_atomic = 4;
