@@ -6,6 +6,7 @@ pub mod cm;
 pub mod config;
 pub mod ctl;
 pub mod device;
+pub mod entropy;
 pub mod gsi;
 pub mod memory;
 pub mod net;

@@ -92,6 +92,31 @@ impl Registry {
             Request::QueryDevices => {
                 Response::Devices(self.devices.iter().map(|d| d.info.clone()).collect())
             }
+            Request::Counters => {
+                let (tx, rx) = bounded(1);
+                let cm = match self.cm.send(CmMsg::Counters { reply: tx }) {
+                    Ok(()) => rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default(),
+                    Err(_) => Vec::new(),
+                };
+                Response::Counters(
+                    self.links
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, link)| {
+                            let (tx, rx) = bounded(1);
+                            link.send(DevMsg::Counters { reply: tx }).then_some(())?;
+                            let mut c = rx.recv_timeout(Duration::from_secs(2)).ok()?;
+                            let m = cm.get(i).copied().unwrap_or_default();
+                            c.counters.extend([
+                                ("cm_mads_rcvd".to_string(), m.mads_rcvd),
+                                ("cm_mads_malformed".to_string(), m.mads_malformed),
+                                ("cm_mads_ignored".to_string(), m.mads_ignored),
+                            ]);
+                            Some(c)
+                        })
+                        .collect(),
+                )
+            }
             Request::ResShow => {
                 let mut clients: BTreeMap<u64, ClientResources> = self
                     .clients
@@ -188,7 +213,9 @@ impl Registry {
 fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) -> Option<usize> {
     let h = device::handle_device;
     Some(match request {
-        Request::Hello { .. } | Request::QueryDevices | Request::ResShow => return None,
+        Request::Hello { .. } | Request::QueryDevices | Request::ResShow | Request::Counters => {
+            return None
+        }
         Request::OpenContext { device } => links.iter().position(|l| &l.name == device)?,
         Request::CloseContext { ctx }
         | Request::AllocPd { ctx }
@@ -379,7 +406,10 @@ fn serve_client(
             Ok(request) => match route(&request, &links, &qpns) {
                 None if matches!(
                     request,
-                    Request::Hello { .. } | Request::QueryDevices | Request::ResShow
+                    Request::Hello { .. }
+                        | Request::QueryDevices
+                        | Request::ResShow
+                        | Request::Counters
                 ) =>
                 {
                     let reply = ask(|reply| {

@@ -14,7 +14,6 @@ use proto::transport::{self as tp, MemoryAccess, MemoryError, Mtu, QpCap, RecvWr
 use proto::Qpn;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use tracing::{debug, info};
 
@@ -199,13 +198,6 @@ impl ClientDev {
     }
 }
 
-fn random_u64() -> u64 {
-    // RandomState is seeded from the OS's entropy: keys must not be guessable.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x5352_5845);
-    h.finish()
-}
-
 impl DeviceThread {
     /// The client's engine on this device, created on first use. The error is an errno and a
     /// message for the client.
@@ -227,7 +219,11 @@ impl DeviceThread {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
             self.last_block = block;
-            let mut config = tp::EngineConfig::new(first, random_u64());
+            // Keys and QPNs from a ChaCha20 stream keyed by the kernel's CSPRNG: nothing
+            // about them can be guessed from another client's, or this client's own.
+            let mut config = tp::EngineConfig::new(first, crate::entropy::u64());
+            config.key_entropy = crate::entropy::bytes();
+            config.random_qpns = true;
             config.gids = self.gids.clone();
             // The device's configured CQ depth (`DeviceConfig::max_cqe`), which the shim
             // reports as `max_cqe`.
@@ -275,6 +271,7 @@ impl DeviceThread {
         self.group_detach(|(c, _)| c == client, None);
         if let Some(c) = self.clients.remove(&client) {
             self.blocks.remove(&c.block);
+            self.departed.accumulate(c.engine.counters());
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
             debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),

@@ -46,7 +46,7 @@ use clients::ClientDev;
 use crossbeam_channel::{Receiver, Sender};
 use multicast::JoinedGroup;
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use proto::ctl::{ClientResources, DeviceInfo, Request, Response};
+use proto::ctl::{ClientResources, DeviceCounters, DeviceInfo, Request, Response};
 use proto::transport as tp;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -81,6 +81,10 @@ pub enum DevMsg {
     },
     Stats {
         reply: Sender<Vec<(u64, ClientResources)>>,
+    },
+    /// The device's counters ([`proto::ctl::Request::Counters`]).
+    Counters {
+        reply: Sender<DeviceCounters>,
     },
     /// The device's addresses changed (`--netdev`): engines created from now on use the new
     /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
@@ -127,6 +131,22 @@ pub struct DeviceThread {
     /// The IP multicast groups the device's QPs are attached to, with the attachments
     /// (client, QPN): the group is joined while any remains (rxe_mcast_add/rxe_mcast_del).
     groups: HashMap<IpAddr, JoinedGroup>,
+    /// Packets the device itself dropped (after the link, before any engine).
+    drops: DeviceDrops,
+    /// The engine counters of the clients that are gone, so that the device's totals do not
+    /// shrink when a client exits.
+    departed: tp::Counters,
+}
+
+/// Why the device dropped a packet the link delivered.
+#[derive(Debug, Clone, Copy, Default)]
+struct DeviceDrops {
+    /// The destination QPN lies in no client's block.
+    unknown_qp: u64,
+    /// A packet to QP1 that is no CM MAD, or the CM thread's queue was full.
+    gsi_dropped: u64,
+    /// Too short to carry a BTH.
+    no_bth: u64,
 }
 
 impl DeviceThread {
@@ -171,6 +191,8 @@ impl DeviceThread {
             local: LocalFrames::new(),
             local_via_socket: cfg.local_via_socket,
             groups: HashMap::new(),
+            drops: DeviceDrops::default(),
+            departed: tp::Counters::default(),
         })
     }
 
@@ -266,6 +288,9 @@ impl DeviceThread {
                 self.link.set_addresses(&self.gids);
                 self.info = info;
             }
+            DevMsg::Counters { reply } => {
+                let _ = reply.send(self.counters());
+            }
             DevMsg::Stats { reply } => {
                 let _ = reply.send(
                     self.clients
@@ -276,6 +301,33 @@ impl DeviceThread {
             }
         }
         true
+    }
+
+    /// The link's counters, the device's drops, and its engines' counters summed over every
+    /// client it served.
+    fn counters(&self) -> DeviceCounters {
+        let mut engines = self.departed;
+        for c in self.clients.values() {
+            engines.accumulate(c.engine.counters());
+        }
+        let d = self.drops;
+        let mut counters: Vec<(String, u64)> = self
+            .link
+            .counters()
+            .named()
+            .iter()
+            .map(|(n, v)| (n.to_string(), *v))
+            .collect();
+        counters.extend([
+            ("device_drop_unknown_qp".to_string(), d.unknown_qp),
+            ("device_drop_gsi".to_string(), d.gsi_dropped),
+            ("device_drop_no_bth".to_string(), d.no_bth),
+        ]);
+        counters.extend(engines.named().into_iter().map(|(n, v)| (n.to_string(), v)));
+        DeviceCounters {
+            device: self.info.name.clone(),
+            counters,
+        }
     }
 
     /// One round of the data path; `wait` is how long the link may block. Returns whether

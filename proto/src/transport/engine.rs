@@ -3,12 +3,12 @@
 //! `poll_event`, and the verbs (create/modify/destroy, post, poll CQ).
 
 use super::cc::{CongestionControl, NoCongestionControl};
-use super::counters::Counters;
+use super::counters::{Counters, Dropped};
 use super::memory::MemoryAccess;
 use super::packet_io::{PendingIcrc, Route};
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
-use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
+use super::resources::{Ah, Cq, KeyGen, KeyOwner, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
 use super::timers::Nanos;
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
@@ -29,6 +29,14 @@ pub struct EngineConfig {
     /// Seed of the random part of keys. The daemon seeds it from the OS; the engine reads no
     /// entropy itself.
     pub key_seed: u64,
+    /// The key of the ChaCha20 stream keys (and random QPNs) are drawn from, with `key_seed`
+    /// folded in ([`super::resources::KeyGen`]). The daemon fills it from `getrandom`; zero
+    /// (the default) leaves `key_seed` as the only secret, which suits tests.
+    pub key_entropy: [u8; 32],
+    /// Hand out QPNs at random in the device's range instead of in order, so that a QPN cannot
+    /// be guessed from another (ReDMArk). Off by default: tests and the simulator number QPs
+    /// from 17 as rxe does.
+    pub random_qpns: bool,
     /// `max_qp_wr`, `max_sge`, `max_cqe` etc. are kept modest; see [`EngineConfig::default`].
     pub max_cqe: usize,
     pub max_qp_wr: u32,
@@ -48,6 +56,8 @@ impl EngineConfig {
         EngineConfig {
             gids: vec![gid],
             key_seed,
+            key_entropy: [0; 32],
+            random_qpns: false,
             max_cqe: 32767,
             max_qp_wr: 1 << 20,
             max_sge: 32,
@@ -112,6 +122,8 @@ pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 pub(crate) struct Ctx<M> {
     pub mem: M,
     pub keys: KeyGen,
+    /// Live keys by tag (the upper 24 bits): what each names ([`KeyOwner`]).
+    pub key_tags: IntMap<u32, KeyOwner>,
     pub config: EngineConfig,
     pub pds: IntMap<u32, Pd>,
     pub mrs: IntMap<u32, Mr>,
@@ -138,6 +150,8 @@ pub struct Engine<M: MemoryAccess> {
     pub(crate) ctx: Ctx<M>,
     pub(crate) qps: IntMap<Qpn, Qp>,
     next_qpn: u32,
+    /// The first QPN of the range (for [`EngineConfig::random_qpns`]).
+    qpn_first: u32,
     /// QPNs this device may hand out are `next_qpn..qpn_end` (a daemon gives each client
     /// process its own block, see [`Engine::set_qpn_range`]).
     qpn_end: u32,
@@ -150,7 +164,8 @@ impl<M: MemoryAccess> Engine<M> {
         Engine {
             ctx: Ctx {
                 mem,
-                keys: KeyGen::new(config.key_seed),
+                keys: KeyGen::new(config.key_seed, config.key_entropy),
+                key_tags: IntMap::default(),
                 config,
                 pds: IntMap::default(),
                 mrs: IntMap::default(),
@@ -170,6 +185,7 @@ impl<M: MemoryAccess> Engine<M> {
             qps: IntMap::default(),
             // rxe numbers QPs from 16 (roce-rxe-facts.md §6.1); 1 is the GSI QP.
             next_qpn: 17,
+            qpn_first: 17,
             qpn_end: Qpn::MULTICAST.value(),
             mcast: HashMap::new(),
         }
@@ -212,6 +228,7 @@ impl<M: MemoryAccess> Engine<M> {
     /// (one per client process in the daemon) can share one QPN space without collisions.
     pub fn set_qpn_range(&mut self, first: u32, end: u32) {
         self.next_qpn = first.max(2);
+        self.qpn_first = self.next_qpn;
         self.qpn_end = end.min(Qpn::MULTICAST.value());
     }
 
@@ -264,15 +281,15 @@ impl<M: MemoryAccess> Engine<M> {
         if addr.checked_add(length).is_none() {
             return Err(VerbsError::Invalid("MR wraps around the address space"));
         }
-        self.pd_use(pd, 1)?;
-        let space = self.ctx.pds.get(&pd).map_or(0, |p| p.space);
         let index = self.ctx.next_mr_index;
         if index >= 1 << 19 {
             return Err(VerbsError::NoResources("MR table full"));
         }
+        self.pd_use(pd, 1)?;
+        let space = self.ctx.pds.get(&pd).map_or(0, |p| p.space);
         self.ctx.next_mr_index += 1;
         // Newer rxe gives rkey == lkey (roce-rxe-facts.md §6.1).
-        let key = self.ctx.keys.key(index);
+        let key = self.ctx.new_key(KeyOwner::Mr(index));
         self.ctx.mrs.insert(
             index,
             Mr {
@@ -308,6 +325,7 @@ impl<M: MemoryAccess> Engine<M> {
             .mrs
             .remove(&handle)
             .ok_or(VerbsError::NotFound("MR"))?;
+        self.ctx.key_tags.remove(&(mr.lkey >> 8));
         self.pd_use(mr.pd, -1)
     }
 
@@ -320,7 +338,7 @@ impl<M: MemoryAccess> Engine<M> {
         }
         self.pd_use(pd, 1)?;
         self.ctx.next_mw_index += 1;
-        let rkey = self.ctx.keys.key(index);
+        let rkey = self.ctx.new_key(KeyOwner::Mw(index));
         self.ctx.mws.insert(
             index,
             Mw {
@@ -341,6 +359,7 @@ impl<M: MemoryAccess> Engine<M> {
             .mws
             .remove(&handle)
             .ok_or(VerbsError::NotFound("MW"))?;
+        self.ctx.key_tags.remove(&(mw.rkey >> 8));
         self.pd_use(mw.pd, -1)
     }
 
@@ -595,13 +614,13 @@ impl<M: MemoryAccess> Engine<M> {
             }
             Qpn::GSI
         } else {
-            if self.next_qpn >= self.qpn_end {
-                self.pd_use(init.pd, -1)?;
-                return Err(VerbsError::NoResources("QP numbers"));
+            match self.fresh_qpn() {
+                Some(q) => q,
+                None => {
+                    self.pd_use(init.pd, -1)?;
+                    return Err(VerbsError::NoResources("QP numbers"));
+                }
             }
-            let q = Qpn::new(self.next_qpn);
-            self.next_qpn += 1;
-            q
         };
         for cq in [init.send_cq, init.recv_cq] {
             if let Some(c) = self.ctx.cqs.get_mut(&cq) {
@@ -613,6 +632,40 @@ impl<M: MemoryAccess> Engine<M> {
         }
         self.qps.insert(qpn, Qp::new(qpn, init));
         Ok(qpn)
+    }
+
+    /// The QPN for a new QP: the next one in order, or with [`EngineConfig::random_qpns`] one
+    /// drawn at random among the free ones of the range.
+    fn fresh_qpn(&mut self) -> Option<Qpn> {
+        if !self.ctx.config.random_qpns {
+            if self.next_qpn >= self.qpn_end {
+                return None;
+            }
+            self.next_qpn += 1;
+            return Some(Qpn::new(self.next_qpn - 1));
+        }
+        let span = self
+            .qpn_end
+            .checked_sub(self.qpn_first)
+            .filter(|s| *s > 0)?;
+        // Every QP but the GSI lives in the range.
+        let used = self.qps.keys().filter(|q| **q != Qpn::GSI).count();
+        if used >= span as usize {
+            return None;
+        }
+        let mut start = self.qpn_first;
+        for _ in 0..8 {
+            start = self.qpn_first + self.ctx.keys.next_u32() % span;
+            if !self.qps.contains_key(&Qpn::new(start)) {
+                return Some(Qpn::new(start));
+            }
+        }
+        // Crowded: the first free one after a random start.
+        let free = |q: u32| !self.qps.contains_key(&Qpn::new(q));
+        (1..span)
+            .map(|i| self.qpn_first + (start - self.qpn_first + i) % span)
+            .find(|q| free(*q))
+            .map(Qpn::new)
     }
 
     /// `ibv_destroy_qp`: the QP disappears with its queues, without completions.
@@ -824,7 +877,7 @@ impl<M: MemoryAccess> Engine<M> {
         let parsed = match FrameRepr::parse_ip(packet, packet.len()) {
             Ok(p) => p,
             Err(_) => {
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::Malformed);
                 return;
             }
         };
@@ -853,7 +906,7 @@ impl<M: MemoryAccess> Engine<M> {
         {
             Some(Ok(p)) if !matches!(p.icrc, crate::wire::frame::IcrcStatus::Bad { .. }) => p,
             _ => {
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::Malformed);
                 return;
             }
         };
@@ -875,7 +928,7 @@ impl<M: MemoryAccess> Engine<M> {
                 ipv6::HEADER_LEN,
             ),
             NetRepr::Grh(_) => {
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::NotV2);
                 return;
             }
         };
@@ -912,13 +965,13 @@ impl<M: MemoryAccess> Engine<M> {
         let t = &rx.t;
         let Some(info) = t.bth.opcode.info() else {
             verified_or_drop!();
-            self.ctx.counters.dropped_pkts += 1;
+            self.ctx.counters.dropped(Dropped::UnknownOpcode);
             return;
         };
         // rxe: P_Key must match the default 0xFFFF in its low 15 bits.
         if t.bth.pkey & 0x7fff != 0x7fff {
             verified_or_drop!();
-            self.ctx.counters.bad_pkey_cntr = self.ctx.counters.bad_pkey_cntr.saturating_add(1);
+            self.ctx.counters.bad_pkey();
             return;
         }
         let dest = t.bth.dest_qpn;
@@ -928,6 +981,7 @@ impl<M: MemoryAccess> Engine<M> {
             self.ctx.counters.rcvd_bytes += rx.wire_len as u64;
             // Borrowed field by field rather than cloned: no allocation per datagram.
             let Some(members) = self.mcast.get(&rx.dst) else {
+                self.ctx.counters.drops.no_group += 1;
                 return;
             };
             for q in members {
@@ -939,7 +993,7 @@ impl<M: MemoryAccess> Engine<M> {
         }
         let Some(qp) = self.qps.get_mut(&dest) else {
             verified_or_drop!();
-            self.ctx.counters.dropped_pkts += 1;
+            self.ctx.counters.dropped(Dropped::UnknownQp);
             return;
         };
         if info.has(crate::wire::OpInfo::CNP) {
@@ -955,14 +1009,14 @@ impl<M: MemoryAccess> Engine<M> {
         };
         if !transport_ok {
             verified_or_drop!();
-            self.ctx.counters.dropped_pkts += 1;
+            self.ctx.counters.dropped(Dropped::WrongTransport);
             return;
         }
         // rxe checks that RC/UC packets come from and go to the QP's path.
         if !qp.ty.is_ud() {
             let Some(av) = qp.av() else {
                 verified_or_drop!();
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::WrongPath);
                 return;
             };
             let local = self
@@ -973,7 +1027,7 @@ impl<M: MemoryAccess> Engine<M> {
                 .copied();
             if rx.src != av.dgid || Some(rx.dst) != local {
                 verified_or_drop!();
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::WrongPath);
                 return;
             }
         }
