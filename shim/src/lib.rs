@@ -23,6 +23,7 @@ pub mod daemon;
 pub mod discovery;
 pub mod fast;
 pub mod ffi;
+pub mod fsview;
 pub mod rdmacm;
 pub mod rsocket;
 pub mod runtime;

@@ -178,6 +178,17 @@ impl FastPaths {
         }
         sum
     }
+
+    /// The counters every direction's takers published and the device has not absorbed yet
+    /// (the device's totals include them, as if its own engines had counted).
+    pub fn counters_unabsorbed(&self) -> Counters {
+        let mut sum = Counters::default();
+        for d in self.directions.values() {
+            sum.accumulate(&Counters::from_words(&d.control.counters(0)));
+            sum.accumulate(&Counters::from_words(&d.control.counters(1)));
+        }
+        sum
+    }
 }
 
 /// The [`FastQp`] of a QP of `c` (handles tagged as the client knows them).
@@ -414,7 +425,7 @@ impl DeviceThread {
             slot_size: rq_g.slot_size,
             slot_count: rq_g.slot_count,
         };
-        let peer_region_len = pq._region.len() as u64;
+        let peer_region_len = pq.region.len() as u64;
         if let Some(cq) = p.cqs.get(&pc.init.recv_cq) {
             cq.ring.bump_fast_sources();
         }
@@ -538,17 +549,20 @@ impl DeviceThread {
     }
 
     /// Writes an event the taker's engines raised to the context of the QP's owner.
-    fn fast_event(&self, client: u64, ev: &FastEvent) {
-        let Some(c) = self.clients.get(&client) else {
+    fn fast_event(&mut self, client: u64, ev: &FastEvent) {
+        let Some(c) = self.clients.get_mut(&client) else {
             return;
         };
-        let Some(fd) = c.qps.get(&ev.qpn).and_then(|q| c.contexts.get(&q.ctx)) else {
+        let Some(ctx) = c.qps.get(&ev.qpn).map(|q| q.ctx) else {
+            return;
+        };
+        let Some(sink) = c.contexts.get_mut(&ctx) else {
             return;
         };
         let mut rec = [0u8; 16];
         rec[..8].copy_from_slice(&u64::from(ev.qpn).to_ne_bytes());
         rec[8..12].copy_from_slice(&ev.event_type.to_ne_bytes());
-        let _ = nix::unistd::write(fd, &rec);
+        sink.send(&rec, 12);
     }
 
     /// Revokes the directions `ids`; true once every one of them is back (its taker was
@@ -744,7 +758,7 @@ impl DeviceThread {
             Request::DeregMr { mr } => Before::DeregMr(
                 self.clients
                     .get(&client)
-                    .and_then(|c| c.mrs.get(mr).copied()),
+                    .and_then(|c| c.mrs.get(mr).map(|m| m.0)),
             ),
             Request::ModifyQp { qpn, .. } | Request::DestroyQp { qpn } => {
                 Before::Qp(*qpn, self.connected_to(client, *qpn))
@@ -770,7 +784,7 @@ impl DeviceThread {
                     let index = self
                         .clients
                         .get(&client)
-                        .and_then(|c| c.mrs.get(&super::handles::untag_handle(*mr)).copied());
+                        .and_then(|c| c.mrs.get(&super::handles::untag_handle(*mr)).map(|m| m.0));
                     if let Some(index) = index {
                         self.fast_mr_changed(client, index);
                     }

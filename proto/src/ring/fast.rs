@@ -37,7 +37,7 @@ const D_BUSY: usize = 128;
 const D_PUBLISHED: usize = 192;
 const D_COUNTERS: usize = 256;
 /// Counters kept per engine of a direction (the taker's and the peer's mirror).
-pub const COUNTER_WORDS: usize = 32;
+pub const COUNTER_WORDS: usize = 64;
 
 /// Published flag: the taker's engines ended in an error state (the daemon moves both QPs
 /// to ERR when it takes them back).

@@ -7,6 +7,7 @@
 //! Every random choice comes from one seeded generator, so a run is replayed exactly from its
 //! seed, which every failure message prints.
 
+pub mod hostile;
 mod pcap;
 mod rng;
 

@@ -60,11 +60,7 @@ impl<M: MemoryAccess> Engine<M> {
         if self.qps.contains_key(&config.qpn) {
             return Err(VerbsError::Busy("QPN in use"));
         }
-        let saved = (self.next_qpn, self.qpn_end);
-        (self.next_qpn, self.qpn_end) = (config.qpn.value(), config.qpn.value() + 1);
-        let created = self.create_qp(config.init);
-        (self.next_qpn, self.qpn_end) = saved;
-        let qpn = created?;
+        let qpn = self.create_qp_numbered(config.init, Some(config.qpn))?;
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
         qp.attr = config.attr;
         qp.retry_left = config.attr.retry_cnt;

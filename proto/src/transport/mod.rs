@@ -63,6 +63,7 @@
 
 pub mod access;
 pub mod cc;
+pub mod chacha;
 pub mod completer;
 pub mod counters;
 pub mod engine;
