@@ -157,11 +157,6 @@ pub struct Engine<M: MemoryAccess> {
     qpn_end: u32,
     /// Multicast group (destination IP) -> attached UD QPs.
     mcast: HashMap<IpAddr, Vec<Qpn>>,
-    /// The QPs that may have a timer armed: every QP that armed one since it was last found
-    /// with none ([`note_timers`]). `poll_timeout` and `handle_timeout` look at these only, so
-    /// that their cost follows the QPs with traffic in flight, not all the QPs (10,000 idle
-    /// QPs cost nothing).
-    timer_qps: std::cell::RefCell<Vec<Qpn>>,
 }
 
 impl<M: MemoryAccess> Engine<M> {
@@ -193,7 +188,6 @@ impl<M: MemoryAccess> Engine<M> {
             qpn_first: 17,
             qpn_end: Qpn::MULTICAST.value(),
             mcast: HashMap::new(),
-            timer_qps: std::cell::RefCell::new(Vec::new()),
         }
     }
 
@@ -1074,7 +1068,6 @@ impl<M: MemoryAccess> Engine<M> {
         }
         if info.has(crate::wire::OpInfo::RESPONSE) {
             super::completer::on_response(qp, &mut self.ctx, now, rx);
-            note_timers(qp, &self.timer_qps);
         } else if qp.ty.is_ud() {
             super::responder::on_ud_request(qp, &mut self.ctx, rx);
         } else if !super::responder::on_request(qp, &mut self.ctx, now, rx, placing) {
@@ -1087,15 +1080,7 @@ impl<M: MemoryAccess> Engine<M> {
 
     /// Runs the timers that are due at `now`: retransmission, RNR wait, pacing.
     pub fn handle_timeout(&mut self, now: Nanos) {
-        let listed = std::mem::take(&mut *self.timer_qps.borrow_mut());
-        for qpn in listed {
-            let Some(qp) = self.qps.get_mut(&qpn) else {
-                continue;
-            };
-            if !qp.timer_listed.replace(false) {
-                // Listed twice (destroyed and created again meanwhile): handled once.
-                continue;
-            }
+        for qp in self.qps.values_mut() {
             if qp.paced_until.is_some_and(|t| t <= now) {
                 qp.paced_until = None;
                 schedule(qp, &mut self.ctx.ready);
@@ -1108,30 +1093,16 @@ impl<M: MemoryAccess> Engine<M> {
                 qp.retrans_deadline = None;
                 super::completer::on_retransmit_timeout(qp, &mut self.ctx, now);
             }
-            note_timers(qp, &self.timer_qps);
         }
     }
 
-    /// The earliest time `handle_timeout` has work to do. Looks only at the QPs that armed a
-    /// timer since they were last found with none, and forgets those that have none left.
+    /// The earliest time `handle_timeout` has work to do.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        let mut earliest: Option<Nanos> = None;
-        self.timer_qps.borrow_mut().retain(|qpn| {
-            let Some(qp) = self.qps.get(qpn).filter(|q| q.timer_listed.get()) else {
-                return false;
-            };
-            match qp.next_timer() {
-                Some(t) => {
-                    earliest = Some(earliest.map_or(t, |e| e.min(t)));
-                    true
-                }
-                None => {
-                    qp.timer_listed.set(false);
-                    false
-                }
-            }
-        });
-        earliest
+        self.qps
+            .values()
+            .flat_map(|q| [q.retrans_deadline, q.rnr_wait_until, q.paced_until])
+            .flatten()
+            .min()
     }
 
     /// Writes the next packet to send into `buf` (at least [`MAX_FRAME_LEN`] bytes). QPs take
@@ -1151,7 +1122,6 @@ impl<M: MemoryAccess> Engine<M> {
                 Some(t) => Some(t),
                 None => super::requester::poll_request(qp, &mut self.ctx, now, buf),
             };
-            note_timers(qp, &self.timer_qps);
             if let Some(t) = out {
                 // It may have more: back of the line.
                 schedule(qp, &mut self.ctx.ready);
@@ -1228,15 +1198,6 @@ pub(crate) struct RxPacket<'a> {
     /// The IP header as received: UD receive buffers get it in their GRH area.
     pub net_header: &'a [u8],
     pub wire_len: usize,
-}
-
-/// Lists `qp` among the QPs with a timer armed, if it has one and is not listed yet.
-#[inline]
-fn note_timers(qp: &Qp, list: &std::cell::RefCell<Vec<Qpn>>) {
-    if !qp.timer_listed.get() && qp.next_timer().is_some() {
-        qp.timer_listed.set(true);
-        list.borrow_mut().push(qp.qpn);
-    }
 }
 
 pub(crate) fn schedule(qp: &mut Qp, ready: &mut VecDeque<Qpn>) {
@@ -1383,44 +1344,4 @@ fn new_route<M>(ctx: &Ctx<M>, av: &AddressVector, src_port: u16) -> Option<Route
         _ => return None,
     };
     Some(Route { net, src_port })
-}
-
-#[cfg(all(test, feature = "testing"))]
-mod tests {
-    use crate::sim::{LinkModel, QpOptions, Sim};
-    use crate::transport::*;
-
-    /// Timers are looked for among the QPs that armed one, not among all QPs: after traffic
-    /// on one QP of many ends, no QP is listed and nothing is due.
-    #[test]
-    fn only_qps_that_armed_a_timer_are_looked_at() {
-        let mut sim = Sim::pair(1, LinkModel::default());
-        let o = QpOptions::default();
-        for _ in 0..1000 {
-            sim.create_qp(0, &o);
-        }
-        let (qa, _qb) = sim.connect(0, 1, &o);
-        let acc = Access::ALL_REMOTE.union(Access::LOCAL_WRITE);
-        let (src, ks) = sim.alloc_mr(0, 4096, acc);
-        let (dst, kd) = sim.alloc_mr(1, 4096, acc);
-        let sge = Sge {
-            addr: src,
-            length: 4096,
-            lkey: ks.lkey,
-        };
-        let remote = RemoteAddr {
-            va: dst,
-            rkey: kd.rkey,
-        };
-        sim.post_send(0, qa, SendWr::new(1, SendOp::Write(remote), Some(sge)))
-            .unwrap();
-        // In flight: the requester's retransmission timer is armed, on that QP alone.
-        sim.step(u64::MAX);
-        assert_eq!(sim.dev(0).timer_qps.borrow().len(), 1);
-        assert!(sim.dev(0).poll_timeout().is_some());
-        sim.run(1_000_000);
-        sim.check_all_sends_completed();
-        assert_eq!(sim.dev(0).poll_timeout(), None);
-        assert!(sim.dev(0).timer_qps.borrow().is_empty());
-    }
 }

@@ -184,9 +184,6 @@ pub(crate) struct Qp {
 
     /// Listed in the device's round-robin of QPs that may have something to send.
     pub scheduled: bool,
-    /// Listed in the device's list of QPs that may have a timer armed (see
-    /// `Engine::poll_timeout`); a `Cell` so that the list can be pruned through `&self`.
-    pub timer_listed: std::cell::Cell<bool>,
 }
 
 impl Qp {
@@ -224,7 +221,6 @@ impl Qp {
             next_resource: 0,
             resp_out: VecDeque::new(),
             scheduled: false,
-            timer_listed: std::cell::Cell::new(false),
         }
     }
 
@@ -234,14 +230,6 @@ impl Qp {
 
     pub fn av(&self) -> Option<AddressVector> {
         self.attr.ah_attr
-    }
-
-    /// The earliest of the QP's timers (retransmission, RNR wait, pacing), if one is armed.
-    pub fn next_timer(&self) -> Option<Nanos> {
-        [self.retrans_deadline, self.rnr_wait_until, self.paced_until]
-            .into_iter()
-            .flatten()
-            .min()
     }
 
     /// Something is sent and not yet acknowledged (rxe: `req.psn > comp.psn`).
