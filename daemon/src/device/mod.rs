@@ -27,8 +27,8 @@
 mod clients;
 mod completions;
 mod control;
-mod fast;
 mod events;
+mod fast;
 mod handles;
 mod limits;
 mod multicast;

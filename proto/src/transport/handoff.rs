@@ -180,6 +180,17 @@ impl<M: MemoryAccess> Engine<M> {
                 valid: true,
             },
         );
+        // The key's tag names the MR, as for one this engine registered (a replaced MR's old
+        // tag goes).
+        if let Some(old) = &old {
+            if old.lkey >> 8 != keys.lkey.0 >> 8 {
+                self.ctx.key_tags.remove(&(old.lkey >> 8));
+            }
+        }
+        self.ctx.key_tags.insert(
+            keys.lkey.0 >> 8,
+            super::resources::KeyOwner::Mr(keys.handle),
+        );
         match old {
             Some(old) if old.pd != pd => {
                 self.pd_users(old.pd, -1);
@@ -194,6 +205,11 @@ impl<M: MemoryAccess> Engine<M> {
     /// Removes an MR [`Engine::insert_mr`] made.
     pub fn remove_mr(&mut self, index: u32) {
         if let Some(mr) = self.ctx.mrs.remove(&index) {
+            if self.ctx.key_tags.get(&(mr.lkey >> 8))
+                == Some(&super::resources::KeyOwner::Mr(index))
+            {
+                self.ctx.key_tags.remove(&(mr.lkey >> 8));
+            }
             self.pd_users(mr.pd, -1);
         }
     }
