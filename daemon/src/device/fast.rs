@@ -109,6 +109,13 @@ pub(super) struct FastPaths {
     next_id: u64,
     pub tables: HashMap<u64, TableHost>,
     retired: Vec<Retired>,
+    /// Something watches or alters the packets between local QPs (a capture, a fault rule):
+    /// nothing is offered and every direction comes back ([`DeviceThread::fast_observed`]).
+    pub observed: bool,
+    /// Directions granted and taken back, over the device's life (`device_fast_grants`,
+    /// `device_fast_returns` in its counters).
+    pub grants: u64,
+    pub returns: u64,
 }
 
 impl FastPaths {
@@ -119,6 +126,9 @@ impl FastPaths {
             next_id: 1,
             tables: HashMap::new(),
             retired: Vec::new(),
+            observed: false,
+            grants: 0,
+            returns: 0,
         }
     }
 
@@ -250,7 +260,7 @@ impl DeviceThread {
     /// The peer (client, QPN) of `(client, qpn)`'s requester if the device may offer its
     /// direction now.
     fn fast_eligible(&self, client: u64, qpn: u32) -> Option<(u64, u32)> {
-        if !self.fast.enabled || self.local_via_socket {
+        if !self.fast.enabled || self.fast.observed || self.local_via_socket {
             return None;
         }
         let c = self.clients.get(&client)?;
@@ -466,6 +476,7 @@ impl DeviceThread {
         };
         info!(device = %self.info.name, direction = id, taker = client, qpn, peer, peer_qpn = pqpn,
               recvs = recvs.len(), "fast path: direction granted");
+        self.fast.grants += 1;
         self.fast.directions.insert(
             id,
             DirectionHost {
@@ -586,6 +597,7 @@ impl DeviceThread {
             return false;
         }
         let d = self.fast.directions.remove(&id).expect("present");
+        self.fast.returns += 1;
         let p = d.control.published();
         let failed = p.flags & PUBLISHED_ERROR != 0;
         if let Some(c) = self.clients.get_mut(&d.taker) {
@@ -637,6 +649,32 @@ impl DeviceThread {
         // Offered again (the taker asks after a pause) if the conditions still hold.
         self.fast_refresh(d.taker, d.taker_qpn);
         true
+    }
+
+    /// A capture or a fault rule starts (`observed`) or the last one ends on this device. The
+    /// packets between local QPs must then go through the link's layers, where the fast path
+    /// has none: every direction is revoked (they come back as their takers leave them, the
+    /// loop retries) and nothing is offered until nothing observes the device any more.
+    // Called by the operator's capture and fault requests (branch `operator`, not on main yet).
+    #[allow(dead_code)]
+    pub(super) fn fast_observed(&mut self, observed: bool) {
+        self.fast.observed = observed;
+        let all: Vec<u64> = self.fast.directions.keys().copied().collect();
+        if observed && !self.revoke_all(&all, false) {
+            self.fast_waiting.push(super::Waiting {
+                directions: all,
+                revoke: true,
+                then: super::Then::Nothing,
+            });
+        }
+        let qps: Vec<(u64, u32)> = self
+            .clients
+            .iter()
+            .flat_map(|(id, c)| c.qps.keys().map(move |q| (*id, *q)))
+            .collect();
+        for (client, qpn) in qps {
+            self.fast_refresh(client, qpn);
+        }
     }
 
     /// A client is gone: the directions it took come back at once (their taker is gone), the
