@@ -86,7 +86,7 @@ impl UdpLink {
             })
         };
         let port = cfg.port;
-        let mut net = UdpTransport::open(&NetConfig {
+        let net_cfg = NetConfig {
             ipv4,
             ipv6,
             port,
@@ -97,8 +97,27 @@ impl UdpLink {
             gro: cfg.gro,
             rx_buffers: 256,
             ..NetConfig::default()
-        })
-        .map_err(|e| anyhow::anyhow!("device {}: opening UDP port {port}: {e}", cfg.name))?;
+        };
+        // A daemon that just exited (killed) on this address may still hold the port for a
+        // moment: the kernel tears its io_uring down after the process is gone, in a worker
+        // that a loaded machine runs late, and the ring's requests hold the socket until then.
+        // Wait for it, a bounded time, as for a TAP (net/tap.rs).
+        let patience = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        let mut net = loop {
+            match UdpTransport::open(&net_cfg) {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < patience =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                other => {
+                    break other.map_err(|e| {
+                        anyhow::anyhow!("device {}: opening UDP port {port}: {e}", cfg.name)
+                    })?
+                }
+            }
+        };
         if let Some(reason) = net.fallback_reason() {
             warn!(device = %cfg.name, "io_uring unavailable, using system calls: {reason}");
         }
