@@ -47,6 +47,7 @@ mod multicast;
 mod socket;
 mod spin;
 mod syscall;
+pub mod tap;
 mod transport;
 mod uring;
 mod verify;
