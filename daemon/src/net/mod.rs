@@ -42,6 +42,7 @@
 
 mod build;
 mod cmsg;
+pub mod l2;
 mod loopback;
 mod multicast;
 mod socket;
