@@ -26,8 +26,10 @@ use neighbor::{Answer, NeighborCache};
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv6Addr};
 
-/// An address with its prefix length (`--addr 10.0.0.1/24`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// An address with its prefix length (`--addr 10.0.0.1/24`; in a TOML configuration the
+/// same string).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(try_from = "String")]
 pub struct IpCidr {
     pub addr: IpAddr,
     pub prefix_len: u8,
@@ -87,6 +89,20 @@ impl core::str::FromStr for IpCidr {
                 .ok_or_else(|| format!("prefix length {p:?} is not 0..={max}"))?,
         };
         Ok(IpCidr { addr, prefix_len })
+    }
+}
+
+impl TryFrom<String> for IpCidr {
+    type Error = String;
+    fn try_from(s: String) -> Result<IpCidr, String> {
+        s.parse()
+    }
+}
+
+impl From<IpAddr> for IpCidr {
+    /// A host address (/32, /128).
+    fn from(addr: IpAddr) -> IpCidr {
+        IpCidr::new(addr, 128)
     }
 }
 
