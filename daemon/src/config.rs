@@ -449,8 +449,17 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
 
 /// A `--tap` device as presented to clients: GID 0 is its `fe80::` address, then `--addr`;
 /// with `--roce both` each address twice, RoCE v1 then v2, as mlx5 lists them. The port's
-/// MTU is the configured one here; the device thread lowers it to what the TAP's MTU allows.
+/// active MTU is what the TAP interface's MTU carries (rxe's rule; 1500, a new TAP's, gives
+/// 1024), at most the configured one.
 pub fn tap_device_info(d: &DeviceConfig) -> DeviceInfo {
+    let link_mtu = d
+        .tap
+        .as_deref()
+        .and_then(|t| crate::net::tap::interface_mtu(t).ok())
+        .unwrap_or(1500);
+    let active_mtu = ctl::mtu_enum(d.mtu)
+        .unwrap_or(5)
+        .min(ib_mtu_for_link(link_mtu));
     let mac = tap_mac(d);
     let mut gids = Vec::new();
     for a in tap_addrs(d) {
@@ -471,7 +480,7 @@ pub fn tap_device_info(d: &DeviceConfig) -> DeviceInfo {
             RoceVersion::V2
         },
         max_mtu: 5,
-        active_mtu: ctl::mtu_enum(d.mtu).unwrap_or(5),
+        active_mtu,
         port_active: true,
         gids,
         netdevs: Vec::new(),

@@ -8,11 +8,13 @@
 
 #![allow(dead_code)]
 
+pub mod netns;
 pub mod programs;
 pub mod rdmacm;
 pub mod symbols;
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -124,12 +126,36 @@ pub struct Daemon {
     child: Option<Child>,
     pub socket: PathBuf,
     log: PathBuf,
+    /// The network namespace the daemon (and the programs run against it) live in.
+    netns: Option<OwnedFd>,
+}
+
+/// Makes `cmd` run in the network namespace `ns` (setns in the child, before exec).
+fn enter_netns(cmd: &mut Command, ns: Option<&OwnedFd>) {
+    if let Some(ns) = ns {
+        let fd = ns.as_raw_fd();
+        // SAFETY: setns(2) only, between fork and exec; the descriptor outlives the spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
 }
 
 impl Daemon {
     /// Starts `softroce daemon --socket <scratch>/<name>/ctl.sock ARGS` and returns once the
     /// socket accepts connections.
     pub fn start(name: &str, args: &[&str]) -> Daemon {
+        Daemon::start_in(None, name, args)
+    }
+
+    /// [`Daemon::start`] inside network namespace `ns`; [`Daemon::command`] then runs
+    /// programs there too.
+    pub fn start_in(ns: Option<&netns::Netns>, name: &str, args: &[&str]) -> Daemon {
         let dir = scratch_root().join("daemons").join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("daemon scratch dir");
@@ -142,7 +168,10 @@ impl Daemon {
         } else {
             &["--port", "0"]
         };
-        let child = Command::new(softroce_bin())
+        let netns = ns.map(|n| n.fd().try_clone_to_owned().expect("dup the namespace"));
+        let mut cmd = Command::new(softroce_bin());
+        enter_netns(&mut cmd, netns.as_ref());
+        let child = cmd
             .arg("daemon")
             .arg("--socket")
             .arg(&socket)
@@ -157,6 +186,7 @@ impl Daemon {
             child: Some(child),
             socket,
             log,
+            netns,
         };
         d.wait_until_serving();
         d
@@ -263,6 +293,7 @@ impl Daemon {
     /// A command for `program` with the shim preloaded and pointed at this daemon.
     pub fn command(&self, program: &Path) -> Command {
         let mut cmd = Command::new(program);
+        enter_netns(&mut cmd, self.netns.as_ref());
         cmd.env("LD_PRELOAD", &shim_libs().preload)
             .env("SOFTROCE_SOCKET", &self.socket);
         cmd
