@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod captures;
 pub mod netns;
 pub mod programs;
 pub mod rdmacm;
