@@ -206,11 +206,12 @@ impl DeviceConfig {
     /// The GID type rdma_cm uses: `default_roce_mode`, else v2 if offered (the kernel's
     /// CMA_PREFERRED_ROCE_GID_TYPE), else v1.
     pub fn cm_roce_mode(&self) -> RoceVersion {
-        self.default_roce_mode.unwrap_or(if self.roce.offers(RoceVersion::V2) {
-            RoceVersion::V2
-        } else {
-            RoceVersion::V1
-        })
+        self.default_roce_mode
+            .unwrap_or(if self.roce.offers(RoceVersion::V2) {
+                RoceVersion::V2
+            } else {
+                RoceVersion::V1
+            })
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -603,7 +604,11 @@ mod tests {
             table,
             [(ll, V1), (ll, V2), (v4, V1), (v4, V2), (v6, V1), (v6, V2)]
         );
-        assert!(info.gids.iter().enumerate().all(|(i, g)| g.index == i as u32));
+        assert!(info
+            .gids
+            .iter()
+            .enumerate()
+            .all(|(i, g)| g.index == i as u32));
         // The node GUID is the EUI-64 of the device's MAC, as rxe's of its netdev's.
         assert_eq!(info.node_guid, 0x0000_00ff_fe00_0001);
         let prefixes = tap_addrs(d);
@@ -618,7 +623,11 @@ mod tests {
         // A v1-only device cannot default rdma_cm to v2.
         assert_eq!(v1.cm_roce_mode(), V1);
         v1.default_roce_mode = Some(V2);
-        assert!(v1.validate().unwrap_err().to_string().contains("not offered"));
+        assert!(v1
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("not offered"));
     }
 
     #[test]
@@ -633,7 +642,12 @@ mod tests {
         d.netdev = Some("lo".into());
         assert!(d.validate().unwrap_err().to_string().contains("exclude"));
         d.netdev = None;
-        for bad in ["01:00:00:00:00:01", "02:00:00:00:00", "zz:00:00:00:00:01", "0:0:0:0:0:0"] {
+        for bad in [
+            "01:00:00:00:00:01",
+            "02:00:00:00:00",
+            "zz:00:00:00:00:01",
+            "0:0:0:0:0:0",
+        ] {
             d.mac = Some(bad.into());
             assert!(d.validate().is_err(), "{bad}");
         }

@@ -161,7 +161,10 @@ fn config_file_and_bad_flags() {
         // v1 on a UDP-socket device is refused, pointing to --tap.
         (vec!["--roce", "v1", "--addr", "127.0.0.1"], "add --tap TAP"),
         (vec!["--roce", "both", "--netdev", "lo"], "add --tap TAP"),
-        (vec!["--tap", "srt0", "--netdev", "lo"], "exclude each other"),
+        (
+            vec!["--tap", "srt0", "--netdev", "lo"],
+            "exclude each other",
+        ),
         (
             vec!["--tap", "srt0", "--mac", "01:00:5e:00:00:01"],
             "not a unicast address",

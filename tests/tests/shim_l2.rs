@@ -42,7 +42,13 @@ struct Pair {
 
 /// Daemon arguments for a TAP device `name` on `tap`, `n` = 1 or 2 (its addresses
 /// 10.9.0.n/24 and fd09::n/64), RoCE `mode`, then `extra`.
-fn tap_args<'a>(name: &'a str, tap: &'a str, n: u8, mode: &'a str, extra: &[&'a str]) -> Vec<String> {
+fn tap_args<'a>(
+    name: &'a str,
+    tap: &'a str,
+    n: u8,
+    mode: &'a str,
+    extra: &[&'a str],
+) -> Vec<String> {
     let mac = if n == 1 { MAC_A } else { MAC_B };
     let mut v: Vec<String> = [
         "--name", name, "--tap", tap, "--roce", mode, "--mac", mac, "--mtu", "1024",
@@ -71,7 +77,8 @@ impl Pair {
     }
 
     fn capture(&self, name: &str) -> Capture {
-        self.ns.capture("br0", &self.dir.join(format!("{name}.pcap")))
+        self.ns
+            .capture("br0", &self.dir.join(format!("{name}.pcap")))
     }
 }
 
@@ -253,9 +260,15 @@ fn perftest(pair: &Pair, program: &str, port: u16, gid: u8, args: &[&str]) {
         c.len() >= 5
             && c[0].parse::<u64>().is_ok()
             && c[1].parse::<u64>().is_ok()
-            && c[2..].iter().any(|v| v.parse::<f64>().is_ok_and(|x| x > 0.0))
+            && c[2..]
+                .iter()
+                .any(|v| v.parse::<f64>().is_ok_and(|x| x > 0.0))
     });
-    assert!(nonzero, "no results: {}", run.report(&what, &[&pair.a, &pair.b]));
+    assert!(
+        nonzero,
+        "no results: {}",
+        run.report(&what, &[&pair.a, &pair.b])
+    );
 }
 
 /// `rping -C 20 -v` (data checked: rping compares every buffer it reads back) from `cd` to
@@ -320,11 +333,41 @@ fn roce_v1_pair_runs_every_program_and_the_bridge_carries_only_roce_v1() {
     assert!(!devinfo.contains("RoCE v2"), "{devinfo}");
     let cap = pair.capture("v1");
     // GID 0 is the fe80:: EUI-64 address: the peer's MAC follows from it, no resolution.
-    pingpong(&pair, "ibv_rc_pingpong", 18801, 0, &["-s", "4096", "-n", "100", "-c"]);
-    pingpong(&pair, "ibv_rc_pingpong", 18802, 0, &["-s", "1048576", "-n", "5", "-c"]);
-    pingpong(&pair, "ibv_ud_pingpong", 18803, 0, &["-s", "1024", "-n", "100", "-c"]);
-    pingpong(&pair, "ibv_srq_pingpong", 18804, 0, &["-q", "4", "-s", "4096", "-n", "50", "-c"]);
-    perftest(&pair, "ib_write_bw", 18805, 0, &["-s", "65536", "-n", "200"]);
+    pingpong(
+        &pair,
+        "ibv_rc_pingpong",
+        18801,
+        0,
+        &["-s", "4096", "-n", "100", "-c"],
+    );
+    pingpong(
+        &pair,
+        "ibv_rc_pingpong",
+        18802,
+        0,
+        &["-s", "1048576", "-n", "5", "-c"],
+    );
+    pingpong(
+        &pair,
+        "ibv_ud_pingpong",
+        18803,
+        0,
+        &["-s", "1024", "-n", "100", "-c"],
+    );
+    pingpong(
+        &pair,
+        "ibv_srq_pingpong",
+        18804,
+        0,
+        &["-q", "4", "-s", "4096", "-n", "50", "-c"],
+    );
+    perftest(
+        &pair,
+        "ib_write_bw",
+        18805,
+        0,
+        &["-s", "65536", "-n", "200"],
+    );
     perftest(&pair, "ib_read_bw", 18806, 0, &["-s", "65536", "-n", "200"]);
     perftest(&pair, "ib_atomic_bw", 18807, 0, &["-n", "200"]);
     // rdma_cm on IPv4 addresses: ARP, then CM MADs and data on RoCE v1 (--roce v1 makes
@@ -369,9 +412,27 @@ fn roce_v2_on_tap_over_ipv4_and_ipv6() {
     let pair = Pair::new("l2v2", "v2", "v2", &[], &[]);
     let cap = pair.capture("v2");
     // GID 1 is ::ffff:10.9.0.n (ARP), GID 2 is fd09::n (neighbour discovery).
-    pingpong(&pair, "ibv_rc_pingpong", 18811, 1, &["-s", "4096", "-n", "100", "-c"]);
-    pingpong(&pair, "ibv_rc_pingpong", 18812, 2, &["-s", "65536", "-n", "20", "-c"]);
-    pingpong(&pair, "ibv_ud_pingpong", 18813, 2, &["-s", "1024", "-n", "50", "-c"]);
+    pingpong(
+        &pair,
+        "ibv_rc_pingpong",
+        18811,
+        1,
+        &["-s", "4096", "-n", "100", "-c"],
+    );
+    pingpong(
+        &pair,
+        "ibv_rc_pingpong",
+        18812,
+        2,
+        &["-s", "65536", "-n", "20", "-c"],
+    );
+    pingpong(
+        &pair,
+        "ibv_ud_pingpong",
+        18813,
+        2,
+        &["-s", "1024", "-n", "50", "-c"],
+    );
     rping(&pair, &pair.b, &pair.a, "10.9.0.2", 18814);
     rping(&pair, &pair.b, &pair.a, "fd09::2", 18815);
     let file = cap.stop();
@@ -381,11 +442,22 @@ fn roce_v2_on_tap_over_ipv4_and_ipv6() {
     // rxe's packets: per flow, mostly consecutive, not all zero. The ICRCs above were
     // checked over them.
     assert!(ids.len() > 200, "{} IPv4 RoCE frames", ids.len());
-    let consecutive = ids.windows(2).filter(|w| w[1] == w[0].wrapping_add(1)).count();
+    let consecutive = ids
+        .windows(2)
+        .filter(|w| w[1] == w[0].wrapping_add(1))
+        .count();
     assert!(ids.iter().any(|&i| i != 0), "all Identifications are 0");
-    assert!(consecutive > ids.len() / 10, "{consecutive} of {}: {ids:?}", ids.len());
+    assert!(
+        consecutive > ids.len() / 10,
+        "{consecutive} of {}: {ids:?}",
+        ids.len()
+    );
     // Both families were resolved: ARP and neighbour discovery frames are there.
-    assert!(report.ethertypes.contains_key(&0x0806), "{:?}", report.ethertypes);
+    assert!(
+        report.ethertypes.contains_key(&0x0806),
+        "{:?}",
+        report.ethertypes
+    );
     assert!(
         report
             .frames
@@ -415,10 +487,22 @@ fn roce_both_frames_each_connection_by_its_gid_type() {
     std::thread::scope(|s| {
         let p = &pair;
         let v1 = s.spawn(move || {
-            pingpong(p, "ibv_rc_pingpong", 18821, 2, &["-s", "4096", "-n", "300", "-c"])
+            pingpong(
+                p,
+                "ibv_rc_pingpong",
+                18821,
+                2,
+                &["-s", "4096", "-n", "300", "-c"],
+            )
         });
         let v2 = s.spawn(move || {
-            pingpong(p, "ibv_rc_pingpong", 18822, 3, &["-s", "4096", "-n", "300", "-c"])
+            pingpong(
+                p,
+                "ibv_rc_pingpong",
+                18822,
+                3,
+                &["-s", "4096", "-n", "300", "-c"],
+            )
         });
         v1.join().unwrap();
         v2.join().unwrap();
@@ -437,7 +521,10 @@ fn roce_both_frames_each_connection_by_its_gid_type() {
     };
     let (q1, q2) = (qps(true), qps(false));
     assert!(!q1.is_empty() && !q2.is_empty());
-    assert!(q1.is_disjoint(&q2), "QPs in both framings: v1 {q1:?} v2 {q2:?}");
+    assert!(
+        q1.is_disjoint(&q2),
+        "QPs in both framings: v1 {q1:?} v2 {q2:?}"
+    );
 }
 
 #[test]
@@ -571,7 +658,8 @@ fn a_v2_client_against_a_v1_only_server_fails_clearly() {
     let lines = mismatch_lines(&log);
     assert_eq!(lines.len(), 1, "{log}");
     assert!(
-        lines[0].contains("RoCE v2 packet from 10.9.0.1 dropped: srxe2 is RoCE v1 only (see --roce)"),
+        lines[0]
+            .contains("RoCE v2 packet from 10.9.0.1 dropped: srxe2 is RoCE v1 only (see --roce)"),
         "{}",
         lines[0]
     );
@@ -600,7 +688,8 @@ fn a_v1_frame_at_a_v2_only_device_is_refused_and_logged() {
         Duration::from_secs(1),
     );
     assert!(
-        run.client_out.contains("transport retry counter exceeded (12)"),
+        run.client_out
+            .contains("transport retry counter exceeded (12)"),
         "{}",
         run.report("v1 client against a v2-only server", &[&pair.a, &pair.b])
     );
@@ -608,7 +697,9 @@ fn a_v1_frame_at_a_v2_only_device_is_refused_and_logged() {
     let lines = mismatch_lines(&log);
     assert_eq!(lines.len(), 1, "{log}");
     assert!(
-        lines[0].contains("RoCE v1 frame from fe80::ff:fe09:1 dropped: srxe2 is RoCE v2 only (see --roce)"),
+        lines[0].contains(
+            "RoCE v1 frame from fe80::ff:fe09:1 dropped: srxe2 is RoCE v2 only (see --roce)"
+        ),
         "{}",
         lines[0]
     );
@@ -627,7 +718,16 @@ fn a_tap_device_and_an_addr_device_on_the_host_side_talk_v2_both_ways() {
     let host = Daemon::start_in(
         Some(&ns),
         "l2host-udp",
-        &["--name", "srxe2", "--addr", "10.9.0.254", "--port", "4791", "--mtu", "1024"],
+        &[
+            "--name",
+            "srxe2",
+            "--addr",
+            "10.9.0.254",
+            "--port",
+            "4791",
+            "--mtu",
+            "1024",
+        ],
     );
     let pair = Pair {
         a: tap,
@@ -643,7 +743,18 @@ fn a_tap_device_and_an_addr_device_on_the_host_side_talk_v2_both_ways() {
     ] {
         let p = port.to_string();
         let server = ["-p", &p, "-g", sg, "-s", "4096", "-n", "100", "-c"];
-        let client = ["-p", &p, "-g", cg, "-s", "4096", "-n", "100", "-c", "127.0.0.1"];
+        let client = [
+            "-p",
+            &p,
+            "-g",
+            cg,
+            "-s",
+            "4096",
+            "-n",
+            "100",
+            "-c",
+            "127.0.0.1",
+        ];
         let run = run_pair(
             &pair.dir,
             &format!("host-pingpong-{port}"),

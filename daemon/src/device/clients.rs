@@ -6,7 +6,7 @@
 use super::DeviceThread;
 use crate::memory::ProcessMemory;
 use crate::shm::SharedRegion;
-use proto::ctl::ClientResources;
+use proto::ctl::{ClientResources, RoceVersion};
 use proto::ring::SharedRing;
 use proto::transport::{self as tp, MemoryAccess, MemoryError, Mtu, QpCap, RecvWr, SendWr};
 use proto::Qpn;
@@ -136,7 +136,7 @@ impl ClientDev {
     }
 }
 
-fn random_u64() -> u64 {
+pub(super) fn random_u64() -> u64 {
     // RandomState is seeded from the OS's entropy: keys must not be guessable.
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0x5352_5845);
@@ -166,6 +166,16 @@ impl DeviceThread {
             self.last_block = block;
             let mut config = tp::EngineConfig::new(first, random_u64());
             config.gids = self.gids.clone();
+            // The framing of each GID's packets (`--roce both` lists an address twice).
+            config.gid_types = self
+                .info
+                .gids
+                .iter()
+                .map(|g| match g.roce {
+                    RoceVersion::V1 => tp::GidType::RoceV1,
+                    RoceVersion::V2 => tp::GidType::RoceV2,
+                })
+                .collect();
             config.port_mtu =
                 Mtu::from_enum(u32::from(self.info.active_mtu)).unwrap_or(Mtu::Mtu1024);
             // The ICRC is computed once per packet: by the link for the headers it sends,

@@ -35,6 +35,7 @@ impl DeviceThread {
                         src: p.src,
                         dst: p.dst,
                         mad: mad.to_vec(),
+                        gid_type: p.gid_type,
                     };
                     if !deliver_gsi(sink, mad) {
                         debug!(src = %p.src, "CM MAD dropped: the CM thread's queue is full");

@@ -13,8 +13,9 @@
 //! other version is dropped and counted, and logged once per peer and minute with the
 //! peer, what it sent and what the device accepts: a version mismatch is never silent.
 
+use super::link::{Link, RxPacket};
 use super::tap::{TapConfig, TapCounters, TapIo};
-use super::Backend;
+use super::{Backend, NetCounters};
 use proto::iface::{EthernetInterface, Inbound, IpCidr, RoceFraming, Unreachable};
 use proto::transport::{GidType, Transmit};
 use proto::wire::{
@@ -89,25 +90,6 @@ pub struct L2Counters {
     pub tx_no_route: u64,
     /// Packets held while their destination was being resolved.
     pub tx_held: u64,
-}
-
-/// A received, verified RoCE packet: the network packet (GRH, or IP header onwards) the
-/// engine takes, with its addresses as GIDs are named (IPv4 for v4-mapped).
-#[derive(Debug, Clone, Copy)]
-pub struct L2Packet<'a> {
-    pub packet: &'a [u8],
-    pub src: IpAddr,
-    pub dst: IpAddr,
-    pub framing: RoceFraming,
-    /// Where the BTH starts in `packet`.
-    pub transport_offset: usize,
-}
-
-impl L2Packet<'_> {
-    /// BTH .. ICRC.
-    pub fn transport(&self) -> &[u8] {
-        &self.packet[self.transport_offset..]
-    }
 }
 
 /// The IPv4 Identification as Linux gives it to rxe's packets (`ip_select_ident` with no
@@ -188,7 +170,13 @@ pub struct L2Link {
     mismatch: MismatchLog,
     counters: L2Counters,
     start: Instant,
+    /// The device's addresses: packets to others (and not to a multicast group) are not
+    /// ours.
+    addrs: Vec<IpAddr>,
 }
+
+/// rxe's UDP source port of QP1 (`0xC000 + hash_32(1, 14)`, facts §1.3): the CM MADs' on v2.
+const GSI_SRC_PORT: u16 = 0xd872;
 
 impl L2Link {
     /// Opens the TAP interface. The second value says why io_uring is not used, if so.
@@ -203,6 +191,7 @@ impl L2Link {
             mismatch: MismatchLog::default(),
             counters: L2Counters::default(),
             start: Instant::now(),
+            addrs: cfg.addrs.iter().map(|c| c.addr).collect(),
         };
         Ok((link, why))
     }
@@ -341,9 +330,7 @@ impl L2Link {
             }
         };
         let len = ETH_HEADER_LEN + packet.len();
-        let header = self
-            .iface
-            .header(mac.unwrap_or_default(), ethertype);
+        let header = self.iface.header(mac.unwrap_or_default(), ethertype);
         let (idents, instant) = (&mut self.idents, Instant::now());
         let mut build = |buf: &mut [u8]| -> usize {
             let Some(frame) = buf.get_mut(..len) else {
@@ -351,7 +338,13 @@ impl L2Link {
             };
             header.emit(frame);
             frame[ETH_HEADER_LEN..].copy_from_slice(packet);
-            seal(&mut frame[ETH_HEADER_LEN..], ethertype, transport_at, idents, instant);
+            seal(
+                &mut frame[ETH_HEADER_LEN..],
+                ethertype,
+                transport_at,
+                idents,
+                instant,
+            );
             len
         };
         match mac {
@@ -386,20 +379,20 @@ impl L2Link {
     }
 
     /// Receives frames (waiting up to `timeout`), answers ARP and neighbour discovery, and
-    /// hands every verified RoCE packet of an accepted version, to one of `ours`, to
-    /// `deliver`. Returns how many frames arrived.
-    pub fn poll(
+    /// hands every verified RoCE packet of an accepted version, to one of the device's
+    /// addresses or a multicast group, to `deliver`. Returns how many frames arrived.
+    pub fn receive(
         &mut self,
         timeout: Option<Duration>,
-        ours: &dyn Fn(&IpAddr) -> bool,
-        deliver: &mut dyn FnMut(&L2Packet<'_>),
+        deliver: &mut dyn FnMut(&RxPacket<'_>),
     ) -> io::Result<usize> {
         let (tap, iface) = (&mut self.tap, &mut self.iface);
-        let (counters, mismatch, versions, device) = (
+        let (counters, mismatch, versions, device, addrs) = (
             &mut self.counters,
             &mut self.mismatch,
             self.versions,
             self.device.as_str(),
+            &self.addrs,
         );
         let now = self.start.elapsed().as_nanos() as proto::transport::Nanos;
         let wall = Instant::now();
@@ -412,6 +405,10 @@ impl L2Link {
             };
             let Some(p) = verify(packet, framing, counters) else {
                 return;
+            };
+            let framing = match p.gid_type {
+                GidType::RoceV1 => RoceFraming::V1,
+                GidType::RoceV2 => RoceFraming::V2,
             };
             if !versions.accepts(framing) {
                 match framing {
@@ -431,7 +428,7 @@ impl L2Link {
                 }
                 return;
             }
-            if !ours(&p.dst) && !p.dst.is_multicast() {
+            if !addrs.contains(&p.dst) && !p.dst.is_multicast() {
                 counters.rx_not_ours += 1;
                 return;
             }
@@ -487,7 +484,7 @@ fn verify<'a>(
     packet: &'a [u8],
     framing: RoceFraming,
     counters: &mut L2Counters,
-) -> Option<L2Packet<'a>> {
+) -> Option<RxPacket<'a>> {
     let parsed = match framing {
         RoceFraming::V1 => {
             let grh = Ipv6Packet::new_checked(packet).ok()?;
@@ -542,12 +539,15 @@ fn verify<'a>(
         counters.rx_bad_icrc += 1;
         return None;
     }
-    Some(L2Packet {
+    Some(RxPacket {
         packet,
         src,
         dst,
-        framing,
-        transport_offset,
+        bth: transport_offset,
+        gid_type: match framing {
+            RoceFraming::V1 => GidType::RoceV1,
+            RoceFraming::V2 => GidType::RoceV2,
+        },
     })
 }
 
@@ -555,6 +555,77 @@ fn verify<'a>(
 fn udp_len_ok(datagram: &[u8]) -> bool {
     datagram.len() >= udp::HEADER_LEN
         && usize::from(u16::from_be_bytes([datagram[4], datagram[5]])) == datagram.len()
+}
+
+impl Link for L2Link {
+    fn poll(&mut self, wait: Duration, deliver: &mut dyn FnMut(&RxPacket<'_>)) -> usize {
+        match self.receive(Some(wait), deliver) {
+            Ok(n) => n,
+            Err(e) => {
+                debug!(device = %self.device, "TAP poll failed: {e}");
+                0
+            }
+        }
+    }
+
+    fn send(&mut self, frame: &mut [u8], t: &Transmit) {
+        if let Some(packet) = frame.get(..t.len) {
+            self.send_packet(packet, t);
+        }
+    }
+
+    fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        self.send_gsi_as(GidType::RoceV2, src, dst, packet);
+    }
+
+    fn send_gsi_as(&mut self, gid_type: GidType, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        self.send_transport(src, dst, gid_type, GSI_SRC_PORT, packet);
+    }
+
+    fn flush(&mut self) {
+        if let Err(e) = self.tap.flush() {
+            debug!(device = %self.device, "TAP flush failed: {e}");
+        }
+    }
+
+    fn set_addresses(&mut self, addrs: &[IpAddr]) {
+        self.addrs = addrs.to_vec();
+    }
+
+    /// Frames to a group's MAC are taken already (the interface accepts every multicast
+    /// address; the engines keep what is for their attached QPs).
+    fn join_group(&mut self, _group: IpAddr) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn leave_group(&mut self, _group: IpAddr) {}
+
+    /// The neighbour layer's timers (a request to repeat, a peer to give up on) do not wake
+    /// the device: sleep no longer than the next one.
+    fn max_sleep(&self) -> Option<Duration> {
+        self.poll_at()
+            .map(|at| at.saturating_duration_since(Instant::now()))
+    }
+
+    fn counters(&self) -> NetCounters {
+        let (t, c) = (self.tap.counters(), self.counters);
+        NetCounters {
+            rx_packets: c.rx_v1 + c.rx_v2,
+            rx_bytes: t.rx_bytes,
+            rx_bad_icrc: c.rx_bad_icrc,
+            rx_malformed: c.rx_malformed,
+            rx_no_buffers: t.rx_no_buffers,
+            rx_errors: t.rx_errors,
+            tx_packets: t.tx_frames,
+            tx_bytes: t.tx_bytes,
+            tx_errors: t.tx_errors + t.tx_too_long,
+            rx_v2_refused: c.rx_v2_refused,
+            rx_v1_refused: c.rx_v1_refused,
+            tx_no_route: c.tx_no_route,
+            tx_held: c.tx_held,
+            ..NetCounters::default()
+        }
+    }
 }
 
 #[cfg(test)]

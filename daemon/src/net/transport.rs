@@ -162,6 +162,14 @@ pub struct NetCounters {
     /// Of `tx_errors`: refused because the socket's send buffer was full (io_uring driver;
     /// sends never wait, to stay in order). A sign to send less per poll.
     pub tx_would_block: u64,
+    /// L2 device: RoCE v2 packets refused by a RoCE v1-only device, and v1 frames by a
+    /// v2-only one (`--roce`); each logged once per peer and minute.
+    pub rx_v2_refused: u64,
+    pub rx_v1_refused: u64,
+    /// L2 device: packets for a destination outside every prefix of the device (no route),
+    /// and packets held while their destination was being resolved.
+    pub tx_no_route: u64,
+    pub tx_held: u64,
 }
 
 /// Why a send could not be queued.

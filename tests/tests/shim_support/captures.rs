@@ -97,11 +97,7 @@ pub fn check(file: &Path) -> CaptureReport {
         let c: Vec<&str> = line.split(';').collect();
         let get = |i: usize| c.get(i).copied().unwrap_or("").trim();
         // An ARP or ND frame has one Ethertype; the first one is the frame's.
-        let ethertype = get(0)
-            .split(',')
-            .next()
-            .and_then(hex_u32)
-            .unwrap_or(0) as u16;
+        let ethertype = get(0).split(',').next().and_then(hex_u32).unwrap_or(0) as u16;
         frames.push(Frame {
             ethertype,
             dest_qp: get(1).split(',').next().and_then(hex_u32),
@@ -115,10 +111,7 @@ pub fn check(file: &Path) -> CaptureReport {
         *ethertypes.entry(f.ethertype).or_insert(0) += 1;
     }
     let v1 = frames.iter().filter(|f| f.ethertype == 0x8915).count();
-    let v2 = frames
-        .iter()
-        .filter(|f| f.udp_dport == Some(4791))
-        .count();
+    let v2 = frames.iter().filter(|f| f.udp_dport == Some(4791)).count();
     for (i, f) in frames.iter().enumerate() {
         if f.ethertype == 0x8915 || f.udp_dport == Some(4791) {
             assert!(

@@ -129,7 +129,9 @@ impl Netns {
         let log = file.with_extension("tcpdump.log");
         let mut child = self
             .command(&tcpdump)
-            .args(["-i", iface, "-U", "-s", "0", "-w"])
+            // A 64 MiB ring: a bandwidth test's burst must not overflow it (tcpdump reports
+            // drops on exit, and `Capture::stop` fails on any).
+            .args(["-i", iface, "-U", "-B", "65536", "-s", "0", "-w"])
             .arg(file)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -172,16 +174,27 @@ pub struct Capture {
 }
 
 impl Capture {
-    /// Stops tcpdump (SIGINT, so it flushes) and returns the capture file.
+    /// Stops tcpdump (SIGINT, so it flushes) and returns the capture file; fails the test
+    /// if the kernel dropped any frame before tcpdump read it (the capture would not hold
+    /// every frame).
     pub fn stop(mut self) -> PathBuf {
         self.end();
+        let log =
+            std::fs::read_to_string(self.file.with_extension("tcpdump.log")).unwrap_or_default();
+        assert!(
+            log.lines()
+                .any(|l| l.trim() == "0 packets dropped by kernel"),
+            "{}: the capture is incomplete:\n{log}",
+            self.file.display()
+        );
         self.file.clone()
     }
 
     fn end(&mut self) {
         if let Some(mut c) = self.child.take() {
-            // Let the last frames reach the file first.
-            std::thread::sleep(Duration::from_millis(200));
+            // Let the last frames reach the file first: libpcap hands frames over a ring
+            // block at a time, a partly filled block after its timeout (1 s).
+            std::thread::sleep(Duration::from_millis(1500));
             // SAFETY: kill(2) on our own child.
             unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGINT) };
             let deadline = Instant::now() + Duration::from_secs(5);
