@@ -145,15 +145,21 @@ struct CmDevice {
 
 impl CmDevice {
     /// The device's address to use toward `peer`: the peer itself when it is ours (the device
-    /// talks to itself), else the first address of the peer's family.
+    /// talks to itself), else the first address of the peer's family and scope (a link-local
+    /// `fe80::` address only toward a link-local peer, as the kernel's source selection),
+    /// else of its family.
     fn local_for(&self, peer: IpAddr) -> Option<IpAddr> {
         if self.addrs.contains(&peer) {
             return Some(peer);
         }
+        let link_local = |a: &IpAddr| matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local());
+        let family = |a: &&IpAddr| a.is_ipv4() == peer.is_ipv4();
         self.addrs
             .iter()
+            .filter(family)
+            .find(|a| link_local(a) == link_local(&peer))
+            .or_else(|| self.addrs.iter().find(family))
             .copied()
-            .find(|a| a.is_ipv4() == peer.is_ipv4())
     }
 
     #[cfg(test)]

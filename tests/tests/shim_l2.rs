@@ -510,13 +510,14 @@ fn roce_both_frames_each_connection_by_its_gid_type() {
     let file = cap.stop();
     let report = captures::check(&file);
     assert!(report.v1 >= 600 && report.v2 >= 600, "{report:?}");
-    // Each QP's packets, requests and ACKs alike, in one framing only.
-    let qps = |v1: bool| -> std::collections::BTreeSet<u32> {
+    // Each QP's packets, requests and ACKs alike, in one framing only (a QP is its host's
+    // MAC and its number: both daemons hand out the same QPN blocks).
+    let qps = |v1: bool| -> std::collections::BTreeSet<(String, u32)> {
         report
             .frames
             .iter()
             .filter(|f| (f.ethertype == 0x8915) == v1 && f.infiniband)
-            .filter_map(|f| f.dest_qp)
+            .filter_map(|f| f.dest_qp.map(|q| (f.eth_dst.clone(), q)))
             .collect()
     };
     let (q1, q2) = (qps(true), qps(false));

@@ -476,6 +476,21 @@ fn seal(
         }
     };
     trailer.copy_from_slice(&crc.to_le_bytes());
+    if ethertype == EtherType::IPV6 {
+        // IPv6 forbids a zero UDP checksum (RFC 8200 §8.1; rxe sends one anyway, and a
+        // plain UDPv6 socket drops it, tshark calls it an error): computed over the sealed
+        // datagram, which the ICRC does not depend on (it masks the field).
+        let mut src = [0u8; 16];
+        let mut dst = [0u8; 16];
+        src.copy_from_slice(&packet[8..24]);
+        dst.copy_from_slice(&packet[24..40]);
+        let datagram = &mut packet[ipv6::HEADER_LEN..];
+        datagram[6..8].fill(0);
+        let sum =
+            ipv6::pseudo_header_checksum(&src.into(), &dst.into(), ipv6::NEXT_HEADER_UDP, datagram);
+        let sum = if sum == 0 { 0xffff } else { sum };
+        datagram[6..8].copy_from_slice(&sum.to_be_bytes());
+    }
 }
 
 /// Checks a received network packet (trimmed to its own length by the interface) and its

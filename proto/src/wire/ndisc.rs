@@ -4,7 +4,6 @@
 //! addresses and to resolve its peers'; other ICMPv6 messages are refused as unsupported.
 
 use super::ethernet::EthernetAddress;
-use super::ipv4::header_checksum;
 use super::{be, check_len, Error, Result};
 use core::net::Ipv6Addr;
 
@@ -92,18 +91,7 @@ impl<T: AsRef<[u8]>> NdiscPacket<T> {
 /// The ICMPv6 checksum (RFC 4443 §2.3) of `message` sent from `src` to `dst`: 0 when the
 /// message carries a right one.
 pub fn checksum(src: &Ipv6Addr, dst: &Ipv6Addr, message: &[u8]) -> u16 {
-    let mut pseudo = [0u8; 40];
-    pseudo[..16].copy_from_slice(&src.octets());
-    pseudo[16..32].copy_from_slice(&dst.octets());
-    pseudo[32..36].copy_from_slice(&(message.len() as u32).to_be_bytes());
-    pseudo[39] = NEXT_HEADER_ICMPV6;
-    // The one's-complement sum of the two parts is the complement of the sum of their
-    // complements (both parts have an even length).
-    let a = !header_checksum(&pseudo);
-    let b = !header_checksum(message);
-    let mut sum = u32::from(a) + u32::from(b);
-    sum = (sum & 0xffff) + (sum >> 16);
-    !(sum as u16)
+    super::ipv6::pseudo_header_checksum(src, dst, NEXT_HEADER_ICMPV6, message)
 }
 
 /// The flags of a neighbour advertisement.

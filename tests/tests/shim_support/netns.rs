@@ -85,8 +85,10 @@ impl Netns {
     pub fn bridge(&self, br: &str, taps: &[&str], mtu: u32, bridge_addr: &[&str]) {
         let mtu = mtu.to_string();
         self.ip(&["link", "add", br, "type", "bridge"]);
-        // Forward at once (no STP listening delay).
+        // Forward at once (no STP listening delay), and no multicast snooping: the bridge
+        // would send IGMP reports of its own into captures.
         self.ip(&["link", "set", br, "type", "bridge", "forward_delay", "0"]);
+        self.ip(&["link", "set", br, "type", "bridge", "mcast_snooping", "0"]);
         self.sysctl(&format!("net.ipv6.conf.{br}.disable_ipv6"), "1");
         for t in taps {
             self.ip(&["tuntap", "add", "dev", t, "mode", "tap"]);
