@@ -665,6 +665,131 @@ mod tests {
         assert!(jump < 250, "{jump}");
     }
 
+    use proto::wire::{BthRepr, FrameRepr, Ipv4Repr, Ipv6Repr, LinkRepr, NetRepr, Opcode};
+    use proto::wire::{TransportRepr, UdpRepr};
+    use proto::{Psn, Qpn};
+
+    /// An unsealed network packet as the engine writes it (ICRC zero), in `kind`'s framing.
+    fn engine_packet(kind: RoceFraming, v6: bool) -> (Vec<u8>, usize, u16) {
+        let mut t = TransportRepr::new(BthRepr {
+            opcode: Opcode::RC_SEND_ONLY,
+            solicited: false,
+            mig_req: false,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            dest_qpn: Qpn::new(0x11),
+            ack_req: true,
+            psn: Psn::new(7),
+        });
+        t.payload_len = 33;
+        let v6net = |next_header| Ipv6Repr {
+            src: "fd09::1".parse().unwrap(),
+            dst: "fd09::2".parse().unwrap(),
+            traffic_class: 0,
+            flow_label: 0,
+            next_header,
+            hop_limit: 64,
+            payload_len: 0,
+        };
+        let (net, udp, ethertype) = match (kind, v6) {
+            (RoceFraming::V1, _) => (
+                NetRepr::Grh(v6net(GRH_NEXT_HEADER_IBA)),
+                None,
+                EtherType::ROCE_V1,
+            ),
+            (RoceFraming::V2, true) => (NetRepr::Ipv6(v6net(17)), Some(()), EtherType::IPV6),
+            (RoceFraming::V2, false) => (
+                NetRepr::Ipv4(Ipv4Repr {
+                    src: "10.9.0.1".parse().unwrap(),
+                    dst: "10.9.0.2".parse().unwrap(),
+                    tos: 0,
+                    ident: 0,
+                    dont_frag: true,
+                    ttl: 64,
+                    protocol: 17,
+                    payload_len: 0,
+                }),
+                Some(()),
+                EtherType::IPV4,
+            ),
+        };
+        let mut f = FrameRepr {
+            link: LinkRepr::None,
+            net,
+            udp: udp.map(|_| UdpRepr {
+                src_port: 0xc132,
+                dst_port: ROCE_V2_PORT,
+                checksum: 0,
+                payload_len: 0,
+            }),
+            transport: t,
+        };
+        f.fill_lengths();
+        let mut buf = vec![0u8; f.buffer_len()];
+        f.emit(&mut buf, &[0x5a; 33]).unwrap();
+        let at = f.payload_offset() - 12;
+        let n = buf.len();
+        buf[n - 4..].fill(0);
+        (buf, at, ethertype)
+    }
+
+    #[test]
+    fn sealed_packets_verify_in_full_and_corruption_is_caught() {
+        let t0 = Instant::now();
+        for (kind, v6) in [
+            (RoceFraming::V1, true),
+            (RoceFraming::V2, false),
+            (RoceFraming::V2, true),
+        ] {
+            let (mut p, at, ethertype) = engine_packet(kind, v6);
+            let mut ids = Ipv4Idents::new(99);
+            seal(&mut p, ethertype, at, &mut ids, t0);
+            let mut c = L2Counters::default();
+            let rx = verify(&p, kind, &mut c).expect("verifies");
+            assert_eq!(rx.bth, at);
+            let parsed = FrameRepr::parse_network(&p, p.len()).unwrap();
+            parsed.verified().unwrap();
+            match parsed.repr.net {
+                NetRepr::Ipv4(ip) => assert!(ip.ident != 0 || ids.next(0, 0, t0) != 1),
+                NetRepr::Ipv6(_) => {
+                    // A UDP checksum, and a right one.
+                    assert_ne!(parsed.repr.udp.unwrap().checksum, 0);
+                    let (s, d) = (parsed.repr.net.src_addr(), parsed.repr.net.dst_addr());
+                    let (IpAddr::V6(s), IpAddr::V6(d)) = (s, d) else {
+                        panic!()
+                    };
+                    assert_eq!(ipv6::pseudo_header_checksum(&s, &d, 17, &p[40..]), 0);
+                }
+                NetRepr::Grh(_) => {}
+            }
+            // Every bit the ICRC covers is checked, the IPv4 Identification included.
+            let v4 = kind == RoceFraming::V2 && !v6;
+            let covered: Vec<usize> = if v4 {
+                vec![4, 5, 14, at + 9, p.len() - 5]
+            } else {
+                vec![8, 30, at + 9, p.len() - 5]
+            };
+            for byte in covered {
+                let mut bad = p.clone();
+                bad[byte] ^= 0x01;
+                if v4 && byte < 20 {
+                    // A consistent IPv4 header with another Identification or address: only
+                    // the ICRC can tell.
+                    bad[10..12].fill(0);
+                    let sum = ipv4::header_checksum(&bad[..20]);
+                    bad[10..12].copy_from_slice(&sum.to_be_bytes());
+                }
+                let mut c = L2Counters::default();
+                assert!(
+                    verify(&bad, kind, &mut c).is_none(),
+                    "{kind:?} v6 {v6} byte {byte}"
+                );
+                assert_eq!(c.rx_bad_icrc, 1, "{kind:?} v6 {v6} byte {byte}");
+            }
+        }
+    }
+
     #[test]
     fn mismatches_are_logged_once_per_peer_per_minute() {
         let mut log = MismatchLog::default();
