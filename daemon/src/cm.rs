@@ -1318,7 +1318,7 @@ impl CmService {
                 timeout_ms: proto::cm::conn::cm_convert_to_ms(timeout),
                 max_cm_retries: retries,
             };
-            let version = self.id_version(&x);
+            let version = self.id_version(x);
             self.devices[d].peer_types.insert(peer, version);
             return match self.devices[d].endpoint.sidr_resolve(now, p) {
                 Ok(c) => {
@@ -1378,7 +1378,7 @@ impl CmService {
         p.remote_cm_response_timeout = timeout;
         p.local_cm_response_timeout = timeout;
         p.max_cm_retries = retries;
-        let version = self.id_version(&x);
+        let version = self.id_version(x);
         self.devices[d].peer_types.insert(peer, version);
         match self.devices[d].endpoint.connect(now, p.clone()) {
             Ok(c) => {
