@@ -112,8 +112,22 @@ impl TapIo {
     /// Creates or opens the TAP interface and starts its driver. The second value is why
     /// io_uring was not used, if it was wanted and failed.
     pub fn open(cfg: &TapConfig) -> io::Result<(TapIo, Option<String>)> {
-        let iface = tun_tap::Iface::without_packet_info(&cfg.name, tun_tap::Mode::Tap)
-            .map_err(|e| io::Error::new(e.kind(), format!("TAP {}: {e}", cfg.name)))?;
+        // EBUSY: the TAP is still attached to a descriptor of a process that just exited
+        // (io_uring lets go of its files a moment after the process is gone), or another
+        // daemon holds it; the first clears up within a second.
+        let mut tries = 0;
+        let iface = loop {
+            match tun_tap::Iface::without_packet_info(&cfg.name, tun_tap::Mode::Tap) {
+                Ok(i) => break i,
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < 60 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => {
+                    return Err(io::Error::new(e.kind(), format!("TAP {}: {e}", cfg.name)))
+                }
+            }
+        };
         let fd = iface.as_raw_fd();
         set_nonblocking(fd)?;
         if cfg.set_up {
