@@ -37,6 +37,9 @@ const TAG_CANCEL: u64 = 4 << TAG_SHIFT;
 const BGID: u16 = 0x7461;
 /// Room in each frame buffer beyond the MTU: the Ethernet header, an 802.1Q tag, slack.
 const FRAME_OVERHEAD: usize = 64;
+/// The largest RoCE packet after the Ethernet header: IPv6 + UDP + BTH + the largest
+/// extended headers + 4096 bytes of payload + pad + ICRC, rounded up.
+const MAX_ROCE_FRAME: usize = 4352;
 
 /// How to open the TAP device.
 #[derive(Debug, Clone)]
@@ -134,7 +137,9 @@ impl TapIo {
             set_up(iface.name())?;
         }
         let mtu = interface_mtu(iface.name())?;
-        let slot_len = mtu.max(1500) + FRAME_OVERHEAD;
+        // Every RoCE frame fits (4096 bytes of payload and the largest headers) whatever the
+        // interface's MTU is now, and every frame the interface's MTU allows.
+        let slot_len = mtu.max(MAX_ROCE_FRAME) + FRAME_OVERHEAD;
         let mut why = None;
         let driver = match cfg.backend {
             BackendChoice::Syscalls => Driver::Syscalls(SyscallTap::new(slot_len)),
