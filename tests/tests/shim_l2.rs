@@ -84,7 +84,7 @@ impl Pair {
 
 fn start(ns: &Netns, name: &str, args: &[String]) -> Daemon {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Daemon::start_in(Some(ns), name, &args)
+    Daemon::start_in(name, Some(&ns.name), &args)
 }
 
 /// Whether process `pid` (inside the namespace) sees something listening on TCP `port`.
@@ -717,8 +717,8 @@ fn a_tap_device_and_an_addr_device_on_the_host_side_talk_v2_both_ways() {
     let dir = scratch("l2", "l2host");
     let tap = start(&ns, "l2host-tap", &tap_args("srxe1", "tapa", 1, "v2", &[]));
     let host = Daemon::start_in(
-        Some(&ns),
         "l2host-udp",
+        Some(&ns.name),
         &[
             "--name",
             "srxe2",

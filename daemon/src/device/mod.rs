@@ -27,10 +27,13 @@
 mod clients;
 mod completions;
 mod control;
+mod events;
 mod handles;
+mod limits;
 mod multicast;
 mod objects;
 mod receive;
+mod resize;
 mod transmit;
 mod work_requests;
 
@@ -40,6 +43,7 @@ use crate::gsi::{GsiMad, GsiOut};
 use crate::net::l2::{L2Config, L2Link, Versions};
 use crate::net::tap::TapConfig;
 use crate::net::{AdaptiveSpin, Link, LocalFrames, UdpLink, UdpLinkConfig};
+use crate::peer::ClientProcess;
 use clients::ClientDev;
 use crossbeam_channel::{Receiver, Sender};
 use multicast::JoinedGroup;
@@ -49,6 +53,7 @@ use proto::transport as tp;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::info;
 
@@ -66,7 +71,9 @@ const MAX_SLEEP: Duration = Duration::from_secs(10);
 pub enum DevMsg {
     Request {
         client: u64,
-        pid: i32,
+        /// The client's process, pinned when it connected ([`crate::peer`]): its memory is
+        /// only reached through it.
+        process: Arc<ClientProcess>,
         request: Request,
         fds: Vec<OwnedFd>,
         reply: Sender<(Response, Vec<OwnedFd>)>,
@@ -89,9 +96,11 @@ pub enum DevMsg {
 /// The device thread's state.
 pub struct DeviceThread {
     index: u32,
-    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config).
+    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config),
+    /// and the other caps ([`limits`]).
     max_qp: usize,
     max_mr: usize,
+    limits: crate::config::ResourceLimits,
     /// How many devices the daemon serves: device `i` takes the QPN blocks `b` with
     /// `b % devices == i`, so that QPNs are unique across devices (clients name QPs by QPN).
     devices: u32,
@@ -150,6 +159,7 @@ impl DeviceThread {
         Ok(DeviceThread {
             max_qp: cfg.max_qp as usize,
             max_mr: cfg.max_mr as usize,
+            limits: cfg.limits,
             index: index as u32,
             devices: devices.max(1) as u32,
             info,
@@ -238,12 +248,17 @@ impl DeviceThread {
             DevMsg::Shutdown => return false,
             DevMsg::Request {
                 client,
-                pid,
+                process,
                 request,
                 fds,
                 reply,
             } => {
-                let (resp, fds) = self.request(client, pid, handles::untag(request), fds);
+                // A resize counts what the queue holds: the work the client posted before it
+                // asked is taken and completed first, as an adapter would have by then.
+                if matches!(request, Request::ResizeCq { .. }) {
+                    self.pump(Duration::ZERO);
+                }
+                let (resp, fds) = self.request(client, &process, handles::untag(request), fds);
                 let _ = reply.send((handles::tag(resp, self.index), fds));
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
@@ -301,6 +316,12 @@ impl DeviceThread {
             Some(t) if t <= now => Duration::ZERO,
             Some(t) => Duration::from_nanos(t - now).min(MAX_SLEEP),
             None => MAX_SLEEP,
+        };
+        // Event records held back for a client that did not read are retried by polling.
+        let timeout = if self.clients.values().any(ClientDev::events_held_back) {
+            timeout.min(events::RETRY_INTERVAL)
+        } else {
+            timeout
         };
         self.link.max_sleep().map_or(timeout, |m| timeout.min(m))
     }

@@ -70,6 +70,9 @@ pub(super) fn deliver_packet(
     broken: &mut Vec<u64>,
 ) {
     let mut handle = |id: u64, c: &mut ClientDev| {
+        // What the engine places for this packet is the destination QP's (the multicast
+        // QPN names no one QP).
+        c.engine.memory_mut().placing_for(dqpn);
         if contained(|| c.engine.handle_verified_packet(now, packet)).is_none() {
             broken.push(id);
         }

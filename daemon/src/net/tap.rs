@@ -126,9 +126,7 @@ impl TapIo {
                     tries += 1;
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                Err(e) => {
-                    return Err(io::Error::new(e.kind(), format!("TAP {}: {e}", cfg.name)))
-                }
+                Err(e) => return Err(io::Error::new(e.kind(), format!("TAP {}: {e}", cfg.name))),
             }
         };
         let fd = iface.as_raw_fd();

@@ -127,11 +127,12 @@ pub struct Daemon {
     child: Option<Child>,
     pub socket: PathBuf,
     log: PathBuf,
-    /// The network namespace the daemon (and the programs run against it) live in.
+    /// The network namespace the daemon (and the programs of [`Daemon::command`]) run in.
     netns: Option<OwnedFd>,
 }
 
-/// Makes `cmd` run in the network namespace `ns` (setns in the child, before exec).
+/// Makes `cmd` run in the network namespace `ns` (setns in the child, before exec: no
+/// wrapper process between the test and the program, and nothing else preloaded).
 fn enter_netns(cmd: &mut Command, ns: Option<&OwnedFd>) {
     if let Some(ns) = ns {
         let fd = ns.as_raw_fd();
@@ -151,12 +152,12 @@ impl Daemon {
     /// Starts `softroce daemon --socket <scratch>/<name>/ctl.sock ARGS` and returns once the
     /// socket accepts connections.
     pub fn start(name: &str, args: &[&str]) -> Daemon {
-        Daemon::start_in(None, name, args)
+        Daemon::start_in(name, None, args)
     }
 
-    /// [`Daemon::start`] inside network namespace `ns`; [`Daemon::command`] then runs
-    /// programs there too.
-    pub fn start_in(ns: Option<&netns::Netns>, name: &str, args: &[&str]) -> Daemon {
+    /// [`Daemon::start`] inside the named network namespace `netns` (`ip netns add`), whose
+    /// programs run there too.
+    pub fn start_in(name: &str, netns: Option<&str>, args: &[&str]) -> Daemon {
         let dir = scratch_root().join("daemons").join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("daemon scratch dir");
@@ -169,7 +170,12 @@ impl Daemon {
         } else {
             &["--port", "0"]
         };
-        let netns = ns.map(|n| n.fd().try_clone_to_owned().expect("dup the namespace"));
+        let netns = netns.map(|n| {
+            OwnedFd::from(
+                std::fs::File::open(format!("/run/netns/{n}"))
+                    .unwrap_or_else(|e| panic!("network namespace {n}: {e}")),
+            )
+        });
         let mut cmd = Command::new(softroce_bin());
         enter_netns(&mut cmd, netns.as_ref());
         let child = cmd
