@@ -25,7 +25,7 @@ struct Cli {
 enum Command {
     /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
     /// arguments it serves srxe0, RoCE v2 on 127.0.0.1 and ::1.
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
     /// Run a program with the softroce shim preloaded, so that its libibverbs and librdmacm
     /// calls reach the daemon: `softroce run -- ibv_devinfo -v`, `softroce run -- rping -s`.
     Run {
@@ -164,7 +164,7 @@ fn main() -> ExitCode {
         Command::Pcap {
             command: PcapCommand::Check { verbose, files },
         } => return pcap_check(&files, verbose),
-        Command::Daemon(args) => daemon(args),
+        Command::Daemon(args) => daemon(*args),
         Command::Run { socket, command } => run(socket.as_deref(), &command),
         Command::Res {
             command: ResCommand::Show { socket },
