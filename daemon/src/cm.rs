@@ -1075,11 +1075,21 @@ impl CmService {
             None
         } else {
             match self.device_for(addr.ip()) {
+                Some(d) if self.devices[d].addrs.contains(&addr.ip()) => Some(d),
+                // "This host" binds to a device serving loopback addresses. Without one, the
+                // id is bound to no device, as a wildcard bind (and as librdmacm reports it
+                // on a kernel whose RDMA devices sit on network interfaces: `id->verbs` stays
+                // NULL): libfabric's verbs provider binds "localhost" to find its listening
+                // address and, given no device, takes the device's interface addresses
+                // instead. Binding it to the device made every libfabric server listen on
+                // 127.0.0.1, which no other host can reach.
                 Some(d)
-                    if self.devices[d].addrs.contains(&addr.ip()) || is_this_host(addr.ip()) =>
+                    if is_this_host(addr.ip())
+                        && self.devices[d].addrs.iter().any(|a| a.is_loopback()) =>
                 {
                     Some(d)
                 }
+                _ if is_this_host(addr.ip()) => None,
                 _ => {
                     return Err((
                         libc::EADDRNOTAVAIL,

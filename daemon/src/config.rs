@@ -128,6 +128,13 @@ pub struct DeviceConfig {
     pub max_qp: u32,
     #[serde(default = "default_max_mr")]
     pub max_mr: u32,
+    /// Deepest CQ a client may create (`ibv_query_device` reports it as `max_cqe`). The
+    /// default is what the stacks ask for without tuning: libfabric's `ofi_rxm` creates its
+    /// core CQs with 262,144 entries, which rxe's 32,767 refuses (EINVAL at `fi_enable`);
+    /// 1,048,575 leaves room above that (mlx5 reports 4,194,303) and keeps a CQ ring within
+    /// 2^20 slots of 64 bytes, whose pages are only touched as the CQ fills.
+    #[serde(default = "default_max_cqe")]
+    pub max_cqe: u32,
     /// Caps on what the device holds over all its clients and on what one client may hold on
     /// it (docs/robustness.md, "Resource limits"), the TOML table `[device.limits]`.
     /// Reaching one fails the verb with ENOMEM.
@@ -316,6 +323,9 @@ fn default_max_qp() -> u32 {
 fn default_max_mr() -> u32 {
     ctl::DeviceLimits::default().max_mr
 }
+pub fn default_max_cqe() -> u32 {
+    (1 << 20) - 1
+}
 
 impl DeviceConfig {
     pub fn new(name: &str) -> DeviceConfig {
@@ -329,6 +339,7 @@ impl DeviceConfig {
             mtu: default_mtu(),
             max_qp: default_max_qp(),
             max_mr: default_max_mr(),
+            max_cqe: default_max_cqe(),
             limits: ResourceLimits::default(),
             default_roce_mode: None,
             cm_response_timeout: default_cm_response_timeout(),
@@ -369,6 +380,19 @@ impl DeviceConfig {
                 "device {}: MTU {} is not one of 256, 512, 1024, 2048, 4096",
                 self.name,
                 self.mtu
+            );
+        }
+        // A CQ is a ring of a power-of-two number of slots, one kept empty: the deepest CQ
+        // is 2^k - 1 (rxe's 32,767, mlx5's 4,194,303).
+        if self.max_cqe == 0
+            || self.max_cqe > default_max_cqe()
+            || !(self.max_cqe + 1).is_power_of_two()
+        {
+            bail!(
+                "device {}: max_cqe {} must be one less than a power of two, at most {}",
+                self.name,
+                self.max_cqe,
+                default_max_cqe()
             );
         }
         if let Some(tap) = &self.tap {
@@ -511,6 +535,15 @@ pub fn socket_path(flag: Option<&Path>) -> PathBuf {
     PathBuf::from("/run/softroce/ctl.sock")
 }
 
+/// The link MTU of a network interface (`/sys/class/net/NAME/mtu`).
+pub fn netdev_mtu(name: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// The addresses of a network interface, now.
 pub fn netdev_addrs(name: &str) -> Result<Vec<IpAddr>> {
     let mut out = Vec::new();
@@ -613,7 +646,16 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
             roce: RoceVersion::V2,
         })
         .collect();
-    let mtu = ctl::mtu_enum(d.mtu).unwrap_or(5);
+    // As rxe: the active MTU is the largest IB MTU the netdev's link MTU carries with the
+    // RoCE headers (a 1500-byte veth or NIC: 1024), capped by the configured one. A 4096-byte
+    // path MTU over such a link sent packets the link refuses, and every multi-packet message
+    // between two hosts stalled (UCX's 2 KiB eager sends, fi_pingpong).
+    let link = d
+        .netdev
+        .as_deref()
+        .and_then(netdev_mtu)
+        .map_or(5, ctl::active_mtu_for_link);
+    let mtu = ctl::mtu_enum(d.mtu).unwrap_or(5).min(link);
     Ok(DeviceInfo {
         name: d.name.clone(),
         node_guid: u64::from_be_bytes(guid),
@@ -623,6 +665,7 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
         port_active: !addrs.is_empty(),
         gids,
         netdevs: d.netdev.iter().cloned().collect(),
+        max_cqe: d.max_cqe,
         limits: device_limits(d),
     })
 }
@@ -674,6 +717,7 @@ pub fn tap_device_info(d: &DeviceConfig) -> DeviceInfo {
         port_active: true,
         gids,
         netdevs: Vec::new(),
+        max_cqe: d.max_cqe,
         limits: device_limits(d),
     }
 }

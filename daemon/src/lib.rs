@@ -13,3 +13,4 @@ pub mod pcap;
 pub mod peer;
 pub mod server;
 pub mod shm;
+pub mod stack_env;

@@ -21,6 +21,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the daemon's flags being the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
@@ -33,6 +35,9 @@ enum Command {
         /// $XDG_RUNTIME_DIR/softroce/ctl.sock, then /run/softroce/ctl.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Print every variable set for the program (and why) on stderr.
+        #[arg(short, long)]
+        verbose: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -90,6 +95,10 @@ struct DaemonArgs {
     /// Most memory regions the device holds, over all clients.
     #[arg(long)]
     max_mr: Option<u32>,
+    /// Deepest CQ a client may create (default 1,048,575: libfabric's ofi_rxm asks for
+    /// 262,144 entries, more than rxe's 32,767).
+    #[arg(long)]
+    max_cqe: Option<u32>,
     /// The GID type rdma_cm uses (configfs default_roce_mode): v1 or v2; by default v2 where
     /// the device offers it, else v1. A mode the device does not offer is refused at start.
     #[arg(long)]
@@ -165,7 +174,11 @@ fn main() -> ExitCode {
             command: PcapCommand::Check { verbose, files },
         } => return pcap_check(&files, verbose),
         Command::Daemon(args) => daemon(*args),
-        Command::Run { socket, command } => run(socket.as_deref(), &command),
+        Command::Run {
+            socket,
+            verbose,
+            command,
+        } => run(socket.as_deref(), verbose, &command),
         Command::Res {
             command: ResCommand::Show { socket },
         } => res_show(socket.as_deref()),
@@ -202,6 +215,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.mtu.is_some()
         || args.max_qp.is_some()
         || args.max_mr.is_some()
+        || args.max_cqe.is_some()
         || args.default_roce_mode.is_some()
         || args.cm_response_timeout.is_some()
         || args.cm_max_retries.is_some()
@@ -231,6 +245,9 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         if let Some(m) = args.max_mr {
             d.max_mr = m;
+        }
+        if let Some(m) = args.max_cqe {
+            d.max_cqe = m;
         }
         if let Some(m) = args.default_roce_mode {
             d.default_roce_mode = Some(m);
@@ -280,18 +297,49 @@ fn shim_path() -> Result<PathBuf> {
     )
 }
 
-fn run(socket: Option<&Path>, command: &[String]) -> Result<()> {
+fn run(socket: Option<&Path>, verbose: bool, command: &[String]) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let shim = shim_path()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let err = std::process::Command::new(&command[0])
-        .args(&command[1..])
-        .env("LD_PRELOAD", preload)
-        .env("SOFTROCE_SOCKET", config::socket_path(socket))
-        .exec();
+    let socket_path = config::socket_path(socket);
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("LD_PRELOAD", &preload)
+        .env("SOFTROCE_SOCKET", &socket_path);
+    let say = |line: String| {
+        if verbose {
+            eprintln!("softroce run: {line}");
+        }
+    };
+    say(format!("LD_PRELOAD={preload}"));
+    say(format!("SOFTROCE_SOCKET={}", socket_path.display()));
+    // The stacks' variables name the daemon's devices; without a daemon there is nothing to
+    // name (the shim itself then says so on the program's first verb).
+    let devices = ctl::Client::connect(&socket_path, "softroce run").and_then(|mut c| {
+        match c.request(&Request::QueryDevices)? {
+            Response::Devices(d) => Ok(d),
+            other => bail!("unexpected answer to QueryDevices: {other:?}"),
+        }
+    });
+    match devices {
+        Ok(devices) => {
+            let is_set = |name: &str| std::env::var_os(name).is_some();
+            for s in softroce_daemon::stack_env::stack_env(&devices, &is_set) {
+                say(format!("{}={} ({})", s.name, s.value, s.why));
+                cmd.env(s.name, &s.value);
+            }
+            for name in ["UCX_NET_DEVICES", "OMPI_MCA_pml_ucx_devices"] {
+                if let Ok(v) = std::env::var(name) {
+                    say(format!("{name}={v} (kept: set by you)"));
+                }
+            }
+        }
+        Err(e) => say(format!("no stack variables set: {e:#}")),
+    }
+    let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", command[0]))
 }
 

@@ -86,6 +86,8 @@ pub struct DeviceInfo {
     pub gids: Vec<GidEntry>,
     /// The network interfaces the device's addresses live on ("lo", ...).
     pub netdevs: Vec<String>,
+    /// The deepest CQ the device creates (`ibv_device_attr.max_cqe`), configured per device.
+    pub max_cqe: u32,
     /// The device's configured caps, which `ibv_query_device` reports.
     pub limits: DeviceLimits,
 }
@@ -773,6 +775,7 @@ mod tests {
                 roce: RoceVersion::V2,
             }],
             netdevs: vec!["lo".into()],
+            max_cqe: 32767,
             limits: DeviceLimits::default(),
         }]);
         let bytes = encode(&resp).unwrap();

@@ -229,6 +229,9 @@ impl DeviceThread {
             self.last_block = block;
             let mut config = tp::EngineConfig::new(first, random_u64());
             config.gids = self.gids.clone();
+            // The device's configured CQ depth (`DeviceConfig::max_cqe`), which the shim
+            // reports as `max_cqe`.
+            config.max_cqe = self.info.max_cqe as usize;
             // The framing of each GID's packets (`--roce both` lists an address twice).
             config.gid_types = self
                 .info

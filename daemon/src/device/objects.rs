@@ -101,7 +101,8 @@ pub(super) fn create_cq(
         return (errno(libc::EINVAL, "cqe out of range"), vec![]);
     };
     // The engine's depth is the granted one (`slot_count - 1`, reported as `cqe`): asking
-    // for the ring's power-of-two slot count would exceed max_cqe (32767) for cqe = max_cqe.
+    // for the ring's power-of-two slot count would exceed max_cqe (2^k - 1, config.rs) for
+    // cqe = max_cqe.
     let cq = match c.engine.create_cq(g.slot_count as usize - 1) {
         Ok(h) => h,
         Err(e) => return (err(e), vec![]),

@@ -371,6 +371,7 @@ mod tests {
             src_qp: Qpn::new(2),
             wc_flags: tp::WcFlags::WITH_IMM,
             solicited: false,
+            sl: 0,
         };
         assert_eq!(
             cqe_of(&wc).imm_or_inv.to_ne_bytes(),

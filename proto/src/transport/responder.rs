@@ -694,6 +694,7 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
         wc.byte_len = 40 + rx.payload.len() as u32;
         wc.src_qp = deth.src_qpn;
         wc.wc_flags = WcFlags::GRH;
+        wc.sl = ud_packet_type(rx.net_header);
         if let Some(imm) = rx.t.imm {
             wc.imm_data = imm;
             wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
@@ -702,6 +703,21 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
     }
     let solicited = wc.solicited;
     recv_complete(qp, ctx, wc, solicited);
+}
+
+/// The packet type a UD receive reports in `wc.sl`, as mlx5 does (see [`WorkCompletion::sl`]):
+/// RoCE v2 over IPv4 (a 20-byte IP header), over IPv6 (an IPv6 header whose next header is
+/// UDP), else a RoCE v1 GRH (0). UCX 1.13's ud_verbs takes an IPv4 packet's destination GID
+/// from the last 4 bytes of the GRH area only when `sl` says IPv4; with rxe's 0 it reads the
+/// zeros before the IPv4 header, drops every packet and its connection never establishes.
+/// Nothing else reads `sl` on RoCE: it is not on the wire (rxe ignores an AH's SL), so an AH
+/// made from such a completion (`ibv_create_ah_from_wc`) behaves as before.
+fn ud_packet_type(net_header: &[u8]) -> u8 {
+    match net_header.len() {
+        20 => crate::transport::verbs::WC_SL_ROCE_V2_IPV4,
+        40 if net_header[6] == 17 => crate::transport::verbs::WC_SL_ROCE_V2_IPV6,
+        _ => 0,
+    }
 }
 
 /// Builds the next packet the responder owes (or a CNP), if any.
@@ -841,5 +857,23 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 return Some(tx);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ud_packet_type;
+    use crate::transport::{WC_SL_ROCE_V2_IPV4, WC_SL_ROCE_V2_IPV6};
+
+    #[test]
+    fn ud_receives_report_the_roce_packet_type_as_mlx5() {
+        assert_eq!(ud_packet_type(&[0x45; 20]), WC_SL_ROCE_V2_IPV4);
+        let mut ipv6 = [0u8; 40];
+        ipv6[0] = 0x60;
+        ipv6[6] = 17; // next header: UDP
+        assert_eq!(ud_packet_type(&ipv6), WC_SL_ROCE_V2_IPV6);
+        ipv6[6] = 0x1b; // a RoCE v1 GRH: next header BTH
+        assert_eq!(ud_packet_type(&ipv6), 0);
+        assert_eq!(ud_packet_type(&[]), 0);
     }
 }
