@@ -274,7 +274,15 @@ impl DeviceThread {
             return None;
         }
         let av = config.attr.ah_attr?;
-        if !self.gids.contains(&av.dgid) {
+        // The engines a taker runs frame as RoCE v2 (their packets never leave the process,
+        // but their byte counts follow the framing): a QP on a v1 GID stays with the device.
+        let v2 = |index: u8| {
+            self.info
+                .gids
+                .get(usize::from(index))
+                .is_some_and(|g| g.roce == proto::ctl::RoceVersion::V2)
+        };
+        if !self.gids.contains(&av.dgid) || !v2(av.sgid_index) {
             return None;
         }
         let dest = config.attr.dest_qp_num.value();
@@ -286,7 +294,10 @@ impl DeviceThread {
         let pq = p.qps.get(&dest)?;
         let pc = p.engine.qp_config(Qpn::new(dest))?;
         let paired = pc.attr.dest_qp_num.value() == qpn
-            && pc.attr.ah_attr.is_some_and(|a| self.gids.contains(&a.dgid))
+            && pc
+                .attr
+                .ah_attr
+                .is_some_and(|a| self.gids.contains(&a.dgid) && v2(a.sgid_index))
             && pc.init.qp_type == config.init.qp_type
             && matches!(pc.state, QpState::Rtr | QpState::Rts);
         let no_channels = c
