@@ -3,7 +3,8 @@
 //! processes (the daemon grants *directions*, `device_fast_grants` counts them), and what
 //! they see is what the daemon's own path gives them: the same bytes (`ibv_rc_pingpong -c`
 //! checks every buffer), the same message counters, no errors. Processes of two users, or a
-//! shim with `SOFTROCE_FAST_PATH=0`, stay on the daemon's path (no grant) and still work.
+//! shim with `SOFTROCE_FAST_PATH=0`, or a daemon that sends local packets through its link
+//! (`--local-via-socket`), stay on the daemon's path (no grant) and still work.
 //!
 //! Every wait is bounded: a program that does not finish is killed and the test fails with
 //! both programs' output and the daemon's log.
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use proto::ctl::{self, Request, Response};
 use shim_support::programs::{loopback_daemon, scratch, tcp_listening, Logged};
-use shim_support::{require_program, shim_libs, Daemon};
+use shim_support::{compile_c, require_program, shim_libs, Daemon};
 
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 const NOBODY: u32 = 65534;
@@ -252,4 +253,106 @@ fn processes_of_two_users_stay_on_the_daemons_path() {
     assert_eq!(get(&after, "device_fast_grants"), 0, "{after:?}");
     assert_eq!(get(&after, "rdma_sends"), 100);
     assert_eq!(trouble(&after), vec![]);
+}
+
+/// A daemon whose packets between local QPs go through its link (`--local-via-socket`, where
+/// a capture on `lo` sees them) grants no direction: those packets must exist.
+#[test]
+fn local_packets_through_the_link_stay_on_the_daemons_path() {
+    let d = Daemon::start(
+        "fast-via-socket",
+        &[
+            "--addr",
+            "127.0.0.73",
+            "--port",
+            "4791",
+            "--local-via-socket",
+        ],
+    );
+    let before = counters(&d);
+    rc_pingpong(
+        &d,
+        18731,
+        &["-s", "4096", "-n", "50"],
+        As::Me(&[]),
+        As::Me(&[]),
+    );
+    let after = delta(&before, &counters(&d));
+    assert_eq!(get(&after, "device_fast_grants"), 0, "{after:?}");
+    assert_eq!(get(&after, "rdma_sends"), 100);
+    assert_eq!(trouble(&after), vec![]);
+}
+
+/// The statuses of success and failure are the daemon's: a C program whose parent and forked
+/// child each open their own context (two clients of one user) runs WRITE, SEND and READ
+/// (bytes compared on both sides), a WRITE with a wrong R_Key (REM_ACCESS_ERR, then a flush)
+/// and a SEND with no receive posted (RNR_RETRY_EXC_ERR): every completion either side sees,
+/// and every error counter, is the same with the fast path as with `SOFTROCE_FAST_PATH=0`.
+#[test]
+fn completions_and_errors_on_the_fast_path_are_the_daemons() {
+    let exe = compile_c(
+        "fast_pair",
+        include_str!("shim_support/fast_pair.c"),
+        &["ibverbs"],
+    );
+    let d = loopback_daemon("fast-errors", 74);
+    let run = |scenario: &str, env: &[(&str, &str)]| {
+        let before = counters(&d);
+        let mut cmd = d.command(&exe);
+        cmd.arg(scenario);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run fast_pair");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && text.ends_with("done\n"),
+            "fast_pair {scenario} {env:?}: {}\n{text}\n{}\n--- daemon\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            d.log()
+        );
+        (text, delta(&before, &counters(&d)))
+    };
+    for (scenario, expect) in [
+        (
+            "ok",
+            &[
+                "parent wr_id=1 opcode=1 status=0",
+                "child WRITE bytes match",
+                "parent wr_id=2 opcode=0 status=0",
+                "child wr_id=7 opcode=128 status=0 byte_len=100",
+                "child SEND bytes match",
+                "parent wr_id=3 opcode=2 status=0 byte_len=4096",
+                "parent READ bytes match",
+            ][..],
+        ),
+        (
+            "access",
+            &[
+                "parent wr_id=4 opcode=1 status=10",
+                "parent wr_id=5 opcode=1 status=5",
+            ][..],
+        ),
+        ("rnr", &["parent wr_id=6 opcode=0 status=13"][..]),
+    ] {
+        let (fast, fast_counters) = run(scenario, &[]);
+        let (slow, slow_counters) = run(scenario, &[("SOFTROCE_FAST_PATH", "0")]);
+        for line in expect {
+            assert!(fast.contains(line), "{scenario}: no {line:?} in\n{fast}");
+        }
+        assert_eq!(fast, slow, "{scenario}: the fast path's completions differ");
+        assert_eq!(get(&slow_counters, "device_fast_grants"), 0);
+        if scenario != "rnr" {
+            assert!(
+                get(&fast_counters, "device_fast_grants") >= 1,
+                "{scenario}: the fast path was not taken: {fast_counters:?}"
+            );
+        }
+        assert_eq!(
+            trouble(&fast_counters),
+            trouble(&slow_counters),
+            "{scenario}: error counters"
+        );
+    }
 }

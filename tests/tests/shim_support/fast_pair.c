@@ -1,0 +1,189 @@
+/* Two processes of one user on one device, each with its own context (so each its own daemon
+ * client): the parent's QP talks to the child's. argv[1] picks a scenario; every completion
+ * either side sees is printed ("side op status byte_len"), the data checked, so that a run on
+ * the same-host fast path and one on the daemon's path can be compared line by line.
+ *   ok      WRITE 4096 B, SEND 100 B, READ 4096 B: success, bytes compared
+ *   access  a WRITE with a wrong R_Key: REM_ACCESS_ERR, then the next WR flushed
+ *   rnr     a SEND the child has no receive for (rnr_retry 1): RNR_RETRY_EXC_ERR */
+#include <infiniband/verbs.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LEN 8192
+struct side { struct ibv_context *ctx; struct ibv_pd *pd; struct ibv_cq *cq; struct ibv_qp *qp;
+              struct ibv_mr *mr; char *buf; union ibv_gid gid; };
+struct card { uint32_t qpn; uint32_t rkey; uint64_t addr; };
+
+static void die(const char *what) { printf("FAIL %s\n", what); fflush(stdout); exit(1); }
+
+static void open_side(struct side *s)
+{
+    struct ibv_device **l = ibv_get_device_list(NULL);
+    if (!l || !l[0] || !(s->ctx = ibv_open_device(l[0]))) die("open device");
+    if (ibv_query_gid(s->ctx, 1, 0, &s->gid)) die("query gid");
+    s->pd = ibv_alloc_pd(s->ctx);
+    s->cq = s->pd ? ibv_create_cq(s->ctx, 16, NULL, NULL, 0) : NULL;
+    s->buf = aligned_alloc(4096, LEN);
+    memset(s->buf, 0, LEN);
+    s->mr = s->cq ? ibv_reg_mr(s->pd, s->buf, LEN, IBV_ACCESS_LOCAL_WRITE |
+                               IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) : NULL;
+    struct ibv_qp_init_attr ia = { .send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
+                                   .cap = { .max_send_wr = 8, .max_recv_wr = 8,
+                                            .max_send_sge = 1, .max_recv_sge = 1 } };
+    if (!s->mr || !(s->qp = ibv_create_qp(s->pd, &ia))) die("resources");
+}
+
+static void to_rts(struct side *s, uint32_t remote, int rnr_retry)
+{
+    struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+                             .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
+    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        die("INIT");
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = remote;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 1;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = s->gid;
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.port_num = 1;
+    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                      IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+        die("RTR");
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = rnr_retry;
+    a.max_rd_atomic = 1;
+    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                      IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+        die("RTS");
+}
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+/* One completion, printed; dies after 20 s without one. */
+static struct ibv_wc one(struct side *s, const char *who)
+{
+    struct ibv_wc wc;
+    double deadline = now() + 20;
+    int n;
+    while ((n = ibv_poll_cq(s->cq, 1, &wc)) == 0)
+        if (now() > deadline) die("no completion within 20 s");
+    if (n < 0) die("poll_cq");
+    printf("%s wr_id=%llu opcode=%d status=%d byte_len=%u\n", who, (unsigned long long)wc.wr_id,
+           wc.opcode, wc.status, wc.status == IBV_WC_SUCCESS ? wc.byte_len : 0);
+    fflush(stdout);
+    return wc;
+}
+
+static void post(struct side *s, uint64_t id, enum ibv_wr_opcode op, uint32_t off, uint32_t len,
+                 uint64_t raddr, uint32_t rkey)
+{
+    struct ibv_sge g = { (uintptr_t)(s->buf + off), len, s->mr->lkey };
+    struct ibv_send_wr w = { .wr_id = id, .sg_list = &g, .num_sge = 1, .opcode = op,
+                             .send_flags = IBV_SEND_SIGNALED }, *bad;
+    w.wr.rdma.remote_addr = raddr;
+    w.wr.rdma.rkey = rkey;
+    if (ibv_post_send(s->qp, &w, &bad)) die("post_send");
+}
+
+int main(int argc, char **argv)
+{
+    const char *scenario = argc > 1 ? argv[1] : "ok";
+    int rnr = !strcmp(scenario, "rnr");
+    int up[2], down[2];
+    if (pipe(up) || pipe(down)) die("pipes");
+    pid_t pid = fork();
+    if (pid < 0) die("fork");
+    if (pid == 0) {
+        struct side c;
+        open_side(&c);
+        struct card mine = { c.qp->qp_num, c.mr->rkey, (uintptr_t)c.buf }, theirs;
+        if (write(up[1], &mine, sizeof mine) != sizeof mine ||
+            read(down[0], &theirs, sizeof theirs) != sizeof theirs)
+            die("child exchange");
+        to_rts(&c, theirs.qpn, 7);
+        if (!rnr) {
+            struct ibv_sge g = { (uintptr_t)(c.buf + 4096), 4096, c.mr->lkey };
+            struct ibv_recv_wr r = { .wr_id = 7, .sg_list = &g, .num_sge = 1 }, *bad;
+            if (ibv_post_recv(c.qp, &r, &bad)) die("post_recv");
+        }
+        char b = 1;
+        if (write(up[1], &b, 1) != 1) die("child ready");
+        /* 'w': the WRITE's bytes; 'r': the SEND's completion and bytes; 'x': done. */
+        while (read(down[0], &b, 1) == 1 && b != 'x') {
+            int ok = 1;
+            if (b == 'w') {
+                for (int i = 0; i < 4096; i++)
+                    ok &= c.buf[i] == (char)(i * 7 + 1);
+                printf("child WRITE bytes %s\n", ok ? "match" : "DIFFER");
+            } else if (b == 'r') {
+                struct ibv_wc wc = one(&c, "child");
+                for (int i = 0; i < 100 && wc.status == IBV_WC_SUCCESS; i++)
+                    ok &= c.buf[4096 + i] == (char)(i * 3 + 5);
+                printf("child SEND bytes %s\n", ok ? "match" : "DIFFER");
+            }
+            fflush(stdout);
+            if (write(up[1], &b, 1) != 1) die("child answer");
+        }
+        _exit(0);
+    }
+    struct side p;
+    open_side(&p);
+    struct card theirs, mine;
+    if (read(up[0], &theirs, sizeof theirs) != sizeof theirs) die("parent exchange");
+    mine = (struct card){ p.qp->qp_num, p.mr->rkey, (uintptr_t)p.buf };
+    if (write(down[1], &mine, sizeof mine) != sizeof mine) die("parent exchange");
+    to_rts(&p, theirs.qpn, rnr ? 1 : 7);
+    char b;
+    if (read(up[0], &b, 1) != 1) die("child not ready");
+#define ASK(c) do { b = c; if (write(down[1], &b, 1) != 1 || read(up[0], &b, 1) != 1) die("ask"); } while (0)
+    for (int i = 0; i < 4096; i++)
+        p.buf[i] = (char)(i * 7 + 1);
+    for (int i = 0; i < 100; i++)
+        p.buf[4096 + i] = (char)(i * 3 + 5);
+    if (!strcmp(scenario, "ok")) {
+        post(&p, 1, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr, theirs.rkey);
+        one(&p, "parent");
+        ASK('w');
+        post(&p, 2, IBV_WR_SEND, 4096, 100, 0, 0);
+        one(&p, "parent");
+        ASK('r');
+        memset(p.buf, 0, 4096);
+        post(&p, 3, IBV_WR_RDMA_READ, 0, 4096, theirs.addr, theirs.rkey);
+        one(&p, "parent");
+        int ok = 1;
+        for (int i = 0; i < 4096; i++)
+            ok &= p.buf[i] == (char)(i * 7 + 1);
+        printf("parent READ bytes %s\n", ok ? "match" : "DIFFER");
+    } else if (!strcmp(scenario, "access")) {
+        post(&p, 4, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr, theirs.rkey ^ 0x5a);
+        post(&p, 5, IBV_WR_RDMA_WRITE, 0, 64, theirs.addr, theirs.rkey);
+        one(&p, "parent");
+        one(&p, "parent");
+    } else {
+        post(&p, 6, IBV_WR_SEND, 4096, 100, 0, 0);
+        one(&p, "parent");
+    }
+    ASK('x');
+    int status;
+    if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status))
+        die("child");
+    printf("done\n");
+    return 0;
+}
