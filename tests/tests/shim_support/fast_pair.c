@@ -171,6 +171,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < 4096; i++)
             ok &= p.buf[i] == (char)(i * 7 + 1);
         printf("parent READ bytes %s\n", ok ? "match" : "DIFFER");
+        fflush(stdout);
     } else if (!strcmp(scenario, "access")) {
         post(&p, 4, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr, theirs.rkey ^ 0x5a);
         post(&p, 5, IBV_WR_RDMA_WRITE, 0, 64, theirs.addr, theirs.rkey);
@@ -180,7 +181,9 @@ int main(int argc, char **argv)
         post(&p, 6, IBV_WR_SEND, 4096, 100, 0, 0);
         one(&p, "parent");
     }
-    ASK('x');
+    b = 'x';
+    if (write(down[1], &b, 1) != 1)
+        die("tell the child");
     int status;
     if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status))
         die("child");
