@@ -13,7 +13,6 @@
 //
 // Output lines, parsed by bench/matrix.py and tests/tests/shim_scale.rs:
 //   scale=qps count=N seconds=T client_kib_per=K
-//   scale=qp_cost window=W first_us=A last_us=B last_mean_us=C  (per QP, create + INIT..RTS)
 //   scale=mrs count=N seconds=T client_kib_per=K
 //   scale=verify writes=N bytes_checked=B seconds=T
 //   scale=ready
@@ -65,85 +64,48 @@ static struct ibv_qp **qps;
 static struct ibv_mr **mrs, *src_mr;
 static char *pages, *src;
 
-// One QP created and moved to INIT (its peer's QPN is needed for RTR).
-static void create_one(int i) {
-    struct ibv_qp_init_attr init = {
-        .send_cq = cq,
-        .recv_cq = cq,
-        .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1},
-        .qp_type = IBV_QPT_RC,
-    };
-    qps[i] = ibv_create_qp(pd, &init);
-    CHECK(qps[i], "ibv_create_qp %d of %d failed: %m", i, nqp);
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-                            .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
-    CHECK(!ibv_modify_qp(qps[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
-          "INIT %d failed", i);
-}
-
-static void to_rts(int i) {
-    struct ibv_qp_attr a = {
-        .qp_state = IBV_QPS_RTR,
-        .path_mtu = IBV_MTU_1024,
-        .dest_qp_num = qps[i ^ 1]->qp_num,
-        .rq_psn = 0,
-        .max_dest_rd_atomic = 1,
-        .min_rnr_timer = 12,
-        .ah_attr = {.is_global = 1, .port_num = 1,
-                    .grh = {.dgid = gid, .sgid_index = 0, .hop_limit = 64}},
-    };
-    CHECK(!ibv_modify_qp(qps[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                         IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
-          "RTR %d failed", i);
-    struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
-                            .sq_psn = 0, .max_rd_atomic = 1};
-    CHECK(!ibv_modify_qp(qps[i], &r, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                         IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC),
-          "RTS %d failed", i);
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-// The median of n costs starting at c (sorted in a copy).
-static double median_us(const double *c, int n) {
-    double *v = malloc(sizeof(double) * n);
-    memcpy(v, c, sizeof(double) * n);
-    qsort(v, n, sizeof(double), cmp_double);
-    double m = v[n / 2] * 1e6;
-    free(v);
-    return m;
-}
-
-// The QPs go up in pairs (2k, 2k+1: created, moved to INIT, then both to RTR and RTS), and the
-// cost of each pair, halved, is the cost of creating one QP and moving it to RTS when the
-// device already holds all the QPs before it: `scale=qp_cost` gives it for the first 100 and
-// the last 100 (medians, and the mean of the last), which must be the same for the cost to be
-// flat in the number of QPs.
 static void create_qps(void) {
     qps = calloc(nqp, sizeof *qps);
-    double *cost = calloc(nqp, sizeof *cost);
     long rss0 = rss_kib();
     double t0 = now();
-    for (int i = 0; i < nqp; i += 2) {
-        double p0 = now();
-        create_one(i);
-        create_one(i + 1);
-        to_rts(i);
-        to_rts(i + 1);
-        cost[i] = cost[i + 1] = (now() - p0) / 2;
+    for (int i = 0; i < nqp; i++) {
+        struct ibv_qp_init_attr init = {
+            .send_cq = cq,
+            .recv_cq = cq,
+            .cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1},
+            .qp_type = IBV_QPT_RC,
+        };
+        qps[i] = ibv_create_qp(pd, &init);
+        CHECK(qps[i], "ibv_create_qp %d of %d failed: %m", i, nqp);
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+                                .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
+        CHECK(!ibv_modify_qp(qps[i], &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+              "INIT %d failed", i);
+    }
+    for (int i = 0; i < nqp; i++) {
+        struct ibv_qp_attr a = {
+            .qp_state = IBV_QPS_RTR,
+            .path_mtu = IBV_MTU_1024,
+            .dest_qp_num = qps[i ^ 1]->qp_num,
+            .rq_psn = 0,
+            .max_dest_rd_atomic = 1,
+            .min_rnr_timer = 12,
+            .ah_attr = {.is_global = 1, .port_num = 1,
+                        .grh = {.dgid = gid, .sgid_index = 0, .hop_limit = 64}},
+        };
+        CHECK(!ibv_modify_qp(qps[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                             IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+              "RTR %d failed", i);
+        struct ibv_qp_attr r = {.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7,
+                                .sq_psn = 0, .max_rd_atomic = 1};
+        CHECK(!ibv_modify_qp(qps[i], &r, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                             IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC),
+              "RTS %d failed", i);
     }
     double t1 = now();
     printf("scale=qps count=%d seconds=%.3f client_kib_per=%.2f\n", nqp, t1 - t0,
            (double)(rss_kib() - rss0) / nqp);
-    int w = nqp < 200 ? nqp / 2 : 100;
-    double last_mean = 0;
-    for (int i = nqp - w; i < nqp; i++) last_mean += cost[i];
-    printf("scale=qp_cost window=%d first_us=%.1f last_us=%.1f last_mean_us=%.1f\n", w,
-           median_us(cost, w), median_us(cost + nqp - w, w), last_mean / w * 1e6);
-    free(cost);
+
 }
 
 static void register_mrs(void) {
