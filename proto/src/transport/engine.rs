@@ -64,6 +64,11 @@ pub struct EngineConfig {
     /// seals each packet itself for the headers its socket writes, or delivers it to an
     /// engine of its own with `handle_verified_packet`, turns it off to compute it once.
     pub seal_icrc: bool,
+    /// Let a SEND or WRITE that another follows at once leave its AckReq bit clear, so that
+    /// a burst costs one ACK (IBTA §9.7.5.1.2, coalesced acknowledgement). Off by default:
+    /// rxe asks for an ACK on the last packet of every message, and on the wire softroce does
+    /// as rxe. The shim's same-host fast path turns it on: its packets never leave the process.
+    pub coalesce_acks: bool,
 }
 
 impl EngineConfig {
@@ -80,6 +85,7 @@ impl EngineConfig {
             max_inline_data: 512,
             port_mtu: Mtu::Mtu4096,
             seal_icrc: true,
+            coalesce_acks: false,
         }
     }
 

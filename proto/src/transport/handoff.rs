@@ -235,6 +235,12 @@ impl<M: MemoryAccess> Engine<M> {
         self.ctx.mrs.keys().copied().collect()
     }
 
+    /// Turns [`super::EngineConfig::coalesce_acks`] on or off (the shim's direction engines
+    /// set it in their config; tests here).
+    pub fn set_coalesce_acks(&mut self, on: bool) {
+        self.ctx.config.coalesce_acks = on;
+    }
+
     /// Adds counters another engine kept for this engine's client (the engines of a fast
     /// path direction, when it comes back).
     pub fn absorb_counters(&mut self, c: &super::Counters) {

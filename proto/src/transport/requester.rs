@@ -201,8 +201,8 @@ fn opcode_for(ty: QpType, op: &SendOp, first: bool, last: bool) -> Option<Opcode
 }
 
 /// Whether the WQE after `idx` is one the requester sends right after this one's last packet
-/// without waiting for anything: a SEND or RDMA WRITE, not fenced. Then the last packet of
-/// WQE `idx` need not ask for an ACK: the next message's ACK acknowledges both (IBTA
+/// without waiting for anything: a SEND or RDMA WRITE, not fenced. Then (with
+/// [`super::EngineConfig::coalesce_acks`]) the last packet of WQE `idx` need not ask for an ACK: the next message's ACK acknowledges both (IBTA
 /// §9.7.5.1.2, coalesced acknowledgement), as rxe's every-64-packets AckReq already does
 /// inside one long message, and a stream of small messages costs one ACK per 64 packets
 /// instead of one per message. A message that ends what is queued (a latency test's every
@@ -428,7 +428,7 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     let mut ack_req = false;
     if ty == QpType::Rc {
         qp.noack_pkts += 1;
-        let ends_burst = last && !next_goes_at_once(qp, idx);
+        let ends_burst = last && !(ctx.config.coalesce_acks && next_goes_at_once(qp, idx));
         if ends_burst || qp.noack_pkts > MAX_PKT_PER_ACK || is_read_atomic {
             ack_req = true;
         }

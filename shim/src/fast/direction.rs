@@ -93,6 +93,8 @@ fn engine<M: MemoryAccess>(g: &FastGrant, mem: M) -> Result<Engine<M>, Errno> {
     // Packets between the two engines never leave the process: never sealed, taken as
     // verified (as between two engines of the daemon).
     config.seal_icrc = false;
+    // Nor is anything on a wire: a burst asks for one ACK.
+    config.coalesce_acks = true;
     Ok(Engine::new(config, mem))
 }
 
