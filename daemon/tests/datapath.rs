@@ -363,7 +363,7 @@ fn pd_and_cq(c: &mut Client) -> (u32, u32, std::os::fd::OwnedFd) {
             &[a1.as_raw_fd()],
         )
         .unwrap();
-    let Response::Context { ctx } = ok(r) else {
+    let Response::Context { ctx, .. } = ok(r) else {
         panic!()
     };
     let Response::Pd { pd } = ok(c.request(&Request::AllocPd { ctx }).unwrap()) else {

@@ -524,8 +524,11 @@ pub enum Response {
     },
     /// The request succeeded and has nothing to return.
     Done,
+    /// + 2 fds: the device thread's wake-up eventfd, then the client's doorbell table
+    /// ([`crate::ring::doorbell`], `doorbells_len` bytes to map).
     Context {
         ctx: u32,
+        doorbells_len: u64,
     },
     Pd {
         pd: u32,
@@ -552,6 +555,9 @@ pub enum Response {
         sq: RingPlace,
         rq: Option<RingPlace>,
         region_len: u64,
+        /// The QP's doorbell in the context's doorbell table ([`crate::ring::doorbell`]),
+        /// rung after posting to either of its queues.
+        doorbell: u32,
     },
     QpAttr {
         attr: QpAttr,
@@ -565,6 +571,8 @@ pub enum Response {
         max_sge: u32,
         ring: RingPlace,
         region_len: u64,
+        /// The SRQ's doorbell, as a QP's.
+        doorbell: u32,
     },
     SrqAttr {
         max_wr: u32,

@@ -16,7 +16,9 @@ use crate::abi::*;
 use crate::daemon::ControlConnection;
 use crate::discovery::{source_from_env, DeviceDescription, DeviceSource};
 use crate::ffi::Errno;
+use crate::shm::Mapping;
 use proto::ctl::{Request, Response};
+use proto::ring::doorbell::Doorbells;
 
 /// `struct ibv_device` plus the description it was built from. `dev` is first, so the
 /// `ibv_device *` handed out is the address of the whole `ShimDevice`.
@@ -218,6 +220,10 @@ pub struct ShimContext {
     /// The device thread's doorbell eventfd: written (8 bytes) after posting to a ring whose
     /// consumer said it sleeps.
     pub doorbell: OwnedFd,
+    /// The client's doorbell table on this device ([`proto::ring::doorbell`]): a QP's or
+    /// SRQ's doorbell is rung after every post, so the daemon reads only rings with work.
+    /// The handle is declared before its mapping, which outlives it.
+    pub bells: Option<(Doorbells, Mapping)>,
     /// CQs, QPs and SRQs of this context by daemon handle / QPN.
     pub objects: Mutex<ObjectTable>,
 }
@@ -365,6 +371,15 @@ impl ShimContext {
             Err(Errno(libc::ENODEV))
         } else {
             Ok(())
+        }
+    }
+
+    /// Rings doorbell `index` after posting to its rings, and wakes the device thread if it
+    /// said it sleeps (in the doorbell table, or in the ring: `ring_sleeping`).
+    pub fn rang(&self, index: u32, ring_sleeping: bool) {
+        let asleep = self.bells.as_ref().is_some_and(|(b, _)| b.ring(index));
+        if asleep || ring_sleeping {
+            self.ring_doorbell();
         }
     }
 

@@ -3,6 +3,7 @@
 //! A client's engine is created on its first request and dropped, with everything in it, when
 //! the client goes (or when its engine panicked: see [`contained`]).
 
+use super::doorbells::{Bell, DoorbellTable};
 use super::events::EventSink;
 use super::DeviceThread;
 use crate::memory::ProcessMemory;
@@ -98,6 +99,8 @@ pub(super) struct QpHost {
     /// A ring held a WQE that could not be decoded: the QP is in ERR and its rings are not
     /// read again.
     pub corrupt: bool,
+    /// Its doorbell in the client's table (both queues share it).
+    pub doorbell: u32,
 }
 
 pub(super) struct SrqState {
@@ -110,6 +113,7 @@ pub(super) struct SrqState {
     pub ctx: u32,
     /// Its ring held a WQE that could not be decoded: the SRQ is in error.
     pub corrupt: bool,
+    pub doorbell: u32,
 }
 
 /// A client's presence on this device.
@@ -137,9 +141,33 @@ pub(super) struct ClientDev {
     pub ahs: HashMap<u32, u32>,
     pub mws: HashSet<u32>,
     pub next_handle: u32,
+    /// Which of the rings were posted to ([`super::doorbells`]), made at the first
+    /// `OpenContext`: the device reads those rings and no others.
+    pub bells: Option<DoorbellTable>,
+    /// Rings to read on the next pass without a doorbell: work that waited for room in the
+    /// engine went in, and the ring may hold more behind it.
+    pub revisit: Vec<Bell>,
+    /// QPs and SRQs with work waiting for room in the engine (`pending_*`).
+    pub waiting: HashSet<Bell>,
+    /// Scratch: the CQs with completions this pass (`Engine::take_touched_cqs`).
+    pub touched_cqs: Vec<u32>,
 }
 
 impl ClientDev {
+    /// A doorbell for `bell` (the table is made with the first context, before any QP).
+    pub fn add_bell(&mut self, bell: Bell) -> Option<u32> {
+        self.bells.as_mut()?.add(bell)
+    }
+
+    /// Forgets the doorbell of a QP or SRQ that is gone.
+    pub fn remove_bell(&mut self, index: u32, bell: Bell) {
+        if let Some(t) = self.bells.as_mut() {
+            t.remove(index);
+        }
+        self.waiting.remove(&bell);
+        self.revisit.retain(|b| *b != bell);
+    }
+
     pub fn handle(&mut self) -> u32 {
         self.next_handle += 1;
         self.next_handle
@@ -257,6 +285,10 @@ impl DeviceThread {
                     ahs: HashMap::new(),
                     mws: HashSet::new(),
                     next_handle: 0,
+                    bells: None,
+                    revisit: Vec::new(),
+                    waiting: HashSet::new(),
+                    touched_cqs: Vec::new(),
                 },
             );
         }

@@ -4,6 +4,7 @@
 
 use super::clients::{ClientDev, CqState, QpHost, SrqState};
 use super::control::{err, errno};
+use super::doorbells::Bell;
 use crate::shm::SharedRegion;
 use proto::ctl::{self, Response, RingPlace};
 use proto::ring::wqe;
@@ -195,6 +196,10 @@ pub(super) fn create_qp(
         Ok(q) => q,
         Err(e) => return (err(e), vec![]),
     };
+    let Some(doorbell) = c.add_bell(Bell::Qp(qpn.value())) else {
+        let _ = c.engine.destroy_qp(qpn);
+        return (errno(libc::ENOMEM, "no doorbell left"), vec![]);
+    };
     let geometries: Vec<RingGeometry> = if srq.is_some() {
         vec![sg]
     } else {
@@ -224,6 +229,7 @@ pub(super) fn create_qp(
                     pending_recv: VecDeque::new(),
                     ctx,
                     corrupt: false,
+                    doorbell,
                 },
             );
             (
@@ -233,11 +239,13 @@ pub(super) fn create_qp(
                     sq: sq_place,
                     rq: rq_place,
                     region_len,
+                    doorbell,
                 },
                 fds,
             )
         }
         Err(e) => {
+            c.remove_bell(doorbell, Bell::Qp(qpn.value()));
             let _ = c.engine.destroy_qp(qpn);
             (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
         }
@@ -270,6 +278,10 @@ pub(super) fn create_srq(
         Ok(s) => s,
         Err(e) => return (err(e), vec![]),
     };
+    let Some(doorbell) = c.add_bell(Bell::Srq(srq)) else {
+        let _ = c.engine.destroy_srq(srq);
+        return (errno(libc::ENOMEM, "no doorbell left"), vec![]);
+    };
     if limit > 0 {
         let _ = c.engine.arm_srq_limit(srq, limit);
     }
@@ -290,6 +302,7 @@ pub(super) fn create_srq(
                     max_wr: g.slot_count,
                     ctx,
                     corrupt: false,
+                    doorbell,
                 },
             );
             (
@@ -299,11 +312,13 @@ pub(super) fn create_srq(
                     max_sge,
                     ring: place,
                     region_len,
+                    doorbell,
                 },
                 fds,
             )
         }
         Err(e) => {
+            c.remove_bell(doorbell, Bell::Srq(srq));
             let _ = c.engine.destroy_srq(srq);
             (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
         }

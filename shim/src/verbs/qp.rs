@@ -108,6 +108,8 @@ pub struct ShimQp {
     pub send_ops: u64,
     /// The `ibv_wr_*` batch being built.
     pub batch: Mutex<WrBatch>,
+    /// Its doorbell in the context's table (both queues share it).
+    doorbell: u32,
     /// After the rings, so they are dropped before the memory is unmapped.
     _map: Mapping,
 }
@@ -168,9 +170,7 @@ impl ShimQp {
             }
             ring_bell
         };
-        if ring_bell {
-            ctx.ring_doorbell();
-        }
+        ctx.rang(self.doorbell, ring_bell);
         Ok(())
     }
 
@@ -342,9 +342,7 @@ pub unsafe extern "C" fn post_send(
             // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
             unsafe { helpers::post_each(wr, |w| shim.post_send_one(&mut sq, w)) }
         };
-        if ring_bell {
-            ctx.ring_doorbell();
-        }
+        ctx.rang(shim.doorbell, ring_bell);
         result.map_err(|(e, at)| {
             failed = at;
             e
@@ -396,9 +394,7 @@ pub unsafe extern "C" fn post_recv(
                 })
             }
         };
-        if ring_bell {
-            ctx.ring_doorbell();
-        }
+        ctx.rang(shim.doorbell, ring_bell);
         result.map_err(|(e, at)| {
             failed = at;
             e
@@ -469,6 +465,7 @@ fn create(
         sq,
         rq,
         region_len,
+        doorbell,
     } = resp
     else {
         return Err(Errno::PROTO);
@@ -550,6 +547,7 @@ fn create(
         rq_outstanding: AtomicU32::new(0),
         send_ops,
         batch: Mutex::new(WrBatch::default()),
+        doorbell,
         _map: map,
     });
     let mut shim = shim;
@@ -1004,6 +1002,7 @@ mod tests {
             rq_outstanding: AtomicU32::new(0),
             send_ops: 0,
             batch: Mutex::new(WrBatch::default()),
+            doorbell: 0,
             _map: map,
         };
         (shim, consumer)
