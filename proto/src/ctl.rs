@@ -558,6 +558,11 @@ pub enum Response {
         /// The QP's doorbell in the context's doorbell table ([`crate::ring::doorbell`]),
         /// rung after posting to either of its queues.
         doorbell: u32,
+        /// Which memory the fd is: 0 for a region of the QP's own, else one of the client's
+        /// ring chunks on this device (the same number, the same memory: a client maps each
+        /// once and keeps it while any QP lives in it). `region_len` is what to map, `sq`/`rq`
+        /// offsets are inside it.
+        region: u32,
     },
     QpAttr {
         attr: QpAttr,

@@ -3,6 +3,7 @@
 //! A client's engine is created on its first request and dropped, with everything in it, when
 //! the client goes (or when its engine panicked: see [`contained`]).
 
+use super::arena::{RingArena, RingMemory};
 use super::doorbells::{Bell, DoorbellTable};
 use super::events::EventSink;
 use super::DeviceThread;
@@ -85,7 +86,8 @@ pub(super) struct CqState {
 }
 
 pub(super) struct QpHost {
-    pub region: SharedRegion,
+    /// Where its rings are: a region of one of the client's ring chunks ([`super::arena`]).
+    pub memory: RingMemory,
     pub sq: SharedRing,
     pub rq: Option<SharedRing>,
     pub cap: QpCap,
@@ -151,6 +153,9 @@ pub(super) struct ClientDev {
     pub waiting: HashSet<Bell>,
     /// Scratch: the CQs with completions this pass (`Engine::take_touched_cqs`).
     pub touched_cqs: Vec<u32>,
+    /// The memory of the QPs' rings: a few shared chunks instead of a memfd (and a mapping
+    /// on each side) per QP.
+    pub arena: RingArena,
 }
 
 impl ClientDev {
@@ -299,6 +304,7 @@ impl DeviceThread {
                     revisit: Vec::new(),
                     waiting: HashSet::new(),
                     touched_cqs: Vec::new(),
+                    arena: RingArena::default(),
                 },
             );
         }

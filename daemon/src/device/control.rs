@@ -2,6 +2,8 @@
 //! the data path (contexts, PDs, MRs, completion channels, CQs, QPs, SRQs, AHs, MWs, multicast
 //! attachments). Object creation, with its rings, is in [`super::objects`].
 
+use super::arena::RingArena;
+use super::clients::QpHost;
 use super::doorbells::{Bell, DoorbellTable};
 use super::events::EventSink;
 use super::objects;
@@ -254,8 +256,11 @@ impl DeviceThread {
                 match c.engine.destroy_qp(Qpn::new(qpn)) {
                     Ok(()) => {
                         if let Some(q) = c.qps.remove(&qpn) {
-                            c.ring_bytes -= q.region.len() as u64;
+                            c.ring_bytes -= RingArena::charged(&q.memory);
                             c.remove_bell(q.doorbell, Bell::Qp(qpn));
+                            // The rings' handles go first; their region is used again.
+                            let QpHost { memory, .. } = q;
+                            c.arena.free(memory);
                         }
                         // A destroyed QP leaves its groups (rxe detaches it in rxe_qp_destroy).
                         self.group_detach(|m| m == (client, qpn), None);

@@ -29,6 +29,7 @@
 //! Handles given to clients carry the device index ([`handles`]); the device joins the IP
 //! multicast groups its QPs attach to ([`multicast`]).
 
+mod arena;
 mod clients;
 mod completions;
 mod control;

@@ -186,6 +186,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
             handle,
             doorbell,
             bells,
+            ring_chunks: Mutex::new(Default::default()),
             objects: Mutex::new(ObjectTable::default()),
         });
         let raw = Box::into_raw(shim);

@@ -4,7 +4,7 @@
 
 use std::ptr::{self, addr_of_mut};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use libc::{c_int, c_void};
 use proto::ctl::{self, Request, Response};
@@ -110,8 +110,9 @@ pub struct ShimQp {
     pub batch: Mutex<WrBatch>,
     /// Its doorbell in the context's table (both queues share it).
     doorbell: u32,
-    /// After the rings, so they are dropped before the memory is unmapped.
-    _map: Mapping,
+    /// After the rings, so they are dropped before the memory is unmapped (a chunk shared
+    /// with the context's other QPs, or a region of its own).
+    _map: Arc<Mapping>,
 }
 
 /// Maps an `ibv_qp *` from a caller to our QP.
@@ -466,13 +467,14 @@ fn create(
         rq,
         region_len,
         doorbell,
+        region,
     } = resp
     else {
         return Err(Errno::PROTO);
     };
     let attached = (|| {
         let fd = fds.pop().ok_or(Errno::PROTO)?;
-        let map = Mapping::map(&fd, region_len)?;
+        let map = ctx.ring_chunk(region, &fd, region_len)?;
         let sq = map.ring(&sq, true)?;
         let rq = match (&rq, srq_handle) {
             (Some(place), None) => Some(map.ring(place, true)?),
@@ -1003,7 +1005,7 @@ mod tests {
             send_ops: 0,
             batch: Mutex::new(WrBatch::default()),
             doorbell: 0,
-            _map: map,
+            _map: Arc::new(map),
         };
         (shim, consumer)
     }
