@@ -124,7 +124,8 @@ pub(super) struct ClientDev {
     /// The device's index (in the handles the client is given).
     pub device: u32,
     pub engine: Engine,
-    pub block: u32,
+    /// Its QPN blocks (one more each time the QPs fill those it has: [`DeviceThread::grow_qpns`]).
+    pub blocks: Vec<u32>,
     /// Context handle -> its async event socket (write end).
     pub contexts: HashMap<u32, EventSink>,
     /// Completion channel handle -> its pipe (write end).
@@ -243,15 +244,9 @@ impl DeviceThread {
             let Some(&first) = self.gids.first() else {
                 return Err((libc::ENETDOWN, "the device has no address (port down)"));
             };
-            let last = Qpn::MASK / QPN_BLOCK;
-            let Some(block) = (1..last)
-                .map(|i| (self.last_block + i - 1) % (last - 1) + 1)
-                .filter(|b| b % self.devices == self.index)
-                .find(|b| !self.blocks.contains_key(b))
-            else {
+            let Some(block) = self.free_block() else {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
-            self.last_block = block;
             // Keys and QPNs from a ChaCha20 stream keyed by the kernel's CSPRNG: nothing
             // about them can be guessed from another client's, or this client's own.
             let mut config = tp::EngineConfig::new(first, crate::entropy::u64());
@@ -287,7 +282,7 @@ impl DeviceThread {
                     pid: process.pid(),
                     device: self.index,
                     engine,
-                    block,
+                    blocks: vec![block],
                     contexts: HashMap::new(),
                     channels: HashMap::new(),
                     pds: HashMap::new(),
@@ -313,12 +308,46 @@ impl DeviceThread {
             .ok_or((libc::EIO, "client state lost"))
     }
 
+    /// The next free QPN block of this device (round-robin, see `last_block`).
+    fn free_block(&mut self) -> Option<u32> {
+        let last = Qpn::MASK / QPN_BLOCK;
+        let block = (1..last)
+            .map(|i| (self.last_block + i - 1) % (last - 1) + 1)
+            .filter(|b| b % self.devices == self.index)
+            .find(|b| !self.blocks.contains_key(b))?;
+        self.last_block = block;
+        Some(block)
+    }
+
+    /// Gives a client about to create a QP another QPN block when its QPs fill the ones it
+    /// has (65,536 QPNs each), so that one process may hold up to the device's `max_qp`.
+    pub(super) fn grow_qpns(&mut self, client: u64) {
+        let full = self.clients.get(&client).is_some_and(|c| {
+            // A margin for the reserved and multicast QPNs a block may hold.
+            c.qps.len() + 16 >= c.blocks.len() * QPN_BLOCK as usize
+        });
+        if !full {
+            return;
+        }
+        let Some(block) = self.free_block() else {
+            return;
+        };
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.engine
+                .add_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);
+            c.blocks.push(block);
+            self.blocks.insert(block, client);
+        }
+    }
+
     /// Forgets a client (it disconnected, or its engine broke): its multicast attachments,
     /// its QPN block and its engine, with everything in it.
     pub(super) fn client_gone(&mut self, client: u64) {
         self.group_detach(|(c, _)| c == client, None);
         if let Some(c) = self.clients.remove(&client) {
-            self.blocks.remove(&c.block);
+            for b in &c.blocks {
+                self.blocks.remove(b);
+            }
             self.departed.accumulate(c.engine.counters());
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");

@@ -43,6 +43,9 @@ impl DeviceThread {
             return (refused, vec![]);
         }
         let ring_budget = self.ring_budget(client);
+        if matches!(request, Request::CreateQp { .. }) {
+            self.grow_qpns(client);
+        }
         let c = match self.client(client, process) {
             Ok(c) => c,
             Err((code, why)) => return (errno(code, why), vec![]),
