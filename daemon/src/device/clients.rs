@@ -174,8 +174,18 @@ impl ClientDev {
         self.revisit.retain(|b| *b != bell);
     }
 
+    /// A handle for a new context, PD, MR or completion channel: cyclic over the 2^24 a
+    /// device's handles have (as rxe's `xa_alloc_cyclic`), skipping live ones, so that a
+    /// process creating and destroying in a loop never runs out and a freed handle comes back
+    /// only after 2^24 others.
     pub fn handle(&mut self) -> u32 {
-        self.next_handle += 1;
+        let (contexts, pds, mrs, channels) = (&self.contexts, &self.pds, &self.mrs, &self.channels);
+        self.next_handle = next_free_handle(self.next_handle, |h| {
+            contexts.contains_key(&h)
+                || pds.contains_key(&h)
+                || mrs.contains_key(&h)
+                || channels.contains_key(&h)
+        });
         self.next_handle
     }
 
@@ -357,6 +367,18 @@ impl DeviceThread {
     }
 }
 
+/// The handle after `last` in `1..=HANDLE_MASK`, cyclically, that `live` does not hold (the
+/// caps keep far fewer than 2^24 objects live, so one is always found).
+fn next_free_handle(last: u32, live: impl Fn(u32) -> bool) -> u32 {
+    let mut h = last;
+    loop {
+        h = h % super::handles::HANDLE_MASK + 1;
+        if !live(h) {
+            return h;
+        }
+    }
+}
+
 /// Runs one piece of a client's work, containing a panic (an engine bug met by some packet or
 /// work request): the device thread serves every client and must not die with one. `None`
 /// means it panicked; the caller then drops that client's engine, whose state can no longer be
@@ -367,4 +389,20 @@ pub(super) fn contained<T>(f: impl FnOnce() -> T) -> Option<T> {
         tracing::error!("the engine panicked; that client's resources are dropped");
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_wrap_around_and_skip_live_ones() {
+        let mask = crate::device::handles::HANDLE_MASK;
+        assert_eq!(next_free_handle(0, |_| false), 1);
+        assert_eq!(next_free_handle(41, |h| h == 42 || h == 43), 44);
+        // Past the last handle: back to 1 (0 is never given), skipping live ones.
+        assert_eq!(next_free_handle(mask - 1, |_| false), mask);
+        assert_eq!(next_free_handle(mask, |_| false), 1);
+        assert_eq!(next_free_handle(mask, |h| h <= 3), 4);
+    }
 }
