@@ -448,9 +448,10 @@ class Bench:
                 try:
                     after_mrs = c["mrs"]["daemon_rss_kib"]
                     after_qps = c["qps"]["daemon_rss_kib"]
-                    w(f"| daemon memory per MR / per QP (RSS growth while creating them) | "
-                      f"{(after_mrs - sc['daemon_rss_before_kib']) / sc['mrs']:.2f} KiB / "
-                      f"{(after_qps - after_mrs) / sc['qps']:.2f} KiB |")
+                    # QPs first, then MRs (run_scale).
+                    w(f"| daemon memory per QP / per MR (RSS growth while creating them) | "
+                      f"{(after_qps - sc['daemon_rss_before_kib']) / sc['qps']:.2f} KiB / "
+                      f"{(after_mrs - after_qps) / sc['mrs']:.2f} KiB |")
                 except KeyError:
                     pass
                 w(f"| client RSS | {sc['client_rss_kib'] / 1024:.1f} MiB |")
