@@ -524,8 +524,8 @@ pub enum Response {
     },
     /// The request succeeded and has nothing to return.
     Done,
-    /// + 2 fds: the device thread's wake-up eventfd, then the client's doorbell table
-    /// ([`crate::ring::doorbell`], `doorbells_len` bytes to map).
+    /// Two fds beside it: the device thread's wake-up eventfd, then the client's doorbell
+    /// table ([`crate::ring::doorbell`], `doorbells_len` bytes to map).
     Context {
         ctx: u32,
         doorbells_len: u64,
