@@ -75,3 +75,54 @@ impl DoorbellTable {
         self.bells.awake();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memmap2::MmapRaw;
+
+    /// The client's side of the table, mapped from the descriptor the daemon shares.
+    fn client_side(t: &DoorbellTable) -> (Doorbells, MmapRaw) {
+        let (fd, len) = t.share().expect("a descriptor");
+        let map = MmapRaw::map_raw(&std::fs::File::from(fd)).unwrap();
+        assert!(map.len() as u64 >= len);
+        // SAFETY: the mapping is page aligned and outlives the handle (returned together,
+        // the handle dropped first by the callers' declaration order).
+        let bells = unsafe { Doorbells::attach(map.as_mut_ptr(), map.len()) }.unwrap();
+        (bells, map)
+    }
+
+    #[test]
+    fn rung_doorbells_name_their_rings_and_freed_ones_are_used_again() {
+        let mut t = DoorbellTable::new().unwrap();
+        let (client, _map) = client_side(&t);
+        let a = t.add(Bell::Qp(0x10002)).unwrap();
+        let b = t.add(Bell::Srq(7)).unwrap();
+        let c = t.add(Bell::Qp(0x10003)).unwrap();
+        let mut out = Vec::new();
+        t.take(&mut out);
+        assert!(out.is_empty(), "nothing rang");
+        client.ring(c);
+        client.ring(b);
+        client.ring(c);
+        t.take(&mut out);
+        out.sort();
+        assert_eq!(out, [Bell::Qp(0x10003), Bell::Srq(7)]);
+        out.clear();
+        // A QP gone: its doorbell names nothing, then the next QP's.
+        client.ring(a);
+        t.remove(a);
+        t.take(&mut out);
+        assert!(out.is_empty(), "a removed doorbell names nothing");
+        assert_eq!(t.add(Bell::Qp(0x10004)), Some(a), "the slot is used again");
+        client.ring(a);
+        t.take(&mut out);
+        assert_eq!(out, [Bell::Qp(0x10004)]);
+        // Asleep: the client is told to write the eventfd; awake: not.
+        assert!(!t.prepare_sleep());
+        assert!(client.ring(b), "the device sleeps");
+        t.awake();
+        assert!(!client.ring(b));
+        assert!(t.prepare_sleep(), "a doorbell rang: do not sleep");
+    }
+}
