@@ -65,8 +65,8 @@ impl SharedRegion {
         self.file.as_ref().map(std::os::fd::AsFd::as_fd)
     }
 
-    /// A duplicate of the descriptor, while the region still holds it (for regions the
-    /// daemon hands to more than one process: the fast path's, `device::fast`).
+    /// A duplicate of the descriptor (for a region sent to the client more than once, or to
+    /// more than one process: the fast path's, `device::fast`), while the region still has it.
     pub fn dup_fd(&self) -> Option<OwnedFd> {
         self.file
             .as_ref()
@@ -74,14 +74,14 @@ impl SharedRegion {
             .map(OwnedFd::from)
     }
 
-    /// The mapping's first byte (page aligned).
-    pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.map.as_mut_ptr()
-    }
-
     /// Gives the descriptor away (to be sent to the client); the mapping stays.
     pub fn take_fd(&mut self) -> Option<OwnedFd> {
         self.file.take().map(OwnedFd::from)
+    }
+
+    /// The mapping's first byte (page aligned), for tables laid out by the caller.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
     }
 
     /// Initialises a ring at `offset` and returns the daemon's handle on it.

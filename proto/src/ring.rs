@@ -23,6 +23,7 @@
 
 #![allow(unsafe_code)]
 
+pub mod doorbell;
 pub mod fast;
 pub mod wqe;
 

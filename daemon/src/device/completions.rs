@@ -48,10 +48,20 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32, fenced: &[u32])
         }
     }
     let mut overrun: Vec<u32> = Vec::new();
-    for (&h, q) in c.cqs.iter_mut() {
+    // Only the CQs that got completions since the last pass: an idle CQ costs nothing.
+    let mut touched = std::mem::take(&mut c.touched_cqs);
+    c.engine.take_touched_cqs(&mut touched);
+    let mut held: Vec<u32> = Vec::new();
+    for &h in &touched {
+        // A CQ fed by a fast-path ring its consumer has not drained yet takes nothing
+        // newer from the engine (it stays listed for the next pass).
         if fenced.contains(&h) {
+            held.push(h);
             continue;
         }
+        let Some(q) = c.cqs.get_mut(&h) else {
+            continue;
+        };
         let mut fire = false;
         // The ring has one slot more than the CQ's depth (`cqe`, what the client was
         // granted): the CQ holds `cqe` completions the client has not polled. A consumer
@@ -84,6 +94,9 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32, fenced: &[u32])
             }
         }
     }
+    touched.clear();
+    touched.extend(held);
+    c.touched_cqs = touched;
     // An overrun CQ takes its QPs to ERR (IBTA §11.4.2.1: the QPs associated with it can no
     // longer report their work): each with IBV_EVENT_QP_FATAL, after the CQ's CQ_ERR.
     for h in overrun {

@@ -266,7 +266,7 @@ impl DeviceThread {
         let c = self.clients.get(&client)?;
         let q = c.qps.get(&qpn)?;
         let config = c.engine.qp_config(Qpn::new(qpn))?;
-        if q.region_fd.is_none()
+        if q.fast.is_none()
             || q.away
             || config.state != QpState::Rts
             || !matches!(config.init.qp_type, QpType::Rc | QpType::Uc)
@@ -309,7 +309,7 @@ impl DeviceThread {
                 .is_some_and(|x| x.channel.is_none());
         let ok = paired
             && no_channels
-            && pq.region_fd.is_some()
+            && pq.fast.is_some()
             && pq.rq.is_some()
             && !pq.lent
             && pc.init.srq.is_none()
@@ -421,9 +421,9 @@ impl DeviceThread {
         let (Some(block_fd), Some(peer_fd)) = (
             region.dup_fd(),
             self.clients[&peer].qps[&pqpn]
-                .region_fd
+                .fast
                 .as_ref()
-                .and_then(|f| f.try_clone().ok()),
+                .and_then(|(f, _, _)| f.try_clone().ok()),
         ) else {
             return again("fds");
         };
@@ -440,13 +440,15 @@ impl DeviceThread {
             // The taker never sleeps on it: a post must not ring the device's doorbell.
             rq.consumer_awake();
         }
-        let rq_place = ctl::RingPlace {
-            // The send ring comes first, page aligned (objects::rings).
-            offset: (pq.sq.geometry().byte_len().next_multiple_of(4096)) as u64,
-            slot_size: rq_g.slot_size,
-            slot_count: rq_g.slot_count,
+        // Where the receive ring lies in the memory the peer maps (its region or its chunk).
+        let Some((_, rq_place, peer_region_len)) = pq.fast.as_ref().map(|(_, p, l)| (0u8, *p, *l))
+        else {
+            return again("no fast memory");
         };
-        let peer_region_len = pq.region.len() as u64;
+        debug_assert_eq!(
+            (rq_place.slot_size, rq_place.slot_count),
+            (rq_g.slot_size, rq_g.slot_count)
+        );
         if let Some(cq) = p.cqs.get(&pc.init.recv_cq) {
             cq.ring.bump_fast_sources();
         }
@@ -620,6 +622,8 @@ impl DeviceThread {
             if let Some(h) = c.qps.get_mut(&d.taker_qpn) {
                 h.away = false;
             }
+            // Its send ring's doorbell may have rung while the ring was not read: read it.
+            c.revisit.push(super::doorbells::Bell::Qp(d.taker_qpn));
             if failed {
                 to_error(c, d.taker_qpn);
             }
@@ -633,6 +637,8 @@ impl DeviceThread {
             let used = (p.recvs_used as usize).min(d.recvs.len());
             let mut recvs = d.recvs;
             pc.engine.return_recvs(q, recvs.split_off(used));
+            // What the peer posted to the receive ring the taker did not take: read it.
+            pc.revisit.push(super::doorbells::Bell::Qp(d.peer_qpn));
             if let Some(h) = pc.qps.get_mut(&d.peer_qpn) {
                 h.lent = false;
                 if let Some(rq) = h.rq.as_mut() {

@@ -62,6 +62,9 @@ pub struct UdpLink {
     group_refused: u64,
 }
 
+/// How long a device waits for its UDP port to be released before giving up (see `open`).
+const ADDR_IN_USE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl UdpLink {
     pub fn open(cfg: &UdpLinkConfig<'_>) -> anyhow::Result<UdpLink> {
         // A device that follows a network interface binds the wildcard addresses, so that
@@ -98,26 +101,23 @@ impl UdpLink {
             rx_buffers: 256,
             ..NetConfig::default()
         };
-        // A daemon that just exited (killed) on this address may still hold the port for a
-        // moment: the kernel tears its io_uring down after the process is gone, in a worker
-        // that a loaded machine runs late, and the ring's requests hold the socket until then.
-        // Wait for it, a bounded time, as for a TAP (net/tap.rs).
-        let patience = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        // A daemon that was just killed still holds its port for a moment: the kernel tears a
+        // dead process's io_uring (and the sockets its requests reference) down asynchronously.
+        // A restart (systemd's, an operator's) waits that out instead of failing; another
+        // program that really holds the port still fails, after the grace period.
+        let grace = std::time::Instant::now() + ADDR_IN_USE_GRACE;
         let mut net = loop {
             match UdpTransport::open(&net_cfg) {
                 Err(e)
                     if e.kind() == std::io::ErrorKind::AddrInUse
-                        && std::time::Instant::now() < patience =>
+                        && std::time::Instant::now() < grace =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
-                other => {
-                    break other.map_err(|e| {
-                        anyhow::anyhow!("device {}: opening UDP port {port}: {e}", cfg.name)
-                    })?
-                }
+                r => break r,
             }
-        };
+        }
+        .map_err(|e| anyhow::anyhow!("device {}: opening UDP port {port}: {e}", cfg.name))?;
         if let Some(reason) = net.fallback_reason() {
             warn!(device = %cfg.name, "io_uring unavailable, using system calls: {reason}");
         }

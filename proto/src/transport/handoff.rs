@@ -167,30 +167,43 @@ impl<M: MemoryAccess> Engine<M> {
             .get(&pd)
             .map(|p| p.space)
             .ok_or(VerbsError::NotFound("PD"))?;
-        let old = self.ctx.mrs.insert(
-            keys.handle,
-            Mr {
-                pd,
-                space,
-                addr,
-                length,
-                access,
-                lkey: keys.lkey.0,
-                rkey: keys.rkey.0,
-                valid: true,
-            },
-        );
-        // The key's tag names the MR, as for one this engine registered (a replaced MR's old
-        // tag goes).
+        let mr = Mr {
+            pd,
+            space,
+            addr,
+            length,
+            access,
+            lkey: keys.lkey.0,
+            rkey: keys.rkey.0,
+            valid: true,
+            windows: 0,
+        };
+        // The MR keeps its index from the other engine only in `imported_mrs`: here it has a
+        // handle of this engine's table. Its key's tag names it, as for one this engine
+        // registered (a replaced MR's old tag goes).
+        let (handle, old) = match self.imported_mrs.get(&keys.handle).copied() {
+            Some(h) => {
+                let slot = self.ctx.mrs.get_mut(&h).ok_or(VerbsError::NotFound("MR"))?;
+                (h, Some(std::mem::replace(slot, mr)))
+            }
+            None => {
+                let h = self
+                    .ctx
+                    .mrs
+                    .insert(mr)
+                    .ok_or(VerbsError::NoResources("MRs"))?;
+                self.imported_mrs.insert(keys.handle, h);
+                (h, None)
+            }
+        };
         if let Some(old) = &old {
             if old.lkey >> 8 != keys.lkey.0 >> 8 {
                 self.ctx.key_tags.remove(&(old.lkey >> 8));
             }
         }
-        self.ctx.key_tags.insert(
-            keys.lkey.0 >> 8,
-            super::resources::KeyOwner::Mr(keys.handle),
-        );
+        self.ctx
+            .key_tags
+            .insert(keys.lkey.0 >> 8, super::resources::KeyOwner::Mr(handle));
         match old {
             Some(old) if old.pd != pd => {
                 self.pd_users(old.pd, -1);
@@ -202,11 +215,14 @@ impl<M: MemoryAccess> Engine<M> {
         Ok(())
     }
 
-    /// Removes an MR [`Engine::insert_mr`] made.
+    /// Removes an MR [`Engine::insert_mr`] made (by its index in the engine it came from).
     pub fn remove_mr(&mut self, index: u32) {
-        if let Some(mr) = self.ctx.mrs.remove(&index) {
+        let Some(handle) = self.imported_mrs.remove(&index) else {
+            return;
+        };
+        if let Some(mr) = self.ctx.mrs.remove(&handle) {
             if self.ctx.key_tags.get(&(mr.lkey >> 8))
-                == Some(&super::resources::KeyOwner::Mr(index))
+                == Some(&super::resources::KeyOwner::Mr(handle))
             {
                 self.ctx.key_tags.remove(&(mr.lkey >> 8));
             }
@@ -232,7 +248,7 @@ impl<M: MemoryAccess> Engine<M> {
 
     /// The indexes of every registered MR.
     pub fn mr_indexes(&self) -> Vec<u32> {
-        self.ctx.mrs.keys().copied().collect()
+        self.ctx.mrs.iter().map(|(h, _)| h).collect()
     }
 
     /// Turns [`super::EngineConfig::coalesce_acks`] on or off (the shim's direction engines
