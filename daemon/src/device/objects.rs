@@ -224,7 +224,7 @@ pub(super) fn create_qp(
                     shared => c.arena.fd_for(shared).pop(),
                 })
                 .flatten()
-                .zip(rq_place.clone())
+                .zip(rq_place)
                 .map(|(fd, place)| (fd, place, c.arena.placement(&memory).0));
             c.fast_fds += usize::from(fast.is_some());
             let fds = c.arena.fd_for(&mut memory);
