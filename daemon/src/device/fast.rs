@@ -441,8 +441,7 @@ impl DeviceThread {
             rq.consumer_awake();
         }
         // Where the receive ring lies in the memory the peer maps (its region or its chunk).
-        let Some((_, rq_place, peer_region_len)) = pq.fast.as_ref().map(|(_, p, l)| ((), *p, *l))
-        else {
+        let Some((rq_place, peer_region_len)) = pq.fast.as_ref().map(|(_, p, l)| (*p, *l)) else {
             return again("no fast memory");
         };
         debug_assert_eq!(
