@@ -1,8 +1,10 @@
 //! The counters kernel rxe keeps (`rdma statistic`, sysfs `hw_counters`; roce-rxe-facts.md
 //! §6.2), under the same names, plus a few engine-only drop counters that rxe logs instead.
 
-/// Per-device counters. Field names are rxe's counter names.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Per-device counters (and per QP, [`crate::transport::Engine::qp_counters`]). Field names
+/// are rxe's counter names; `softroce stat` shows every field under its name (through serde,
+/// so a counter added here appears there without more code).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     pub sent_pkts: u64,
     pub rcvd_pkts: u64,

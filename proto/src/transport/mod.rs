@@ -66,6 +66,7 @@ pub mod cc;
 pub mod completer;
 pub mod counters;
 pub mod engine;
+pub mod inventory;
 pub mod memory;
 mod packet_io;
 pub mod qp;
@@ -78,7 +79,8 @@ pub mod verbs;
 
 pub use cc::{CongestionControl, NoCongestionControl};
 pub use counters::Counters;
-pub use engine::{Engine, EngineConfig, MrKeys, Transmit, MAX_FRAME_LEN};
+pub use engine::{Engine, EngineConfig, ForcedNak, MrKeys, Transmit, MAX_FRAME_LEN};
+pub use inventory::{CqSummary, MrSummary, PdSummary, QpSummary, SrqSummary};
 pub use memory::{MemoryAccess, MemoryError, VecMemory};
 pub use qp::{QpCap, QpInit};
 pub use qp_attr::{

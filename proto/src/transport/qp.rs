@@ -184,6 +184,10 @@ pub(crate) struct Qp {
 
     /// Listed in the device's round-robin of QPs that may have something to send.
     pub scheduled: bool,
+    /// This QP's share of the device's counters (`rdma statistic qp`): packets and bytes
+    /// sent and received, and the retry, RNR and error counters of its requester,
+    /// completer and responder.
+    pub counters: super::counters::Counters,
 }
 
 impl Qp {
@@ -221,6 +225,7 @@ impl Qp {
             next_resource: 0,
             resp_out: VecDeque::new(),
             scheduled: false,
+            counters: super::counters::Counters::default(),
         }
     }
 
