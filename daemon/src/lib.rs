@@ -1,6 +1,7 @@
 //! The softroce device: the daemon's control plane, client memory access, shared rings,
 //! packet I/O, and the capture tools. The `softroce` binary (`main.rs`) is a thin CLI over it.
 
+pub mod capture;
 pub mod cm;
 pub mod config;
 pub mod ctl;

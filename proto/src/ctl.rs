@@ -1231,7 +1231,9 @@ mod tests {
                 device: Some("srxe9".into()),
                 qpn: Some(0x11),
             },
-            Request::ResDetail { kind: ResKind::CmId },
+            Request::ResDetail {
+                kind: ResKind::CmId,
+            },
             Request::CaptureStart {
                 spec: CaptureSpec {
                     opcode: Some(0x0a),

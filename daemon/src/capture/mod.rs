@@ -1,0 +1,199 @@
+//! Live capture inside the daemon (`softroce capture`): every packet a device sends and
+//! receives, as whole Ethernet frames in a pcapng stream, as smoltcp's `phy::PcapWriter`
+//! wraps a device.
+//!
+//! - Each device thread holds a [`DeviceCapture`]: the captures listening to it. Off (no
+//!   capture), each packet costs one test of an empty list. On, the packet I/O hands it every
+//!   packet where it really crosses the device: UDP datagrams as sent (each GSO segment with
+//!   the Identification it was sealed for) and as received (each GRO piece), the packets
+//!   handed from engine to engine between two QPs of the device (which no socket ever sees),
+//!   and whole frames on a TAP. [`frame`] rebuilds the headers the socket does not show.
+//! - Frames matching a capture's filter become Enhanced Packet Blocks in the device's batch
+//!   for it; at the end of each round of the device loop the batch goes to the capture's
+//!   writer thread through a bounded queue. A full queue (a reader that does not keep up)
+//!   drops the batch and counts it: the device never waits for a capture.
+//! - The writer ([`writer`]) writes the section header, one interface per device, the
+//!   batches, and at the end one Interface Statistics Block per interface (packets captured
+//!   and dropped), into the pipe the CLI gave.
+
+pub mod frame;
+pub mod pcapng;
+pub mod writer;
+
+pub use frame::{IpFields, UdpDatagram};
+pub use pcapng::Direction;
+pub use writer::CaptureShared;
+
+use std::sync::Arc;
+
+/// A batch is handed to the writer once it holds this much.
+const BATCH_BYTES: usize = 256 * 1024;
+
+/// A device's end of one capture.
+struct DeviceTap {
+    shared: Arc<CaptureShared>,
+    /// This device's interface number in the capture's stream.
+    iface: u32,
+    /// BTH destination QPNs to keep (empty: all): the QP asked for and, when it is
+    /// connected, its peer (the destination of what it sends).
+    qpns: Vec<u32>,
+    batch: Vec<u8>,
+    batch_packets: u64,
+}
+
+impl DeviceTap {
+    fn wants(&self, bth: &[u8]) -> bool {
+        let spec = self.shared.spec();
+        if let Some(op) = spec.opcode {
+            if bth.first() != Some(&op) {
+                return false;
+            }
+        }
+        if !self.qpns.is_empty() {
+            let Some(q) = bth.get(5..8) else { return false };
+            let dqpn = u32::from_be_bytes([0, q[0], q[1], q[2]]);
+            if !self.qpns.contains(&dqpn) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The captures listening to one device.
+#[derive(Default)]
+pub struct DeviceCapture {
+    taps: Vec<DeviceTap>,
+    /// The device's MAC (from its node GUID), for its side of each frame.
+    mac: [u8; 6],
+    /// The frame being built, reused.
+    frame: Vec<u8>,
+}
+
+impl DeviceCapture {
+    pub fn new(node_guid: u64) -> DeviceCapture {
+        DeviceCapture {
+            taps: Vec::new(),
+            mac: frame::guid_mac(node_guid),
+            frame: Vec::new(),
+        }
+    }
+
+    /// Whether any capture listens: the packet I/O asks before building anything.
+    #[inline]
+    pub fn is_on(&self) -> bool {
+        !self.taps.is_empty()
+    }
+
+    /// Starts feeding `shared` as its interface `iface`; `qpns` are the BTH destination QPNs
+    /// its QP filter means on this device.
+    pub fn attach(&mut self, shared: Arc<CaptureShared>, iface: u32, qpns: Vec<u32>) {
+        self.taps.push(DeviceTap {
+            shared,
+            iface,
+            qpns,
+            batch: Vec::new(),
+            batch_packets: 0,
+        });
+    }
+
+    /// A UDP datagram the device sent (`Outbound`) or received (`Inbound`).
+    pub fn datagram(&mut self, direction: Direction, d: &UdpDatagram<'_>) {
+        if !self.taps.iter().any(|t| t.wants(d.payload)) {
+            return;
+        }
+        let (src_mac, dst_mac) = match direction {
+            Direction::Outbound => (self.mac, frame::peer_mac(d.dst.ip())),
+            Direction::Inbound => (frame::peer_mac(d.src.ip()), self.mac),
+        };
+        self.frame.clear();
+        if frame::udp_frame(&mut self.frame, src_mac, dst_mac, d).is_some() {
+            self.record(direction, 14 + ip_header_len(d.src) + 8);
+        }
+    }
+
+    /// A packet between two QPs of this device (IP + UDP + BTH..ICRC, the ICRC not
+    /// computed): shown once, as sent.
+    pub fn engine_packet(&mut self, ip_packet: &[u8], transport_offset: usize) {
+        let Some(bth) = ip_packet.get(transport_offset..) else {
+            return;
+        };
+        if !self.taps.iter().any(|t| t.wants(bth)) {
+            return;
+        }
+        self.frame.clear();
+        if frame::engine_frame(&mut self.frame, self.mac, ip_packet).is_some() {
+            self.record(Direction::Outbound, 14 + transport_offset);
+        }
+    }
+
+    /// A whole Ethernet frame (a TAP device's); `bth_offset` is where its BTH starts.
+    pub fn ethernet(&mut self, direction: Direction, eth_frame: &[u8], bth_offset: usize) {
+        let Some(bth) = eth_frame.get(bth_offset..) else {
+            return;
+        };
+        if !self.taps.iter().any(|t| t.wants(bth)) {
+            return;
+        }
+        self.frame.clear();
+        self.frame.extend_from_slice(eth_frame);
+        self.record(direction, bth_offset);
+    }
+
+    /// Appends `self.frame` (BTH at `bth_offset`) to every capture that wants it.
+    fn record(&mut self, direction: Direction, bth_offset: usize) {
+        let ts = pcapng::timestamp_now();
+        let bth = self.frame.get(bth_offset..).unwrap_or(&[]);
+        for t in &mut self.taps {
+            if !t.wants(bth) || !t.shared.take_one() {
+                continue;
+            }
+            let snaplen = t.shared.spec().snaplen;
+            pcapng::enhanced_packet(
+                &mut t.batch,
+                t.iface,
+                ts,
+                direction,
+                &self.frame,
+                snaplen,
+                None,
+            );
+            t.batch_packets += 1;
+            if t.batch.len() >= BATCH_BYTES {
+                let bytes = std::mem::take(&mut t.batch);
+                t.shared
+                    .deliver(t.iface, bytes, std::mem::take(&mut t.batch_packets));
+            }
+        }
+    }
+
+    /// Hands every batch to its writer and forgets the captures that ended. Called at the
+    /// end of each round of the device loop.
+    pub fn flush(&mut self) {
+        for t in &mut self.taps {
+            if t.batch_packets > 0 {
+                let bytes = std::mem::take(&mut t.batch);
+                t.shared
+                    .deliver(t.iface, bytes, std::mem::take(&mut t.batch_packets));
+            }
+        }
+        self.taps.retain(|t| !t.shared.is_finished());
+    }
+
+    /// The device goes away: what it captured is handed over, and each capture that listened
+    /// to it ends.
+    pub fn close(&mut self) {
+        self.flush();
+        for t in self.taps.drain(..) {
+            t.shared.stop();
+        }
+    }
+}
+
+fn ip_header_len(a: std::net::SocketAddr) -> usize {
+    if a.is_ipv4() {
+        20
+    } else {
+        40
+    }
+}
