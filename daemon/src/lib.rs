@@ -6,6 +6,7 @@ pub mod cm;
 pub mod config;
 pub mod ctl;
 pub mod device;
+pub mod fault;
 pub mod memory;
 pub mod net;
 pub mod pcap;
