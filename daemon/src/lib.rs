@@ -2,6 +2,7 @@
 //! packet I/O, and the capture tools. The `softroce` binary (`main.rs`) is a thin CLI over it.
 
 pub mod capture;
+pub mod cli;
 pub mod cm;
 pub mod config;
 pub mod ctl;
