@@ -136,6 +136,8 @@ fn a_forced_access_error_fails_the_write_as_a_bad_rkey_does() {
     let wc = p.sim.dev(NODE_A).poll_cq(cq_a).expect("write completion");
     assert_eq!((wc.wr_id, wc.status), (2, WcStatus::RemAccessErr));
     assert_eq!(p.sim.dev(NODE_B).counters().rdma_recvs, 0);
+    assert_eq!(p.sim.dev(NODE_A).counters().req_remote_access_errors, 1);
+    assert_eq!(p.sim.dev(NODE_B).counters().resp_remote_access_errors, 1);
 }
 
 #[test]

@@ -259,8 +259,16 @@ fn check_ack<M: MemoryAccess>(
             }
             Some(AethSyndrome::Nak(code)) => {
                 let status = match code {
-                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::InvalidRequest => {
+                        ctx.counters.req_remote_invalid_request += 1;
+                        qp.counters.req_remote_invalid_request += 1;
+                        WcStatus::RemInvReqErr
+                    }
+                    NakCode::RemoteAccessError => {
+                        ctx.counters.req_remote_access_errors += 1;
+                        qp.counters.req_remote_access_errors += 1;
+                        WcStatus::RemAccessErr
+                    }
                     _ => WcStatus::RemOpErr,
                 };
                 fail_head(qp, ctx, status);

@@ -23,6 +23,11 @@ pub struct Counters {
     pub rdma_recvs: u64,
     pub sent_bytes: u64,
     pub rcvd_bytes: u64,
+    /// mlx5's names: remote access error NAKs received by requesters (an R_Key violation at
+    /// the peer) and sent by responders, and invalid request NAKs received.
+    pub req_remote_access_errors: u64,
+    pub resp_remote_access_errors: u64,
+    pub req_remote_invalid_request: u64,
     /// Port counters that saturate at 0xFFFF (`ibv_query_port`).
     pub qkey_viol_cntr: u16,
     pub bad_pkey_cntr: u16,

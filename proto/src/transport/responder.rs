@@ -218,6 +218,10 @@ pub(crate) fn on_request<M: MemoryAccess>(
         }
         Err(Fail::Nak(code, status)) => {
             // Class C/J errors: NAK, report on the receive WQE in use, QP to ERR.
+            if code == NakCode::RemoteAccessError {
+                ctx.counters.resp_remote_access_errors += 1;
+                qp.counters.resp_remote_access_errors += 1;
+            }
             ack(qp, &mut ctx.ready, AethSyndrome::Nak(code), psn);
             if let Some(m) = qp.in_msg.take() {
                 if let Some(r) = m.recv {
@@ -825,6 +829,8 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 return None;
             }
             Some(Err(())) => {
+                ctx.counters.resp_remote_access_errors += 1;
+                qp.counters.resp_remote_access_errors += 1;
                 if let Some(RespOut::Read { psn, msn, .. }) = qp.resp_out.pop_front() {
                     qp.resp_out.push_front(RespOut::Ack {
                         syndrome: AethSyndrome::Nak(NakCode::RemoteAccessError),
