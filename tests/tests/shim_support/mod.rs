@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod operator;
 pub mod programs;
 pub mod rdmacm;
 pub mod symbols;
