@@ -8,6 +8,7 @@ pub mod config;
 pub mod ctl;
 pub mod device;
 pub mod fault;
+pub mod gsi;
 pub mod memory;
 pub mod net;
 pub mod pcap;
