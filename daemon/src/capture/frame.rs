@@ -168,35 +168,69 @@ pub fn udp_frame(
     Some(out.len() - start)
 }
 
-/// Appends the Ethernet frame around an IP packet the engine built (IP + UDP + BTH..ICRC, as
-/// it goes from engine to engine between two QPs of one device), with its ICRC computed:
-/// such packets are never sealed (nothing on the way could corrupt them), but a capture
-/// shows them as they would be on a wire.
-pub fn engine_frame(out: &mut Vec<u8>, mac: [u8; 6], ip_packet: &[u8]) -> Option<usize> {
+/// Appends the Ethernet frame around a network-layer packet as the engine speaks it (IPv4 or
+/// IPv6 + UDP + BTH..ICRC, or a RoCE v1 GRH + BTH..ICRC), with the UDP checksum computed (the
+/// engine, and a link rebuilding received headers, leave it 0) and, with `seal`, the ICRC
+/// too: packets between two QPs of one device are never sealed (nothing on the way could
+/// corrupt them), but a capture shows them as they would be on a wire.
+pub fn network_frame(
+    out: &mut Vec<u8>,
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    packet: &[u8],
+    seal: bool,
+) -> Option<usize> {
     use proto::wire::icrc;
-    let (ethertype, ip_len) = match ip_packet.first()? >> 4 {
-        4 => (0x0800u16, 20),
-        6 => (0x86dd, 40),
+    const GRH_NEXT_HEADER_BTH: u8 = 0x1b;
+    let (ethertype, net_len, udp) = match packet.first()? >> 4 {
+        4 => (0x0800u16, 20, true),
+        6 if *packet.get(6)? == GRH_NEXT_HEADER_BTH => (0x8915, 40, false),
+        6 => (0x86dd, 40, true),
         _ => return None,
     };
-    let covered_end = ip_packet.len().checked_sub(proto::wire::ICRC_LEN)?;
-    if covered_end < ip_len + 8 + proto::wire::bth::HEADER_LEN {
+    let bth = net_len + if udp { 8 } else { 0 };
+    let covered_end = packet.len().checked_sub(proto::wire::ICRC_LEN)?;
+    if covered_end < bth + proto::wire::bth::HEADER_LEN {
         return None;
     }
-    let (ip, rest) = ip_packet.split_at(ip_len);
-    let (udp, transport) = rest.split_at(8);
-    let covered = &transport[..transport.len() - proto::wire::ICRC_LEN];
-    let crc = if ip_len == 20 {
-        icrc::v2_ipv4(ip, udp, covered)
-    } else {
-        icrc::v2_ipv6(ip, udp, covered)
-    };
     let start = out.len();
-    out.extend_from_slice(&mac);
-    out.extend_from_slice(&mac);
+    out.extend_from_slice(&dst_mac);
+    out.extend_from_slice(&src_mac);
     out.extend_from_slice(&ethertype.to_be_bytes());
-    out.extend_from_slice(&ip_packet[..covered_end]);
-    out.extend_from_slice(&crc.to_le_bytes());
+    let net_at = out.len();
+    out.extend_from_slice(packet);
+    let frame = &mut out[net_at..];
+    if udp {
+        frame[net_len + 6..net_len + 8].fill(0);
+    }
+    if seal {
+        let (head, rest) = frame.split_at(net_len);
+        let crc = if !udp {
+            icrc::v1(head, &rest[..covered_end - net_len])
+        } else {
+            let (udp_hdr, transport) = rest.split_at(8);
+            let covered = &transport[..covered_end - bth];
+            if net_len == 20 {
+                icrc::v2_ipv4(head, udp_hdr, covered)
+            } else {
+                icrc::v2_ipv6(head, udp_hdr, covered)
+            }
+        };
+        frame[covered_end..].copy_from_slice(&crc.to_le_bytes());
+    }
+    if udp {
+        let src: std::net::IpAddr;
+        let dst: std::net::IpAddr;
+        if net_len == 20 {
+            src = std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&frame[12..16]).ok()?).into();
+            dst = std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&frame[16..20]).ok()?).into();
+        } else {
+            src = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[8..24]).ok()?).into();
+            dst = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[24..40]).ok()?).into();
+        }
+        let c = udp_checksum(src, dst, &frame[net_len..]);
+        frame[net_len + 6..net_len + 8].copy_from_slice(&c.to_be_bytes());
+    }
     Some(out.len() - start)
 }
 
@@ -266,7 +300,7 @@ mod tests {
     }
 
     #[test]
-    fn an_engine_frame_gets_its_icrc() {
+    fn an_engine_packet_gets_its_icrc_and_udp_checksum() {
         let (src, dst): (IpAddr, IpAddr) =
             ("127.0.0.1".parse().unwrap(), "127.0.0.1".parse().unwrap());
         let b = PacketBuilder::new(src, dst, 0xc000);
@@ -294,10 +328,23 @@ mod tests {
         .emit(&mut ip_packet[20..28]);
         ip_packet.extend_from_slice(&transport);
         let mut out = Vec::new();
-        engine_frame(&mut out, guid_mac(0x0211_22ff_fe33_4455), &ip_packet).unwrap();
+        let mac = guid_mac(0x0211_22ff_fe33_4455);
+        network_frame(&mut out, mac, mac, &ip_packet, true).unwrap();
         assert_eq!(&out[..6], &[0x00, 0x11, 0x22, 0x33, 0x44, 0x55]);
         let parsed = FrameRepr::parse_ethernet(&out, out.len()).unwrap();
         assert_eq!(parsed.icrc, IcrcStatus::Ok);
-        assert!(engine_frame(&mut out, [0; 6], &ip_packet[..30]).is_none());
+        let c = u16::from_be_bytes([out[14 + 26], out[14 + 27]]);
+        let mut udp = out[14 + 20..].to_vec();
+        udp[6..8].fill(0);
+        assert_eq!(
+            udp_checksum(src, dst, &udp),
+            c,
+            "the UDP checksum is filled in"
+        );
+        // Unsealed, the ICRC stays as it was.
+        let mut plain = Vec::new();
+        network_frame(&mut plain, mac, mac, &ip_packet, false).unwrap();
+        assert_eq!(&plain[plain.len() - 4..], &[0, 0, 0, 0]);
+        assert!(network_frame(&mut out, [0; 6], [0; 6], &ip_packet[..30], true).is_none());
     }
 }

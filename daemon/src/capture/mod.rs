@@ -112,18 +112,32 @@ impl DeviceCapture {
         }
     }
 
-    /// A packet between two QPs of this device (IP + UDP + BTH..ICRC, the ICRC not
-    /// computed): shown once, as sent.
-    pub fn engine_packet(&mut self, ip_packet: &[u8], transport_offset: usize) {
-        let Some(bth) = ip_packet.get(transport_offset..) else {
+    /// A network-layer packet as the engine speaks it, BTH at `bth`: one received from the
+    /// link (`Inbound`, ICRC verified) or one handed between two QPs of this device
+    /// (`Outbound`, shown once; its ICRC was never computed, so it is here). With `corrupt`,
+    /// one bit is flipped after sealing, as a fault layer broke it.
+    pub fn packet(&mut self, direction: Direction, packet: &[u8], bth: usize, corrupt: bool) {
+        let Some(transport) = packet.get(bth..) else {
             return;
         };
-        if !self.taps.iter().any(|t| t.wants(bth)) {
+        if !self.taps.iter().any(|t| t.wants(transport)) {
             return;
         }
+        let local = direction == Direction::Outbound;
+        let (src_mac, dst_mac) = if local {
+            (self.mac, self.mac)
+        } else {
+            (frame::peer_mac(src_of(packet)), self.mac)
+        };
         self.frame.clear();
-        if frame::engine_frame(&mut self.frame, self.mac, ip_packet).is_some() {
-            self.record(Direction::Outbound, 14 + transport_offset);
+        if frame::network_frame(&mut self.frame, src_mac, dst_mac, packet, local).is_some() {
+            if corrupt {
+                let at = 14 + bth;
+                if let Some(t) = self.frame.get_mut(at..) {
+                    crate::fault::corrupt(t);
+                }
+            }
+            self.record(direction, 14 + bth);
         }
     }
 
@@ -187,6 +201,21 @@ impl DeviceCapture {
         for t in self.taps.drain(..) {
             t.shared.stop();
         }
+    }
+}
+
+/// The source address of a network-layer packet (IPv4, IPv6 or GRH).
+fn src_of(packet: &[u8]) -> std::net::IpAddr {
+    match packet.first().map(|b| b >> 4) {
+        Some(4) if packet.len() >= 20 => {
+            std::net::Ipv4Addr::new(packet[12], packet[13], packet[14], packet[15]).into()
+        }
+        _ if packet.len() >= 40 => {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&packet[8..24]);
+            std::net::Ipv6Addr::from(a).into()
+        }
+        _ => std::net::Ipv4Addr::UNSPECIFIED.into(),
     }
 }
 
