@@ -136,6 +136,41 @@ impl ClientDev {
     }
 }
 
+/// The QPN blocks of every device of the daemon, taken round-robin: a new client does not
+/// get the QPNs of one that just exited, whose connections may still be in CM timewait on a
+/// peer (a REQ from a QPN the peer still holds is refused as a stale connection, REJ 10;
+/// rxe likewise allocates QPNs cyclically).
+#[derive(Debug, Default)]
+pub struct QpnBlocks(std::sync::Mutex<(HashSet<u32>, u32)>);
+
+impl QpnBlocks {
+    /// The next free block after the last one handed out (block 0 holds QPNs 0 and 1).
+    fn take(&self) -> Option<u32> {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (used, last) = &mut *g;
+        let end = Qpn::MASK / QPN_BLOCK;
+        let block = (1..end)
+            .map(|i| (*last + i - 1) % (end - 1) + 1)
+            .find(|b| !used.contains(b))?;
+        used.insert(block);
+        *last = block;
+        Some(block)
+    }
+
+    fn give_back(&self, block: u32) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .remove(&block);
+    }
+}
+
+/// A seed for the fault injectors' generators.
+pub(super) fn random_seed() -> u64 {
+    random_u64()
+}
+
 fn random_u64() -> u64 {
     // RandomState is seeded from the OS's entropy: keys must not be guessable.
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -155,15 +190,9 @@ impl DeviceThread {
             let Some(&first) = self.gids.first() else {
                 return Err((libc::ENETDOWN, "the device has no address (port down)"));
             };
-            let last = Qpn::MASK / QPN_BLOCK;
-            let Some(block) = (1..last)
-                .map(|i| (self.last_block + i - 1) % (last - 1) + 1)
-                .filter(|b| b % self.devices == self.index)
-                .find(|b| !self.blocks.contains_key(b))
-            else {
+            let Some(block) = self.qpn_blocks.take() else {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
-            self.last_block = block;
             let mut config = tp::EngineConfig::new(first, random_u64());
             config.gids = self.gids.clone();
             config.port_mtu =
@@ -206,6 +235,12 @@ impl DeviceThread {
         self.group_detach(|(c, _)| c == client, None);
         if let Some(c) = self.clients.remove(&client) {
             self.blocks.remove(&c.block);
+            self.qpn_blocks.give_back(c.block);
+            // Its counters stay the device's.
+            super::operator::accumulate(
+                &mut self.retired,
+                &super::operator::named(c.engine.counters()),
+            );
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
             debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),

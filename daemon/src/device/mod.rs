@@ -30,14 +30,18 @@ mod control;
 mod handles;
 mod multicast;
 mod objects;
+pub mod operator;
 mod receive;
 mod transmit;
 mod work_requests;
 
+pub use clients::QpnBlocks;
 pub use handles::{handle_device, HANDLE_DEVICE_SHIFT};
+pub use operator::OperatorMsg;
 
+use crate::fault::FaultInjector;
 use crate::gsi::{GsiMad, GsiOut};
-use crate::net::{AdaptiveSpin, Link, LocalFrames, UdpLink, UdpLinkConfig};
+use crate::net::{AdaptiveSpin, Layers, Link, LocalFrames, UdpLink, UdpLinkConfig};
 use clients::ClientDev;
 use crossbeam_channel::{Receiver, Sender};
 use multicast::JoinedGroup;
@@ -47,6 +51,7 @@ use proto::transport as tp;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::info;
 
@@ -81,6 +86,10 @@ pub enum DevMsg {
     UpdateInfo(DeviceInfo),
     /// A CM MAD from the CM thread, to leave through this device's link.
     SendGsi(GsiOut),
+    /// The operator's requests: counters, resources, captures, fault rules.
+    Operator(OperatorMsg),
+    /// `softroce link del`: fatal to the device's contexts; the thread ends.
+    Remove,
     Shutdown,
 }
 
@@ -90,22 +99,25 @@ pub struct DeviceThread {
     /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config).
     max_qp: usize,
     max_mr: usize,
-    /// How many devices the daemon serves: device `i` takes the QPN blocks `b` with
-    /// `b % devices == i`, so that QPNs are unique across devices (clients name QPs by QPN).
-    devices: u32,
+    /// The QPN blocks of every device of the daemon: QPNs are unique across devices (clients
+    /// name QPs by QPN), and devices come and go (`softroce link add/del`).
+    qpn_blocks: Arc<QpnBlocks>,
     info: DeviceInfo,
     gids: Vec<IpAddr>,
-    link: Box<dyn Link + Send>,
+    /// The link, inside its capture and fault layers.
+    link: Layers,
+    /// Fault rules the responder carries out (forced RNR and access error NAKs).
+    naks: FaultInjector,
+    /// Counters of the clients that have gone, by name, so the device's stay cumulative.
+    retired: Vec<(String, u64)>,
+    /// QP1 packets (CM MADs) sent and received.
+    gsi_sent: u64,
+    gsi_rcvd: u64,
     wake: EventFd,
     rx: Receiver<DevMsg>,
     clients: BTreeMap<u64, ClientDev>,
     /// QPN block -> client.
     blocks: HashMap<u32, u64>,
-    /// The block handed out last: blocks go round-robin, so that a new client does not get
-    /// the QPNs of one that just exited, whose connections may still be in CM timewait on a
-    /// peer (a REQ from a QPN the peer still holds is refused as a stale connection, REJ 10;
-    /// rxe likewise allocates QPNs cyclically).
-    last_block: u32,
     start: Instant,
     slot: Vec<u8>,
     /// Where packets to QP1 (CM MADs) go: the CM thread ([`crate::cm`]).
@@ -124,7 +136,7 @@ impl DeviceThread {
     /// Opens the device's link and returns the thread state.
     pub fn new(
         index: usize,
-        devices: usize,
+        qpn_blocks: Arc<QpnBlocks>,
         cfg: &crate::config::DeviceConfig,
         info: DeviceInfo,
         rx: Receiver<DevMsg>,
@@ -146,15 +158,18 @@ impl DeviceThread {
             max_qp: cfg.max_qp as usize,
             max_mr: cfg.max_mr as usize,
             index: index as u32,
-            devices: devices.max(1) as u32,
+            qpn_blocks,
+            link: Layers::new(Box::new(link), info.node_guid, clients::random_seed()),
+            naks: FaultInjector::new(clients::random_seed()),
+            retired: operator::named(&tp::Counters::default()),
+            gsi_sent: 0,
+            gsi_rcvd: 0,
             info,
             gids,
-            link: Box::new(link),
             wake,
             rx,
             clients: BTreeMap::new(),
             blocks: HashMap::new(),
-            last_block: 0,
             start: Instant::now(),
             slot: vec![0u8; 64 * 1024],
             gsi: None,
@@ -243,8 +258,14 @@ impl DeviceThread {
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
             DevMsg::SendGsi(mut mad) => {
+                self.gsi_sent += 1;
                 self.link.send_gsi(mad.src, mad.dst, &mut mad.packet);
                 self.link.flush();
+            }
+            DevMsg::Operator(m) => self.operator(m),
+            DevMsg::Remove => {
+                self.remove();
+                return false;
             }
             DevMsg::UpdateInfo(info) => {
                 self.gids = info.gid_addrs();
