@@ -256,7 +256,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         config.devices.push(d);
     }
     let socket = config::socket_path(args.socket.as_deref().or(config.socket.as_deref()));
-    server::run(config, socket, args.port)
+    server::run_with(config, args.config.clone(), socket, args.port)
 }
 
 fn run(socket: Option<&Path>, command: &[String]) -> Result<()> {
