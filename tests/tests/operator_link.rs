@@ -133,6 +133,7 @@ int main(int argc, char **argv) {
     printf("alloc on the deleted device %s\n", late ? "succeeded" : "failed");
     struct ibv_pd *fine = ibv_alloc_pd(other);
     printf("alloc on the other device %s\n", fine ? "succeeded" : "failed");
+    fflush(stdout);
     char line[8];
     if (!fgets(line, sizeof line, stdin)) return 1;
     if (fine) ibv_dealloc_pd(fine);

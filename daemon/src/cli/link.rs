@@ -21,7 +21,7 @@ pub enum LinkCommand {
         /// The new device's name.
         name: String,
         /// What it serves: addr ADDR... | netdev IFACE | tap TAP, then roce, mtu.
-        #[arg(required = true, num_args = 1.., allow_hyphen_values = true)]
+        #[arg(required = true, num_args = 1..)]
         words: Vec<String>,
         /// Also write the device into the daemon's TOML config (its --config file).
         #[arg(long)]
