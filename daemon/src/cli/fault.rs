@@ -41,7 +41,6 @@ pub struct FaultArgs {
     device: String,
     /// The kind (drop, duplicate, delay MS, reorder, corrupt, rnr, access-error), clear or
     /// show.
-    #[arg(required = true)]
     words: Vec<String>,
     /// Take each eligible packet with probability P (0..1, or a percentage: 5%); the default
     /// is every packet.
@@ -112,7 +111,13 @@ pub fn run(args: FaultArgs) -> CliResult {
     let words: Vec<&str> = args.words.iter().map(String::as_str).collect();
     // `softroce fault show` names no device: the device word is then the verb.
     let (device, verb) = match (args.device.as_str(), words.as_slice()) {
-        ("show", _) => (None, "show"),
+        ("show", []) => (None, "show"),
+        ("show", [name]) => (Some(name.to_string()), "show"),
+        (_, []) => {
+            return Err(Failure::usage(anyhow!(
+                "what fault? drop, duplicate, delay MS, reorder, corrupt, rnr, access-error, clear or show"
+            )))
+        }
         (d, ["show"]) => (Some(d.to_string()), "show"),
         (d, ["clear"]) => (Some(d.to_string()), "clear"),
         (d, _) => (Some(d.to_string()), "add"),
