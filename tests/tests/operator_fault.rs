@@ -106,12 +106,13 @@ fn duplicated_packets_are_answered_not_executed_twice() {
 #[test]
 fn delayed_packets_beyond_the_ack_timeout_are_retried() {
     let d = loopback_daemon("op-fault-delay", 132);
-    // rc_pingpong's ACK timeout is 14 (67 ms): a 300 ms delay outlives it.
+    // rc_pingpong's ACK timeout is 14 (67 ms): a 150 ms delay outlives it, and the run
+    // (5000 round trips) outlives the delay, so the late originals arrive while it goes on.
     let c = pingpong_under(
         &d,
-        &["delay", "300", "--next", "2"],
+        &["delay", "150", "--next", "2"],
         19532,
-        "20",
+        "5000",
         "fault-delay",
     );
     assert_eq!(c["injected"], 2);
