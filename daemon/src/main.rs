@@ -142,9 +142,20 @@ struct DaemonArgs {
     /// RoCE v2 UDP port (4791; another value only for tests on one host).
     #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
     port: u16,
-    /// Log filter, as RUST_LOG (default: info).
+    /// Log filter, as RUST_LOG (default: info): levels error, warn, info, debug, trace, per
+    /// module too (`info,softroce_daemon::cm=debug`).
     #[arg(long, default_value = "info")]
     log: String,
+    /// Log lines as text (key=value fields, the spans of the client and QP they concern) or
+    /// as JSON objects, one per line (for journald and log collectors).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -192,14 +203,19 @@ fn main() -> ExitCode {
 
 fn daemon(args: DaemonArgs) -> Result<()> {
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))?;
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))?,
-        )
-        .init();
+        .with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config {

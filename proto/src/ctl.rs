@@ -641,7 +641,7 @@ pub struct DeviceStats {
     pub counters: Vec<(String, u64)>,
     /// The packet I/O's counters (the ICRC and version-mismatch drops, GSO/GRO, errors).
     pub net: Vec<(String, u64)>,
-    /// Per QP, when asked for (`qp QPN`), or every QP when the request named one device.
+    /// The QP asked for (`qp QPN`), when it lives on this device.
     pub qps: Vec<QpStats>,
 }
 

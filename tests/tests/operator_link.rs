@@ -253,3 +253,44 @@ fn save_writes_added_and_deleted_devices_into_the_config() {
         .collect();
     assert_eq!(names, ["srxe0"]);
 }
+
+#[test]
+fn json_logs_carry_the_spans_of_the_client_and_the_qp() {
+    let d = Daemon::start(
+        "op-logs-json",
+        &[
+            "--addr",
+            "127.0.0.115",
+            "--port",
+            "4791",
+            "--log-format",
+            "json",
+            "--log",
+            "debug",
+        ],
+    );
+    ProgramPair::start(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        19503,
+        &["-d", "srxe0", "-g", "0", "-n", "5"],
+        "logs-json",
+    )
+    .succeed(Duration::from_secs(60), &d);
+    let log = d.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let in_span = |name: &str| {
+        lines.iter().any(|l| {
+            l["spans"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|s| s["name"] == name))
+        })
+    };
+    assert!(in_span("client"), "no line in a client span:\n{log}");
+    assert!(in_span("qp"), "no line in a QP span:\n{log}");
+    assert!(lines.iter().all(|l| l["level"].is_string()));
+}

@@ -253,7 +253,21 @@ impl DeviceThread {
                 fds,
                 reply,
             } => {
+                // One span per client, and per QP for the requests about one.
+                let _client = tracing::info_span!("client", client, pid).entered();
+                let qpn = match &request {
+                    Request::ModifyQp { qpn, .. }
+                    | Request::QueryQp { qpn, .. }
+                    | Request::DestroyQp { qpn }
+                    | Request::AttachMcast { qpn, .. }
+                    | Request::DetachMcast { qpn, .. } => Some(*qpn),
+                    _ => None,
+                };
+                let _qp = qpn.map(|qpn| tracing::info_span!("qp", qpn).entered());
                 let (resp, fds) = self.request(client, pid, handles::untag(request), fds);
+                if let Response::Qp { qpn, .. } = &resp {
+                    tracing::info_span!("qp", qpn).in_scope(|| tracing::debug!("QP created"));
+                }
                 let _ = reply.send((handles::tag(resp, self.index), fds));
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
