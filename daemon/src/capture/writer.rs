@@ -2,16 +2,18 @@
 //! reads, fed by the devices' batches.
 
 use super::pcapng;
-use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use crossbeam_channel::{unbounded, Receiver, Sender};
 use proto::ctl::CaptureSpec;
 use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tracing::{debug, info};
 
-/// Batches waiting for the writer, per capture; more are dropped (and counted).
-const QUEUE: usize = 64;
+/// Bytes of batches waiting for the writer, per capture; more are dropped (and counted). A
+/// writer starved of CPU for a while (the machine busy with the very traffic it captures)
+/// catches up from here.
+const QUEUE_BYTES: usize = 64 << 20;
 
 enum WriterMsg {
     Packets { bytes: Vec<u8>, count: u64 },
@@ -32,6 +34,8 @@ pub struct CaptureShared {
     finished: AtomicBool,
     ifaces: Vec<IfaceStats>,
     tx: Sender<WriterMsg>,
+    /// Bytes queued for the writer and not yet written.
+    queued: AtomicUsize,
 }
 
 impl CaptureShared {
@@ -50,12 +54,14 @@ impl CaptureShared {
         let Some(stats) = self.ifaces.get(iface as usize) else {
             return;
         };
-        match self.tx.try_send(WriterMsg::Packets { bytes, count }) {
-            Ok(()) => stats.captured.fetch_add(count, Ordering::Relaxed),
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                stats.dropped.fetch_add(count, Ordering::Relaxed)
-            }
-        };
+        let len = bytes.len();
+        let room = self.queued.load(Ordering::Relaxed) + len <= QUEUE_BYTES;
+        if room && self.tx.send(WriterMsg::Packets { bytes, count }).is_ok() {
+            self.queued.fetch_add(len, Ordering::Relaxed);
+            stats.captured.fetch_add(count, Ordering::Relaxed);
+        } else {
+            stats.dropped.fetch_add(count, Ordering::Relaxed);
+        }
     }
 
     /// Whether the capture is over (its count reached, its reader gone, or stopped).
@@ -65,16 +71,15 @@ impl CaptureShared {
 
     /// Ends the capture: the writer writes what it holds and the statistics, then closes.
     pub fn stop(&self) {
-        // The queue may be full: the writer also sees `finished` after its current batch.
         self.finished.store(true, Ordering::Relaxed);
-        let _ = self.tx.try_send(WriterMsg::Stop);
+        let _ = self.tx.send(WriterMsg::Stop);
     }
 }
 
 /// Starts a capture of the devices `interfaces` (interface `i` of the stream is
 /// `interfaces[i]`), written into `out`. The writer thread ends with the capture.
 pub fn start(spec: CaptureSpec, interfaces: Vec<String>, out: OwnedFd) -> Arc<CaptureShared> {
-    let (tx, rx) = bounded(QUEUE);
+    let (tx, rx) = unbounded();
     let budget = spec
         .count
         .map_or(i64::MAX, |c| c.min(i64::MAX as u64) as i64);
@@ -84,6 +89,7 @@ pub fn start(spec: CaptureSpec, interfaces: Vec<String>, out: OwnedFd) -> Arc<Ca
         finished: AtomicBool::new(false),
         ifaces: interfaces.iter().map(|_| IfaceStats::default()).collect(),
         tx,
+        queued: AtomicUsize::new(0),
     });
     let writer = Arc::clone(&shared);
     let spawned = std::thread::Builder::new()
@@ -119,6 +125,7 @@ fn run(
         match rx.recv() {
             Ok(WriterMsg::Packets { bytes, count }) => {
                 ok = out.write_all(&bytes).is_ok();
+                shared.queued.fetch_sub(bytes.len(), Ordering::Relaxed);
                 written += count;
             }
             Ok(WriterMsg::Stop) | Err(_) => break,

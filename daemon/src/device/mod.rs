@@ -113,6 +113,8 @@ pub struct DeviceThread {
     /// QP1 packets (CM MADs) sent and received.
     gsi_sent: u64,
     gsi_rcvd: u64,
+    /// Packets for a QP no client of the device holds (counted as `dropped_pkts`).
+    orphans: u64,
     wake: EventFd,
     rx: Receiver<DevMsg>,
     clients: BTreeMap<u64, ClientDev>,
@@ -164,6 +166,7 @@ impl DeviceThread {
             retired: operator::named(&tp::Counters::default()),
             gsi_sent: 0,
             gsi_rcvd: 0,
+            orphans: 0,
             info,
             gids,
             wake,

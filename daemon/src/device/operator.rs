@@ -159,6 +159,8 @@ impl DeviceThread {
         // QP1's packets are the CM's, sent and received here: rxe counts them too.
         bump(&mut counters, "sent_pkts", self.gsi_sent);
         bump(&mut counters, "rcvd_pkts", self.gsi_rcvd);
+        // As an engine counts a packet for a QP it does not have.
+        bump(&mut counters, "dropped_pkts", self.orphans);
         let mut qps = Vec::new();
         if let Some(q) = qpn {
             for c in self.clients.values() {

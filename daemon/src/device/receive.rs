@@ -19,13 +19,14 @@ impl DeviceThread {
     /// a fault rule held back that are due. Returns whether anything came.
     pub(super) fn receive(&mut self, wait: Duration, broken: &mut Vec<u64>) -> bool {
         let now = self.now();
-        let (clients, blocks, gsi, index, naks, gsi_rcvd) = (
+        let (clients, blocks, gsi, index, naks, gsi_rcvd, orphans) = (
             &mut self.clients,
             &self.blocks,
             &self.gsi,
             self.index as usize,
             &mut self.naks,
             &mut self.gsi_rcvd,
+            &mut self.orphans,
         );
         let delivered = self.link.poll(wait, &mut |p: &RxPacket<'_>| {
             let Some(dqpn) = p.dest_qpn() else {
@@ -51,10 +52,17 @@ impl DeviceThread {
                     bth: p.bth,
                     way: Way::Rx,
                 };
-                deliver_packet(clients, blocks, naks, now, to, p.packet, broken);
+                if !deliver_packet(clients, blocks, naks, now, to, p.packet, broken) {
+                    *orphans += 1;
+                }
             }
         });
-        let (clients, blocks, naks) = (&mut self.clients, &self.blocks, &mut self.naks);
+        let (clients, blocks, naks, orphans) = (
+            &mut self.clients,
+            &self.blocks,
+            &mut self.naks,
+            &mut self.orphans,
+        );
         let released = self.link.release_local(&mut |frame: &[u8], bth: usize| {
             let Some(dqpn) = frame.get(bth..).and_then(crate::net::link::dest_qpn) else {
                 return;
@@ -64,7 +72,9 @@ impl DeviceThread {
                 bth,
                 way: Way::Local,
             };
-            deliver_packet(clients, blocks, naks, now, to, frame, broken);
+            if !deliver_packet(clients, blocks, naks, now, to, frame, broken) {
+                *orphans += 1;
+            }
         });
         delivered > 0 || released
     }
@@ -72,11 +82,12 @@ impl DeviceThread {
     /// Hands the packets queued between QPs of this device, through the link's capture and
     /// fault layers, to the engines that own their destination QPs.
     pub(super) fn deliver_local(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) {
-        let (clients, blocks, naks, link) = (
+        let (clients, blocks, naks, link, orphans) = (
             &mut self.clients,
             &self.blocks,
             &mut self.naks,
             &mut self.link,
+            &mut self.orphans,
         );
         self.local.drain_with_offsets(|dqpn, frame, bth| {
             let to = Destination {
@@ -85,7 +96,9 @@ impl DeviceThread {
                 way: Way::Local,
             };
             link.local(frame, bth, &mut |f: &[u8]| {
-                deliver_packet(clients, blocks, naks, now, to, f, broken);
+                if !deliver_packet(clients, blocks, naks, now, to, f, broken) {
+                    *orphans += 1;
+                }
             });
         });
     }
@@ -102,7 +115,8 @@ pub(super) struct Destination {
 /// Hands a verified packet (network header onward) to the engine that owns its destination
 /// QP or, for the multicast QPN, to every engine (each delivers to its own QPs attached to the
 /// group, as rxe_rcv_mcast_pkt). The responder's fault rules (`naks`) may have it answered
-/// with a forced NAK. Clients whose engine panicked are added to `broken`.
+/// with a forced NAK. Clients whose engine panicked are added to `broken`. False when no
+/// client holds the destination QP.
 pub(super) fn deliver_packet(
     clients: &mut BTreeMap<u64, ClientDev>,
     blocks: &HashMap<u32, u64>,
@@ -111,7 +125,7 @@ pub(super) fn deliver_packet(
     to: Destination,
     packet: &[u8],
     broken: &mut Vec<u64>,
-) {
+) -> bool {
     let dqpn = to.dqpn;
     if dqpn == Qpn::MULTICAST.value() {
         for (&id, c) in clients.iter_mut() {
@@ -119,14 +133,14 @@ pub(super) fn deliver_packet(
                 broken.push(id);
             }
         }
-        return;
+        return true;
     }
     let Some((&id, c)) = blocks
         .get(&(dqpn / QPN_BLOCK))
         .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
     else {
         debug!(qpn = dqpn, "packet for an unknown QP dropped");
-        return;
+        return false;
     };
     let decision = if naks.is_on() {
         naks.decide(now, to.way, packet.get(to.bth..).unwrap_or(&[]))
@@ -143,4 +157,5 @@ pub(super) fn deliver_packet(
     if handled.is_none() {
         broken.push(id);
     }
+    true
 }

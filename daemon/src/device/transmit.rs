@@ -97,7 +97,7 @@ impl DeviceThread {
                     bth: *bth,
                     way: crate::fault::Way::Local,
                 };
-                deliver_packet(clients, blocks, naks, now, to, frame, broken);
+                let _ = deliver_packet(clients, blocks, naks, now, to, frame, broken);
             }
         }
         busy
