@@ -128,7 +128,7 @@ impl Registry {
     }
 
     /// The live devices a request names (`None`: all); an unknown name is an error.
-    fn selected(&self, name: Option<&str>) -> Result<Vec<(usize, DeviceLink)>, Response> {
+    fn selected(&self, name: Option<&str>) -> Result<Vec<(usize, DeviceLink)>, String> {
         let all: Vec<(usize, DeviceLink)> = (0..self.devices.len())
             .filter_map(|i| link_at(&self.links, i).map(|l| (i, l)))
             .collect();
@@ -137,7 +137,7 @@ impl Registry {
             Some(n) => {
                 let one: Vec<_> = all.into_iter().filter(|(_, l)| l.name == n).collect();
                 if one.is_empty() {
-                    Err(failure(libc::ENODEV, format!("no device named {n}")))
+                    Err(format!("no device named {n}"))
                 } else {
                     Ok(one)
                 }
@@ -220,7 +220,7 @@ impl Registry {
             Request::Stat { device, qpn } => {
                 let selected = match self.selected(device.as_deref()) {
                     Ok(s) => s,
-                    Err(r) => return r,
+                    Err(e) => return failure(libc::ENODEV, e),
                 };
                 let mut out: Vec<DeviceStats> = Vec::new();
                 for (_, link) in selected {
@@ -285,7 +285,7 @@ impl Registry {
                 let selected = match self.selected(spec.device.as_deref()) {
                     Ok(s) if !s.is_empty() => s,
                     Ok(_) => return failure(libc::ENODEV, "the daemon serves no device"),
-                    Err(r) => return r,
+                    Err(e) => return failure(libc::ENODEV, e),
                 };
                 let names: Vec<String> = selected.iter().map(|(_, l)| l.name.clone()).collect();
                 let shared = crate::capture::writer::start(spec, names.clone(), out);
@@ -305,7 +305,7 @@ impl Registry {
                     }
                     Response::Done
                 }
-                Err(r) => r,
+                Err(e) => failure(libc::ENODEV, e),
             },
             Request::FaultClear { device } => match self.selected(Some(&device)) {
                 Ok(s) => {
@@ -314,7 +314,7 @@ impl Registry {
                     }
                     Response::Done
                 }
-                Err(r) => r,
+                Err(e) => failure(libc::ENODEV, e),
             },
             Request::FaultShow { device } => match self.selected(device.as_deref()) {
                 Ok(s) => Response::Faults(
@@ -329,7 +329,7 @@ impl Registry {
                         })
                         .collect(),
                 ),
-                Err(r) => r,
+                Err(e) => failure(libc::ENODEV, e),
             },
             _ => failure(libc::EINVAL, "not an operator request"),
         }
