@@ -1,6 +1,7 @@
 //! The softroce device: the daemon's control plane, client memory access, shared rings,
 //! packet I/O, and the capture tools. The `softroce` binary (`main.rs`) is a thin CLI over it.
 
+pub mod access;
 pub mod capture;
 pub mod cli;
 pub mod cm;
@@ -12,5 +13,6 @@ pub mod gsi;
 pub mod memory;
 pub mod net;
 pub mod pcap;
+pub mod peer;
 pub mod server;
 pub mod shm;

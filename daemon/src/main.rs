@@ -139,6 +139,21 @@ struct DaemonArgs {
     /// capture of one daemon's traffic that both pcap checkers accept).
     #[arg(long)]
     no_gso: bool,
+    /// Let this user (uid or name) use the daemon besides the daemon's own user (repeatable).
+    /// The control socket is then mode 0666; the daemon checks every client's uid.
+    #[arg(long = "allow-uid")]
+    allow_uid: Vec<config::UserOrId>,
+    /// Let members of this group (gid or name) use the daemon (repeatable); the first one
+    /// owns the control socket, which is then mode 0660. Without --allow-uid/--allow-group
+    /// the socket is 0600: the daemon's user only.
+    #[arg(long = "allow-group")]
+    allow_group: Vec<config::UserOrId>,
+    /// Most control connections at once (default 1024).
+    #[arg(long)]
+    max_connections: Option<u32>,
+    /// Most control connections of one user at once (default 256).
+    #[arg(long)]
+    max_connections_per_uid: Option<u32>,
     /// RoCE v2 UDP port (4791; another value only for tests on one host).
     #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
     port: u16,
@@ -218,10 +233,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
     }
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
-        None => Config {
-            socket: None,
-            devices: Vec::new(),
-        },
+        None => Config::default(),
     };
     let from_flags = args.name.is_some()
         || !args.addrs.is_empty()
@@ -270,6 +282,14 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         d.local_via_socket |= args.local_via_socket;
         d.gso &= !args.no_gso;
         config.devices.push(d);
+    }
+    config.allow_uid.extend(args.allow_uid);
+    config.allow_group.extend(args.allow_group);
+    if let Some(n) = args.max_connections {
+        config.max_connections = n;
+    }
+    if let Some(n) = args.max_connections_per_uid {
+        config.max_connections_per_uid = n;
     }
     let socket = config::socket_path(args.socket.as_deref().or(config.socket.as_deref()));
     server::run_with(config, args.config.clone(), socket, args.port)

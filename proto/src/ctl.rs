@@ -86,6 +86,31 @@ pub struct DeviceInfo {
     pub gids: Vec<GidEntry>,
     /// The network interfaces the device's addresses live on ("lo", ...).
     pub netdevs: Vec<String>,
+    /// The device's configured caps, which `ibv_query_device` reports.
+    pub limits: DeviceLimits,
+}
+
+/// What a device holds at most over all its clients (its configuration's `max_qp`, `max_mr`,
+/// `max_cq`, `max_srq`), as `ibv_query_device` reports them. The defaults are kernel rxe's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceLimits {
+    pub max_qp: u32,
+    pub max_cq: u32,
+    pub max_mr: u32,
+    pub max_srq: u32,
+}
+
+impl Default for DeviceLimits {
+    /// Kernel rxe's (rxe_param.h) as `ibv_devinfo -v` shows them on kernel 6.1: max_qp
+    /// 1048560, max_cq 1048576, max_mr 524287, max_srq 917503.
+    fn default() -> DeviceLimits {
+        DeviceLimits {
+            max_qp: 1_048_560,
+            max_cq: 1_048_576,
+            max_mr: 524_287,
+            max_srq: 917_503,
+        }
+    }
 }
 
 /// `struct ibv_qp_cap`.
@@ -243,6 +268,10 @@ pub enum Request {
         max_sge: u32,
         srq_limit: u32,
     },
+    /// `ibv_modify_srq`. With `IBV_SRQ_MAX_WR` (mask 1) the SRQ gets a new ring of the new
+    /// size: the response is [`Response::Srq`] + fd, and the client posts to the new ring from
+    /// then on (the daemon took every WQE of the old one first, so the client must not post
+    /// while the request is out). Otherwise [`Response::Done`].
     ModifySrq {
         srq: u32,
         max_wr: u32,
@@ -426,6 +455,15 @@ pub enum Request {
     /// Addresses, device, port, GIDs and path of an id. Response [`Response::CmIdInfo`].
     CmQueryId {
         id: u32,
+    },
+
+    /// `ibv_resize_cq`: response [`Response::Cq`] + fd, a new ring of the granted depth. The
+    /// daemon writes completions to the new ring only, from the moment it answers; those
+    /// still in the old ring are the client's to take first (it must not poll while the
+    /// request is out). EINVAL when more completions wait than the new depth.
+    ResizeCq {
+        cq: u32,
+        cqe: u32,
     },
 
     // ---- the operator's commands (`softroce link|stat|res|capture|fault`) ----
@@ -1064,6 +1102,7 @@ mod tests {
                 roce: RoceVersion::V2,
             }],
             netdevs: vec!["lo".into()],
+            limits: DeviceLimits::default(),
         }]);
         let bytes = encode(&resp).unwrap();
         assert_eq!(decode::<Response>(&bytes).unwrap(), resp);

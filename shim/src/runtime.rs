@@ -422,6 +422,9 @@ impl ShimContext {
 /// registering its context, so a context opened concurrently is covered by one side or both
 /// (the registry lock orders them), and [`ShimContext::post_device_fatal`] posts only once.
 pub fn post_device_fatal_to_all_contexts() {
+    // A thread blocked in ibv_get_cq_event must not wait for ever: every completion channel
+    // gets a record that says the device is gone (crate::verbs::events).
+    COMP_CHANNELS.for_each_live(crate::verbs::events::wake_for_device_loss);
     CONTEXTS.for_each_live(|addr| {
         // SAFETY: `addr` is registered and the registry lock is held, so it is the context
         // member of a live Box<ShimContext> that ibv_close_device cannot free meanwhile (it

@@ -170,8 +170,17 @@ fn check_daemon(socket: &Path) -> (Check, Option<DaemonView>) {
                     ),
                     Some(nix::errno::Errno::EACCES) => Check::fail(
                         NAME,
-                        format!("you may not connect to {} (its permissions)", socket.display()),
-                        "run your own daemon on a socket of yours: `softroce daemon --socket $XDG_RUNTIME_DIR/softroce/ctl.sock`",
+                        {
+                            use std::os::unix::fs::MetadataExt;
+                            let owner = std::fs::metadata(socket)
+                                .map(|m| format!("uid {}, mode {:o}", m.uid(), m.mode() & 0o777))
+                                .unwrap_or_else(|_| "unknown owner".into());
+                            format!(
+                                "you (uid {me}) may not connect to {}: the socket belongs to another user ({owner})",
+                                socket.display()
+                            )
+                        },
+                        "run your own daemon on a socket of yours (`softroce daemon --socket $XDG_RUNTIME_DIR/softroce/ctl.sock`), or have that daemon allow you (allow_uid / allow_group in its config)",
                     ),
                     _ => Check::fail(
                         NAME,

@@ -27,11 +27,14 @@
 mod clients;
 mod completions;
 mod control;
+mod events;
 mod handles;
+mod limits;
 mod multicast;
 mod objects;
 pub mod operator;
 mod receive;
+mod resize;
 mod transmit;
 mod work_requests;
 
@@ -42,6 +45,7 @@ pub use operator::OperatorMsg;
 use crate::fault::FaultInjector;
 use crate::gsi::{GsiMad, GsiOut};
 use crate::net::{AdaptiveSpin, Layers, Link, LocalFrames, UdpLink, UdpLinkConfig};
+use crate::peer::ClientProcess;
 use clients::ClientDev;
 use crossbeam_channel::{Receiver, Sender};
 use multicast::JoinedGroup;
@@ -69,7 +73,9 @@ const MAX_SLEEP: Duration = Duration::from_secs(10);
 pub enum DevMsg {
     Request {
         client: u64,
-        pid: i32,
+        /// The client's process, pinned when it connected ([`crate::peer`]): its memory is
+        /// only reached through it.
+        process: Arc<ClientProcess>,
         request: Request,
         fds: Vec<OwnedFd>,
         reply: Sender<(Response, Vec<OwnedFd>)>,
@@ -96,9 +102,11 @@ pub enum DevMsg {
 /// The device thread's state.
 pub struct DeviceThread {
     index: u32,
-    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config).
+    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config),
+    /// and the other caps ([`limits`]).
     max_qp: usize,
     max_mr: usize,
+    limits: crate::config::ResourceLimits,
     /// The QPN blocks of every device of the daemon: QPNs are unique across devices (clients
     /// name QPs by QPN), and devices come and go (`softroce link add/del`).
     qpn_blocks: Arc<QpnBlocks>,
@@ -159,6 +167,7 @@ impl DeviceThread {
         Ok(DeviceThread {
             max_qp: cfg.max_qp as usize,
             max_mr: cfg.max_mr as usize,
+            limits: cfg.limits,
             index: index as u32,
             qpn_blocks,
             link: Layers::new(Box::new(link), info.node_guid, clients::random_seed()),
@@ -251,13 +260,13 @@ impl DeviceThread {
             DevMsg::Shutdown => return false,
             DevMsg::Request {
                 client,
-                pid,
+                process,
                 request,
                 fds,
                 reply,
             } => {
                 // One span per client, and per QP for the requests about one.
-                let _client = tracing::info_span!("client", client, pid).entered();
+                let _client = tracing::info_span!("client", client, pid = process.pid()).entered();
                 let qpn = match &request {
                     Request::ModifyQp { qpn, .. }
                     | Request::QueryQp { qpn, .. }
@@ -267,7 +276,12 @@ impl DeviceThread {
                     _ => None,
                 };
                 let _qp = qpn.map(|qpn| tracing::info_span!("qp", qpn).entered());
-                let (resp, fds) = self.request(client, pid, handles::untag(request), fds);
+                // A resize counts what the queue holds: the work the client posted before it
+                // asked is taken and completed first, as an adapter would have by then.
+                if matches!(request, Request::ResizeCq { .. }) {
+                    self.pump(Duration::ZERO);
+                }
+                let (resp, fds) = self.request(client, &process, handles::untag(request), fds);
                 if let Response::Qp { qpn, .. } = &resp {
                     tracing::info_span!("qp", qpn).in_scope(|| tracing::debug!("QP created"));
                 }
@@ -333,6 +347,12 @@ impl DeviceThread {
             Some(t) if t <= now => Duration::ZERO,
             Some(t) => Duration::from_nanos(t - now).min(MAX_SLEEP),
             None => MAX_SLEEP,
+        };
+        // Event records held back for a client that did not read are retried by polling.
+        let timeout = if self.clients.values().any(ClientDev::events_held_back) {
+            timeout.min(events::RETRY_INTERVAL)
+        } else {
+            timeout
         };
         self.link.max_sleep().map_or(timeout, |m| timeout.min(m))
     }

@@ -41,15 +41,24 @@ pub(super) fn address_vector(a: &ctl::AhAttr) -> AddressVector {
 
 /// Allocates a sealed memfd holding `geometries` back to back; returns it and where each ring
 /// is.
-fn rings(
+pub(super) fn rings(
     name: &str,
     geometries: &[RingGeometry],
+    budget: u64,
 ) -> anyhow::Result<(SharedRegion, Vec<(SharedRing, RingPlace)>)> {
     let mut offsets = Vec::new();
     let mut at = 0usize;
     for g in geometries {
         offsets.push(at);
         at += g.byte_len().next_multiple_of(4096);
+    }
+    // Checked before anything is allocated (device::limits).
+    if at.max(4096) as u64 > budget {
+        anyhow::bail!(
+            "the rings need {} bytes, past the ring memory limit (max_ring_bytes or \
+             client_max_ring_bytes)",
+            at.max(4096)
+        );
     }
     let region = SharedRegion::create(name, at.max(4096))?;
     let mut out = Vec::new();
@@ -68,7 +77,7 @@ fn rings(
 }
 
 /// The region's descriptor, for the client; the daemon keeps only its mapping.
-fn give_fd(region: &mut SharedRegion) -> Vec<OwnedFd> {
+pub(super) fn give_fd(region: &mut SharedRegion) -> Vec<OwnedFd> {
     region.take_fd().into_iter().collect()
 }
 
@@ -77,6 +86,7 @@ pub(super) fn create_cq(
     ctx: u32,
     cqe: u32,
     channel: Option<u32>,
+    ring_budget: u64,
 ) -> (Response, Vec<OwnedFd>) {
     if !c.contexts.contains_key(&ctx) {
         return (errno(libc::EINVAL, "no such context"), vec![]);
@@ -96,19 +106,21 @@ pub(super) fn create_cq(
         Ok(h) => h,
         Err(e) => return (err(e), vec![]),
     };
-    match rings("cq", &[g]) {
+    match rings("cq", &[g], ring_budget) {
         Ok((mut region, mut r)) => {
             let (ring, place) = r.remove(0);
             let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
+            c.ring_bytes += region_len;
             c.cqs.insert(
                 cq,
                 CqState {
-                    _region: region,
+                    region,
                     ring,
                     channel,
                     generation: 0,
                     ctx,
+                    in_error: false,
                 },
             );
             (
@@ -138,6 +150,7 @@ pub(super) fn create_qp(
     srq: Option<u32>,
     cap: ctl::QpCap,
     sq_sig_all: bool,
+    ring_budget: u64,
 ) -> (Response, Vec<OwnedFd>) {
     let Some(&(epd, _)) = c.pds.get(&pd) else {
         return (errno(libc::EINVAL, "no such PD"), vec![]);
@@ -211,7 +224,7 @@ pub(super) fn create_qp(
     } else {
         vec![sg, rg]
     };
-    match rings("qp", &geometries) {
+    match rings("qp", &geometries, ring_budget) {
         Ok((mut region, mut r)) => {
             let (sq, sq_place) = r.remove(0);
             let (rq, rq_place) = match r.pop() {
@@ -220,18 +233,21 @@ pub(super) fn create_qp(
             };
             let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
+            c.ring_bytes += region_len;
             c.qps.insert(
                 qpn.value(),
                 QpHost {
-                    _region: region,
+                    region,
                     sq,
                     rq,
                     cap: init.cap,
                     send_cq,
+                    recv_cq,
                     sq_sig_all,
                     pending_send: VecDeque::new(),
                     pending_recv: VecDeque::new(),
                     ctx,
+                    corrupt: false,
                 },
             );
             (
@@ -258,6 +274,7 @@ pub(super) fn create_srq(
     max_wr: u32,
     max_sge: u32,
     limit: u32,
+    ring_budget: u64,
 ) -> (Response, Vec<OwnedFd>) {
     let Some(&(epd, pd_ctx)) = c.pds.get(&pd) else {
         return (errno(libc::EINVAL, "no such PD"), vec![]);
@@ -280,21 +297,23 @@ pub(super) fn create_srq(
     if limit > 0 {
         let _ = c.engine.arm_srq_limit(srq, limit);
     }
-    match rings("srq", &[g]) {
+    match rings("srq", &[g], ring_budget) {
         Ok((mut region, mut r)) => {
             let (ring, place) = r.remove(0);
             let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
+            c.ring_bytes += region_len;
             c.srqs.insert(
                 srq,
                 SrqState {
-                    _region: region,
+                    region,
                     ring,
                     max_sge,
                     pending: VecDeque::new(),
                     limit,
                     max_wr: g.slot_count,
                     ctx,
+                    corrupt: false,
                 },
             );
             (

@@ -248,15 +248,10 @@ impl DeviceThread {
         let mut rec = [0u8; 16];
         rec[8..12].copy_from_slice(&IBV_EVENT_DEVICE_FATAL.to_ne_bytes());
         let mut contexts = 0;
-        for c in self.clients.values() {
-            for fd in c.contexts.values() {
+        for c in self.clients.values_mut() {
+            for sink in c.contexts.values_mut() {
                 contexts += 1;
-                let _ = nix::sys::socket::send(
-                    std::os::fd::AsRawFd::as_raw_fd(fd),
-                    &rec,
-                    nix::sys::socket::MsgFlags::MSG_DONTWAIT
-                        | nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
-                );
+                sink.send(&rec, 12);
             }
         }
         info!(device = %self.info.name, contexts, "device deleted: its contexts get IBV_EVENT_DEVICE_FATAL");

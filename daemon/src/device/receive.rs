@@ -129,6 +129,9 @@ pub(super) fn deliver_packet(
     let dqpn = to.dqpn;
     if dqpn == Qpn::MULTICAST.value() {
         for (&id, c) in clients.iter_mut() {
+            // What the engine places for this packet is the destination QP's (the multicast
+            // QPN names no one QP).
+            c.engine.memory_mut().placing_for(dqpn);
             if contained(|| c.engine.handle_verified_packet(now, packet)).is_none() {
                 broken.push(id);
             }
@@ -147,6 +150,7 @@ pub(super) fn deliver_packet(
     } else {
         Decision::Pass
     };
+    c.engine.memory_mut().placing_for(dqpn);
     let handled = match decision {
         Decision::Nak { nak, rule } => {
             contained(|| c.engine.handle_verified_packet_forcing(now, packet, nak))

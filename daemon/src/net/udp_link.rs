@@ -284,10 +284,19 @@ impl Link for UdpLink {
     fn join_group(&mut self, group: IpAddr) -> io::Result<()> {
         // Senders address a group at the RoCE v2 port, whatever port this device serves.
         let port = proto::wire::ROCE_V2_PORT;
-        let Some(local) = self.addrs.iter().copied().find(IpAddr::is_ipv4) else {
+        // The device's address of the group's family (for IPv6 one that is not link-local
+        // first: its interface is where the group's traffic comes in).
+        let same_family = |a: &IpAddr| a.is_ipv4() == group.is_ipv4();
+        let Some(local) = self
+            .addrs
+            .iter()
+            .copied()
+            .filter(same_family)
+            .min_by_key(|a| matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()))
+        else {
             return Err(io::Error::new(
                 io::ErrorKind::AddrNotAvailable,
-                "the device has no IPv4 address to join the group on",
+                "the device has no address of the group's family to join it on",
             ));
         };
         let socket = MulticastGroup::join(group, local, port)?;

@@ -403,6 +403,83 @@ impl<M: MemoryAccess> Engine<M> {
         self.ctx.cqs.get_mut(&cq)?.entries.pop_front()
     }
 
+    /// `ibv_resize_cq`: the CQ's depth becomes `cqe`; EINVAL when more completions wait
+    /// than that (rxe_cq_chk_attr / rxe_queue_resize).
+    pub fn resize_cq(&mut self, cq: u32, cqe: usize) -> VerbsResult<()> {
+        if cqe == 0 || cqe > self.ctx.config.max_cqe {
+            return Err(VerbsError::Invalid("cqe out of range"));
+        }
+        let c = self
+            .ctx
+            .cqs
+            .get_mut(&cq)
+            .ok_or(VerbsError::NotFound("CQ"))?;
+        if c.entries.len() > cqe {
+            return Err(VerbsError::Invalid("cqe below the completions waiting"));
+        }
+        c.capacity = cqe;
+        Ok(())
+    }
+
+    /// Completions waiting in a CQ (`None`: no such CQ).
+    pub fn cq_len(&self, cq: u32) -> Option<usize> {
+        self.ctx.cqs.get(&cq).map(|c| c.entries.len())
+    }
+
+    /// Adds a completion the engine did not produce (a work request refused before it reached
+    /// the engine) to a CQ, with the engine's own overflow rule: false when the CQ is
+    /// overrun (then it is in error and [`AsyncEvent::CqError`] was raised).
+    pub fn push_completion(&mut self, cq: u32, wc: WorkCompletion) -> bool {
+        complete(&mut self.ctx, cq, wc, wc.status != WcStatus::Success)
+    }
+
+    /// The consumer's view of a CQ overflowed (the host's copy of it is full and more
+    /// completions wait), or the engine's own queue overflowed: CQ overrun. The CQ goes to
+    /// error and takes no more completions, those waiting here are lost (the host's copy
+    /// keeps what it holds), and [`AsyncEvent::CqError`] is raised once (IBTA §11.4.2.1,
+    /// rxe's `rxe_cq_post` on a full queue). The QPs that complete into it go to ERR as they
+    /// try (or at once, by the caller, with [`Engine::fail_qp`]).
+    pub fn cq_overrun(&mut self, cq: u32) -> VerbsResult<()> {
+        let c = self
+            .ctx
+            .cqs
+            .get_mut(&cq)
+            .ok_or(VerbsError::NotFound("CQ"))?;
+        c.entries.clear();
+        if !c.overflowed {
+            c.overflowed = true;
+            self.ctx.events.push_back(AsyncEvent::CqError { cq });
+        }
+        Ok(())
+    }
+
+    /// Whether a CQ is in error (overrun).
+    pub fn cq_in_error(&self, cq: u32) -> bool {
+        self.ctx.cqs.get(&cq).is_some_and(|c| c.overflowed)
+    }
+
+    /// Moves a QP to ERR because of a local error the transport did not see: work it cannot
+    /// decode (a corrupt work queue), or a placement into the host that failed after the
+    /// engine took the packet. Its work requests are flushed, answers it has not sent yet are
+    /// dropped (so nothing it could not do is acknowledged), and an async event is raised:
+    /// [`AsyncEvent::QpAccessError`] with `access_error` (IBV_EVENT_QP_ACCESS_ERR, "local
+    /// access violation"), else [`AsyncEvent::QpFatal`] (IBV_EVENT_QP_FATAL, "local work
+    /// queue catastrophic error"). A QP already in ERR only loses its pending answers.
+    pub fn fail_qp(&mut self, qpn: Qpn, access_error: bool) -> VerbsResult<()> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        if qp.state == QpState::Err {
+            qp.resp_out.clear();
+            return Ok(());
+        }
+        flush_qp(qp, &mut self.ctx, true);
+        self.ctx.events.push_back(if access_error {
+            AsyncEvent::QpAccessError { qpn }
+        } else {
+            AsyncEvent::QpFatal { qpn }
+        });
+        Ok(())
+    }
+
     /// `ibv_req_notify_cq`: the next completion (or next solicited one) raises
     /// [`AsyncEvent::CqNotify`].
     pub fn req_notify_cq(&mut self, cq: u32, solicited_only: bool) -> VerbsResult<()> {
@@ -435,6 +512,32 @@ impl<M: MemoryAccess> Engine<M> {
             },
         );
         Ok(h)
+    }
+
+    /// `ibv_modify_srq` with IBV_SRQ_MAX_WR: the SRQ holds `max_wr` WQEs from now on. EINVAL
+    /// below the WQEs it holds or below its armed limit (rxe_srq_chk_attr).
+    pub fn resize_srq(&mut self, srq: u32, max_wr: u32) -> VerbsResult<()> {
+        let max_qp_wr = self.ctx.config.max_qp_wr;
+        let s = self
+            .ctx
+            .srqs
+            .get_mut(&srq)
+            .ok_or(VerbsError::NotFound("SRQ"))?;
+        if max_wr == 0 || max_wr > max_qp_wr {
+            return Err(VerbsError::Invalid("SRQ capacity"));
+        }
+        if (max_wr as usize) < s.queue.len() || (s.limit > 0 && max_wr < s.limit) {
+            return Err(VerbsError::Invalid(
+                "max_wr below the WQEs held or the armed limit",
+            ));
+        }
+        s.max_wr = max_wr;
+        Ok(())
+    }
+
+    /// WQEs an SRQ holds (`None`: no such SRQ).
+    pub fn srq_len(&self, srq: u32) -> Option<usize> {
+        self.ctx.srqs.get(&srq).map(|s| s.queue.len())
     }
 
     /// `ibv_modify_srq` with IBV_SRQ_LIMIT: arm the limit event (0 disarms).

@@ -309,7 +309,7 @@ pub struct WorkCompletion {
 }
 
 impl WorkCompletion {
-    pub(crate) fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: Qpn) -> Self {
+    pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: Qpn) -> Self {
         WorkCompletion {
             wr_id,
             status,
