@@ -321,3 +321,45 @@ fn res_show_lists_a_running_pingpongs_qps_with_its_pids_and_not_after() {
         Some(1)
     );
 }
+
+#[test]
+fn res_show_cm_id_lists_a_listening_rping_with_its_pid() {
+    let d = loopback_daemon("op-res-cmid", 116);
+    let dir = shim_support::programs::scratch("operator", "res-cmid");
+    let mut cmd = d.command(&shim_support::require_program("rping"));
+    cmd.args(["-s", "-a", "127.0.0.116", "-p", "19514", "-C", "1"]);
+    let mut rping = shim_support::programs::Logged::spawn(cmd, dir.join("rping.log"));
+    let pid = u64::from(rping.child.id());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let row = loop {
+        let rows = softroce_json(&d, &["res", "show", "cm_id"]);
+        if let Some(r) = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["state"] == "LISTEN")
+        {
+            break r.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "rping's listener never showed: {rows}\n{}",
+            rping.output()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(row["pid"].as_u64(), Some(pid), "{row}");
+    assert_eq!(row["comm"], "rping");
+    assert_eq!(row["ps"], "TCP");
+    assert_eq!(row["src-addr"], "127.0.0.116:19514");
+    rping.kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !softroce_json(&d, &["res", "show", "cm_id"])
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the id outlived rping");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
