@@ -490,12 +490,13 @@ pub enum Request {
     ResDetail {
         kind: ResKind,
     },
-    /// `softroce capture` + fd: the write end of a pipe into which the daemon writes a
-    /// pcapng stream (section header, one interface per device, then one Enhanced Packet
-    /// Block per RoCE packet) until `spec.count` packets were written, the device is
-    /// deleted, the pipe's reader goes away or this control connection closes (then one
-    /// Interface Statistics Block per interface ends it). Response
-    /// [`Response::CaptureStarted`].
+    /// `softroce capture` + 2 fds: where the daemon writes a pcapng stream (the command's
+    /// file, its stdout, or a pipe it reads: section header, one interface per device, then
+    /// one Enhanced Packet Block per RoCE packet) until `spec.count` packets were written, the
+    /// device is deleted, the reader goes away or this control connection closes (then one
+    /// Interface Statistics Block per interface ends it); and the write end of a pipe on
+    /// which the daemon then writes `"PACKETS DROPPED\n"` and which it closes, so the command
+    /// knows the stream is whole. Response [`Response::CaptureStarted`].
     CaptureStart {
         spec: CaptureSpec,
     },

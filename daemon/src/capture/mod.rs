@@ -42,6 +42,16 @@ struct DeviceTap {
 }
 
 impl DeviceTap {
+    /// One more packet in the batch: a full batch goes to the writer at once.
+    fn packet_added(&mut self) {
+        self.batch_packets += 1;
+        if self.batch.len() >= BATCH_BYTES {
+            let bytes = std::mem::take(&mut self.batch);
+            self.shared
+                .deliver(self.iface, bytes, std::mem::take(&mut self.batch_packets));
+        }
+    }
+
     fn wants(&self, bth: &[u8]) -> bool {
         let spec = self.shared.spec();
         if let Some(op) = spec.opcode {
@@ -99,17 +109,13 @@ impl DeviceCapture {
 
     /// A UDP datagram the device sent (`Outbound`) or received (`Inbound`).
     pub fn datagram(&mut self, direction: Direction, d: &UdpDatagram<'_>) {
-        if !self.taps.iter().any(|t| t.wants(d.payload)) {
-            return;
-        }
         let (src_mac, dst_mac) = match direction {
             Direction::Outbound => (self.mac, frame::peer_mac(d.dst.ip())),
             Direction::Inbound => (frame::peer_mac(d.src.ip()), self.mac),
         };
-        self.frame.clear();
-        if frame::udp_frame(&mut self.frame, src_mac, dst_mac, d).is_some() {
-            self.record(direction, 14 + ip_header_len(d.src) + 8);
-        }
+        self.record(direction, d.payload, |out| {
+            frame::udp_frame(out, src_mac, dst_mac, d)
+        });
     }
 
     /// A network-layer packet as the engine speaks it, BTH at `bth`: one received from the
@@ -120,25 +126,22 @@ impl DeviceCapture {
         let Some(transport) = packet.get(bth..) else {
             return;
         };
-        if !self.taps.iter().any(|t| t.wants(transport)) {
-            return;
-        }
         let local = direction == Direction::Outbound;
         let (src_mac, dst_mac) = if local {
             (self.mac, self.mac)
         } else {
             (frame::peer_mac(src_of(packet)), self.mac)
         };
-        self.frame.clear();
-        if frame::network_frame(&mut self.frame, src_mac, dst_mac, packet, local).is_some() {
+        self.record(direction, transport, |out| {
+            let start = out.len();
+            let n = frame::network_frame(out, src_mac, dst_mac, packet, local)?;
             if corrupt {
-                let at = 14 + bth;
-                if let Some(t) = self.frame.get_mut(at..) {
+                if let Some(t) = out.get_mut(start + 14 + bth..) {
                     crate::fault::corrupt(t);
                 }
             }
-            self.record(direction, 14 + bth);
-        }
+            Some(n)
+        });
     }
 
     /// A whole Ethernet frame (a TAP device's); `bth_offset` is where its BTH starts.
@@ -146,18 +149,47 @@ impl DeviceCapture {
         let Some(bth) = eth_frame.get(bth_offset..) else {
             return;
         };
-        if !self.taps.iter().any(|t| t.wants(bth)) {
+        self.record(direction, bth, |out| {
+            out.extend_from_slice(eth_frame);
+            Some(eth_frame.len())
+        });
+    }
+
+    /// Appends the frame `build` writes (whose BTH and what follows is `bth`) to every
+    /// capture that wants it. With one capture, the frame is built straight into its batch;
+    /// with several, once and copied.
+    fn record(
+        &mut self,
+        direction: Direction,
+        bth: &[u8],
+        build: impl FnOnce(&mut Vec<u8>) -> Option<usize>,
+    ) {
+        let wanting = self.taps.iter().filter(|t| t.wants(bth)).count();
+        if wanting == 0 {
+            return;
+        }
+        let ts = pcapng::timestamp_now();
+        if wanting == 1 {
+            let Some(t) = self.taps.iter_mut().find(|t| t.wants(bth)) else {
+                return;
+            };
+            if !t.shared.take_one() {
+                return;
+            }
+            let snaplen = t.shared.spec().snaplen;
+            let start = pcapng::begin_packet(&mut t.batch, t.iface, ts);
+            if build(&mut t.batch).is_none() {
+                t.batch.truncate(start);
+                return;
+            }
+            pcapng::end_packet(&mut t.batch, start, direction, snaplen);
+            t.packet_added();
             return;
         }
         self.frame.clear();
-        self.frame.extend_from_slice(eth_frame);
-        self.record(direction, bth_offset);
-    }
-
-    /// Appends `self.frame` (BTH at `bth_offset`) to every capture that wants it.
-    fn record(&mut self, direction: Direction, bth_offset: usize) {
-        let ts = pcapng::timestamp_now();
-        let bth = self.frame.get(bth_offset..).unwrap_or(&[]);
+        if build(&mut self.frame).is_none() {
+            return;
+        }
         for t in &mut self.taps {
             if !t.wants(bth) || !t.shared.take_one() {
                 continue;
@@ -172,12 +204,7 @@ impl DeviceCapture {
                 snaplen,
                 None,
             );
-            t.batch_packets += 1;
-            if t.batch.len() >= BATCH_BYTES {
-                let bytes = std::mem::take(&mut t.batch);
-                t.shared
-                    .deliver(t.iface, bytes, std::mem::take(&mut t.batch_packets));
-            }
+            t.packet_added();
         }
     }
 
@@ -216,13 +243,5 @@ fn src_of(packet: &[u8]) -> std::net::IpAddr {
             std::net::Ipv6Addr::from(a).into()
         }
         _ => std::net::Ipv4Addr::UNSPECIFIED.into(),
-    }
-}
-
-fn ip_header_len(a: std::net::SocketAddr) -> usize {
-    if a.is_ipv4() {
-        20
-    } else {
-        40
     }
 }

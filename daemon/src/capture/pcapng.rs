@@ -144,6 +144,36 @@ pub fn enhanced_packet(
     finish(out, start);
 }
 
+/// Starts an Enhanced Packet Block whose frame the caller appends right after; returns where
+/// the block starts, for [`end_packet`].
+pub fn begin_packet(out: &mut Vec<u8>, interface: u32, timestamp_ns: u64) -> usize {
+    let start = begin(out, EPB);
+    put_u32(out, interface);
+    put_u32(out, (timestamp_ns >> 32) as u32);
+    put_u32(out, timestamp_ns as u32);
+    put_u32(out, 0);
+    put_u32(out, 0);
+    start
+}
+
+/// Ends the block [`begin_packet`] started: the frame is what was appended since, of which
+/// at most `snaplen` bytes are kept (all when 0).
+pub fn end_packet(out: &mut Vec<u8>, start: usize, direction: Direction, snaplen: u32) {
+    let data = start + 28;
+    let orig_len = out.len() - data;
+    let captured = match snaplen as usize {
+        0 => orig_len,
+        n => orig_len.min(n),
+    };
+    out.truncate(data + captured);
+    out[start + 20..start + 24].copy_from_slice(&(captured as u32).to_ne_bytes());
+    out[start + 24..start + 28].copy_from_slice(&(orig_len as u32).to_ne_bytes());
+    pad4(out, captured);
+    option(out, EPB_FLAGS, &direction.flags().to_ne_bytes());
+    end_of_options(out);
+    finish(out, start);
+}
+
 /// An Interface Statistics Block: packets captured and dropped (for want of room between the
 /// device and the writer) on `interface` between `start_ns` and `end_ns`.
 pub fn interface_statistics(
@@ -242,6 +272,9 @@ mod tests {
             None,
         );
         enhanced_packet(&mut out, 1, 5, Direction::Inbound, &frame, 16, Some("cut"));
+        let at = begin_packet(&mut out, 0, 7);
+        out.extend_from_slice(&frame);
+        end_packet(&mut out, at, Direction::Outbound, 10);
         interface_statistics(&mut out, 0, 1, 2, 1, 3);
         let mut r = PcapNgReader::new(&out[..]).unwrap();
         let mut packets = Vec::new();
@@ -260,7 +293,12 @@ mod tests {
         }
         assert_eq!(r.interfaces().len(), 2);
         assert_eq!(r.interfaces()[0].linktype, DataLink::ETHERNET);
-        assert_eq!(packets.len(), 2);
+        assert_eq!(packets.len(), 3);
+        assert_eq!(
+            packets[2],
+            (0, 7, 61, frame[..10].to_vec()),
+            "built in place, cut"
+        );
         assert_eq!(
             packets[0],
             (0, 1_700_000_000_123_456_789, 61, frame.clone())
@@ -271,7 +309,7 @@ mod tests {
         let (blocks, used) = complete_blocks(&out[..out.len() - 5]);
         assert!(used < out.len() - 5, "the cut last block is left out");
         let kinds: Vec<u32> = blocks.iter().map(|b| b.0).collect();
-        assert_eq!(kinds, [SHB, IDB, IDB, EPB, EPB]);
+        assert_eq!(kinds, [SHB, IDB, IDB, EPB, EPB, EPB]);
         let (blocks, used) = complete_blocks(&out);
         assert_eq!(used, out.len());
         assert_eq!(isb_dropped(blocks.last().unwrap().1), Some(3));

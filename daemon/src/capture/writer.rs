@@ -77,8 +77,15 @@ impl CaptureShared {
 }
 
 /// Starts a capture of the devices `interfaces` (interface `i` of the stream is
-/// `interfaces[i]`), written into `out`. The writer thread ends with the capture.
-pub fn start(spec: CaptureSpec, interfaces: Vec<String>, out: OwnedFd) -> Arc<CaptureShared> {
+/// `interfaces[i]`), written into `out` (the file, stdout or pipe the command gave). When it
+/// ends, the writer writes `"PACKETS DROPPED\n"` into `done`, if given, and closes both: the
+/// command waits for that to know the stream is whole.
+pub fn start(
+    spec: CaptureSpec,
+    interfaces: Vec<String>,
+    out: OwnedFd,
+    done: Option<OwnedFd>,
+) -> Arc<CaptureShared> {
     let (tx, rx) = unbounded();
     let budget = spec
         .count
@@ -94,19 +101,26 @@ pub fn start(spec: CaptureSpec, interfaces: Vec<String>, out: OwnedFd) -> Arc<Ca
     let writer = Arc::clone(&shared);
     let spawned = std::thread::Builder::new()
         .name("softroce-capture".into())
-        .spawn(move || run(writer, interfaces, std::fs::File::from(out), rx));
+        .spawn(move || {
+            let (written, dropped) = run(writer, interfaces, std::fs::File::from(out), rx);
+            if let Some(done) = done {
+                let _ = std::fs::File::from(done)
+                    .write_all(format!("{written} {dropped}\n").as_bytes());
+            }
+        });
     if spawned.is_err() {
         shared.finished.store(true, Ordering::Relaxed);
     }
     shared
 }
 
+/// Writes the stream until the capture ends; returns the packets written and dropped.
 fn run(
     shared: Arc<CaptureShared>,
     interfaces: Vec<String>,
     mut out: std::fs::File,
     rx: Receiver<WriterMsg>,
-) {
+) -> (u64, u64) {
     let started = pcapng::timestamp_now();
     let snaplen = match shared.spec.snaplen {
         0 => 262_144,
@@ -165,6 +179,7 @@ fn run(
         .map(|s| s.dropped.load(Ordering::Relaxed))
         .sum();
     info!(packets = written, dropped, "capture ended");
+    (written, dropped)
 }
 
 #[cfg(test)]
@@ -224,7 +239,7 @@ mod tests {
             count: Some(3),
             ..CaptureSpec::default()
         };
-        let shared = start(spec, vec!["srxe0".into()], w);
+        let shared = start(spec, vec!["srxe0".into()], w, None);
         let mut dev = DeviceCapture::new(0x0200_00ff_fe00_0001);
         assert!(!dev.is_on());
         dev.attach(Arc::clone(&shared), 0, Vec::new());
@@ -246,7 +261,12 @@ mod tests {
     #[test]
     fn a_qp_filter_and_stop() {
         let (r, w) = pipe();
-        let shared = start(CaptureSpec::default(), vec!["a".into(), "b".into()], w);
+        let shared = start(
+            CaptureSpec::default(),
+            vec!["a".into(), "b".into()],
+            w,
+            None,
+        );
         let mut dev = DeviceCapture::new(1);
         dev.attach(Arc::clone(&shared), 1, vec![0x11, 0x12]);
         for q in [0x11, 0x12, 0x13] {

@@ -3,10 +3,10 @@
 //! whole Ethernet frames: into a file (`-w FILE`), to stdout (`-w -`, for `tshark -i -` or
 //! Wireshark), or printed one line per packet.
 //!
-//! The daemon writes the stream into a pipe this command gives it and copies only whole
-//! blocks onward, so a capture stopped by Ctrl-C still ends with a whole block: the command
-//! then closes its control connection, the daemon ends the capture with its statistics
-//! blocks and closes the pipe.
+//! The daemon writes the stream straight into the file or stdout this command hands it (no
+//! copy through this process), or into a pipe this command reads to print lines; when the
+//! stream is whole it reports the packets written and dropped on a second pipe. Ctrl-C closes
+//! the control connection, which ends the capture with its statistics blocks.
 
 use super::{unexpected, CliResult, Failure, Session};
 use crate::capture::pcapng;
@@ -15,7 +15,7 @@ use clap::Args;
 use proto::ctl::{CaptureSpec, Request, Response};
 use proto::wire::{FrameRepr, Opcode};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -75,25 +75,34 @@ pub fn parse_opcode(v: &str) -> Result<u8, String> {
         })
 }
 
-enum Output {
-    File(std::fs::File),
-    Stdout(std::io::Stdout),
-    Lines,
-}
-
 pub fn run(args: CaptureArgs) -> CliResult {
-    let mut out = match args.write.as_deref() {
-        Some("-") => Output::Stdout(std::io::stdout()),
-        Some(path) => Output::File(
-            std::fs::File::create(path)
-                .with_context(|| format!("cannot create {path}"))
-                .map_err(Failure::usage)?,
-        ),
-        None => Output::Lines,
-    };
+    use nix::fcntl::OFlag;
+    // Where the daemon writes the stream: the file, stdout, or a pipe this command reads to
+    // print one line per packet. The daemon writes straight into the first two (no copy
+    // through this process); its summary comes on `done` when the stream is whole.
+    let (out, mut lines): (std::os::fd::OwnedFd, Option<std::fs::File>) =
+        match args.write.as_deref() {
+            Some("-") => (
+                std::io::stdout()
+                    .as_fd()
+                    .try_clone_to_owned()
+                    .context("stdout")?,
+                None,
+            ),
+            Some(path) => (
+                std::fs::File::create(path)
+                    .with_context(|| format!("cannot create {path}"))
+                    .map_err(Failure::usage)?
+                    .into(),
+                None,
+            ),
+            None => {
+                let (r, w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).context("creating a pipe")?;
+                (w, Some(std::fs::File::from(r)))
+            }
+        };
+    let (done_r, done_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).context("creating a pipe")?;
     let mut s = Session::open(args.socket.as_deref(), "capture")?;
-    let (read_end, write_end) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating a pipe")?;
     let spec = CaptureSpec {
         device: args.device.clone(),
         qpn: args.qp,
@@ -101,12 +110,13 @@ pub fn run(args: CaptureArgs) -> CliResult {
         count: args.count,
         snaplen: args.snaplen,
     };
-    let interfaces = match s.ask_fds(&Request::CaptureStart { spec }, &[write_end.as_raw_fd()])? {
+    let fds = [out.as_raw_fd(), done_w.as_raw_fd()];
+    let interfaces = match s.ask_fds(&Request::CaptureStart { spec }, &fds)? {
         (Response::CaptureStarted { interfaces }, _) => interfaces,
         (other, _) => return Err(unexpected(other)),
     };
-    // Only the daemon's copy may hold the pipe open.
-    drop(write_end);
+    // Only the daemon's copies may hold them open.
+    drop((out, done_w));
     if !args.quiet {
         eprintln!("softroce: capturing on {}", interfaces.join(", "));
     }
@@ -116,70 +126,77 @@ pub fn run(args: CaptureArgs) -> CliResult {
             .context("installing a signal handler")?;
     }
     let mut client = Some(s.into_client());
-    let mut pipe = std::fs::File::from(read_end);
+    let mut done = std::fs::File::from(done_r);
+    let mut summary = String::new();
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 256 * 1024];
-    let (mut packets, mut dropped, mut line) = (0u64, 0u64, 0usize);
+    let mut line = 0usize;
     let mut stop_deadline: Option<Instant> = None;
-    loop {
+    let mut done_open = true;
+    while done_open || lines.is_some() {
         if stop.load(Ordering::Relaxed) && client.is_some() {
             // Closing the control connection ends the capture: the daemon writes the
-            // statistics blocks and closes the pipe.
+            // statistics blocks, closes the stream and reports.
             client = None;
             stop_deadline = Some(Instant::now() + Duration::from_secs(3));
         }
         if stop_deadline.is_some_and(|d| Instant::now() > d) {
             break;
         }
-        let mut fds = [nix::poll::PollFd::new(
-            std::os::fd::AsFd::as_fd(&pipe),
-            nix::poll::PollFlags::POLLIN,
-        )];
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(200u16)) {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
+        let mut fds = vec![PollFd::new(done.as_fd(), PollFlags::POLLIN)];
+        if let Some(l) = &lines {
+            fds.push(PollFd::new(l.as_fd(), PollFlags::POLLIN));
+        }
+        match nix::poll::poll(&mut fds, PollTimeout::from(200u16)) {
             Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
             Ok(_) => {}
             Err(e) => return Err(Failure::failed(anyhow!("waiting for the capture: {e}"))),
         }
-        let n = match pipe.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Failure::failed(anyhow!("reading the capture: {e}"))),
+        let ready = |i: usize| {
+            fds.get(i)
+                .and_then(|f| f.revents())
+                .is_some_and(|r| !r.is_empty())
         };
-        pending.extend_from_slice(&buf[..n]);
-        let (blocks, used) = pcapng::complete_blocks(&pending);
-        for (kind, block) in &blocks {
-            match *kind {
-                pcapng::BLOCK_EPB => packets += 1,
-                pcapng::BLOCK_ISB => dropped += pcapng::isb_dropped(block).unwrap_or(0),
-                _ => {}
-            }
-        }
-        match &mut out {
-            Output::File(f) => f
-                .write_all(&pending[..used])
-                .context("writing the capture")?,
-            Output::Stdout(o) => {
-                let mut o = o.lock();
-                o.write_all(&pending[..used])?;
-                o.flush()?;
-            }
-            Output::Lines => {
-                for (kind, block) in &blocks {
-                    if *kind == pcapng::BLOCK_EPB {
-                        line += 1;
-                        println!("{}", packet_line(line, block));
+        let (done_ready, lines_ready) = (ready(0), ready(1));
+        drop(fds);
+        if lines_ready {
+            if let Some(l) = lines.as_mut() {
+                match l.read(&mut buf) {
+                    Ok(0) => lines = None,
+                    Ok(n) => {
+                        pending.extend_from_slice(&buf[..n]);
+                        let (blocks, used) = pcapng::complete_blocks(&pending);
+                        for (kind, block) in &blocks {
+                            if *kind == pcapng::BLOCK_EPB {
+                                line += 1;
+                                println!("{}", packet_line(line, block));
+                            }
+                        }
+                        std::io::stdout().flush()?;
+                        pending.drain(..used);
                     }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(Failure::failed(anyhow!("reading the capture: {e}"))),
                 }
-                std::io::stdout().flush()?;
             }
         }
-        pending.drain(..used);
+        if done_ready && done_open {
+            match done.read(&mut buf) {
+                Ok(0) => done_open = false,
+                Ok(n) => summary.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Failure::failed(anyhow!("reading the capture's end: {e}"))),
+            }
+        }
     }
     drop(client);
-    if let Output::File(f) = &mut out {
-        f.flush()?;
-    }
+    let mut counts = summary.split_whitespace().map(|w| w.parse::<u64>().ok());
+    let (Some(Some(packets)), Some(Some(dropped))) = (counts.next(), counts.next()) else {
+        return Err(Failure::failed(anyhow!(
+            "the capture ended without the daemon's summary (the stream may be cut)"
+        )));
+    };
     if !args.quiet {
         eprintln!("softroce: {packets} packets captured, {dropped} dropped");
     }

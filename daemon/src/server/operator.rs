@@ -279,8 +279,13 @@ impl Registry {
                 Response::ResDetail(all)
             }
             Request::CaptureStart { spec } => {
-                let Some(out) = fds.pop() else {
-                    return failure(libc::EINVAL, "CaptureStart needs the pipe to write into");
+                // The stream's descriptor, then the one its end is reported on.
+                let mut given = std::mem::take(&mut fds).into_iter();
+                let (Some(out), done) = (given.next(), given.next()) else {
+                    return failure(
+                        libc::EINVAL,
+                        "CaptureStart needs the descriptor to write into",
+                    );
                 };
                 let selected = match self.selected(spec.device.as_deref()) {
                     Ok(s) if !s.is_empty() => s,
@@ -288,7 +293,7 @@ impl Registry {
                     Err(e) => return failure(libc::ENODEV, e),
                 };
                 let names: Vec<String> = selected.iter().map(|(_, l)| l.name.clone()).collect();
-                let shared = crate::capture::writer::start(spec, names.clone(), out);
+                let shared = crate::capture::writer::start(spec, names.clone(), out, done);
                 for (iface, (_, link)) in selected.iter().enumerate() {
                     link.send(DevMsg::Operator(OperatorMsg::Capture {
                         shared: Arc::clone(&shared),
