@@ -1,13 +1,13 @@
 //! `softroce`: the user-space RoCE device and its tools.
 
 use softroce_daemon::cli::{self, capture, doctor, fault, link, res, stat};
-use softroce_daemon::{config, pcap, server};
+use softroce_daemon::{config, ctl, pcap, server};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use config::{Config, DeviceConfig};
-use proto::ctl::RoceVersion;
-use std::net::IpAddr;
+use config::{Config, DeviceConfig, RoceMode};
+use proto::ctl::{Request, Response, RoceVersion};
+use proto::iface::IpCidr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -35,6 +35,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the daemon's flags being the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
@@ -44,8 +46,9 @@ enum Command {
     ///   softroce daemon
     ///   softroce daemon --config /etc/softroce/softroce.toml
     ///   softroce daemon --name srxe1 --addr 192.0.2.1 --mtu 1024 --log debug
+    ///   softroce daemon --name srxe1 --tap tap0 --roce both --addr 10.0.0.1/24
     #[command(verbatim_doc_comment)]
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
     /// Run a program with the softroce shim preloaded, so that its libibverbs and librdmacm
     /// calls reach the daemon.
     ///
@@ -58,6 +61,9 @@ enum Command {
         /// $XDG_RUNTIME_DIR/softroce/ctl.sock, then /run/softroce/ctl.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Print every variable set for the program (and why) on stderr.
+        #[arg(short, long)]
+        verbose: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -100,16 +106,26 @@ struct DaemonArgs {
     /// Device name.
     #[arg(long)]
     name: Option<String>,
-    /// An address to serve, IPv4 or IPv6 (repeatable).
+    /// An address to serve, IPv4 or IPv6 (repeatable); ADDR/PREFIX on a --tap device (the
+    /// peers in the prefix are on its link).
     #[arg(long = "addr")]
-    addrs: Vec<IpAddr>,
+    addrs: Vec<IpCidr>,
     /// Serve all addresses of this network interface, following them as they change.
     #[arg(long)]
     netdev: Option<String>,
-    /// RoCE version: v2 (UDP 4791, the default). v1 (Ethertype 0x8915 on a TAP device) is
-    /// refused until its transport exists.
+    /// Be a host of its own on the Ethernet behind this TAP interface (created, or opened if
+    /// it exists, e.g. made by `ip tuntap add mode tap`): the L2 device, which sends and
+    /// receives whole frames and speaks RoCE v1 (Ethertype 0x8915) as well as v2.
     #[arg(long)]
-    roce: Option<RoceVersion>,
+    tap: Option<String>,
+    /// The --tap device's Ethernet address (default: derived from the device name).
+    #[arg(long)]
+    mac: Option<String>,
+    /// RoCE versions: v2 (UDP 4791, the default), v1 (Ethertype 0x8915) or both (each
+    /// address listed once as a RoCE v1 and once as a RoCE v2 GID, as mlx5). v1 and both
+    /// need --tap.
+    #[arg(long)]
+    roce: Option<RoceMode>,
     /// Largest path MTU: 256, 512, 1024, 2048 or 4096.
     #[arg(long)]
     mtu: Option<u32>,
@@ -119,8 +135,12 @@ struct DaemonArgs {
     /// Most memory regions the device holds, over all clients.
     #[arg(long)]
     max_mr: Option<u32>,
-    /// The GID type rdma_cm uses (configfs default_roce_mode): v2 (the default) or v1; a
-    /// mode the device does not offer is refused at start.
+    /// Deepest CQ a client may create (default 1,048,575: libfabric's ofi_rxm asks for
+    /// 262,144 entries, more than rxe's 32,767).
+    #[arg(long)]
+    max_cqe: Option<u32>,
+    /// The GID type rdma_cm uses (configfs default_roce_mode): v1 or v2; by default v2 where
+    /// the device offers it, else v1. A mode the device does not offer is refused at start.
     #[arg(long)]
     default_roce_mode: Option<RoceVersion>,
     /// rdma_cm's CM response timeout exponent (4.096 µs · 2^t, default 20 as the kernel).
@@ -204,8 +224,12 @@ fn main() -> ExitCode {
         Command::Capture(args) => return cli::finish(capture::run(args)),
         Command::Fault(args) => return cli::finish(fault::run(args)),
         Command::Doctor(args) => return cli::finish(doctor::run(args)),
-        Command::Daemon(args) => daemon(args),
-        Command::Run { socket, command } => run(socket.as_deref(), &command),
+        Command::Daemon(args) => daemon(*args),
+        Command::Run {
+            socket,
+            verbose,
+            command,
+        } => run(socket.as_deref(), verbose, &command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -238,17 +262,20 @@ fn daemon(args: DaemonArgs) -> Result<()> {
     let from_flags = args.name.is_some()
         || !args.addrs.is_empty()
         || args.netdev.is_some()
+        || args.tap.is_some()
+        || args.mac.is_some()
         || args.roce.is_some()
         || args.mtu.is_some()
         || args.max_qp.is_some()
         || args.max_mr.is_some()
+        || args.max_cqe.is_some()
         || args.default_roce_mode.is_some()
         || args.cm_response_timeout.is_some()
         || args.cm_max_retries.is_some()
         || args.local_via_socket
         || args.no_gso;
     if from_flags || config.devices.is_empty() {
-        let mut d = if args.addrs.is_empty() && args.netdev.is_none() {
+        let mut d = if args.addrs.is_empty() && args.netdev.is_none() && args.tap.is_none() {
             DeviceConfig::loopback_default()
         } else {
             DeviceConfig::new(config::DEFAULT_DEVICE)
@@ -258,6 +285,8 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         d.addr.extend(args.addrs);
         d.netdev = args.netdev;
+        d.tap = args.tap;
+        d.mac = args.mac;
         if let Some(r) = args.roce {
             d.roce = r;
         }
@@ -270,8 +299,11 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         if let Some(m) = args.max_mr {
             d.max_mr = m;
         }
+        if let Some(m) = args.max_cqe {
+            d.max_cqe = m;
+        }
         if let Some(m) = args.default_roce_mode {
-            d.default_roce_mode = m;
+            d.default_roce_mode = Some(m);
         }
         if let Some(t) = args.cm_response_timeout {
             d.cm_response_timeout = t;
@@ -295,18 +327,49 @@ fn daemon(args: DaemonArgs) -> Result<()> {
     server::run_with(config, args.config.clone(), socket, args.port)
 }
 
-fn run(socket: Option<&Path>, command: &[String]) -> Result<()> {
+fn run(socket: Option<&Path>, verbose: bool, command: &[String]) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let shim = cli::shim_path()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let err = std::process::Command::new(&command[0])
-        .args(&command[1..])
-        .env("LD_PRELOAD", preload)
-        .env("SOFTROCE_SOCKET", config::socket_path(socket))
-        .exec();
+    let socket_path = config::socket_path(socket);
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("LD_PRELOAD", &preload)
+        .env("SOFTROCE_SOCKET", &socket_path);
+    let say = |line: String| {
+        if verbose {
+            eprintln!("softroce run: {line}");
+        }
+    };
+    say(format!("LD_PRELOAD={preload}"));
+    say(format!("SOFTROCE_SOCKET={}", socket_path.display()));
+    // The stacks' variables name the daemon's devices; without a daemon there is nothing to
+    // name (the shim itself then says so on the program's first verb).
+    let devices = ctl::Client::connect(&socket_path, "softroce run").and_then(|mut c| {
+        match c.request(&Request::QueryDevices)? {
+            Response::Devices(d) => Ok(d),
+            other => bail!("unexpected answer to QueryDevices: {other:?}"),
+        }
+    });
+    match devices {
+        Ok(devices) => {
+            let is_set = |name: &str| std::env::var_os(name).is_some();
+            for s in softroce_daemon::stack_env::stack_env(&devices, &is_set) {
+                say(format!("{}={} ({})", s.name, s.value, s.why));
+                cmd.env(s.name, &s.value);
+            }
+            for name in ["UCX_NET_DEVICES", "OMPI_MCA_pml_ucx_devices"] {
+                if let Ok(v) = std::env::var(name) {
+                    say(format!("{name}={v} (kept: set by you)"));
+                }
+            }
+        }
+        Err(e) => say(format!("no stack variables set: {e:#}")),
+    }
+    let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", command[0]))
 }
 

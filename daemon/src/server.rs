@@ -135,6 +135,40 @@ impl Registry {
                     .map(|d| d.info.clone())
                     .collect(),
             ),
+            Request::Counters => {
+                let (tx, rx) = bounded(1);
+                let cm = match self.cm.send(CmMsg::Counters { reply: tx }) {
+                    Ok(()) => rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default(),
+                    Err(_) => Vec::new(),
+                };
+                let links: Vec<(usize, DeviceLink)> = self
+                    .links
+                    .read()
+                    .map(|l| {
+                        l.iter()
+                            .enumerate()
+                            .filter_map(|(i, d)| Some((i, d.clone()?)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Response::Counters(
+                    links
+                        .into_iter()
+                        .filter_map(|(i, link)| {
+                            let (tx, rx) = bounded(1);
+                            link.send(DevMsg::Counters { reply: tx }).then_some(())?;
+                            let mut c = rx.recv_timeout(Duration::from_secs(2)).ok()?;
+                            let m = cm.get(i).copied().unwrap_or_default();
+                            c.counters.extend([
+                                ("cm_mads_rcvd".to_string(), m.mads_rcvd),
+                                ("cm_mads_malformed".to_string(), m.mads_malformed),
+                                ("cm_mads_ignored".to_string(), m.mads_ignored),
+                            ]);
+                            Some(c)
+                        })
+                        .collect(),
+                )
+            }
             Request::ResShow => {
                 let mut clients: BTreeMap<u64, ClientResources> = self
                     .clients
@@ -248,7 +282,9 @@ impl Registry {
 fn route(request: &Request, links: &Links, qpns: &HashMap<u32, usize>) -> Option<usize> {
     let h = device::handle_device;
     Some(match request {
-        Request::Hello { .. } | Request::QueryDevices | Request::ResShow => return None,
+        Request::Hello { .. } | Request::QueryDevices | Request::ResShow | Request::Counters => {
+            return None
+        }
         Request::OpenContext { device } => links
             .read()
             .ok()?
@@ -447,7 +483,10 @@ fn serve_client(
             Ok(request) => match route(&request, &links, &qpns) {
                 None if matches!(
                     request,
-                    Request::Hello { .. } | Request::QueryDevices | Request::ResShow
+                    Request::Hello { .. }
+                        | Request::QueryDevices
+                        | Request::ResShow
+                        | Request::Counters
                 ) || operator::is_operator_request(&request) =>
                 {
                     let reply = ask(|reply| {

@@ -13,6 +13,10 @@
 //! not come back on this socket but on the channel's own socketpair, one [`CmEventMsg`]
 //! datagram each, so the shim's `channel->fd` polls and blocks like the kernel's.
 
+use crate::transport::{
+    self, Access, AddressVector, AttrMask, Mtu, QpState, VerbsError, VerbsResult,
+};
+use crate::{Psn, Qkey, Qpn};
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
 
@@ -86,6 +90,8 @@ pub struct DeviceInfo {
     pub gids: Vec<GidEntry>,
     /// The network interfaces the device's addresses live on ("lo", ...).
     pub netdevs: Vec<String>,
+    /// The deepest CQ the device creates (`ibv_device_attr.max_cqe`), configured per device.
+    pub max_cqe: u32,
     /// The device's configured caps, which `ibv_query_device` reports.
     pub limits: DeviceLimits,
 }
@@ -465,6 +471,8 @@ pub enum Request {
         cq: u32,
         cqe: u32,
     },
+    /// Every device's counters (`softroce` tools, tests). Response [`Response::Counters`].
+    Counters,
 
     // ---- the operator's commands (`softroce link|stat|res|capture|fault`) ----
     /// `softroce link add`: a new device, at once usable by clients (`ibv_devices` lists
@@ -514,6 +522,25 @@ pub enum Request {
     FaultShow {
         device: Option<String>,
     },
+}
+
+/// One device's counters by name: its link's (`link_*`), the device's own drops (`device_*`),
+/// and its engines' summed over every client it served (rxe's `hw_counters` names, the
+/// engine's and its drop reasons, `drop_*` and `nak_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCounters {
+    pub device: String,
+    pub counters: Vec<(String, u64)>,
+}
+
+impl DeviceCounters {
+    /// The value of counter `name` (0 if the device does not keep it).
+    pub fn get(&self, name: &str) -> u64 {
+        self.counters
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    }
 }
 
 /// Resources one client holds.
@@ -619,6 +646,7 @@ pub enum Response {
         attr: QpAttr,
         mask: u32,
     },
+    Counters(Vec<DeviceCounters>),
     Links(Vec<LinkInfo>),
     Stats(Vec<DeviceStats>),
     ResDetail(ResDetail),
@@ -636,10 +664,13 @@ pub enum Response {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LinkSpec {
     pub name: String,
-    pub addr: Vec<IpAddr>,
+    /// Addresses served; on a TAP device with their prefix (the peers on its link).
+    pub addr: Vec<crate::iface::IpCidr>,
     pub netdev: Option<String>,
-    /// A TAP interface for RoCE v1 (Ethertype 0x8915).
+    /// A TAP interface: the L2 device, whole frames, RoCE v1 (Ethertype 0x8915) and v2.
     pub tap: Option<String>,
+    /// The TAP device's Ethernet address (default: derived from the name).
+    pub mac: Option<String>,
     /// "v1", "v2" or "both"; `None` = v2.
     pub roce: Option<String>,
     /// Largest path MTU in bytes; `None` = 4096.
@@ -1018,6 +1049,86 @@ pub struct CmEventMsg {
     pub ud: Option<CmUdParam>,
 }
 
+/// `enum ibv_qp_state` as the engine's state; `None` for a value verbs.h does not define.
+pub fn qp_state(v: u32) -> Option<QpState> {
+    Some(match v {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return None,
+    })
+}
+
+impl AhAttr {
+    /// The engine's address vector (RoCE: the GID is the IP address).
+    pub fn address_vector(&self) -> AddressVector {
+        AddressVector {
+            dgid: ip_of_gid(self.dgid),
+            sgid_index: self.sgid_index,
+            hop_limit: self.hop_limit,
+            traffic_class: self.traffic_class,
+            flow_label: self.flow_label,
+        }
+    }
+}
+
+impl QpAttr {
+    /// The engine's attributes for `ibv_modify_qp` with `mask`: the fields the mask names are
+    /// checked here (states, MTU, a GRH on the address vector), the rest by the engine's
+    /// [`crate::transport::check_modify`]. The client is not trusted: any value is an error or
+    /// an attribute, never a panic (the `ctl` fuzz target drives it).
+    pub fn engine_attr(&self, mask: AttrMask) -> VerbsResult<transport::QpAttr> {
+        let a = self;
+        let state = |v| qp_state(v).ok_or(VerbsError::Invalid("QP state"));
+        Ok(transport::QpAttr {
+            qp_state: if mask.contains(AttrMask::STATE) {
+                state(a.qp_state)?
+            } else {
+                QpState::Reset
+            },
+            cur_qp_state: if mask.contains(AttrMask::CUR_STATE) {
+                state(a.cur_qp_state)?
+            } else {
+                QpState::Reset
+            },
+            path_mtu: if mask.contains(AttrMask::PATH_MTU) {
+                Mtu::from_enum(a.path_mtu).ok_or(VerbsError::Invalid("path MTU"))?
+            } else {
+                Mtu::Mtu1024
+            },
+            qkey: Qkey(a.qkey),
+            rq_psn: Psn::new(a.rq_psn),
+            sq_psn: Psn::new(a.sq_psn),
+            dest_qp_num: Qpn::new(a.dest_qp_num),
+            qp_access_flags: Access(a.qp_access_flags),
+            ah_attr: if mask.contains(AttrMask::AV) {
+                if !a.ah_attr.is_global {
+                    // RoCE needs a GRH: the GID is the IP address (IBTA A17.4).
+                    return Err(VerbsError::Invalid(
+                        "RoCE address vectors need a GRH (is_global)",
+                    ));
+                }
+                Some(a.ah_attr.address_vector())
+            } else {
+                None
+            },
+            pkey_index: a.pkey_index,
+            en_sqd_async_notify: a.en_sqd_async_notify != 0,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+        })
+    }
+}
+
 /// Encodes a message for the socket.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, postcard::Error> {
     let bytes = postcard::to_stdvec(msg)?;
@@ -1103,6 +1214,7 @@ mod tests {
                 roce: RoceVersion::V2,
             }],
             netdevs: vec!["lo".into()],
+            max_cqe: 32767,
             limits: DeviceLimits::default(),
         }]);
         let bytes = encode(&resp).unwrap();

@@ -608,6 +608,7 @@ mod tests {
                 roce: RoceVersion::V2,
             }],
             netdevs: vec![],
+            max_cqe: 32767,
             limits: Default::default(),
         };
         let path = serve_once(

@@ -193,6 +193,13 @@ pub fn description_from_daemon(info: &DeviceInfo) -> DeviceDescription {
             pkeys: vec![0xffff],
         },
     );
+    // The CQ depth is the daemon's, configured per device (deeper than rxe's by default:
+    // the stacks ask for more); 0 from an older daemon keeps rxe's.
+    if let Ok(max_cqe) = i32::try_from(info.max_cqe) {
+        if max_cqe > 0 {
+            device.attr.orig_attr.max_cqe = max_cqe;
+        }
+    }
     // What the daemon will hold, not rxe's constants (a verb past these fails with ENOMEM).
     let cap = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
     let a = &mut device.attr.orig_attr;
@@ -420,6 +427,7 @@ mod tests {
                 },
             ],
             netdevs: vec![],
+            max_cqe: 32767,
             limits: proto::ctl::DeviceLimits {
                 max_qp: 1000,
                 max_cq: 2000,

@@ -65,7 +65,12 @@ pub fn parse_spec(name: &str, words: &[String]) -> Result<LinkSpec, String> {
         ..LinkSpec::default()
     };
     let mut it = words.iter().peekable();
-    let keyword = |w: &str| matches!(w, "addr" | "netdev" | "tap" | "roce" | "mtu" | "type");
+    let keyword = |w: &str| {
+        matches!(
+            w,
+            "addr" | "netdev" | "tap" | "mac" | "roce" | "mtu" | "type"
+        )
+    };
     while let Some(w) = it.next() {
         let mut value = |what: &str| {
             it.next()
@@ -76,9 +81,9 @@ pub fn parse_spec(name: &str, words: &[String]) -> Result<LinkSpec, String> {
             "addr" => {
                 let mut any = false;
                 while let Some(a) = it.peek().filter(|a| !keyword(a)) {
-                    let ip = a
-                        .parse()
-                        .map_err(|_| format!("{a:?} is not an IPv4 or IPv6 address"))?;
+                    let ip = a.parse().map_err(|_| {
+                        format!("{a:?} is not an IPv4 or IPv6 address (ADDR or ADDR/PREFIX)")
+                    })?;
                     spec.addr.push(ip);
                     any = true;
                     it.next();
@@ -89,6 +94,7 @@ pub fn parse_spec(name: &str, words: &[String]) -> Result<LinkSpec, String> {
             }
             "netdev" => spec.netdev = Some(value("an interface name")?),
             "tap" => spec.tap = Some(value("a TAP interface name")?),
+            "mac" => spec.mac = Some(value("an Ethernet address")?),
             "roce" => {
                 let v = value("v1, v2 or both")?;
                 if !matches!(v.as_str(), "v1" | "v2" | "both") {
@@ -111,7 +117,7 @@ pub fn parse_spec(name: &str, words: &[String]) -> Result<LinkSpec, String> {
             }
             other => {
                 return Err(format!(
-                    "unknown word {other:?} (expected addr, netdev, tap, roce or mtu)"
+                    "unknown word {other:?} (expected addr, netdev, tap, mac, roce or mtu)"
                 ))
             }
         }

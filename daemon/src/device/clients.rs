@@ -8,13 +8,12 @@ use super::DeviceThread;
 use crate::memory::ProcessMemory;
 use crate::peer::ClientProcess;
 use crate::shm::SharedRegion;
-use proto::ctl::ClientResources;
+use proto::ctl::{ClientResources, RoceVersion};
 use proto::ring::SharedRing;
 use proto::transport::{self as tp, MemoryAccess, MemoryError, Mtu, QpCap, RecvWr, SendWr};
 use proto::Qpn;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use tracing::{debug, info};
 
@@ -231,14 +230,7 @@ impl QpnBlocks {
 
 /// A seed for the fault injectors' generators.
 pub(super) fn random_seed() -> u64 {
-    random_u64()
-}
-
-fn random_u64() -> u64 {
-    // RandomState is seeded from the OS's entropy: keys must not be guessable.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x5352_5845);
-    h.finish()
+    crate::entropy::u64()
 }
 
 impl DeviceThread {
@@ -256,8 +248,25 @@ impl DeviceThread {
             let Some(block) = self.qpn_blocks.take() else {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
-            let mut config = tp::EngineConfig::new(first, random_u64());
+            // Keys and QPNs from a ChaCha20 stream keyed by the kernel's CSPRNG: nothing
+            // about them can be guessed from another client's, or this client's own.
+            let mut config = tp::EngineConfig::new(first, crate::entropy::u64());
+            config.key_entropy = crate::entropy::bytes();
+            config.random_qpns = true;
             config.gids = self.gids.clone();
+            // The device's configured CQ depth (`DeviceConfig::max_cqe`), which the shim
+            // reports as `max_cqe`.
+            config.max_cqe = self.info.max_cqe as usize;
+            // The framing of each GID's packets (`--roce both` lists an address twice).
+            config.gid_types = self
+                .info
+                .gids
+                .iter()
+                .map(|g| match g.roce {
+                    RoceVersion::V1 => tp::GidType::RoceV1,
+                    RoceVersion::V2 => tp::GidType::RoceV2,
+                })
+                .collect();
             config.port_mtu =
                 Mtu::from_enum(u32::from(self.info.active_mtu)).unwrap_or(Mtu::Mtu1024);
             // The ICRC is computed once per packet: by the link for the headers it sends,
@@ -303,10 +312,7 @@ impl DeviceThread {
             self.blocks.remove(&c.block);
             self.qpn_blocks.give_back(c.block);
             // Its counters stay the device's.
-            super::operator::accumulate(
-                &mut self.retired,
-                &super::operator::named(c.engine.counters()),
-            );
+            self.departed.accumulate(c.engine.counters());
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
             debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),

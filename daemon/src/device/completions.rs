@@ -27,7 +27,8 @@ pub(super) fn cqe_of(wc: &WorkCompletion) -> Cqe {
         wc_flags: wc.wc_flags.0,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        // UD receives: the RoCE packet type, as mlx5 reports it (WorkCompletion::sl).
+        sl: wc.sl,
         dlid_path_bits: 0,
     }
 }

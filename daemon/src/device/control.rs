@@ -317,7 +317,7 @@ impl DeviceThread {
                 let Some(&(epd, _)) = c.pds.get(&pd) else {
                     return (errno(libc::EINVAL, "no such PD"), none);
                 };
-                match c.engine.create_ah(epd, objects::address_vector(&attr)) {
+                match c.engine.create_ah(epd, attr.address_vector()) {
                     Ok(ah) => {
                         c.ahs.insert(ah, epd);
                         Response::Ah { ah }

@@ -44,13 +44,15 @@ pub use operator::OperatorMsg;
 
 use crate::fault::FaultInjector;
 use crate::gsi::{GsiMad, GsiOut};
+use crate::net::l2::{L2Config, L2Link, Versions};
+use crate::net::tap::TapConfig;
 use crate::net::{AdaptiveSpin, Layers, Link, LocalFrames, UdpLink, UdpLinkConfig};
 use crate::peer::ClientProcess;
 use clients::ClientDev;
 use crossbeam_channel::{Receiver, Sender};
 use multicast::JoinedGroup;
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use proto::ctl::{ClientResources, DeviceInfo, Request, Response};
+use proto::ctl::{ClientResources, DeviceCounters, DeviceInfo, Request, Response};
 use proto::transport as tp;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -86,6 +88,10 @@ pub enum DevMsg {
     Stats {
         reply: Sender<Vec<(u64, ClientResources)>>,
     },
+    /// The device's counters ([`proto::ctl::Request::Counters`]).
+    Counters {
+        reply: Sender<DeviceCounters>,
+    },
     /// The device's addresses changed (`--netdev`): engines created from now on use the new
     /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
     /// resolved against it.)
@@ -116,13 +122,9 @@ pub struct DeviceThread {
     link: Layers,
     /// Fault rules the responder carries out (forced RNR and access error NAKs).
     naks: FaultInjector,
-    /// Counters of the clients that have gone, by name, so the device's stay cumulative.
-    retired: Vec<(String, u64)>,
     /// QP1 packets (CM MADs) sent and received.
     gsi_sent: u64,
     gsi_rcvd: u64,
-    /// Packets for a QP no client of the device holds (counted as `dropped_pkts`).
-    orphans: u64,
     wake: EventFd,
     rx: Receiver<DevMsg>,
     clients: BTreeMap<u64, ClientDev>,
@@ -140,6 +142,22 @@ pub struct DeviceThread {
     /// The IP multicast groups the device's QPs are attached to, with the attachments
     /// (client, QPN): the group is joined while any remains (rxe_mcast_add/rxe_mcast_del).
     groups: HashMap<IpAddr, JoinedGroup>,
+    /// Packets the device itself dropped (after the link, before any engine).
+    drops: DeviceDrops,
+    /// The engine counters of the clients that are gone, so that the device's totals do not
+    /// shrink when a client exits.
+    departed: tp::Counters,
+}
+
+/// Why the device dropped a packet the link delivered.
+#[derive(Debug, Clone, Copy, Default)]
+struct DeviceDrops {
+    /// The destination QPN lies in no client's block (counted as `dropped_pkts` too).
+    unknown_qp: u64,
+    /// A packet to QP1 that is no CM MAD, or the CM thread's queue was full.
+    gsi_dropped: u64,
+    /// Too short to carry a BTH.
+    no_bth: u64,
 }
 
 impl DeviceThread {
@@ -155,27 +173,28 @@ impl DeviceThread {
         let gids = info.gid_addrs();
         let wake =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        let link = UdpLink::open(&UdpLinkConfig {
-            name: &info.name,
-            addrs: &gids,
-            follow_netdev: !info.netdevs.is_empty(),
-            port,
-            gso: cfg.gso && std::env::var_os("SOFTROCE_NO_GSO").is_none(),
-            gro: std::env::var_os("SOFTROCE_NO_GRO").is_none(),
-            wake_fd: wake.as_raw_fd(),
-        })?;
+        let link: Box<dyn Link + Send> = match &cfg.tap {
+            Some(tap) => Box::new(open_tap(cfg, tap, &info, wake.as_raw_fd())?),
+            None => Box::new(UdpLink::open(&UdpLinkConfig {
+                name: &info.name,
+                addrs: &gids,
+                follow_netdev: !info.netdevs.is_empty(),
+                port,
+                gso: cfg.gso && std::env::var_os("SOFTROCE_NO_GSO").is_none(),
+                gro: std::env::var_os("SOFTROCE_NO_GRO").is_none(),
+                wake_fd: wake.as_raw_fd(),
+            })?),
+        };
         Ok(DeviceThread {
             max_qp: cfg.max_qp as usize,
             max_mr: cfg.max_mr as usize,
             limits: cfg.limits,
             index: index as u32,
             qpn_blocks,
-            link: Layers::new(Box::new(link), info.node_guid, clients::random_seed()),
+            link: Layers::new(link, info.node_guid, clients::random_seed()),
             naks: FaultInjector::new(clients::random_seed()),
-            retired: operator::named(&tp::Counters::default()),
             gsi_sent: 0,
             gsi_rcvd: 0,
-            orphans: 0,
             info,
             gids,
             wake,
@@ -188,6 +207,8 @@ impl DeviceThread {
             local: LocalFrames::new(),
             local_via_socket: cfg.local_via_socket,
             groups: HashMap::new(),
+            drops: DeviceDrops::default(),
+            departed: tp::Counters::default(),
         })
     }
 
@@ -290,7 +311,8 @@ impl DeviceThread {
             DevMsg::ClientGone { client } => self.client_gone(client),
             DevMsg::SendGsi(mut mad) => {
                 self.gsi_sent += 1;
-                self.link.send_gsi(mad.src, mad.dst, &mut mad.packet);
+                self.link
+                    .send_gsi_as(mad.gid_type, mad.src, mad.dst, &mut mad.packet);
                 self.link.flush();
             }
             DevMsg::Operator(m) => self.operator(m),
@@ -303,6 +325,9 @@ impl DeviceThread {
                 self.link.set_addresses(&self.gids);
                 self.info = info;
             }
+            DevMsg::Counters { reply } => {
+                let _ = reply.send(self.counters());
+            }
             DevMsg::Stats { reply } => {
                 let _ = reply.send(
                     self.clients
@@ -313,6 +338,33 @@ impl DeviceThread {
             }
         }
         true
+    }
+
+    /// The link's counters, the device's drops, and its engines' counters summed over every
+    /// client it served.
+    fn counters(&self) -> DeviceCounters {
+        let mut engines = self.departed;
+        for c in self.clients.values() {
+            engines.accumulate(c.engine.counters());
+        }
+        let d = self.drops;
+        let mut counters: Vec<(String, u64)> = self
+            .link
+            .counters()
+            .named()
+            .iter()
+            .map(|(n, v)| (n.to_string(), *v))
+            .collect();
+        counters.extend([
+            ("device_drop_unknown_qp".to_string(), d.unknown_qp),
+            ("device_drop_gsi".to_string(), d.gsi_dropped),
+            ("device_drop_no_bth".to_string(), d.no_bth),
+        ]);
+        counters.extend(engines.named().into_iter().map(|(n, v)| (n.to_string(), v)));
+        DeviceCounters {
+            device: self.info.name.clone(),
+            counters,
+        }
     }
 
     /// One round of the data path; `wait` is how long the link may block. Returns whether
@@ -407,4 +459,41 @@ fn idle_yield() {
     unsafe {
         libc::sched_yield();
     }
+}
+
+/// The L2 device's link: the TAP interface `tap`, the device's own MAC and addresses, the
+/// RoCE versions of `--roce`.
+fn open_tap(
+    cfg: &crate::config::DeviceConfig,
+    tap: &str,
+    info: &DeviceInfo,
+    wake_fd: std::os::fd::RawFd,
+) -> anyhow::Result<L2Link> {
+    use crate::config::RoceMode;
+    let l2 = L2Config {
+        device: info.name.clone(),
+        tap: TapConfig::new(tap),
+        mac: crate::config::tap_mac(cfg),
+        addrs: crate::config::tap_addrs(cfg),
+        versions: Versions {
+            v1: cfg.roce != RoceMode::V2,
+            v2: cfg.roce != RoceMode::V1,
+        },
+    };
+    let (mut link, why) = L2Link::open(&l2, crate::entropy::u64())
+        .map_err(|e| anyhow::anyhow!("device {}: {e}", info.name))?;
+    if let Some(why) = why {
+        tracing::warn!(device = %info.name, "io_uring unavailable for the TAP, using system calls: {why}");
+    }
+    link.set_wake_fd(wake_fd);
+    info!(
+        device = %info.name,
+        tap = link.tap_name(),
+        mac = %link.mac(),
+        mtu = link.mtu(),
+        backend = ?link.backend(),
+        roce = %cfg.roce,
+        "L2 device ready"
+    );
+    Ok(link)
 }

@@ -8,36 +8,11 @@ use crate::shm::SharedRegion;
 use proto::ctl::{self, Response, RingPlace};
 use proto::ring::wqe;
 use proto::ring::{RingGeometry, SharedRing};
-use proto::transport::{
-    self as tp, Access, AddressVector, AttrMask, Mtu, QpCap, QpInit, QpState, QpType, VerbsError,
-};
-use proto::{Psn, Qkey, Qpn};
+use proto::transport::{AddressVector, AttrMask, QpCap, QpInit, QpType};
+use proto::Qpn;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
-
-fn to_qp_state(v: u32) -> Option<QpState> {
-    Some(match v {
-        0 => QpState::Reset,
-        1 => QpState::Init,
-        2 => QpState::Rtr,
-        3 => QpState::Rts,
-        4 => QpState::Sqd,
-        5 => QpState::Sqe,
-        6 => QpState::Err,
-        _ => return None,
-    })
-}
-
-pub(super) fn address_vector(a: &ctl::AhAttr) -> AddressVector {
-    AddressVector {
-        dgid: ctl::ip_of_gid(a.dgid),
-        sgid_index: a.sgid_index,
-        hop_limit: a.hop_limit,
-        traffic_class: a.traffic_class,
-        flow_label: a.flow_label,
-    }
-}
 
 /// Allocates a sealed memfd holding `geometries` back to back; returns it and where each ring
 /// is.
@@ -101,7 +76,8 @@ pub(super) fn create_cq(
         return (errno(libc::EINVAL, "cqe out of range"), vec![]);
     };
     // The engine's depth is the granted one (`slot_count - 1`, reported as `cqe`): asking
-    // for the ring's power-of-two slot count would exceed max_cqe (32767) for cqe = max_cqe.
+    // for the ring's power-of-two slot count would exceed max_cqe (2^k - 1, config.rs) for
+    // cqe = max_cqe.
     let cq = match c.engine.create_cq(g.slot_count as usize - 1) {
         Ok(h) => h,
         Err(e) => return (err(e), vec![]),
@@ -338,52 +314,8 @@ pub(super) fn modify_qp(c: &mut ClientDev, qpn: u32, a: &ctl::QpAttr, mask: u32)
     if !c.qps.contains_key(&qpn) {
         return errno(libc::EINVAL, "no such QP");
     }
-    let state = |v| to_qp_state(v).ok_or(VerbsError::Invalid("QP state"));
     let m = AttrMask(mask);
-    let attr = (|| -> Result<tp::QpAttr, VerbsError> {
-        Ok(tp::QpAttr {
-            qp_state: if m.contains(AttrMask::STATE) {
-                state(a.qp_state)?
-            } else {
-                QpState::Reset
-            },
-            cur_qp_state: if m.contains(AttrMask::CUR_STATE) {
-                state(a.cur_qp_state)?
-            } else {
-                QpState::Reset
-            },
-            path_mtu: if m.contains(AttrMask::PATH_MTU) {
-                Mtu::from_enum(a.path_mtu).ok_or(VerbsError::Invalid("path MTU"))?
-            } else {
-                Mtu::Mtu1024
-            },
-            qkey: Qkey(a.qkey),
-            rq_psn: Psn::new(a.rq_psn),
-            sq_psn: Psn::new(a.sq_psn),
-            dest_qp_num: Qpn::new(a.dest_qp_num),
-            qp_access_flags: Access(a.qp_access_flags),
-            ah_attr: if m.contains(AttrMask::AV) {
-                if !a.ah_attr.is_global {
-                    // RoCE needs a GRH: the GID is the IP address (IBTA A17.4).
-                    return Err(VerbsError::Invalid(
-                        "RoCE address vectors need a GRH (is_global)",
-                    ));
-                }
-                Some(address_vector(&a.ah_attr))
-            } else {
-                None
-            },
-            pkey_index: a.pkey_index,
-            en_sqd_async_notify: a.en_sqd_async_notify != 0,
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port_num: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-        })
-    })();
+    let attr = a.engine_attr(m);
     match attr.and_then(|attr| c.engine.modify_qp(Qpn::new(qpn), &attr, m)) {
         Ok(()) => Response::Done,
         Err(e) => err(e),

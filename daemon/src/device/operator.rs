@@ -33,6 +33,11 @@ pub fn named<T: Serialize>(c: &T) -> Vec<(String, u64)> {
     }
 }
 
+/// Counters by name, owned (for the control protocol).
+fn owned(named: &[(&'static str, u64)]) -> Vec<(String, u64)> {
+    named.iter().map(|(n, v)| (n.to_string(), *v)).collect()
+}
+
 /// Adds `add` into `into`, name by name.
 pub fn accumulate(into: &mut Vec<(String, u64)>, add: &[(String, u64)]) {
     for (k, v) in add {
@@ -152,15 +157,16 @@ impl DeviceThread {
     }
 
     fn stats(&self, qpn: Option<u32>) -> DeviceStats {
-        let mut counters = self.retired.clone();
+        let mut engines = self.departed;
         for c in self.clients.values() {
-            accumulate(&mut counters, &named(c.engine.counters()));
+            engines.accumulate(c.engine.counters());
         }
+        let mut counters = owned(&engines.named());
         // QP1's packets are the CM's, sent and received here: rxe counts them too.
         bump(&mut counters, "sent_pkts", self.gsi_sent);
         bump(&mut counters, "rcvd_pkts", self.gsi_rcvd);
         // As an engine counts a packet for a QP it does not have.
-        bump(&mut counters, "dropped_pkts", self.orphans);
+        bump(&mut counters, "dropped_pkts", self.drops.unknown_qp);
         let mut qps = Vec::new();
         if let Some(q) = qpn {
             for c in self.clients.values() {
@@ -169,7 +175,7 @@ impl DeviceThread {
                         qpn: q,
                         pid: c.pid as u32,
                         comm: String::new(),
-                        counters: named(k),
+                        counters: owned(&k.named()),
                     });
                 }
             }

@@ -19,32 +19,37 @@ impl DeviceThread {
     /// a fault rule held back that are due. Returns whether anything came.
     pub(super) fn receive(&mut self, wait: Duration, broken: &mut Vec<u64>) -> bool {
         let now = self.now();
-        let (clients, blocks, gsi, index, naks, gsi_rcvd, orphans) = (
+        let (clients, blocks, gsi, index, naks, gsi_rcvd, drops) = (
             &mut self.clients,
             &self.blocks,
             &self.gsi,
             self.index as usize,
             &mut self.naks,
             &mut self.gsi_rcvd,
-            &mut self.orphans,
+            &mut self.drops,
         );
         let delivered = self.link.poll(wait, &mut |p: &RxPacket<'_>| {
             let Some(dqpn) = p.dest_qpn() else {
+                drops.no_bth += 1;
                 return;
             };
             if dqpn == proto::cm::GSI_QPN {
                 *gsi_rcvd += 1;
                 // QP1 is the GSI: CM MADs go to the CM thread.
-                if let (Some(sink), Some(mad)) = (gsi, gsi_payload(p.transport())) {
-                    let mad = GsiMad {
-                        device: index,
-                        src: p.src,
-                        dst: p.dst,
-                        mad: mad.to_vec(),
-                    };
-                    if !deliver_gsi(sink, mad) {
-                        debug!(src = %p.src, "CM MAD dropped: the CM thread's queue is full");
-                    }
+                let Some((sink, mad)) = gsi.as_ref().zip(gsi_payload(p.transport())) else {
+                    drops.gsi_dropped += 1;
+                    return;
+                };
+                let mad = GsiMad {
+                    device: index,
+                    src: p.src,
+                    dst: p.dst,
+                    mad: mad.to_vec(),
+                    gid_type: p.gid_type,
+                };
+                if !deliver_gsi(sink, mad) {
+                    drops.gsi_dropped += 1;
+                    debug!(src = %p.src, "CM MAD dropped: the CM thread's queue is full");
                 }
             } else {
                 let to = Destination {
@@ -53,15 +58,15 @@ impl DeviceThread {
                     way: Way::Rx,
                 };
                 if !deliver_packet(clients, blocks, naks, now, to, p.packet, broken) {
-                    *orphans += 1;
+                    drops.unknown_qp += 1;
                 }
             }
         });
-        let (clients, blocks, naks, orphans) = (
+        let (clients, blocks, naks, drops) = (
             &mut self.clients,
             &self.blocks,
             &mut self.naks,
-            &mut self.orphans,
+            &mut self.drops,
         );
         let released = self.link.release_local(&mut |frame: &[u8], bth: usize| {
             let Some(dqpn) = frame.get(bth..).and_then(crate::net::link::dest_qpn) else {
@@ -73,7 +78,7 @@ impl DeviceThread {
                 way: Way::Local,
             };
             if !deliver_packet(clients, blocks, naks, now, to, frame, broken) {
-                *orphans += 1;
+                drops.unknown_qp += 1;
             }
         });
         delivered > 0 || released
@@ -82,12 +87,12 @@ impl DeviceThread {
     /// Hands the packets queued between QPs of this device, through the link's capture and
     /// fault layers, to the engines that own their destination QPs.
     pub(super) fn deliver_local(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) {
-        let (clients, blocks, naks, link, orphans) = (
+        let (clients, blocks, naks, link, drops) = (
             &mut self.clients,
             &self.blocks,
             &mut self.naks,
             &mut self.link,
-            &mut self.orphans,
+            &mut self.drops,
         );
         self.local.drain_with_offsets(|dqpn, frame, bth| {
             let to = Destination {
@@ -97,7 +102,7 @@ impl DeviceThread {
             };
             link.local(frame, bth, &mut |f: &[u8]| {
                 if !deliver_packet(clients, blocks, naks, now, to, f, broken) {
-                    *orphans += 1;
+                    drops.unknown_qp += 1;
                 }
             });
         });

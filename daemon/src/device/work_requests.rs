@@ -5,12 +5,9 @@
 
 use super::clients::ClientDev;
 use super::DeviceThread;
-use proto::ring::wqe::{self, RecvWqe, SendData, SendWqe, WrOpcode};
-use proto::transport::{
-    self as tp, Access, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, UdDest, VerbsError,
-    WorkCompletion,
-};
-use proto::{Qpn, Rkey};
+use proto::ring::wqe::{self, RecvWqe, SendWqe};
+use proto::transport::{self as tp, RecvWr, SendWr, VerbsError, WorkCompletion};
+use proto::Qpn;
 use tracing::debug;
 
 impl DeviceThread {
@@ -28,78 +25,19 @@ impl DeviceThread {
     }
 }
 
-/// Converts a decoded send WQE into the engine's work request.
+/// Converts a decoded send WQE into the engine's work request (`SendWqe::work_request`, which
+/// the ring fuzz target drives too), the AH named by the engine's handle.
 fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
-    let remote = RemoteAddr {
-        va: w.remote_addr,
-        rkey: w.rkey,
-    };
-    let op = match w.opcode {
-        WrOpcode::Send => SendOp::Send,
-        // `ibv_send_wr.imm_data` is __be32: the slot holds the bytes the application stored,
-        // which go on the wire as they are; the engine's immediate is the ImmDt field's
-        // big-endian value. (Softroce to softroce the two swaps cancelled out; kernel rxe read
-        // udaddy's QPN from the immediate swapped and answered the wrong QP.)
-        WrOpcode::SendWithImm => SendOp::SendWithImm(u32::from_be(w.imm_or_inv)),
-        WrOpcode::SendWithInv => SendOp::SendWithInv(Rkey(w.imm_or_inv)),
-        WrOpcode::RdmaWrite => SendOp::Write(remote),
-        WrOpcode::RdmaWriteWithImm => SendOp::WriteWithImm(remote, u32::from_be(w.imm_or_inv)),
-        WrOpcode::RdmaRead => SendOp::Read(remote),
-        WrOpcode::AtomicCmpAndSwp => SendOp::CompareSwap {
-            remote,
-            compare: w.compare_add,
-            swap: w.swap,
-        },
-        WrOpcode::AtomicFetchAndAdd => SendOp::FetchAdd {
-            remote,
-            add: w.compare_add,
-        },
-        WrOpcode::AtomicWrite => SendOp::AtomicWrite {
-            remote,
-            value: w.compare_add,
-        },
-        WrOpcode::Flush => SendOp::Flush {
-            remote,
-            len: w.compare_add as u32,
-            placement: w.swap as u8,
-        },
-        WrOpcode::LocalInv => SendOp::LocalInv(Rkey(w.imm_or_inv)),
-        WrOpcode::BindMw => {
-            let b = w.bind.ok_or("bind without its arguments")?;
-            SendOp::BindMw {
-                mw_rkey: b.mw_rkey,
-                mr_lkey: b.mr_lkey,
-                addr: b.addr,
-                length: b.length,
-                access: Access(b.access),
-                // The low byte of the new R_Key is the consumer's key (ibv_inc_rkey).
-                key: b.new_rkey.0 as u8,
-            }
-        }
-    };
-    let (sg_list, inline_data) = match w.data {
-        SendData::Sges(s) => (s.to_vec(), Vec::new()),
-        SendData::Inline(d) => (Vec::new(), d.to_vec()),
-    };
-    Ok(SendWr {
-        wr_id: w.wr_id,
-        op,
-        sg_list,
-        inline_data,
-        flags: SendFlags(w.flags & wqe::send_flags::ALL),
-        ud: w.ud.map(|u| UdDest {
-            // The shim names the AH by the handle it was given, which carries the device index.
-            ah: u.ah & super::handles::HANDLE_MASK,
-            ..u
-        }),
-    })
+    let mut wr = w.work_request()?;
+    if let Some(u) = wr.ud.as_mut() {
+        // The shim names the AH by the handle it was given, which carries the device index.
+        u.ah &= super::handles::HANDLE_MASK;
+    }
+    Ok(wr)
 }
 
 pub(super) fn recv_wr(w: &RecvWqe<'_>) -> RecvWr {
-    RecvWr {
-        wr_id: w.wr_id,
-        sg_list: w.sges.to_vec(),
-    }
+    w.work_request()
 }
 
 /// A completion with an error status for a work request the engine refused at post time, or
@@ -334,8 +272,8 @@ pub(super) fn retry_pending(c: &mut ClientDev) -> bool {
 mod tests {
     use super::*;
     use crate::device::completions::cqe_of;
-    use proto::ring::wqe::SendData;
-    use proto::transport::{self as tp, WorkCompletion};
+    use proto::ring::wqe::{SendData, WrOpcode};
+    use proto::transport::{self as tp, SendOp, WorkCompletion};
     use proto::{Qpn, Rkey};
 
     /// `imm_data` is __be32 in `ibv_send_wr` and `ibv_wc`: the bytes the application stores
@@ -371,6 +309,7 @@ mod tests {
             src_qp: Qpn::new(2),
             wc_flags: tp::WcFlags::WITH_IMM,
             solicited: false,
+            sl: 0,
         };
         assert_eq!(
             cqe_of(&wc).imm_or_inv.to_ne_bytes(),

@@ -13,7 +13,7 @@ use super::link::{Link, RxPacket, WireView};
 use super::NetCounters;
 use crate::capture::{DeviceCapture, Direction};
 use crate::fault::{Decision, FaultInjector, HeldPackets, Way};
-use proto::transport::{Nanos, Transmit};
+use proto::transport::{GidType, Nanos, Transmit};
 use std::io;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -24,6 +24,7 @@ struct HeldRx {
     dst: IpAddr,
     packet: Vec<u8>,
     bth: usize,
+    gid_type: GidType,
 }
 
 impl HeldRx {
@@ -33,6 +34,7 @@ impl HeldRx {
             dst: self.dst,
             packet: &self.packet,
             bth: self.bth,
+            gid_type: self.gid_type,
         }
     }
 }
@@ -246,6 +248,7 @@ impl Link for Layers {
                         dst: p.dst,
                         packet: p.packet.to_vec(),
                         bth: p.bth,
+                        gid_type: p.gid_type,
                     };
                     if let Decision::Delay(due) = decision {
                         held_rx.delay(due, Way::Rx, held);
@@ -298,6 +301,11 @@ impl Link for Layers {
 
     fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
         self.inner.send_gsi(src, dst, packet);
+        self.record_sent();
+    }
+
+    fn send_gsi_as(&mut self, gid_type: GidType, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        self.inner.send_gsi_as(gid_type, src, dst, packet);
         self.record_sent();
     }
 

@@ -59,6 +59,9 @@ pub struct UdpLink {
     rx_buf: Vec<u8>,
     /// The addresses, TOS and TTL of the last datagram queued (see [`Link::last_sent`]).
     last_sent: Option<(SocketAddr, SocketAddr, u8, u8)>,
+    /// The link's own drops ([`NetCounters::rx_not_our_address`], `rx_group_refused`).
+    not_our_address: u64,
+    group_refused: u64,
 }
 
 impl UdpLink {
@@ -110,6 +113,8 @@ impl UdpLink {
             group_verifier: RxVerifier::new(),
             rx_buf: vec![0u8; RX_BUF_LEN],
             last_sent: None,
+            not_our_address: 0,
+            group_refused: 0,
         })
     }
 
@@ -143,6 +148,7 @@ impl UdpLink {
                 };
                 let dst = socket.group();
                 let RxVerdict::Good { ipv4 } = self.group_verifier.verify(src, dst, bytes) else {
+                    self.group_refused += 1;
                     debug!(%src, %dst, "multicast datagram refused by verification");
                     continue;
                 };
@@ -165,10 +171,11 @@ impl UdpLink {
 
 impl Link for UdpLink {
     fn poll(&mut self, wait: Duration, deliver: &mut dyn FnMut(&RxPacket<'_>)) -> usize {
-        let (addrs, rx_buf) = (&self.addrs, &mut self.rx_buf);
+        let (addrs, rx_buf, not_ours) = (&self.addrs, &mut self.rx_buf, &mut self.not_our_address);
         let mut delivered = 0;
         let _ = self.net.poll(Some(wait), &mut |d: &RxDatagram<'_>| {
             if !addrs.contains(&d.dst.ip()) && !d.dst.ip().is_multicast() {
+                *not_ours += 1;
                 debug!(dst = %d.dst, "packet for an address that is not one of our GIDs dropped");
                 return;
             }
@@ -314,7 +321,11 @@ impl Link for UdpLink {
     }
 
     fn counters(&self) -> NetCounters {
-        self.net.counters()
+        NetCounters {
+            rx_not_our_address: self.not_our_address,
+            rx_group_refused: self.group_refused,
+            ..self.net.counters()
+        }
     }
 }
 
@@ -391,6 +402,7 @@ fn rebuild_ip<'a>(d: &RxDatagram<'_>, out: &'a mut [u8]) -> Option<RxPacket<'a>>
     udp.emit(&mut out[hl..hl + 8]);
     out[hl + 8..total].copy_from_slice(d.bytes);
     Some(RxPacket {
+        gid_type: proto::transport::GidType::RoceV2,
         src: d.src.ip(),
         dst: d.dst.ip(),
         packet: &out[..total],

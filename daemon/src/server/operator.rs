@@ -8,9 +8,7 @@ use crate::config::{self, DeviceConfig};
 use crate::device::{DevMsg, DeviceThread, OperatorMsg, HANDLE_DEVICE_SHIFT};
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::unbounded;
-use proto::ctl::{
-    DeviceFaults, DeviceStats, LinkInfo, Request, ResDetail, ResKind, Response, RoceVersion,
-};
+use proto::ctl::{DeviceFaults, DeviceStats, LinkInfo, Request, ResDetail, ResKind, Response};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,7 +106,7 @@ impl Registry {
             device: index,
             setup: CmDeviceSetup {
                 info: info.clone(),
-                default_roce_mode: cfg.default_roce_mode,
+                default_roce_mode: cfg.cm_roce_mode(),
                 cm_response_timeout: cfg.cm_response_timeout,
                 cm_max_retries: cfg.cm_max_retries,
             },
@@ -379,11 +377,8 @@ impl Registry {
             out.push(LinkInfo {
                 state: if d.info.port_active { "ACTIVE" } else { "DOWN" }.into(),
                 addrs,
-                modes: match d.config.roce {
-                    RoceVersion::V2 => vec![RoceVersion::V2],
-                    RoceVersion::V1 => vec![RoceVersion::V1],
-                },
-                default_roce_mode: d.config.default_roce_mode,
+                modes: d.config.roce.gid_types().to_vec(),
+                default_roce_mode: d.config.cm_roce_mode(),
                 mtu: d.config.mtu,
                 congestion_control: "none".into(),
                 transport,

@@ -147,6 +147,10 @@ pub struct Side {
     pub rq: MappedRing,
     pub qpn: u32,
     pub slot: Vec<u8>,
+    /// `ctl::qp_type` of the QP (RC unless made `with_type`).
+    pub qp_type: u32,
+    /// The local ACK timeout `connect` gives the QP (IB enum: 4.096 µs · 2^t; 14 ≈ 67 ms).
+    pub ack_timeout: u8,
 }
 
 pub fn ok(r: Response) -> Response {
@@ -288,6 +292,8 @@ impl Side {
             rq,
             qpn,
             slot: vec![0u8; 4096],
+            qp_type,
+            ack_timeout: 14,
         }
     }
 
@@ -330,11 +336,16 @@ impl Side {
             .request(&Request::ModifyQp {
                 qpn,
                 attr: a,
-                mask: 1 | 128 | 256 | 4096 | 1 << 20 | 1 << 17 | 1 << 15,
+                // UC has no RDMA READ/atomic resources and no RNR (IBTA §11.2.4.2 table).
+                mask: if self.qp_type == ctl::qp_type::UC {
+                    1 | 128 | 256 | 4096 | 1 << 20
+                } else {
+                    1 | 128 | 256 | 4096 | 1 << 20 | 1 << 17 | 1 << 15
+                },
             })
             .unwrap());
         a.qp_state = 3;
-        a.timeout = 14;
+        a.timeout = self.ack_timeout;
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.max_rd_atomic = 4;
@@ -343,7 +354,11 @@ impl Side {
             .request(&Request::ModifyQp {
                 qpn,
                 attr: a,
-                mask: 1 | 512 | 1024 | 2048 | 65536 | 8192,
+                mask: if self.qp_type == ctl::qp_type::UC {
+                    1 | 65536
+                } else {
+                    1 | 512 | 1024 | 2048 | 65536 | 8192
+                },
             })
             .unwrap());
     }
