@@ -51,6 +51,8 @@ pub struct Layers {
     /// Packets a corrupt rule broke that did not go through the link's ICRC check (received,
     /// or between local QPs): counted where the check would have counted them.
     corrupt_dropped: u64,
+    /// Whether the link was asked to keep what it sends ([`Link::keep_last_sent`]).
+    keeping_sent: bool,
 }
 
 impl Layers {
@@ -64,6 +66,7 @@ impl Layers {
             held_local: HeldPackets::default(),
             start: Instant::now(),
             corrupt_dropped: 0,
+            keeping_sent: false,
         }
     }
 
@@ -81,8 +84,18 @@ impl Layers {
             || !self.held_local.is_empty()
     }
 
+    /// Tells the link whether a capture listens (when that changed).
+    fn sync_keep_sent(&mut self) {
+        let on = self.capture.is_on();
+        if on != self.keeping_sent {
+            self.keeping_sent = on;
+            self.inner.keep_last_sent(on);
+        }
+    }
+
     /// Sends through the link and records what left.
     fn send_out(&mut self, frame: &mut [u8], t: &Transmit, corrupt: bool) {
+        self.sync_keep_sent();
         if corrupt {
             if !self.inner.send_corrupted(frame, t) {
                 // The link cannot break a packet: it is lost instead, as the receiver's ICRC
@@ -300,11 +313,13 @@ impl Link for Layers {
     }
 
     fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        self.sync_keep_sent();
         self.inner.send_gsi(src, dst, packet);
         self.record_sent();
     }
 
     fn send_gsi_as(&mut self, gid_type: GidType, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        self.sync_keep_sent();
         self.inner.send_gsi_as(gid_type, src, dst, packet);
         self.record_sent();
     }
@@ -316,6 +331,9 @@ impl Link for Layers {
         }
         self.inner.flush();
         self.capture.flush();
+        if self.keeping_sent && !self.capture.is_on() {
+            self.sync_keep_sent();
+        }
     }
 
     fn set_addresses(&mut self, addrs: &[IpAddr]) {
@@ -349,5 +367,9 @@ impl Link for Layers {
 
     fn send_corrupted(&mut self, frame: &mut [u8], t: &Transmit) -> bool {
         self.inner.send_corrupted(frame, t)
+    }
+
+    fn keep_last_sent(&mut self, on: bool) {
+        self.inner.keep_last_sent(on);
     }
 }

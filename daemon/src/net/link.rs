@@ -105,6 +105,10 @@ pub trait Link {
         None
     }
 
+    /// Whether a capture listens: a link that must copy to show [`Link::last_sent`] (a TAP
+    /// link's frame leaves in a slot it does not keep) does so only while asked.
+    fn keep_last_sent(&mut self, _on: bool) {}
+
     /// Sends like [`Link::send`], but with one bit flipped after the ICRC was sealed, so that
     /// the receiver's ICRC check drops it (fault injection). False when the link cannot:
     /// the fault layer then drops the packet itself.

@@ -356,7 +356,15 @@ impl Registry {
             };
             let addrs = d.info.gid_addrs();
             let port = self.factory.port;
-            let transport = if d.config.netdev.is_some() {
+            let transport = if let Some(tap) = &d.config.tap {
+                // The L2 device: whole frames on its TAP, RoCE v1 (Ethertype 0x8915) and/or
+                // v2 framed by the daemon itself.
+                vec![format!(
+                    "tap {tap} (ethernet {}, roce {})",
+                    crate::config::tap_mac(&d.config),
+                    d.config.roce
+                )]
+            } else if d.config.netdev.is_some() {
                 vec![format!(
                     "udp *:{port} (following {})",
                     d.info.netdevs.join(", ")
