@@ -632,7 +632,19 @@ pub fn save_added(path: &Path, spec: &LinkSpec) -> Result<()> {
         let mut t = toml_edit::Table::new();
         t.insert("name", toml_edit::value(spec.name.as_str()));
         if !spec.addr.is_empty() {
-            let addrs: toml_edit::Array = spec.addr.iter().map(|a| a.to_string()).collect();
+            // A host address as written (`127.0.0.2`), a prefix where one was given.
+            let addrs: toml_edit::Array = spec
+                .addr
+                .iter()
+                .map(|a| {
+                    let host = if a.addr.is_ipv4() { 32 } else { 128 };
+                    if a.prefix_len == host {
+                        a.addr.to_string()
+                    } else {
+                        a.to_string()
+                    }
+                })
+                .collect();
             t.insert("addr", toml_edit::value(addrs));
         }
         if let Some(n) = &spec.netdev {
