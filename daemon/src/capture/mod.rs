@@ -28,6 +28,8 @@ use std::sync::Arc;
 
 /// A batch is handed to the writer once it holds this much.
 const BATCH_BYTES: usize = 256 * 1024;
+/// A batch's room: a full one and the largest frame after it (no reallocation).
+const BATCH_CAPACITY: usize = BATCH_BYTES + 64 * 1024;
 
 /// A device's end of one capture.
 struct DeviceTap {
@@ -46,7 +48,7 @@ impl DeviceTap {
     fn packet_added(&mut self) {
         self.batch_packets += 1;
         if self.batch.len() >= BATCH_BYTES {
-            let bytes = std::mem::take(&mut self.batch);
+            let bytes = std::mem::replace(&mut self.batch, self.shared.spare_batch(BATCH_CAPACITY));
             self.shared
                 .deliver(self.iface, bytes, std::mem::take(&mut self.batch_packets));
         }
@@ -99,10 +101,10 @@ impl DeviceCapture {
     /// its QP filter means on this device.
     pub fn attach(&mut self, shared: Arc<CaptureShared>, iface: u32, qpns: Vec<u32>) {
         self.taps.push(DeviceTap {
+            batch: shared.spare_batch(BATCH_CAPACITY),
             shared,
             iface,
             qpns,
-            batch: Vec::new(),
             batch_packets: 0,
         });
     }
@@ -213,7 +215,7 @@ impl DeviceCapture {
     pub fn flush(&mut self) {
         for t in &mut self.taps {
             if t.batch_packets > 0 {
-                let bytes = std::mem::take(&mut t.batch);
+                let bytes = std::mem::replace(&mut t.batch, t.shared.spare_batch(BATCH_CAPACITY));
                 t.shared
                     .deliver(t.iface, bytes, std::mem::take(&mut t.batch_packets));
             }

@@ -2,7 +2,7 @@
 //! reads, fed by the devices' batches.
 
 use super::pcapng;
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
 use proto::ctl::CaptureSpec;
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -14,6 +14,11 @@ use tracing::{debug, info};
 /// writer starved of CPU for a while (the machine busy with the very traffic it captures)
 /// catches up from here.
 const QUEUE_BYTES: usize = 64 << 20;
+
+/// Written batches kept for the devices to fill again: a fresh batch would grow by
+/// reallocation and fault in new pages (a large allocation is a new mapping) for every
+/// quarter megabyte captured.
+const SPARE_BATCHES: usize = 8;
 
 enum WriterMsg {
     Packets { bytes: Vec<u8>, count: u64 },
@@ -36,11 +41,22 @@ pub struct CaptureShared {
     tx: Sender<WriterMsg>,
     /// Bytes queued for the writer and not yet written.
     queued: AtomicUsize,
+    /// Batches the writer has written, emptied, for the devices to reuse.
+    spare_tx: Sender<Vec<u8>>,
+    spare_rx: Receiver<Vec<u8>>,
 }
 
 impl CaptureShared {
     pub fn spec(&self) -> &CaptureSpec {
         &self.spec
+    }
+
+    /// An empty batch to fill: a written one back from the writer, else a new one with room
+    /// for `capacity` bytes.
+    pub(super) fn spare_batch(&self, capacity: usize) -> Vec<u8> {
+        self.spare_rx
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(capacity))
     }
 
     /// Claims one packet of the budget; false once it is spent (or the capture ended).
@@ -87,6 +103,7 @@ pub fn start(
     done: Option<OwnedFd>,
 ) -> Arc<CaptureShared> {
     let (tx, rx) = unbounded();
+    let (spare_tx, spare_rx) = bounded(SPARE_BATCHES);
     let budget = spec
         .count
         .map_or(i64::MAX, |c| c.min(i64::MAX as u64) as i64);
@@ -97,6 +114,8 @@ pub fn start(
         ifaces: interfaces.iter().map(|_| IfaceStats::default()).collect(),
         tx,
         queued: AtomicUsize::new(0),
+        spare_tx,
+        spare_rx,
     });
     let writer = Arc::clone(&shared);
     let spawned = std::thread::Builder::new()
@@ -137,10 +156,12 @@ fn run(
     let wanted = shared.spec.count;
     while ok && wanted.is_none_or(|w| written < w) {
         match rx.recv() {
-            Ok(WriterMsg::Packets { bytes, count }) => {
+            Ok(WriterMsg::Packets { mut bytes, count }) => {
                 ok = out.write_all(&bytes).is_ok();
                 shared.queued.fetch_sub(bytes.len(), Ordering::Relaxed);
                 written += count;
+                bytes.clear();
+                let _ = shared.spare_tx.try_send(bytes);
             }
             Ok(WriterMsg::Stop) | Err(_) => break,
         }
