@@ -88,6 +88,21 @@ pub enum CmMsg {
         device: usize,
         info: DeviceInfo,
     },
+    /// A device was added (`softroce link add`, and each configured device at start); its
+    /// index is the next one.
+    AddDevice {
+        device: usize,
+        setup: CmDeviceSetup,
+        send: GsiSender,
+    },
+    /// A device was deleted: it serves no address from now on.
+    RemoveDevice {
+        device: usize,
+    },
+    /// Every id, for `softroce res show cm_id`: (owning client, row).
+    ListIds {
+        reply: Sender<Vec<(u64, ctl::CmIdRes)>>,
+    },
     /// What the received MADs did, per device (for [`Request::Counters`]).
     Counters {
         reply: Sender<Vec<proto::cm::conn::CmCounters>>,
@@ -147,6 +162,19 @@ struct CmDevice {
 }
 
 impl CmDevice {
+    fn new(setup: CmDeviceSetup, send: GsiSender) -> CmDevice {
+        let mut cfg = EndpointConfig::new(setup.info.node_guid, random_u32(), random_u32());
+        cfg.first_id = random_u32();
+        CmDevice {
+            addrs: setup.info.gid_addrs(),
+            setup,
+            endpoint: CmEndpoint::new(cfg),
+            psn: 0,
+            send,
+            peer_types: HashMap::new(),
+        }
+    }
+
     /// The device's address to use toward `peer`: the peer itself when it is ours (the device
     /// talks to itself), else the first address of the peer's family and scope (a link-local
     /// `fe80::` address only toward a link-local peer, as the kernel's source selection),
@@ -383,18 +411,7 @@ impl CmService {
     pub fn new(setups: Vec<(CmDeviceSetup, GsiSender)>) -> CmService {
         let devices = setups
             .into_iter()
-            .map(|(setup, send)| {
-                let mut cfg = EndpointConfig::new(setup.info.node_guid, random_u32(), random_u32());
-                cfg.first_id = random_u32();
-                CmDevice {
-                    addrs: setup.info.gid_addrs(),
-                    setup,
-                    endpoint: CmEndpoint::new(cfg),
-                    psn: 0,
-                    send,
-                    peer_types: HashMap::new(),
-                }
-            })
+            .map(|(setup, send)| CmDevice::new(setup, send))
             .collect();
         CmService {
             devices,
@@ -440,6 +457,25 @@ impl CmService {
                             d.addrs = info.gid_addrs();
                             d.setup.info = info;
                         }
+                    }
+                    Ok(CmMsg::AddDevice { device, setup, send }) => {
+                        if device == self.devices.len() {
+                            self.devices.push(CmDevice::new(setup, send));
+                        } else {
+                            warn!(device, "device added out of order: ignored");
+                        }
+                    }
+                    Ok(CmMsg::RemoveDevice { device }) => {
+                        if let Some(d) = self.devices.get_mut(device) {
+                            // No address: no id binds, resolves or listens on it any more,
+                            // and what it would send goes nowhere.
+                            d.addrs.clear();
+                            d.setup.info.gids.clear();
+                            d.send = Box::new(|_| false);
+                        }
+                    }
+                    Ok(CmMsg::ListIds { reply }) => {
+                        let _ = reply.send(self.list_ids());
                     }
                     Ok(CmMsg::Counters { reply }) => {
                         let _ = reply.send(self.devices.iter().map(|d| d.endpoint.counters()).collect());
@@ -965,6 +1001,58 @@ impl CmService {
             },
         );
         (Response::CmChannel { channel: h }, vec![theirs])
+    }
+
+    /// Every id as `rdma resource show cm_id` shows it.
+    fn list_ids(&self) -> Vec<(u64, ctl::CmIdRes)> {
+        self.ids
+            .iter()
+            .map(|(&id, x)| {
+                let state = match x.role {
+                    Role::Listen => "LISTEN",
+                    Role::Active | Role::Passive | Role::SidrActive | Role::SidrPassive => {
+                        "CONNECT"
+                    }
+                    Role::Idle if x.path.is_some() => "ROUTE_RESOLVED",
+                    Role::Idle if x.dst.is_some() => "ADDR_RESOLVED",
+                    Role::Idle if x.src.is_some() => "ADDR_BOUND",
+                    Role::Idle => "IDLE",
+                };
+                let ps = match x.ps {
+                    cm_ps::TCP => "TCP",
+                    cm_ps::UDP => "UDP",
+                    cm_ps::IB => "IB",
+                    cm_ps::IPOIB => "IPOIB",
+                    _ => "?",
+                };
+                let qp_type = match x.qp_type {
+                    qp_type::RC => "RC",
+                    qp_type::UC => "UC",
+                    qp_type::UD => "UD",
+                    _ => "?",
+                };
+                let owner = ctl::ResOwner {
+                    device: x
+                        .device
+                        .and_then(|d| self.devices.get(d))
+                        .map(|d| d.setup.info.name.clone())
+                        .unwrap_or_default(),
+                    pid: 0,
+                    comm: String::new(),
+                };
+                let row = ctl::CmIdRes {
+                    owner,
+                    id,
+                    ps: ps.into(),
+                    qp_type: qp_type.into(),
+                    state: state.into(),
+                    qpn: x.connect.as_ref().map_or(0, |c| c.local_qpn),
+                    src_addr: x.src,
+                    dst_addr: x.dst,
+                };
+                (x.client, row)
+            })
+            .collect()
     }
 
     fn client_gone(&mut self, client: u64) {

@@ -7,7 +7,10 @@
 //! speaks RoCE v1, v2 or both (`--roce v1|v2|both`).
 
 use anyhow::{bail, Context, Result};
-use proto::ctl::{self, DeviceInfo, GidEntry, RoceVersion};
+use proto::ctl::{
+    self, DeviceInfo, FaultDirection, FaultKind, FaultRule, FaultTrigger, GidEntry, LinkSpec,
+    RoceVersion,
+};
 use proto::iface::IpCidr;
 use proto::wire::EthernetAddress;
 use serde::Deserialize;
@@ -162,6 +165,73 @@ pub struct DeviceConfig {
     /// packet by packet there.
     #[serde(default = "default_true")]
     pub gso: bool,
+    /// Fault injection rules in force from the start (`[[device.fault]]`), as
+    /// `softroce fault` adds them on a running daemon.
+    #[serde(default)]
+    pub fault: Vec<FaultConfig>,
+}
+
+/// One `[[device.fault]]` table: `kind` (drop, duplicate, delay, reorder, corrupt, rnr,
+/// access-error), `ms` for delay, `rate` (0..1) or `next` (a count; neither: every packet),
+/// and optionally `qp` and `direction` ("tx" or "rx").
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultConfig {
+    pub kind: String,
+    #[serde(default)]
+    pub ms: Option<u32>,
+    #[serde(default)]
+    pub rate: Option<f64>,
+    #[serde(default)]
+    pub next: Option<u32>,
+    #[serde(default)]
+    pub qp: Option<u32>,
+    #[serde(default)]
+    pub direction: Option<String>,
+}
+
+// The rate is a probability read from TOML; configs compare equal when it does.
+impl Eq for FaultConfig {}
+
+impl FaultConfig {
+    /// The rule it stands for.
+    pub fn rule(&self) -> Result<FaultRule> {
+        let kind = match (self.kind.as_str(), self.ms) {
+            ("drop", None) => FaultKind::Drop,
+            ("duplicate", None) => FaultKind::Duplicate,
+            ("delay", Some(ms)) => FaultKind::Delay { ms },
+            ("delay", None) => bail!("fault kind delay needs ms"),
+            ("reorder", None) => FaultKind::Reorder,
+            ("corrupt", None) => FaultKind::Corrupt,
+            ("rnr", None) => FaultKind::Rnr,
+            ("access-error", None) => FaultKind::AccessError,
+            (k, Some(_)) if k != "delay" => bail!("fault kind {k} takes no ms"),
+            (k, _) => bail!(
+                "unknown fault kind {k:?} (drop, duplicate, delay, reorder, corrupt, rnr, access-error)"
+            ),
+        };
+        let trigger = match (self.rate, self.next) {
+            (Some(_), Some(_)) => bail!("a fault has a rate or a next count, not both"),
+            (Some(r), None) if (0.0..=1.0).contains(&r) => FaultTrigger::Rate {
+                ppm: (r * 1_000_000.0).round() as u32,
+            },
+            (Some(r), None) => bail!("fault rate {r} is not between 0 and 1"),
+            (None, Some(count)) => FaultTrigger::Next { count },
+            (None, None) => FaultTrigger::Rate { ppm: 1_000_000 },
+        };
+        let direction = match self.direction.as_deref() {
+            None | Some("both") => FaultDirection::Both,
+            Some("tx") => FaultDirection::Tx,
+            Some("rx") => FaultDirection::Rx,
+            Some(d) => bail!("fault direction {d:?}: expected tx or rx"),
+        };
+        Ok(FaultRule {
+            kind,
+            trigger,
+            qpn: self.qp,
+            direction,
+        })
+    }
 }
 
 fn default_true() -> bool {
@@ -348,7 +418,27 @@ impl DeviceConfig {
             cm_max_retries: default_cm_max_retries(),
             local_via_socket: false,
             gso: true,
+            fault: Vec::new(),
         }
+    }
+
+    /// The device `softroce link add` asks for.
+    pub fn from_spec(spec: &LinkSpec) -> Result<DeviceConfig> {
+        let mut d = DeviceConfig::new(&spec.name);
+        d.addr = spec.addr.clone();
+        d.netdev = spec.netdev.clone();
+        d.tap = spec.tap.clone();
+        d.mac = spec.mac.clone();
+        if let Some(r) = &spec.roce {
+            d.roce = r
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("device {}: {e}", spec.name))?;
+        }
+        if let Some(m) = spec.mtu {
+            d.mtu = m;
+        }
+        d.validate()?;
+        Ok(d)
     }
 
     /// The embedded default: RoCE v2 on 127.0.0.1 and ::1.
@@ -514,12 +604,107 @@ impl Config {
         }
         for (i, d) in self.devices.iter().enumerate() {
             d.validate()?;
+            for f in &d.fault {
+                f.rule().with_context(|| format!("device {}", d.name))?;
+            }
             if self.devices[..i].iter().any(|o| o.name == d.name) {
                 bail!("device {} is configured twice", d.name);
             }
         }
         Ok(())
     }
+}
+
+/// `softroce link add --save`: appends the device to the TOML config at `path` as a
+/// `[[device]]` table with the keys the command gave; the rest of the file, comments
+/// included, stays as it was.
+pub fn save_added(path: &Path, spec: &LinkSpec) -> Result<()> {
+    edit_config(path, |doc| {
+        let devices = doc
+            .entry("device")
+            .or_insert(toml_edit::Item::ArrayOfTables(Default::default()))
+            .as_array_of_tables_mut()
+            .context("`device` in the config is not an array of tables")?;
+        if devices
+            .iter()
+            .any(|t| t.get("name").and_then(|n| n.as_str()) == Some(spec.name.as_str()))
+        {
+            bail!("the config already has a device {}", spec.name);
+        }
+        let mut t = toml_edit::Table::new();
+        t.insert("name", toml_edit::value(spec.name.as_str()));
+        if !spec.addr.is_empty() {
+            // A host address as written (`127.0.0.2`), a prefix where one was given.
+            let addrs: toml_edit::Array = spec
+                .addr
+                .iter()
+                .map(|a| {
+                    let host = if a.addr.is_ipv4() { 32 } else { 128 };
+                    if a.prefix_len == host {
+                        a.addr.to_string()
+                    } else {
+                        a.to_string()
+                    }
+                })
+                .collect();
+            t.insert("addr", toml_edit::value(addrs));
+        }
+        if let Some(n) = &spec.netdev {
+            t.insert("netdev", toml_edit::value(n.as_str()));
+        }
+        if let Some(n) = &spec.tap {
+            t.insert("tap", toml_edit::value(n.as_str()));
+        }
+        if let Some(m) = &spec.mac {
+            t.insert("mac", toml_edit::value(m.as_str()));
+        }
+        if let Some(r) = &spec.roce {
+            t.insert("roce", toml_edit::value(r.as_str()));
+        }
+        if let Some(m) = spec.mtu {
+            t.insert("mtu", toml_edit::value(i64::from(m)));
+        }
+        devices.push(t);
+        Ok(())
+    })
+}
+
+/// `softroce link del --save`: removes the device's `[[device]]` table from the config.
+pub fn save_removed(path: &Path, name: &str) -> Result<()> {
+    edit_config(path, |doc| {
+        let Some(devices) = doc
+            .get_mut("device")
+            .and_then(|d| d.as_array_of_tables_mut())
+        else {
+            bail!("the config has no device {name}");
+        };
+        let before = devices.len();
+        devices.retain(|t| t.get("name").and_then(|n| n.as_str()) != Some(name));
+        if devices.len() == before {
+            bail!("the config has no device {name}");
+        }
+        Ok(())
+    })
+}
+
+/// Reads, edits and atomically replaces the config (the result must still parse).
+fn edit_config(
+    path: &Path,
+    edit: impl FnOnce(&mut toml_edit::DocumentMut) -> Result<()>,
+) -> Result<()> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading config {}", path.display()))?;
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .with_context(|| format!("parsing config {}", path.display()))?;
+    edit(&mut doc)?;
+    let out = doc.to_string();
+    Config::from_toml(&out).context("the edited config does not parse")?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, out).with_context(|| format!("writing {}", Path::new(&tmp).display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    Ok(())
 }
 
 /// Where the control socket is: `--socket`, else `$SOFTROCE_SOCKET`, else
@@ -794,6 +979,64 @@ mod tests {
         let mut fast = plain;
         fast.cm_max_retries = 16;
         assert!(fast.validate().is_err());
+    }
+
+    #[test]
+    fn the_example_config_parses_and_its_faults_are_rules() {
+        let c = Config::from_toml(include_str!("../../dist/softroce.toml")).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.devices.len(), 1);
+        assert_eq!(
+            c.devices[0],
+            DeviceConfig::loopback_default(),
+            "the example shows the defaults"
+        );
+        let c = Config::from_toml(
+            "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\n[[device.fault]]\nkind=\"delay\"\nms=20\nnext=3\ndirection=\"tx\"\n[[device.fault]]\nkind=\"drop\"\nrate=0.5",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let rules: Vec<FaultRule> = c.devices[0]
+            .fault
+            .iter()
+            .map(|f| f.rule().unwrap())
+            .collect();
+        assert_eq!(rules[0].kind, FaultKind::Delay { ms: 20 });
+        assert_eq!(rules[0].trigger, FaultTrigger::Next { count: 3 });
+        assert_eq!(rules[1].trigger, FaultTrigger::Rate { ppm: 500_000 });
+        let bad = Config::from_toml(
+            "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\n[[device.fault]]\nkind=\"delay\"",
+        )
+        .unwrap();
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn saving_a_link_keeps_the_comments_and_round_trips() {
+        let dir = std::env::temp_dir().join(format!("softroce-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("softroce.toml");
+        std::fs::write(&path, include_str!("../../dist/softroce.toml")).unwrap();
+        let spec = LinkSpec {
+            name: "srxe7".into(),
+            addr: vec!["127.0.0.7".parse().unwrap()],
+            mtu: Some(1024),
+            ..LinkSpec::default()
+        };
+        save_added(&path, &spec).unwrap();
+        assert!(save_added(&path, &spec).is_err(), "twice");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            text.contains("# Fault injection from the start"),
+            "comments kept"
+        );
+        let c = Config::load(&path).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.devices[1], DeviceConfig::from_spec(&spec).unwrap());
+        save_removed(&path, "srxe7").unwrap();
+        assert!(save_removed(&path, "srxe7").is_err());
+        assert_eq!(Config::load(&path).unwrap().devices.len(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

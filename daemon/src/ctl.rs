@@ -183,7 +183,8 @@ pub struct Client {
 }
 
 impl Client {
-    fn connect_raw(path: &Path) -> Result<Conn> {
+    /// Connects without introducing itself (`doctor` looks at the peer's credentials first).
+    pub fn connect_raw(path: &Path) -> Result<Conn> {
         let fd = socket(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -202,6 +203,11 @@ impl Client {
                 path.display()
             )
         })?;
+        Client::from_conn(conn, program)
+    }
+
+    /// Introduces itself on a connection made with [`Client::connect_raw`].
+    pub fn from_conn(conn: Conn, program: &str) -> Result<Client> {
         let mut c = Client { conn, client_id: 0 };
         match c.request(&Request::Hello {
             version: PROTOCOL_VERSION,

@@ -1,5 +1,6 @@
 //! `softroce`: the user-space RoCE device and its tools.
 
+use softroce_daemon::cli::{self, capture, doctor, fault, link, res, stat};
 use softroce_daemon::{config, ctl, pcap, server};
 
 use anyhow::{bail, Context, Result};
@@ -14,7 +15,20 @@ use std::process::ExitCode;
 #[command(
     name = "softroce",
     version,
-    about = "A software RoCE device in user space"
+    about = "A software RoCE device in user space",
+    after_help = "Every command but daemon, run and pcap talks to a running daemon over its control \
+socket (--socket, else $SOFTROCE_SOCKET, else $XDG_RUNTIME_DIR/softroce/ctl.sock, else \
+/run/softroce/ctl.sock); -j prints JSON. Exit status: 0 done, 1 refused or failed, 2 usage \
+error or no daemon.
+
+Examples:
+  softroce daemon &
+  softroce run -- ibv_rc_pingpong -g 0
+  softroce link add srxe1 addr 127.0.0.2
+  softroce stat srxe0 -w 1
+  softroce capture -w - | tshark -i -
+  softroce fault srxe0 drop --rate 0.01
+  softroce doctor"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -27,9 +41,21 @@ struct Cli {
 enum Command {
     /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
     /// arguments it serves srxe0, RoCE v2 on 127.0.0.1 and ::1.
+    ///
+    /// Examples:
+    ///   softroce daemon
+    ///   softroce daemon --config /etc/softroce/softroce.toml
+    ///   softroce daemon --name srxe1 --addr 192.0.2.1 --mtu 1024 --log debug
+    ///   softroce daemon --name srxe1 --tap tap0 --roce both --addr 10.0.0.1/24
+    #[command(verbatim_doc_comment)]
     Daemon(Box<DaemonArgs>),
     /// Run a program with the softroce shim preloaded, so that its libibverbs and librdmacm
-    /// calls reach the daemon: `softroce run -- ibv_devinfo -v`, `softroce run -- rping -s`.
+    /// calls reach the daemon.
+    ///
+    /// Examples:
+    ///   softroce run -- ibv_devinfo -v
+    ///   softroce run -- rping -s -a 127.0.0.1
+    #[command(verbatim_doc_comment)]
     Run {
         /// The daemon's control socket (default: $SOFTROCE_SOCKET, then
         /// $XDG_RUNTIME_DIR/softroce/ctl.sock, then /run/softroce/ctl.sock).
@@ -42,11 +68,25 @@ enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
-    /// Show the daemon's resources.
+    /// Devices on the running daemon: add, delete, show (as `rdma link`).
+    Link {
+        #[command(subcommand)]
+        command: link::LinkCommand,
+    },
+    /// Counters, as `rdma statistic`: every rxe counter, the congestion counters, the ICRC
+    /// and version-mismatch drops; per QP with `qp QPN`; rates with -w.
+    Stat(stat::StatArgs),
+    /// Resources and who holds them, as `rdma resource show`.
     Res {
         #[command(subcommand)]
-        command: ResCommand,
+        command: res::ResCommand,
     },
+    /// Capture every packet a device sends and receives, live, as pcapng.
+    Capture(capture::CaptureArgs),
+    /// Inject faults (drop, duplicate, delay, reorder, corrupt, RNR and access-error NAKs).
+    Fault(fault::FaultArgs),
+    /// Check what softroce needs on this machine and say how to fix what is missing.
+    Doctor(doctor::DoctorArgs),
     /// Work with packet captures.
     Pcap {
         #[command(subcommand)]
@@ -137,18 +177,20 @@ struct DaemonArgs {
     /// RoCE v2 UDP port (4791; another value only for tests on one host).
     #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
     port: u16,
-    /// Log filter, as RUST_LOG (default: info).
+    /// Log filter, as RUST_LOG (default: info): levels error, warn, info, debug, trace, per
+    /// module too (`info,softroce_daemon::cm=debug`).
     #[arg(long, default_value = "info")]
     log: String,
+    /// Log lines as text (key=value fields, the spans of the client and QP they concern) or
+    /// as JSON objects, one per line (for journald and log collectors).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
-#[derive(Subcommand, Debug)]
-enum ResCommand {
-    /// Devices and, per client process, the resources it holds.
-    Show {
-        #[arg(long)]
-        socket: Option<PathBuf>,
-    },
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -156,6 +198,9 @@ enum PcapCommand {
     /// Parse every RoCE packet (v2 over UDP 4791 on IPv4 and IPv6, v1 on Ethertype 0x8915) in
     /// pcap or pcapng files and verify every ICRC. Exit status: 0 when every whole RoCE packet
     /// parses and carries the right ICRC, 1 otherwise, 2 when a file cannot be read.
+    ///
+    /// Example: softroce pcap check -v capture.pcapng
+    #[command(verbatim_doc_comment)]
     Check {
         /// One line per packet: opcode, QPN, PSN, flags and extended headers.
         #[arg(short, long)]
@@ -173,15 +218,18 @@ fn main() -> ExitCode {
         Command::Pcap {
             command: PcapCommand::Check { verbose, files },
         } => return pcap_check(&files, verbose),
+        Command::Link { command } => return cli::finish(link::run(command)),
+        Command::Stat(args) => return cli::finish(stat::run(args)),
+        Command::Res { command } => return cli::finish(res::run(command)),
+        Command::Capture(args) => return cli::finish(capture::run(args)),
+        Command::Fault(args) => return cli::finish(fault::run(args)),
+        Command::Doctor(args) => return cli::finish(doctor::run(args)),
         Command::Daemon(args) => daemon(*args),
         Command::Run {
             socket,
             verbose,
             command,
         } => run(socket.as_deref(), verbose, &command),
-        Command::Res {
-            command: ResCommand::Show { socket },
-        } => res_show(socket.as_deref()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -194,14 +242,19 @@ fn main() -> ExitCode {
 
 fn daemon(args: DaemonArgs) -> Result<()> {
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))?;
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))?,
-        )
-        .init();
+        .with_env_filter(filter);
+    match args.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
@@ -271,35 +324,12 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         config.max_connections_per_uid = n;
     }
     let socket = config::socket_path(args.socket.as_deref().or(config.socket.as_deref()));
-    server::run(config, socket, args.port)
-}
-
-/// Finds libsoftroce.so: $SOFTROCE_SHIM, else beside this executable (cargo puts both in
-/// `target/<profile>/`), else the system library path.
-fn shim_path() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("SOFTROCE_SHIM").filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe()?;
-    let beside = exe.with_file_name("libsoftroce.so");
-    if beside.exists() {
-        return Ok(beside);
-    }
-    for dir in ["/usr/local/lib", "/usr/lib"] {
-        let p = Path::new(dir).join("libsoftroce.so");
-        if p.exists() {
-            return Ok(p);
-        }
-    }
-    bail!(
-        "libsoftroce.so not found beside {} (build it with `cargo build -p softroce-shim`, or set SOFTROCE_SHIM)",
-        exe.display()
-    )
+    server::run_with(config, args.config.clone(), socket, args.port)
 }
 
 fn run(socket: Option<&Path>, verbose: bool, command: &[String]) -> Result<()> {
     use std::os::unix::process::CommandExt;
-    let shim = shim_path()?;
+    let shim = cli::shim_path()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
         _ => shim.display().to_string(),
@@ -341,26 +371,6 @@ fn run(socket: Option<&Path>, verbose: bool, command: &[String]) -> Result<()> {
     }
     let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", command[0]))
-}
-
-fn res_show(socket: Option<&Path>) -> Result<()> {
-    let path = config::socket_path(socket);
-    let mut client = ctl::Client::connect(&path, "softroce res show")?;
-    let Response::Resources { devices, clients } = client.request(&Request::ResShow)? else {
-        bail!("unexpected answer from the daemon");
-    };
-    println!("devices: {}", devices.join(" "));
-    println!(
-        "{:>6} {:>8} {:>6}  {:<24} {:>4} {:>6} {:>4} {:>6} {:>4} {:>4} {:>4}",
-        "client", "pid", "uid", "program", "pd", "mr", "cq", "qp", "srq", "ah", "mw"
-    );
-    for c in clients {
-        println!(
-            "{:>6} {:>8} {:>6}  {:<24} {:>4} {:>6} {:>4} {:>6} {:>4} {:>4} {:>4}",
-            c.client, c.pid, c.uid, c.program, c.pds, c.mrs, c.cqs, c.qps, c.srqs, c.ahs, c.mws
-        );
-    }
-    Ok(())
 }
 
 fn pcap_check(files: &[PathBuf], verbose: bool) -> ExitCode {

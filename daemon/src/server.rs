@@ -4,12 +4,18 @@
 //! ([`crate::cm`]); requests about resources go straight to the thread of the device they
 //! concern ([`crate::device`]), which owns the data path. When a client disconnects (or is
 //! killed), every device destroys what it owned and the CM thread its rdma_cm ids.
+//!
+//! Devices come and go while the daemon runs (`softroce link add/del`, [`operator`], which
+//! also serves the other operator's requests): the list every thread routes by is shared, and
+//! a device's index (carried in its handles) is never reused.
+
+mod operator;
 
 use crate::access::{AccessPolicy, ConnectionSlot, ConnectionSlots};
-use crate::cm::{self, CmDeviceSetup, CmMsg, CmService};
+use crate::cm::{self, CmMsg, CmService};
 use crate::config::{self, Config, DeviceConfig};
 use crate::ctl::{Conn, Listener};
-use crate::device::{self, DevMsg, DeviceThread};
+use crate::device::{self, DevMsg, QpnBlocks};
 use crate::peer::{self, ClientProcess};
 use anyhow::{Context, Result};
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender};
@@ -20,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
@@ -41,6 +47,7 @@ enum RegMsg {
     Request {
         client: u64,
         request: Request,
+        fds: Vec<OwnedFd>,
         reply: Sender<Response>,
     },
     Disconnect {
@@ -71,37 +78,82 @@ struct Device {
     info: DeviceInfo,
 }
 
+/// Every device's link by device index (the index its handles carry); `None` once deleted.
+/// Shared by the registry, which adds and deletes devices, and the client threads.
+type Links = Arc<RwLock<Vec<Option<DeviceLink>>>>;
+
+/// The live device at `index`.
+fn link_at(links: &Links, index: usize) -> Option<DeviceLink> {
+    links.read().ok()?.get(index).cloned().flatten()
+}
+
+/// Every live device's link.
+fn live_links(links: &Links) -> Vec<DeviceLink> {
+    links
+        .read()
+        .map(|l| l.iter().flatten().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// What starting a device needs beyond its config.
+struct DeviceFactory {
+    /// The RoCE v2 UDP port.
+    port: u16,
+    gsi: Sender<crate::gsi::GsiMad>,
+    qpn_blocks: Arc<QpnBlocks>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
 /// Owns the device descriptions and the list of clients.
 struct Registry {
-    devices: Vec<Device>,
-    links: Vec<DeviceLink>,
+    /// By device index, as `links`.
+    devices: Vec<Option<Device>>,
+    links: Links,
     clients: BTreeMap<u64, ClientResources>,
     next_client: u64,
     /// The rdma_cm thread, told of address changes too.
     cm: Sender<CmMsg>,
+    factory: DeviceFactory,
+    /// The TOML file `--save` edits (the daemon's `--config`).
+    config_path: Option<PathBuf>,
+    /// Captures running, by the client connection that asked (they end with it).
+    captures: HashMap<u64, Vec<Arc<crate::capture::CaptureShared>>>,
 }
 
 impl Registry {
-    fn handle(&mut self, client: u64, request: Request) -> Response {
+    fn handle(&mut self, client: u64, request: Request, fds: Vec<OwnedFd>) -> Response {
         match request {
             // A second hello on the same connection is a protocol error.
             Request::Hello { .. } => Response::Error {
                 errno: libc::EPROTO,
                 message: "hello already received".into(),
             },
-            Request::QueryDevices => {
-                Response::Devices(self.devices.iter().map(|d| d.info.clone()).collect())
-            }
+            Request::QueryDevices => Response::Devices(
+                self.devices
+                    .iter()
+                    .flatten()
+                    .map(|d| d.info.clone())
+                    .collect(),
+            ),
             Request::Counters => {
                 let (tx, rx) = bounded(1);
                 let cm = match self.cm.send(CmMsg::Counters { reply: tx }) {
                     Ok(()) => rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default(),
                     Err(_) => Vec::new(),
                 };
+                let links: Vec<(usize, DeviceLink)> = self
+                    .links
+                    .read()
+                    .map(|l| {
+                        l.iter()
+                            .enumerate()
+                            .filter_map(|(i, d)| Some((i, d.clone()?)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 Response::Counters(
-                    self.links
-                        .iter()
-                        .enumerate()
+                    links
+                        .into_iter()
                         .filter_map(|(i, link)| {
                             let (tx, rx) = bounded(1);
                             link.send(DevMsg::Counters { reply: tx }).then_some(())?;
@@ -124,7 +176,7 @@ impl Registry {
                     .filter(|(id, _)| **id != client)
                     .map(|(id, c)| (*id, c.clone()))
                     .collect();
-                for link in &self.links {
+                for link in &live_links(&self.links) {
                     let (tx, rx) = bounded(1);
                     if !link.send(DevMsg::Stats { reply: tx }) {
                         continue;
@@ -145,10 +197,16 @@ impl Registry {
                     }
                 }
                 Response::Resources {
-                    devices: self.devices.iter().map(|d| d.info.name.clone()).collect(),
+                    devices: self
+                        .devices
+                        .iter()
+                        .flatten()
+                        .map(|d| d.info.name.clone())
+                        .collect(),
                     clients: clients.into_values().collect(),
                 }
             }
+            r if operator::is_operator_request(&r) => self.operator(client, r, fds),
             _ => Response::Error {
                 errno: libc::EINVAL,
                 message: "not a registry request".into(),
@@ -157,10 +215,13 @@ impl Registry {
     }
 
     fn rescan_netdevs(&mut self) {
-        for (index, (d, link)) in self.devices.iter_mut().zip(&self.links).enumerate() {
-            if d.config.netdev.is_none() {
+        for (index, d) in self.devices.iter_mut().enumerate() {
+            let Some(d) = d.as_mut().filter(|d| d.config.netdev.is_some()) else {
                 continue;
-            }
+            };
+            let Some(link) = link_at(&self.links, index) else {
+                continue;
+            };
             match config::device_info(&d.config) {
                 Ok(info) if info != d.info => {
                     info!(device = %info.name, gids = info.gids.len(), "addresses changed");
@@ -177,7 +238,8 @@ impl Registry {
         }
     }
 
-    fn run(mut self, rx: Receiver<RegMsg>) {
+    /// Serves until shut down; returns the device threads, to be joined.
+    fn run(mut self, rx: Receiver<RegMsg>) -> Vec<std::thread::JoinHandle<()>> {
         let rescan = tick(NETDEV_RESCAN);
         loop {
             select! {
@@ -191,11 +253,14 @@ impl Registry {
                         });
                         let _ = reply.send(id);
                     }
-                    Ok(RegMsg::Request { client, request, reply }) => {
+                    Ok(RegMsg::Request { client, request, fds, reply }) => {
                         debug!(client, ?request, "request");
-                        let _ = reply.send(self.handle(client, request));
+                        let _ = reply.send(self.handle(client, request, fds));
                     }
                     Ok(RegMsg::Disconnect { client }) => {
+                        for c in self.captures.remove(&client).unwrap_or_default() {
+                            c.stop();
+                        }
                         if let Some(c) = self.clients.remove(&client) {
                             info!(client, pid = c.pid, program = %c.program,
                                   "client gone; its resources are freed");
@@ -206,17 +271,25 @@ impl Registry {
                 recv(rescan) -> _ => self.rescan_netdevs(),
             }
         }
+        for c in self.captures.values().flatten() {
+            c.stop();
+        }
+        std::mem::take(&mut self.factory.threads)
     }
 }
 
 /// Which device thread a resource request concerns, or `None` for the registry.
-fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) -> Option<usize> {
+fn route(request: &Request, links: &Links, qpns: &HashMap<u32, usize>) -> Option<usize> {
     let h = device::handle_device;
     Some(match request {
         Request::Hello { .. } | Request::QueryDevices | Request::ResShow | Request::Counters => {
             return None
         }
-        Request::OpenContext { device } => links.iter().position(|l| &l.name == device)?,
+        Request::OpenContext { device } => links
+            .read()
+            .ok()?
+            .iter()
+            .position(|l| l.as_ref().is_some_and(|l| &l.name == device))?,
         Request::CloseContext { ctx }
         | Request::AllocPd { ctx }
         | Request::CreateCompChannel { ctx }
@@ -308,7 +381,7 @@ fn serve_client(
     _slot: ConnectionSlot,
     policy: &AccessPolicy,
     registry: Sender<RegMsg>,
-    links: Vec<DeviceLink>,
+    links: Links,
     cm: Sender<CmMsg>,
 ) {
     let (pid, uid) = (creds.pid(), creds.uid());
@@ -356,6 +429,9 @@ fn serve_client(
         },
         _ => return,
     };
+    let span =
+        tracing::info_span!("client", client = tracing::field::Empty, pid, program = %program);
+    let _in_span = span.enter();
     let connected = ask(|reply| {
         registry
             .send(RegMsg::Connect {
@@ -367,6 +443,7 @@ fn serve_client(
             .is_ok()
     });
     let Some(client) = connected else { return };
+    span.record("client", client);
     let hello = Response::Hello {
         version: PROTOCOL_VERSION,
         client,
@@ -413,13 +490,14 @@ fn serve_client(
                         | Request::QueryDevices
                         | Request::ResShow
                         | Request::Counters
-                ) =>
+                ) || operator::is_operator_request(&request) =>
                 {
                     let reply = ask(|reply| {
                         registry
                             .send(RegMsg::Request {
                                 client,
                                 request,
+                                fds,
                                 reply,
                             })
                             .is_ok()
@@ -427,13 +505,17 @@ fn serve_client(
                     let Some(r) = reply else { break };
                     (r, Vec::new())
                 }
-                Some(dev) if dev < links.len() => {
+                Some(dev) => {
+                    let Some(link) = link_at(&links, dev) else {
+                        ok = send_response(&conn, &gone_device(), &[]);
+                        continue;
+                    };
                     let destroyed = match &request {
                         Request::DestroyQp { qpn } => Some(*qpn),
                         _ => None,
                     };
                     let reply = ask(|reply| {
-                        links[dev].send(DevMsg::Request {
+                        link.send(DevMsg::Request {
                             client,
                             process: Arc::clone(&process),
                             request,
@@ -441,7 +523,9 @@ fn serve_client(
                             reply,
                         })
                     });
-                    let Some((r, out)) = reply else { break };
+                    // The device was deleted meanwhile: this request fails, the connection
+                    // and the client's other devices carry on.
+                    let (r, out) = reply.unwrap_or_else(|| (gone_device(), Vec::new()));
                     match (&r, destroyed) {
                         (Response::Qp { qpn, .. }, _) => {
                             qpns.insert(*qpn, dev);
@@ -465,10 +549,18 @@ fn serve_client(
         ok = send_response(&conn, &response, &out_fds);
     }
     let _ = cm.send(CmMsg::ClientGone { client });
-    for link in &links {
+    for link in &live_links(&links) {
         link.send(DevMsg::ClientGone { client });
     }
     let _ = registry.send(RegMsg::Disconnect { client });
+}
+
+/// The answer to a request for a deleted device (as the kernel's EIO after removal).
+fn gone_device() -> Response {
+    Response::Error {
+        errno: libc::EIO,
+        message: "the device was deleted".into(),
+    }
 }
 
 /// Sends a request with a one-shot reply channel (`send` returns whether the message was
@@ -482,8 +574,18 @@ fn ask<R>(send: impl FnOnce(Sender<R>) -> bool) -> Option<R> {
 }
 
 /// Runs the daemon until SIGINT or SIGTERM. `port` is the RoCE v2 UDP port (4791 but in
-/// tests).
+/// tests); `config_path` is the file `link add/del --save` edits.
 pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
+    run_with(config, None, socket, port)
+}
+
+/// [`run`], knowing the TOML file the config came from.
+pub fn run_with(
+    config: Config,
+    config_path: Option<PathBuf>,
+    socket: PathBuf,
+    port: u16,
+) -> Result<()> {
     config.validate()?;
     // The daemon writes completion-channel and async-event records into pipes and sockets
     // whose reading process may die at any moment (SIGKILL mid-run): that must be an EPIPE
@@ -493,62 +595,32 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
     }
-    let mut devices = Vec::new();
-    let mut links = Vec::new();
-    let mut device_threads = Vec::new();
     let (gsi_tx, gsi_rx) = crate::gsi::gsi_queue();
-    for (index, d) in config.devices.iter().enumerate() {
-        let info = config::device_info(d)?;
-        let (tx, rx) = unbounded();
-        let mut thread = DeviceThread::new(index, config.devices.len(), d, info.clone(), rx, port)?;
-        thread.set_gsi_sink(gsi_tx.clone());
-        let wake = Arc::new(thread.wake_fd()?);
-        info!(
-            device = %d.name,
-            roce = %d.roce,
-            mtu = d.mtu,
-            addrs = ?d.addr,
-            netdev = ?d.netdev,
-            tap = ?d.tap,
-            "device ready"
-        );
-        device_threads.push(
-            std::thread::Builder::new()
-                .name(format!("dev-{}", d.name))
-                .spawn(move || thread.run())?,
-        );
-        links.push(DeviceLink {
-            name: d.name.clone(),
-            tx,
-            wake,
-        });
-        devices.push(Device {
-            config: d.clone(),
-            info,
-        });
-    }
-    let cm_setups = devices
-        .iter()
-        .zip(&links)
-        .map(|(d, link): (&Device, &DeviceLink)| {
-            let link = link.clone();
-            let send: crate::gsi::GsiSender = Box::new(move |m| link.send(DevMsg::SendGsi(m)));
-            (
-                CmDeviceSetup {
-                    info: d.info.clone(),
-                    default_roce_mode: d.config.cm_roce_mode(),
-                    cm_response_timeout: d.config.cm_response_timeout,
-                    cm_max_retries: d.config.cm_max_retries,
-                },
-                send,
-            )
-        })
-        .collect();
-    let cm_service = CmService::new(cm_setups);
+    // The CM thread learns of each device as it starts.
+    let cm_service = CmService::new(Vec::new());
     let (cm_tx, cm_rx) = unbounded();
     let cm_thread = std::thread::Builder::new()
         .name("rdma-cm".into())
         .spawn(move || cm_service.run(cm_rx, gsi_rx))?;
+    let links: Links = Arc::new(RwLock::new(Vec::new()));
+    let mut registry = Registry {
+        devices: Vec::new(),
+        links: Arc::clone(&links),
+        clients: BTreeMap::new(),
+        next_client: 0,
+        cm: cm_tx.clone(),
+        factory: DeviceFactory {
+            port,
+            gsi: gsi_tx,
+            qpn_blocks: Arc::new(QpnBlocks::default()),
+            threads: Vec::new(),
+        },
+        config_path,
+        captures: HashMap::new(),
+    };
+    for d in &config.devices {
+        registry.start_device(d.clone())?;
+    }
     // Before the socket exists: whoever sees the socket may already send SIGINT or SIGTERM,
     // which must stop the daemon cleanly, not kill it.
     let mut signals = signal_hook::iterator::Signals::new([
@@ -570,13 +642,6 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     let slots = ConnectionSlots::new(config.max_connections, config.max_connections_per_uid);
 
     let (reg_tx, reg_rx) = unbounded();
-    let registry = Registry {
-        devices,
-        links: links.clone(),
-        clients: BTreeMap::new(),
-        next_client: 0,
-        cm: cm_tx.clone(),
-    };
     let registry_thread = std::thread::Builder::new()
         .name("registry".into())
         .spawn(move || registry.run(reg_rx))?;
@@ -616,7 +681,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
                     }
                 };
                 let registry = reg_tx.clone();
-                let links = links.clone();
+                let links = Arc::clone(&links);
                 let cm = cm_tx.clone();
                 let policy = Arc::clone(&policy);
                 // Kept to answer the client should the thread not start.
@@ -648,10 +713,10 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
         }
     }
     let _ = reg_tx.send(RegMsg::Shutdown);
-    let _ = registry_thread.join();
+    let device_threads = registry_thread.join().unwrap_or_default();
     let _ = cm_tx.send(CmMsg::Shutdown);
     let _ = cm_thread.join();
-    for link in &links {
+    for link in &live_links(&links) {
         link.send(DevMsg::Shutdown);
     }
     for t in device_threads {

@@ -18,7 +18,7 @@ use crate::transport::{
 };
 use crate::{Psn, Qkey, Qpn};
 use serde::{Deserialize, Serialize};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 /// Bumped on any incompatible change; a client and daemon that disagree refuse each other
 /// with a clear message instead of misreading.
@@ -474,6 +474,55 @@ pub enum Request {
     /// Every device's counters (`softroce` tools, tests). Response [`Response::Counters`].
     Counters,
 
+    // ---- the operator's commands (`softroce link|stat|res|capture|fault`) ----
+    /// `softroce link add`: a new device, at once usable by clients (`ibv_devices` lists
+    /// it). With `save`, also written into the daemon's TOML config. Response `Done`.
+    LinkAdd {
+        spec: LinkSpec,
+        save: bool,
+    },
+    /// `softroce link del`: the device stops; every context open on it gets
+    /// `IBV_EVENT_DEVICE_FATAL`, the other devices carry on. Response `Done`.
+    LinkDel {
+        name: String,
+        save: bool,
+    },
+    /// `softroce link show`. Response [`Response::Links`].
+    LinkShow,
+    /// `softroce stat [NAME] [qp QPN]`. Response [`Response::Stats`].
+    Stat {
+        device: Option<String>,
+        qpn: Option<u32>,
+    },
+    /// `softroce res show KIND`. Response [`Response::ResDetail`].
+    ResDetail {
+        kind: ResKind,
+    },
+    /// `softroce capture` + 2 fds: where the daemon writes a pcapng stream (the command's
+    /// file, its stdout, or a pipe it reads: section header, one interface per device, then
+    /// one Enhanced Packet Block per RoCE packet) until `spec.count` packets were written, the
+    /// device is deleted, the reader goes away or this control connection closes (then one
+    /// Interface Statistics Block per interface ends it); and the write end of a pipe on
+    /// which the daemon then writes `"PACKETS DROPPED\n"` and which it closes, so the command
+    /// knows the stream is whole. Response [`Response::CaptureStarted`].
+    CaptureStart {
+        spec: CaptureSpec,
+    },
+    /// `softroce fault NAME KIND ...`: adds a rule to the device's fault injector.
+    /// Response `Done`.
+    FaultAdd {
+        device: String,
+        rule: FaultRule,
+    },
+    /// `softroce fault NAME clear`: removes every rule of the device. Response `Done`.
+    FaultClear {
+        device: String,
+    },
+    /// The rules in force and what they did. Response [`Response::Faults`].
+    FaultShow {
+        device: Option<String>,
+    },
+
     // ---- the same-host fast path (see the "fast path" section below) ----
     /// Takes the transport of the requester of `qpn` (and of the responder of the peer QP it
     /// is connected to) into this process, after the daemon offered it
@@ -641,6 +690,15 @@ pub enum Response {
         mask: u32,
     },
     Counters(Vec<DeviceCounters>),
+    Links(Vec<LinkInfo>),
+    Stats(Vec<DeviceStats>),
+    ResDetail(ResDetail),
+    /// The capture runs; `interfaces` are the devices captured, in the order of the
+    /// stream's interface descriptions.
+    CaptureStarted {
+        interfaces: Vec<String>,
+    },
+    Faults(Vec<DeviceFaults>),
     /// + 4 fds: see [`Request::FastTake`].
     FastGrant(Box<FastGrant>),
     /// With one fd per ring (the memfd of the direction that produces into it). With
@@ -649,6 +707,281 @@ pub enum Response {
         rings: Vec<FastRing>,
         more: bool,
     },
+}
+
+// ---- the operator's commands ----
+
+/// A device to create (`softroce link add`), as a `[[device]]` table of the config.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkSpec {
+    pub name: String,
+    /// Addresses served; on a TAP device with their prefix (the peers on its link).
+    pub addr: Vec<crate::iface::IpCidr>,
+    pub netdev: Option<String>,
+    /// A TAP interface: the L2 device, whole frames, RoCE v1 (Ethertype 0x8915) and v2.
+    pub tap: Option<String>,
+    /// The TAP device's Ethernet address (default: derived from the name).
+    pub mac: Option<String>,
+    /// "v1", "v2" or "both"; `None` = v2.
+    pub roce: Option<String>,
+    /// Largest path MTU in bytes; `None` = 4096.
+    pub mtu: Option<u32>,
+}
+
+/// One device as `softroce link show` presents it (the look of `rdma link show`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkInfo {
+    /// Name, GUID, GID table (with types), MTUs, netdevs.
+    pub info: DeviceInfo,
+    /// "ACTIVE" when the device has an address to serve, else "DOWN".
+    pub state: String,
+    /// The addresses served (`--addr` and the netdev's).
+    pub addrs: Vec<IpAddr>,
+    /// The RoCE modes offered: "v2", "v1", or both.
+    pub modes: Vec<RoceVersion>,
+    /// The GID type rdma_cm uses (configfs `default_roce_mode`).
+    pub default_roce_mode: RoceVersion,
+    /// Largest path MTU in bytes.
+    pub mtu: u32,
+    /// "none" (rxe's behaviour) or the algorithm (e.g. "dcqcn").
+    pub congestion_control: String,
+    /// Where the packets go: "udp 127.0.0.1:4791", "tap tap0", ...
+    pub transport: Vec<String>,
+    pub gso: bool,
+    pub local_via_socket: bool,
+    /// Client processes with a context open on the device.
+    pub clients: u32,
+}
+
+/// A device's counters (`softroce stat`), every one by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    pub device: String,
+    /// The transport's counters, rxe's names first (`rdma statistic show`), summed over
+    /// every client engine, clients that have gone included.
+    pub counters: Vec<(String, u64)>,
+    /// The packet I/O's counters (the ICRC and version-mismatch drops, GSO/GRO, errors).
+    pub net: Vec<(String, u64)>,
+    /// The QP asked for (`qp QPN`), when it lives on this device.
+    pub qps: Vec<QpStats>,
+}
+
+/// One QP's counters (`rdma statistic qp show`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpStats {
+    pub qpn: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub counters: Vec<(String, u64)>,
+}
+
+/// What `softroce res show` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ResKind {
+    Qp,
+    Cq,
+    Mr,
+    Pd,
+    Srq,
+    CmId,
+}
+
+impl core::str::FromStr for ResKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "qp" => ResKind::Qp,
+            "cq" => ResKind::Cq,
+            "mr" => ResKind::Mr,
+            "pd" => ResKind::Pd,
+            "srq" => ResKind::Srq,
+            "cm_id" | "cm-id" | "cmid" => ResKind::CmId,
+            other => {
+                return Err(format!(
+                    "unknown resource {other:?} (expected qp, cq, mr, pd, srq or cm_id)"
+                ))
+            }
+        })
+    }
+}
+
+/// Who holds a resource: the device and the client process (its pid and command name).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResOwner {
+    pub device: String,
+    pub pid: u32,
+    pub comm: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpRes {
+    pub owner: ResOwner,
+    pub qpn: u32,
+    /// "RC", "UC", "UD".
+    pub qp_type: String,
+    /// "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR".
+    pub state: String,
+    pub sq_psn: u32,
+    pub rq_psn: u32,
+    pub dest_qpn: u32,
+    pub path_mtu: u32,
+    pub pd: u32,
+    pub send_cq: u32,
+    pub recv_cq: u32,
+    pub srq: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CqRes {
+    pub owner: ResOwner,
+    pub cqn: u32,
+    pub cqe: u32,
+    pub users: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MrRes {
+    pub owner: ResOwner,
+    pub mrn: u32,
+    pub pd: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+    pub iova: u64,
+    pub length: u64,
+    pub access: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PdRes {
+    pub owner: ResOwner,
+    pub pdn: u32,
+    pub users: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SrqRes {
+    pub owner: ResOwner,
+    pub srqn: u32,
+    pub pd: u32,
+    pub max_wr: u32,
+    pub posted: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CmIdRes {
+    /// The device is empty while the id is not bound to one.
+    pub owner: ResOwner,
+    pub id: u32,
+    /// "TCP", "UDP", "IB", "IPOIB".
+    pub ps: String,
+    pub qp_type: String,
+    /// The connection state ("LISTEN", "ESTABLISHED", "ADDR_RESOLVED", ...).
+    pub state: String,
+    pub qpn: u32,
+    pub src_addr: Option<SocketAddr>,
+    pub dst_addr: Option<SocketAddr>,
+}
+
+/// `softroce res show KIND`: the rows of that kind (the other lists are empty).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResDetail {
+    pub qps: Vec<QpRes>,
+    pub cqs: Vec<CqRes>,
+    pub mrs: Vec<MrRes>,
+    pub pds: Vec<PdRes>,
+    pub srqs: Vec<SrqRes>,
+    pub cm_ids: Vec<CmIdRes>,
+}
+
+/// What `softroce capture` asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureSpec {
+    /// One device, or every device (one pcapng interface each).
+    pub device: Option<String>,
+    /// Only packets to or from this QP (BTH destination QPN; for ACKs, the requester's).
+    pub qpn: Option<u32>,
+    /// Only packets with this BTH opcode.
+    pub opcode: Option<u8>,
+    /// Stop after this many packets.
+    pub count: Option<u64>,
+    /// Bytes kept of each frame (0 = all of it).
+    pub snaplen: u32,
+}
+
+/// A fault to inject (`softroce fault`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FaultKind {
+    /// The packet is lost.
+    Drop,
+    /// The packet arrives twice.
+    Duplicate,
+    /// The packet is held back this long.
+    Delay { ms: u32 },
+    /// The packet arrives after the one that follows it.
+    Reorder,
+    /// A payload bit flips: the receiver's ICRC check drops it.
+    Corrupt,
+    /// The responder answers with an RNR NAK, as without a receive WQE.
+    Rnr,
+    /// The responder answers with a remote access error NAK, as for a bad R_Key.
+    AccessError,
+}
+
+impl core::fmt::Display for FaultKind {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            FaultKind::Drop => f.write_str("drop"),
+            FaultKind::Duplicate => f.write_str("duplicate"),
+            FaultKind::Delay { ms } => write!(f, "delay {ms}"),
+            FaultKind::Reorder => f.write_str("reorder"),
+            FaultKind::Corrupt => f.write_str("corrupt"),
+            FaultKind::Rnr => f.write_str("rnr"),
+            FaultKind::AccessError => f.write_str("access-error"),
+        }
+    }
+}
+
+/// Which packets a rule takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FaultTrigger {
+    /// Each eligible packet with this probability, in parts per million.
+    Rate { ppm: u32 },
+    /// The next `count` eligible packets, then the rule is spent.
+    Next { count: u32 },
+}
+
+/// Which way a rule looks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FaultDirection {
+    /// Packets the device sends.
+    Tx,
+    /// Packets the device receives.
+    Rx,
+    /// Both (for rnr and access-error: the requests the device's responders receive).
+    #[default]
+    Both,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultRule {
+    pub kind: FaultKind,
+    pub trigger: FaultTrigger,
+    /// Only packets of this QP (as destination, or as the requester an ACK answers).
+    pub qpn: Option<u32>,
+    pub direction: FaultDirection,
+}
+
+/// A rule in force and what it has done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultStatus {
+    pub rule: FaultRule,
+    pub injected: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceFaults {
+    pub device: String,
+    pub rules: Vec<FaultStatus>,
 }
 
 // ---- rdma_cm ----
@@ -1247,6 +1580,61 @@ mod tests {
         for cut in 0..bytes.len() {
             assert!(decode::<CmEventMsg>(&bytes[..cut]).is_err());
         }
+    }
+
+    #[test]
+    fn operator_messages_round_trip() {
+        let reqs = [
+            Request::LinkAdd {
+                spec: LinkSpec {
+                    name: "srxe9".into(),
+                    addr: vec!["127.0.0.9".parse().unwrap()],
+                    mtu: Some(1024),
+                    ..LinkSpec::default()
+                },
+                save: true,
+            },
+            Request::Stat {
+                device: Some("srxe9".into()),
+                qpn: Some(0x11),
+            },
+            Request::ResDetail {
+                kind: ResKind::CmId,
+            },
+            Request::CaptureStart {
+                spec: CaptureSpec {
+                    opcode: Some(0x0a),
+                    count: Some(10),
+                    ..CaptureSpec::default()
+                },
+            },
+            Request::FaultAdd {
+                device: "srxe0".into(),
+                rule: FaultRule {
+                    kind: FaultKind::Delay { ms: 5 },
+                    trigger: FaultTrigger::Rate { ppm: 10_000 },
+                    qpn: None,
+                    direction: FaultDirection::Tx,
+                },
+            },
+        ];
+        for r in reqs {
+            assert_eq!(decode::<Request>(&encode(&r).unwrap()).unwrap(), r);
+        }
+        let r = Response::Stats(vec![DeviceStats {
+            device: "srxe0".into(),
+            counters: vec![("sent_pkts".into(), 3)],
+            net: vec![("rx_bad_icrc".into(), 1)],
+            qps: vec![QpStats {
+                qpn: 0x11,
+                pid: 42,
+                comm: "ibv_rc_pingpong".into(),
+                counters: vec![("rcvd_pkts".into(), 2)],
+            }],
+        }]);
+        assert_eq!(decode::<Response>(&encode(&r).unwrap()).unwrap(), r);
+        assert_eq!("cm_id".parse::<ResKind>(), Ok(ResKind::CmId));
+        assert!("mw".parse::<ResKind>().is_err());
     }
 
     #[test]

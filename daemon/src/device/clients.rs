@@ -255,6 +255,41 @@ impl ClientDev {
     }
 }
 
+/// The QPN blocks of every device of the daemon, taken round-robin: a new client does not
+/// get the QPNs of one that just exited, whose connections may still be in CM timewait on a
+/// peer (a REQ from a QPN the peer still holds is refused as a stale connection, REJ 10;
+/// rxe likewise allocates QPNs cyclically).
+#[derive(Debug, Default)]
+pub struct QpnBlocks(std::sync::Mutex<(HashSet<u32>, u32)>);
+
+impl QpnBlocks {
+    /// The next free block after the last one handed out (block 0 holds QPNs 0 and 1).
+    fn take(&self) -> Option<u32> {
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (used, last) = &mut *g;
+        let end = Qpn::MASK / QPN_BLOCK;
+        let block = (1..end)
+            .map(|i| (*last + i - 1) % (end - 1) + 1)
+            .find(|b| !used.contains(b))?;
+        used.insert(block);
+        *last = block;
+        Some(block)
+    }
+
+    fn give_back(&self, block: u32) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .remove(&block);
+    }
+}
+
+/// A seed for the fault injectors' generators.
+pub(super) fn random_seed() -> u64 {
+    crate::entropy::u64()
+}
+
 impl DeviceThread {
     /// The client's engine on this device, created on first use. The error is an errno and a
     /// message for the client.
@@ -267,7 +302,7 @@ impl DeviceThread {
             let Some(&first) = self.gids.first() else {
                 return Err((libc::ENETDOWN, "the device has no address (port down)"));
             };
-            let Some(block) = self.free_block() else {
+            let Some(block) = self.qpn_blocks.take() else {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
             // Keys and QPNs from a ChaCha20 stream keyed by the kernel's CSPRNG: nothing
@@ -333,17 +368,6 @@ impl DeviceThread {
             .ok_or((libc::EIO, "client state lost"))
     }
 
-    /// The next free QPN block of this device (round-robin, see `last_block`).
-    fn free_block(&mut self) -> Option<u32> {
-        let last = Qpn::MASK / QPN_BLOCK;
-        let block = (1..last)
-            .map(|i| (self.last_block + i - 1) % (last - 1) + 1)
-            .filter(|b| b % self.devices == self.index)
-            .find(|b| !self.blocks.contains_key(b))?;
-        self.last_block = block;
-        Some(block)
-    }
-
     /// Gives a client about to create a QP another QPN block when its QPs fill the ones it
     /// has (65,536 QPNs each), so that one process may hold up to the device's `max_qp`.
     pub(super) fn grow_qpns(&mut self, client: u64) {
@@ -354,7 +378,7 @@ impl DeviceThread {
         if !full {
             return;
         }
-        let Some(block) = self.free_block() else {
+        let Some(block) = self.qpn_blocks.take() else {
             return;
         };
         if let Some(c) = self.clients.get_mut(&client) {
@@ -371,9 +395,11 @@ impl DeviceThread {
         self.group_detach(|(c, _)| c == client, None);
         self.fast_client_gone(client);
         if let Some(c) = self.clients.remove(&client) {
-            for b in &c.blocks {
-                self.blocks.remove(b);
+            for &b in &c.blocks {
+                self.blocks.remove(&b);
+                self.qpn_blocks.give_back(b);
             }
+            // Its counters stay the device's.
             self.departed.accumulate(c.engine.counters());
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");

@@ -109,9 +109,6 @@ pub(super) struct FastPaths {
     next_id: u64,
     pub tables: HashMap<u64, TableHost>,
     retired: Vec<Retired>,
-    /// Something watches or alters the packets between local QPs (a capture, a fault rule):
-    /// nothing is offered and every direction comes back ([`DeviceThread::fast_observed`]).
-    pub observed: bool,
     /// Directions granted and taken back, over the device's life (`device_fast_grants`,
     /// `device_fast_returns` in its counters).
     pub grants: u64,
@@ -126,7 +123,6 @@ impl FastPaths {
             next_id: 1,
             tables: HashMap::new(),
             retired: Vec::new(),
-            observed: false,
             grants: 0,
             returns: 0,
         }
@@ -260,7 +256,10 @@ impl DeviceThread {
     /// The peer (client, QPN) of `(client, qpn)`'s requester if the device may offer its
     /// direction now.
     fn fast_eligible(&self, client: u64, qpn: u32) -> Option<(u64, u32)> {
-        if !self.fast.enabled || self.fast.observed || self.local_via_socket {
+        // A capture or a fault rule sees or alters the packets between local QPs: those
+        // packets must exist (they go through the link's layers).
+        let observed = self.link.capture.is_on() || self.link.faults.is_on() || self.naks.is_on();
+        if !self.fast.enabled || observed || self.local_via_socket {
             return None;
         }
         let c = self.clients.get(&client)?;
@@ -671,10 +670,7 @@ impl DeviceThread {
     /// packets between local QPs must then go through the link's layers, where the fast path
     /// has none: every direction is revoked (they come back as their takers leave them, the
     /// loop retries) and nothing is offered until nothing observes the device any more.
-    // Called by the operator's capture and fault requests (branch `operator`, not on main yet).
-    #[allow(dead_code)]
     pub(super) fn fast_observed(&mut self, observed: bool) {
-        self.fast.observed = observed;
         let all: Vec<u64> = self.fast.directions.keys().copied().collect();
         if observed && !self.revoke_all(&all, false) {
             self.fast_waiting.push(super::Waiting {

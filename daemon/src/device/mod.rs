@@ -40,17 +40,21 @@ mod handles;
 mod limits;
 mod multicast;
 mod objects;
+pub mod operator;
 mod receive;
 mod resize;
 mod transmit;
 mod work_requests;
 
+pub use clients::QpnBlocks;
 pub use handles::{handle_device, HANDLE_DEVICE_SHIFT};
+pub use operator::OperatorMsg;
 
+use crate::fault::FaultInjector;
 use crate::gsi::{GsiMad, GsiOut};
 use crate::net::l2::{L2Config, L2Link, Versions};
 use crate::net::tap::TapConfig;
-use crate::net::{AdaptiveSpin, Link, LocalFrames, UdpLink, UdpLinkConfig};
+use crate::net::{AdaptiveSpin, Layers, Link, LocalFrames, UdpLink, UdpLinkConfig};
 use crate::peer::ClientProcess;
 use clients::ClientDev;
 use crossbeam_channel::{Receiver, Sender};
@@ -102,6 +106,10 @@ pub enum DevMsg {
     UpdateInfo(DeviceInfo),
     /// A CM MAD from the CM thread, to leave through this device's link.
     SendGsi(GsiOut),
+    /// The operator's requests: counters, resources, captures, fault rules.
+    Operator(OperatorMsg),
+    /// `softroce link del`: fatal to the device's contexts; the thread ends.
+    Remove,
     Shutdown,
 }
 
@@ -113,22 +121,23 @@ pub struct DeviceThread {
     max_qp: usize,
     max_mr: usize,
     limits: crate::config::ResourceLimits,
-    /// How many devices the daemon serves: device `i` takes the QPN blocks `b` with
-    /// `b % devices == i`, so that QPNs are unique across devices (clients name QPs by QPN).
-    devices: u32,
+    /// The QPN blocks of every device of the daemon: QPNs are unique across devices (clients
+    /// name QPs by QPN), and devices come and go (`softroce link add/del`).
+    qpn_blocks: Arc<QpnBlocks>,
     info: DeviceInfo,
     gids: Vec<IpAddr>,
-    link: Box<dyn Link + Send>,
+    /// The link, inside its capture and fault layers.
+    link: Layers,
+    /// Fault rules the responder carries out (forced RNR and access error NAKs).
+    naks: FaultInjector,
+    /// QP1 packets (CM MADs) sent and received.
+    gsi_sent: u64,
+    gsi_rcvd: u64,
     wake: EventFd,
     rx: Receiver<DevMsg>,
     clients: BTreeMap<u64, ClientDev>,
     /// QPN block -> client.
     blocks: HashMap<u32, u64>,
-    /// The block handed out last: blocks go round-robin, so that a new client does not get
-    /// the QPNs of one that just exited, whose connections may still be in CM timewait on a
-    /// peer (a REQ from a QPN the peer still holds is refused as a stale connection, REJ 10;
-    /// rxe likewise allocates QPNs cyclically).
-    last_block: u32,
     start: Instant,
     slot: Vec<u8>,
     /// Where packets to QP1 (CM MADs) go: the CM thread ([`crate::cm`]).
@@ -173,7 +182,7 @@ enum Then {
 /// Why the device dropped a packet the link delivered.
 #[derive(Debug, Clone, Copy, Default)]
 struct DeviceDrops {
-    /// The destination QPN lies in no client's block.
+    /// The destination QPN lies in no client's block (counted as `dropped_pkts` too).
     unknown_qp: u64,
     /// A packet to QP1 that is no CM MAD, or the CM thread's queue was full.
     gsi_dropped: u64,
@@ -185,7 +194,7 @@ impl DeviceThread {
     /// Opens the device's link and returns the thread state.
     pub fn new(
         index: usize,
-        devices: usize,
+        qpn_blocks: Arc<QpnBlocks>,
         cfg: &crate::config::DeviceConfig,
         info: DeviceInfo,
         rx: Receiver<DevMsg>,
@@ -211,15 +220,17 @@ impl DeviceThread {
             max_mr: cfg.max_mr as usize,
             limits: cfg.limits,
             index: index as u32,
-            devices: devices.max(1) as u32,
+            qpn_blocks,
+            link: Layers::new(link, info.node_guid, clients::random_seed()),
+            naks: FaultInjector::new(clients::random_seed()),
+            gsi_sent: 0,
+            gsi_rcvd: 0,
             info,
             gids,
-            link,
             wake,
             rx,
             clients: BTreeMap::new(),
             blocks: HashMap::new(),
-            last_block: 0,
             start: Instant::now(),
             slot: vec![0u8; 64 * 1024],
             gsi: None,
@@ -315,6 +326,17 @@ impl DeviceThread {
                 reply,
             } => {
                 let request = handles::untag(request);
+                // One span per client, and per QP for the requests about one.
+                let _client = tracing::info_span!("client", client, pid = process.pid()).entered();
+                let qpn = match &request {
+                    Request::ModifyQp { qpn, .. }
+                    | Request::QueryQp { qpn, .. }
+                    | Request::DestroyQp { qpn }
+                    | Request::AttachMcast { qpn, .. }
+                    | Request::DetachMcast { qpn, .. } => Some(*qpn),
+                    _ => None,
+                };
+                let _qp = qpn.map(|qpn| tracing::info_span!("qp", qpn).entered());
                 tracing::trace!(client, ?request, "request");
                 // A request about QPs that run in a process (the fast path) waits until they
                 // are back.
@@ -343,6 +365,9 @@ impl DeviceThread {
                 }
                 let before = self.fast_before(client, &request);
                 let (resp, fds) = self.request(client, &process, request, fds);
+                if let Response::Qp { qpn, .. } = &resp {
+                    tracing::info_span!("qp", qpn).in_scope(|| tracing::debug!("QP created"));
+                }
                 let resp = handles::tag(resp, self.index);
                 tracing::trace!(
                     client,
@@ -362,9 +387,15 @@ impl DeviceThread {
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
             DevMsg::SendGsi(mut mad) => {
+                self.gsi_sent += 1;
                 self.link
                     .send_gsi_as(mad.gid_type, mad.src, mad.dst, &mut mad.packet);
                 self.link.flush();
+            }
+            DevMsg::Operator(m) => self.operator(m),
+            DevMsg::Remove => {
+                self.remove();
+                return false;
             }
             DevMsg::UpdateInfo(info) => {
                 self.gids = info.gid_addrs();

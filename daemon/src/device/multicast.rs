@@ -4,6 +4,7 @@
 //! engine, each of which delivers to its own attached QPs (`receive::deliver_packet`).
 
 use super::DeviceThread;
+use crate::net::Link;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use tracing::{info, warn};

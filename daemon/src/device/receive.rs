@@ -5,8 +5,9 @@
 
 use super::clients::{contained, ClientDev, QPN_BLOCK};
 use super::DeviceThread;
+use crate::fault::{Decision, FaultInjector, Way};
 use crate::gsi::{deliver_gsi, gsi_payload, GsiMad};
-use crate::net::RxPacket;
+use crate::net::{Link, RxPacket};
 use proto::transport as tp;
 use proto::Qpn;
 use std::collections::{BTreeMap, HashMap};
@@ -14,14 +15,17 @@ use std::time::Duration;
 use tracing::debug;
 
 impl DeviceThread {
-    /// Takes what the link received, waiting up to `wait`. Returns whether anything came.
+    /// Takes what the link received, waiting up to `wait`, and the packets between local QPs
+    /// a fault rule held back that are due. Returns whether anything came.
     pub(super) fn receive(&mut self, wait: Duration, broken: &mut Vec<u64>) -> bool {
         let now = self.now();
-        let (clients, blocks, gsi, index, drops) = (
+        let (clients, blocks, gsi, index, naks, gsi_rcvd, drops) = (
             &mut self.clients,
             &self.blocks,
             &self.gsi,
             self.index as usize,
+            &mut self.naks,
+            &mut self.gsi_rcvd,
             &mut self.drops,
         );
         let delivered = self.link.poll(wait, &mut |p: &RxPacket<'_>| {
@@ -30,6 +34,7 @@ impl DeviceThread {
                 return;
             };
             if dqpn == proto::cm::GSI_QPN {
+                *gsi_rcvd += 1;
                 // QP1 is the GSI: CM MADs go to the CM thread.
                 let Some((sink, mad)) = gsi.as_ref().zip(gsi_payload(p.transport())) else {
                     drops.gsi_dropped += 1;
@@ -46,55 +51,120 @@ impl DeviceThread {
                     drops.gsi_dropped += 1;
                     debug!(src = %p.src, "CM MAD dropped: the CM thread's queue is full");
                 }
-            } else if !deliver_packet(clients, blocks, now, dqpn, p.packet, broken) {
+            } else {
+                let to = Destination {
+                    dqpn,
+                    bth: p.bth,
+                    way: Way::Rx,
+                };
+                if !deliver_packet(clients, blocks, naks, now, to, p.packet, broken) {
+                    drops.unknown_qp += 1;
+                }
+            }
+        });
+        let (clients, blocks, naks, drops) = (
+            &mut self.clients,
+            &self.blocks,
+            &mut self.naks,
+            &mut self.drops,
+        );
+        let released = self.link.release_local(&mut |frame: &[u8], bth: usize| {
+            let Some(dqpn) = frame.get(bth..).and_then(crate::net::link::dest_qpn) else {
+                return;
+            };
+            let to = Destination {
+                dqpn,
+                bth,
+                way: Way::Local,
+            };
+            if !deliver_packet(clients, blocks, naks, now, to, frame, broken) {
                 drops.unknown_qp += 1;
             }
         });
-        delivered > 0
+        delivered > 0 || released
     }
 
-    /// Hands the packets queued between QPs of this device to the engines that own their
-    /// destination QPs.
+    /// Hands the packets queued between QPs of this device, through the link's capture and
+    /// fault layers, to the engines that own their destination QPs.
     pub(super) fn deliver_local(&mut self, now: tp::Nanos, broken: &mut Vec<u64>) {
-        let (clients, blocks) = (&mut self.clients, &self.blocks);
-        self.local.drain(|dqpn, frame| {
-            deliver_packet(clients, blocks, now, dqpn, frame, broken);
+        let (clients, blocks, naks, link, drops) = (
+            &mut self.clients,
+            &self.blocks,
+            &mut self.naks,
+            &mut self.link,
+            &mut self.drops,
+        );
+        self.local.drain_with_offsets(|dqpn, frame, bth| {
+            let to = Destination {
+                dqpn,
+                bth,
+                way: Way::Local,
+            };
+            link.local(frame, bth, &mut |f: &[u8]| {
+                if !deliver_packet(clients, blocks, naks, now, to, f, broken) {
+                    drops.unknown_qp += 1;
+                }
+            });
         });
     }
 }
 
-/// Hands a verified packet (IP header onward) to the engine that owns its destination QP or,
-/// for the multicast QPN, to every engine (each delivers to its own QPs attached to the
-/// group, as rxe_rcv_mcast_pkt). Clients whose engine panicked are added to `broken`.
-/// Returns false when no client owns the destination QPN.
+/// Where a packet goes: its destination QPN, where its BTH starts, and how it came.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Destination {
+    pub dqpn: u32,
+    pub bth: usize,
+    pub way: Way,
+}
+
+/// Hands a verified packet (network header onward) to the engine that owns its destination
+/// QP or, for the multicast QPN, to every engine (each delivers to its own QPs attached to the
+/// group, as rxe_rcv_mcast_pkt). The responder's fault rules (`naks`) may have it answered
+/// with a forced NAK. Clients whose engine panicked are added to `broken`. False when no
+/// client holds the destination QP.
 pub(super) fn deliver_packet(
     clients: &mut BTreeMap<u64, ClientDev>,
     blocks: &HashMap<u32, u64>,
+    naks: &mut FaultInjector,
     now: tp::Nanos,
-    dqpn: u32,
+    to: Destination,
     packet: &[u8],
     broken: &mut Vec<u64>,
 ) -> bool {
-    let mut handle = |id: u64, c: &mut ClientDev| {
-        // What the engine places for this packet is the destination QP's (the multicast
-        // QPN names no one QP).
-        c.engine.memory_mut().placing_for(dqpn);
-        if contained(|| c.engine.handle_verified_packet(now, packet)).is_none() {
-            broken.push(id);
-        }
-    };
+    let dqpn = to.dqpn;
     if dqpn == Qpn::MULTICAST.value() {
         for (&id, c) in clients.iter_mut() {
-            handle(id, c);
+            // What the engine places for this packet is the destination QP's (the multicast
+            // QPN names no one QP).
+            c.engine.memory_mut().placing_for(dqpn);
+            if contained(|| c.engine.handle_verified_packet(now, packet)).is_none() {
+                broken.push(id);
+            }
         }
-    } else if let Some((&id, c)) = blocks
+        return true;
+    }
+    let Some((&id, c)) = blocks
         .get(&(dqpn / QPN_BLOCK))
         .and_then(|id| clients.get_mut(id).map(|c| (id, c)))
-    {
-        handle(id, c);
-    } else {
+    else {
         debug!(qpn = dqpn, "packet for an unknown QP dropped");
         return false;
+    };
+    let decision = if naks.is_on() {
+        naks.decide(now, to.way, packet.get(to.bth..).unwrap_or(&[]))
+    } else {
+        Decision::Pass
+    };
+    c.engine.memory_mut().placing_for(dqpn);
+    let handled = match decision {
+        Decision::Nak { nak, rule } => {
+            contained(|| c.engine.handle_verified_packet_forcing(now, packet, nak))
+                .map(|given| naks.confirm_nak(rule, given))
+        }
+        _ => contained(|| c.engine.handle_verified_packet(now, packet)),
+    };
+    if handled.is_none() {
+        broken.push(id);
     }
     true
 }

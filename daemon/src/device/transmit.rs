@@ -5,10 +5,11 @@
 
 use super::clients::contained;
 use super::completions::deliver_completions;
-use super::receive::deliver_packet;
+use super::receive::{deliver_packet, Destination};
 use super::work_requests::retry_pending;
 use super::DeviceThread;
 use crate::net::link::dest_qpn;
+use crate::net::Link;
 
 use proto::transport as tp;
 
@@ -93,8 +94,13 @@ impl DeviceThread {
         busy |= !local_mcast.is_empty();
         for (frame, bth) in &local_mcast {
             if let Some(dqpn) = frame.get(*bth..).and_then(dest_qpn) {
-                let (clients, blocks) = (&mut self.clients, &self.blocks);
-                deliver_packet(clients, blocks, now, dqpn, frame, broken);
+                let (clients, blocks, naks) = (&mut self.clients, &self.blocks, &mut self.naks);
+                let to = Destination {
+                    dqpn,
+                    bth: *bth,
+                    way: crate::fault::Way::Local,
+                };
+                let _ = deliver_packet(clients, blocks, naks, now, to, frame, broken);
             }
         }
         busy

@@ -13,7 +13,7 @@
 //! other version is dropped and counted, and logged once per peer and minute with the
 //! peer, what it sent and what the device accepts: a version mismatch is never silent.
 
-use super::link::{Link, RxPacket};
+use super::link::{Link, RxPacket, WireView};
 use super::tap::{TapConfig, TapCounters, TapIo};
 use super::{Backend, NetCounters};
 use proto::iface::{EthernetInterface, Inbound, IpCidr, RoceFraming, Unreachable};
@@ -173,6 +173,12 @@ pub struct L2Link {
     /// The device's addresses: packets to others (and not to a multicast group) are not
     /// ours.
     addrs: Vec<IpAddr>,
+    /// What the last send framed, kept while a capture listens ([`Link::keep_last_sent`]):
+    /// the frame (its BTH at the offset), or nothing when it was not sent.
+    last_sent: Option<(Vec<u8>, usize)>,
+    keep_last_sent: bool,
+    /// The next frame framed gets one bit flipped after sealing ([`Link::send_corrupted`]).
+    corrupt_next: bool,
 }
 
 /// rxe's UDP source port of QP1 (`0xC000 + hash_32(1, 14)`, facts §1.3): the CM MADs' on v2.
@@ -192,6 +198,9 @@ impl L2Link {
             counters: L2Counters::default(),
             start: Instant::now(),
             addrs: cfg.addrs.iter().map(|c| c.addr).collect(),
+            last_sent: None,
+            keep_last_sent: false,
+            corrupt_next: false,
         };
         Ok((link, why))
     }
@@ -321,6 +330,10 @@ impl L2Link {
     /// seals it there, or holds it while the neighbour layer resolves.
     fn send_network(&mut self, packet: &[u8], dst: IpAddr, ethertype: u16, transport_at: usize) {
         let now = self.now();
+        let corrupt = std::mem::take(&mut self.corrupt_next);
+        if let Some((frame, _)) = &mut self.last_sent {
+            frame.clear();
+        }
         let mac = match self.iface.resolve(dst, now) {
             Ok(m) => m,
             Err(Unreachable::NoRoute) => {
@@ -332,6 +345,8 @@ impl L2Link {
         let len = ETH_HEADER_LEN + packet.len();
         let header = self.iface.header(mac.unwrap_or_default(), ethertype);
         let (idents, instant) = (&mut self.idents, Instant::now());
+        let keep = self.keep_last_sent;
+        let last_sent = &mut self.last_sent;
         let mut build = |buf: &mut [u8]| -> usize {
             let Some(frame) = buf.get_mut(..len) else {
                 return 0;
@@ -345,6 +360,16 @@ impl L2Link {
                 idents,
                 instant,
             );
+            if corrupt {
+                // After sealing, so that the receiver's ICRC check drops it (fault injection).
+                crate::fault::corrupt(&mut frame[ETH_HEADER_LEN + transport_at..]);
+            }
+            if keep {
+                let (kept, bth) = last_sent.get_or_insert_with(|| (Vec::new(), 0));
+                kept.clear();
+                kept.extend_from_slice(frame);
+                *bth = ETH_HEADER_LEN + transport_at;
+            }
             len
         };
         match mac {
@@ -591,6 +616,31 @@ impl Link for L2Link {
 
     fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
         self.send_gsi_as(GidType::RoceV2, src, dst, packet);
+    }
+
+    /// Sends like [`Link::send`] with one bit of the transport flipped after sealing.
+    fn send_corrupted(&mut self, frame: &mut [u8], t: &Transmit) -> bool {
+        self.corrupt_next = true;
+        self.send(frame, t);
+        self.corrupt_next = false;
+        true
+    }
+
+    fn keep_last_sent(&mut self, on: bool) {
+        self.keep_last_sent = on;
+        if !on {
+            self.last_sent = None;
+        }
+    }
+
+    /// The frame as it went to the TAP (or was held for neighbour resolution).
+    fn last_sent(&self) -> Option<WireView<'_>> {
+        match &self.last_sent {
+            Some((frame, bth)) if !frame.is_empty() => {
+                Some(WireView::Ethernet { frame, bth: *bth })
+            }
+            _ => None,
+        }
     }
 
     fn send_gsi_as(&mut self, gid_type: GidType, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {

@@ -98,4 +98,30 @@ pub trait Link {
 
     /// The link's packet counters.
     fn counters(&self) -> NetCounters;
+
+    /// The packet the last [`Link::send`] or [`Link::send_gsi`] queued, as it leaves on the
+    /// wire: what a capture layer records. `None` when the link cannot tell.
+    fn last_sent(&self) -> Option<WireView<'_>> {
+        None
+    }
+
+    /// Whether a capture listens: a link that must copy to show [`Link::last_sent`] (a TAP
+    /// link's frame leaves in a slot it does not keep) does so only while asked.
+    fn keep_last_sent(&mut self, _on: bool) {}
+
+    /// Sends like [`Link::send`], but with one bit flipped after the ICRC was sealed, so that
+    /// the receiver's ICRC check drops it (fault injection). False when the link cannot:
+    /// the fault layer then drops the packet itself.
+    fn send_corrupted(&mut self, _frame: &mut [u8], _t: &Transmit) -> bool {
+        false
+    }
+}
+
+/// A packet as it is on the wire, for a capture.
+#[derive(Debug, Clone, Copy)]
+pub enum WireView<'a> {
+    /// A UDP datagram, with the header fields the kernel writes around its payload.
+    Udp(crate::capture::UdpDatagram<'a>),
+    /// A whole Ethernet frame (a TAP link's), its BTH at `bth`.
+    Ethernet { frame: &'a [u8], bth: usize },
 }

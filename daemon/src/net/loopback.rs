@@ -60,6 +60,11 @@ impl LocalFrames {
     /// Hands every queued frame, in order, to `deliver` with the destination QPN from its BTH
     /// (frames too short to hold a BTH are skipped), and empties the queue.
     pub fn drain(&mut self, mut deliver: impl FnMut(u32, &[u8])) {
+        self.drain_with_offsets(|qpn, frame, _| deliver(qpn, frame));
+    }
+
+    /// [`LocalFrames::drain`], also giving where each frame's BTH starts.
+    pub fn drain_with_offsets(&mut self, mut deliver: impl FnMut(u32, &[u8], usize)) {
         let mut start = 0;
         for &(end, offset) in &self.frames {
             let frame = &self.data[start..end];
@@ -67,7 +72,7 @@ impl LocalFrames {
             let Some(q) = frame.get(offset + 5..offset + 8) else {
                 continue;
             };
-            deliver(u32::from_be_bytes([0, q[0], q[1], q[2]]), frame);
+            deliver(u32::from_be_bytes([0, q[0], q[1], q[2]]), frame, offset);
         }
         self.frames.clear();
         self.used = 0;

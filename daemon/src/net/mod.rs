@@ -47,6 +47,7 @@
 mod build;
 mod cmsg;
 pub mod l2;
+mod layers;
 pub mod link;
 mod loopback;
 mod multicast;
@@ -60,7 +61,8 @@ mod uring;
 mod verify;
 
 pub use build::PacketBuilder;
-pub use link::{Link, RxPacket};
+pub use layers::Layers;
+pub use link::{Link, RxPacket, WireView};
 pub use loopback::LocalFrames;
 pub use multicast::MulticastGroup;
 pub use spin::AdaptiveSpin;

@@ -132,8 +132,8 @@ pub struct RxDatagram<'a> {
     pub ipv4: Option<Ipv4Ident>,
 }
 
-/// Packet counters (cumulative).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Packet counters (cumulative). `softroce stat` shows every field by name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct NetCounters {
     /// Datagrams delivered (after verification).
     pub rx_packets: u64,
@@ -400,6 +400,9 @@ pub struct UdpTransport {
     fallback_reason: Option<String>,
     /// The GSO send being filled by [`UdpTransport::push_packet`], if any.
     batch: Option<OpenBatch>,
+    /// Where the last queued datagram lies: (slot, offset, length, IPv4 Identification it was
+    /// sealed for), for a capture that looks at it at once ([`UdpTransport::last_queued`]).
+    last_queued: Option<(u32, usize, usize, u16)>,
 }
 
 /// A GSO send being filled packet by packet: every segment has the length of the first (the
@@ -520,6 +523,7 @@ impl UdpTransport {
             gso: cfg.gso,
             fallback_reason,
             batch: None,
+            last_queued: None,
         })
     }
 
@@ -613,6 +617,7 @@ impl UdpTransport {
         slot.len = len;
         slot.segments = segments;
         slot.sock = sock;
+        self.last_queued = Some((idx, 0, len, 0));
         self.tx.prepare(idx, meta, gso);
         let fds = self.fds();
         match &mut self.driver {
@@ -798,6 +803,9 @@ impl UdpTransport {
         let out = &mut self.tx.slots[batch.slot as usize].buf[batch.len..batch.len + len];
         out.copy_from_slice(packet);
         let sealed = builder.seal(batch.count as u16, out);
+        if sealed.is_ok() {
+            self.last_queued = Some((batch.slot, batch.len, len, batch.count as u16));
+        }
         self.batch = Some(OpenBatch {
             count: batch.count + usize::from(sealed.is_ok()),
             len: batch.len + if sealed.is_ok() { len } else { 0 },
@@ -805,6 +813,32 @@ impl UdpTransport {
             ..batch
         });
         sealed.map_err(NetError::from)
+    }
+
+    /// The UDP payload (BTH..ICRC, sealed) of the datagram the last `send`, `send_with` or
+    /// `push_packet` queued, and the IPv4 Identification the kernel gives it (0, or `k` for the
+    /// `k`-th segment of a GSO send). Valid until the next send is queued: a capture or a
+    /// fault layer looks at it right away.
+    pub fn last_queued(&self) -> Option<(&[u8], u16)> {
+        let (slot, at, len, ident) = self.last_queued?;
+        let buf = &self.tx.slots.get(slot as usize)?.buf;
+        Some((buf.get(at..at + len)?, ident))
+    }
+
+    /// [`UdpTransport::last_queued`], to change it before it leaves (fault injection breaking
+    /// its ICRC).
+    pub fn last_queued_mut(&mut self) -> Option<&mut [u8]> {
+        let (slot, at, len, _) = self.last_queued?;
+        self.tx
+            .slots
+            .get_mut(slot as usize)?
+            .buf
+            .get_mut(at..at + len)
+    }
+
+    /// Whether the sockets send UDP checksums (they must for GSO; else 0, as rxe).
+    pub fn udp_checksums(&self) -> bool {
+        self.gso
     }
 
     /// Queues the GSO send [`UdpTransport::push_packet`] was filling.

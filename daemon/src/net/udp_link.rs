@@ -9,7 +9,7 @@
 //! Multicast groups each get a socket of their own ([`MulticastGroup`]); those sockets are
 //! read by polling, so an idle device that holds a group wakes every [`GROUP_POLL`].
 
-use super::link::{Link, RxPacket};
+use super::link::{Link, RxPacket, WireView};
 use super::{
     MulticastGroup, NetConfig, NetCounters, PacketBuilder, RxDatagram, RxVerdict, RxVerifier,
     TxMeta, UdpTransport, MAX_ROCE_PACKET,
@@ -57,6 +57,8 @@ pub struct UdpLink {
     /// Verifies the datagrams the group sockets receive (the main sockets verify their own).
     group_verifier: RxVerifier,
     rx_buf: Vec<u8>,
+    /// The addresses, TOS and TTL of the last datagram queued (see [`Link::last_sent`]).
+    last_sent: Option<(SocketAddr, SocketAddr, u8, u8)>,
     /// The link's own drops ([`NetCounters::rx_not_our_address`], `rx_group_refused`).
     not_our_address: u64,
     group_refused: u64,
@@ -129,6 +131,7 @@ impl UdpLink {
             groups: HashMap::new(),
             group_verifier: RxVerifier::new(),
             rx_buf: vec![0u8; RX_BUF_LEN],
+            last_sent: None,
             not_our_address: 0,
             group_refused: 0,
         })
@@ -212,13 +215,7 @@ impl Link for UdpLink {
         let Some(frame) = buf.get_mut(..t.len) else {
             return;
         };
-        let (tos, ttl) = match t.src {
-            IpAddr::V4(_) => (frame[1], frame[8]),
-            IpAddr::V6(_) => (
-                ((u16::from_be_bytes([frame[0], frame[1]]) >> 4) & 0xff) as u8,
-                frame[7],
-            ),
-        };
+        let (tos, ttl) = outer_fields(frame, t.src);
         let builder = PacketBuilder::new(t.src, t.dst, self.local_port(t.src));
         let transport = &mut frame[t.transport_offset..];
         let meta = TxMeta {
@@ -228,9 +225,54 @@ impl Link for UdpLink {
             ttl: Some(ttl),
             segment_size: None,
         };
-        if let Err(e) = self.net.push_packet(&meta, &builder, transport) {
-            debug!(src = %t.src, dst = %t.dst, "send failed: {e}");
+        self.last_sent = None;
+        match self.net.push_packet(&meta, &builder, transport) {
+            Ok(()) => self.last_sent = Some(flow_of(&meta, &builder)),
+            Err(e) => debug!(src = %t.src, dst = %t.dst, "send failed: {e}"),
         }
+    }
+
+    fn send_corrupted(&mut self, buf: &mut [u8], t: &Transmit) -> bool {
+        let Some(frame) = buf.get(..t.len) else {
+            return false;
+        };
+        let (tos, ttl) = outer_fields(frame, t.src);
+        let builder = PacketBuilder::new(t.src, t.dst, self.local_port(t.src));
+        let mut packet = frame[t.transport_offset..].to_vec();
+        // Sent alone (Identification 0), sealed, then one bit flipped.
+        if builder.seal(0, &mut packet).is_err() {
+            return false;
+        }
+        crate::fault::corrupt(&mut packet);
+        let meta = TxMeta {
+            dst: SocketAddr::new(t.dst, proto::wire::ROCE_V2_PORT),
+            src: Some(t.src),
+            tos,
+            ttl: Some(ttl),
+            segment_size: None,
+        };
+        self.last_sent = None;
+        if self.net.send(&meta, &packet).is_ok() {
+            self.last_sent = Some(flow_of(&meta, &builder));
+        }
+        true
+    }
+
+    fn last_sent(&self) -> Option<WireView<'_>> {
+        let (src, dst, tos, ttl) = self.last_sent?;
+        let (payload, ident) = self.net.last_queued()?;
+        Some(WireView::Udp(crate::capture::UdpDatagram {
+            src,
+            dst,
+            ip: crate::capture::IpFields {
+                tos,
+                ttl,
+                ident,
+                dont_frag: true,
+            },
+            checksum: self.net.udp_checksums(),
+            payload,
+        }))
     }
 
     fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
@@ -247,8 +289,13 @@ impl Link for UdpLink {
             ttl: Some(64),
             segment_size: None,
         };
-        if let Err(e) = self.net.send(&meta, packet) {
-            debug!(%src, %dst, "CM MAD send failed: {e}");
+        self.last_sent = None;
+        match self.net.send(&meta, packet) {
+            Ok(()) => {
+                let builder = PacketBuilder::new(src, dst, self.local_port(src));
+                self.last_sent = Some(flow_of(&meta, &builder));
+            }
+            Err(e) => debug!(%src, %dst, "CM MAD send failed: {e}"),
         }
     }
 
@@ -299,6 +346,27 @@ impl Link for UdpLink {
             ..self.net.counters()
         }
     }
+}
+
+/// The TOS (traffic class) and TTL (hop limit) of an engine's IP packet.
+fn outer_fields(frame: &[u8], src: IpAddr) -> (u8, u8) {
+    match src {
+        IpAddr::V4(_) => (frame[1], frame[8]),
+        IpAddr::V6(_) => (
+            ((u16::from_be_bytes([frame[0], frame[1]]) >> 4) & 0xff) as u8,
+            frame[7],
+        ),
+    }
+}
+
+/// The (source, destination, TOS, TTL) a send goes out with.
+fn flow_of(meta: &TxMeta, builder: &PacketBuilder) -> (SocketAddr, SocketAddr, u8, u8) {
+    (
+        SocketAddr::new(builder.local, builder.src_port),
+        meta.dst,
+        meta.tos,
+        meta.ttl.unwrap_or(64),
+    )
 }
 
 /// Rebuilds the IPv4 or IPv6 and UDP headers of a verified datagram in front of its bytes, as

@@ -28,8 +28,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 /// An address with its prefix length (`--addr 10.0.0.1/24`; in a TOML configuration the
 /// same string).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
-#[serde(try_from = "String")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, serde::Serialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct IpCidr {
     pub addr: IpAddr,
     pub prefix_len: u8,
@@ -96,6 +96,12 @@ impl TryFrom<String> for IpCidr {
     type Error = String;
     fn try_from(s: String) -> Result<IpCidr, String> {
         s.parse()
+    }
+}
+
+impl From<IpCidr> for String {
+    fn from(c: IpCidr) -> String {
+        c.to_string()
     }
 }
 

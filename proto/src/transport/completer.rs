@@ -28,11 +28,13 @@ fn start_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>, timeout: bool) {
     }
     if qp.retry_left == 0 {
         ctx.counters.retry_exceeded_err += 1;
+        qp.counters.retry_exceeded_err += 1;
         fail_head(qp, ctx, WcStatus::RetryExcErr);
         return;
     }
     qp.retry_left -= 1;
     ctx.counters.completer_retry_err += 1;
+    qp.counters.completer_retry_err += 1;
     qp.retry_events += 1;
     qp.need_retry = true;
     qp.started_retry = true;
@@ -261,8 +263,10 @@ fn check_ack<M: MemoryAccess>(
             }
             Some(AethSyndrome::RnrNak { timer }) => {
                 ctx.counters.rcvd_rnr_err += 1;
+                qp.counters.rcvd_rnr_err += 1;
                 if qp.rnr_retry_left == 0 {
                     ctx.counters.retry_rnr_exceeded_err += 1;
+                    qp.counters.retry_rnr_exceeded_err += 1;
                     fail_head(qp, ctx, WcStatus::RnrRetryExcErr);
                     return;
                 }
@@ -280,14 +284,23 @@ fn check_ack<M: MemoryAccess>(
             Some(AethSyndrome::Nak(NakCode::PsnSequenceError)) => {
                 if psn.is_after(qp.comp_psn) {
                     ctx.counters.rcvd_seq_err += 1;
+                    qp.counters.rcvd_seq_err += 1;
                     qp.comp_psn = psn;
                 }
                 start_retry(qp, ctx, false);
             }
             Some(AethSyndrome::Nak(code)) => {
                 let status = match code {
-                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::InvalidRequest => {
+                        ctx.counters.req_remote_invalid_request += 1;
+                        qp.counters.req_remote_invalid_request += 1;
+                        WcStatus::RemInvReqErr
+                    }
+                    NakCode::RemoteAccessError => {
+                        ctx.counters.req_remote_access_errors += 1;
+                        qp.counters.req_remote_access_errors += 1;
+                        WcStatus::RemAccessErr
+                    }
                     _ => WcStatus::RemOpErr,
                 };
                 fail_head(qp, ctx, status);

@@ -1,8 +1,10 @@
 //! The counters kernel rxe keeps (`rdma statistic`, sysfs `hw_counters`; roce-rxe-facts.md
 //! §6.2), under the same names, plus a few engine-only drop counters that rxe logs instead.
 
-/// Per-device counters. Field names are rxe's counter names.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Per-device counters (and per QP, [`crate::transport::Engine::qp_counters`]). Field names
+/// are rxe's counter names; `softroce stat` shows every field under its name (through serde,
+/// so a counter added here appears there without more code).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     pub sent_pkts: u64,
     pub rcvd_pkts: u64,
@@ -21,6 +23,11 @@ pub struct Counters {
     pub rdma_recvs: u64,
     pub sent_bytes: u64,
     pub rcvd_bytes: u64,
+    /// mlx5's names: remote access error NAKs received by requesters (an R_Key violation at
+    /// the peer) and sent by responders, and invalid request NAKs received.
+    pub req_remote_access_errors: u64,
+    pub resp_remote_access_errors: u64,
+    pub req_remote_invalid_request: u64,
     /// Port counters that saturate at 0xFFFF (`ibv_query_port`).
     pub qkey_viol_cntr: u16,
     pub bad_pkey_cntr: u16,
@@ -46,7 +53,7 @@ pub struct Counters {
 /// of the first group here. The second group says what became of packets counted in
 /// `rcvd_pkts` that did nothing (the rxe counters `duplicate_request`, `out_of_seq_request`,
 /// `send_rnr_err` count the rest).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DropCounters {
     // Dropped before reaching a QP (each also in `dropped_pkts`).
     /// The headers do not parse: lengths that disagree, a pad count the length cannot hold,
@@ -160,6 +167,12 @@ impl Counters {
     pub fn named(&self) -> Vec<(&'static str, u64)> {
         let mut out = self.rxe_counters().to_vec();
         out.extend([
+            ("req_remote_access_errors", self.req_remote_access_errors),
+            ("resp_remote_access_errors", self.resp_remote_access_errors),
+            (
+                "req_remote_invalid_request",
+                self.req_remote_invalid_request,
+            ),
             ("qkey_viol_cntr", u64::from(self.qkey_viol_cntr)),
             ("bad_pkey_cntr", u64::from(self.bad_pkey_cntr)),
             ("icrc_errors", self.icrc_errors),
@@ -202,6 +215,9 @@ impl Counters {
             rdma_recvs: next(),
             sent_bytes: next(),
             rcvd_bytes: next(),
+            req_remote_access_errors: next(),
+            resp_remote_access_errors: next(),
+            req_remote_invalid_request: next(),
             qkey_viol_cntr: sat16(next()),
             bad_pkey_cntr: sat16(next()),
             icrc_errors: next(),

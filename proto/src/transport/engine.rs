@@ -170,6 +170,9 @@ pub(crate) struct Ctx<M> {
     /// CQs that got completions since the owner last asked ([`Engine::take_touched_cqs`]).
     pub touched_cqs: Vec<u32>,
     pub counters: Counters,
+    /// Fault injection: how the responder answers the next request it would execute
+    /// (set and cleared around one packet by [`Engine::handle_verified_packet_forcing`]).
+    pub forced_nak: Option<ForcedNak>,
     pub events: VecDeque<AsyncEvent>,
     pub cc: Box<dyn CongestionControl + Send>,
     /// True while `cc` is the default [`NoCongestionControl`], whose hooks do nothing: the
@@ -193,6 +196,33 @@ const AH_BASE: u32 = 3 << 22;
 /// Freed handles of objects a program may still see in late records (a CQ's completion event,
 /// an SRQ's limit event) are held back this many removals before they are used again.
 const HANDLE_HOLD: usize = 256;
+/// An answer the responder is made to give (fault injection, see
+/// [`Engine::handle_verified_packet_forcing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForcedNak {
+    /// An RNR NAK, as when no receive WQE is posted.
+    Rnr,
+    /// A remote access error NAK, as for an R_Key violation.
+    AccessError,
+}
+
+impl ForcedNak {
+    /// Whether a request of this opcode could meet the condition on real hardware.
+    pub fn applies_to(self, info: &crate::wire::OpInfo) -> bool {
+        use crate::wire::OpInfo;
+        match self {
+            ForcedNak::Rnr => info.has(OpInfo::RWR),
+            ForcedNak::AccessError => {
+                info.has(OpInfo::START)
+                    && (info.has(OpInfo::WRITE)
+                        || info.has(OpInfo::READ)
+                        || info.has(OpInfo::ATOMIC)
+                        || info.has(OpInfo::ATOMIC_WRITE)
+                        || info.has(OpInfo::FLUSH))
+            }
+        }
+    }
+}
 
 /// One softroce device (port 1): its resources and its transport engine.
 #[derive(Debug)]
@@ -229,6 +259,7 @@ impl<M: MemoryAccess> Engine<M> {
                 ahs: Table::new(AH_BASE, 1 << 22, HANDLE_HOLD),
                 touched_cqs: Vec::new(),
                 counters: Counters::default(),
+                forced_nak: None,
                 events: VecDeque::new(),
                 cc: Box::new(NoCongestionControl),
                 cc_none: true,
@@ -991,6 +1022,25 @@ impl<M: MemoryAccess> Engine<M> {
         self.handle_parsed(now, parsed, packet);
     }
 
+    /// Fault injection (`softroce fault rnr|access-error`): handles a verified packet as
+    /// [`Engine::handle_verified_packet`] does, except that a request the RC responder would
+    /// execute (the expected PSN, a state that receives) is answered with `nak` instead, as a
+    /// responder without a receive WQE (RNR NAK, IBTA §9.7.5.2.8) or with a bad R_Key
+    /// (remote access error NAK, §9.7.5.2.4) answers: nothing is executed, and the QP
+    /// follows through exactly as for the real condition. Only requests that could meet it
+    /// qualify: [`ForcedNak::Rnr`] those that consume a receive WQE, [`ForcedNak::AccessError`]
+    /// those that carry a RETH or AtomicETH. Returns whether the packet was so answered.
+    pub fn handle_verified_packet_forcing(
+        &mut self,
+        now: Nanos,
+        packet: &[u8],
+        nak: ForcedNak,
+    ) -> bool {
+        self.ctx.forced_nak = Some(nak);
+        self.handle_verified_packet(now, packet);
+        self.ctx.forced_nak.take().is_none()
+    }
+
     fn handle_parsed(&mut self, now: Nanos, parsed: crate::wire::ParsedFrame<'_>, packet: &[u8]) {
         let net = parsed.repr.net;
         let (ecn, net_len) = match net {
@@ -1114,6 +1164,8 @@ impl<M: MemoryAccess> Engine<M> {
         }
         self.ctx.counters.rcvd_pkts += 1;
         self.ctx.counters.rcvd_bytes += rx.wire_len as u64;
+        qp.counters.rcvd_pkts += 1;
+        qp.counters.rcvd_bytes += rx.wire_len as u64;
         if rx.ecn_ce {
             self.ctx.counters.ecn_marked_pkts += 1;
             if info.has(crate::wire::OpInfo::REQUEST)
@@ -1135,6 +1187,8 @@ impl<M: MemoryAccess> Engine<M> {
             self.ctx.counters.rcvd_pkts -= 1;
             self.ctx.counters.rcvd_bytes -= rx.wire_len as u64;
             self.ctx.counters.icrc_errors += 1;
+            qp.counters.rcvd_pkts -= 1;
+            qp.counters.rcvd_bytes -= rx.wire_len as u64;
         }
     }
 
@@ -1205,6 +1259,8 @@ impl<M: MemoryAccess> Engine<M> {
                 schedule(qp, &mut self.ctx.ready);
                 self.ctx.counters.sent_pkts += 1;
                 self.ctx.counters.sent_bytes += t.len as u64;
+                qp.counters.sent_pkts += 1;
+                qp.counters.sent_bytes += t.len as u64;
                 return Some(t);
             }
         }

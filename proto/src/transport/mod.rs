@@ -68,6 +68,7 @@ pub mod completer;
 pub mod counters;
 pub mod engine;
 pub mod handoff;
+pub mod inventory;
 pub mod memory;
 mod packet_io;
 pub mod qp;
@@ -82,8 +83,9 @@ pub mod verbs;
 
 pub use cc::{CongestionControl, NoCongestionControl};
 pub use counters::Counters;
-pub use engine::{Engine, EngineConfig, GidType, MrKeys, Transmit, MAX_FRAME_LEN};
+pub use engine::{Engine, EngineConfig, ForcedNak, GidType, MrKeys, Transmit, MAX_FRAME_LEN};
 pub use handoff::{QpConfig, QpSequence};
+pub use inventory::{CqSummary, MrSummary, PdSummary, QpSummary, SrqSummary};
 pub use memory::{MemoryAccess, MemoryError, VecMemory};
 pub use qp::{QpCap, QpInit};
 pub use qp_attr::{

@@ -187,6 +187,10 @@ pub(crate) struct Qp {
     /// The time of this QP's entry in the device's timer queue, if it has one
     /// ([`super::timers::TimerQueue`]).
     pub timer_at: Option<Nanos>,
+    /// This QP's share of the device's counters (`rdma statistic qp`): packets and bytes
+    /// sent and received, and the retry, RNR and error counters of its requester,
+    /// completer and responder.
+    pub counters: super::counters::Counters,
 }
 
 impl Qp {
@@ -225,6 +229,7 @@ impl Qp {
             resp_out: VecDeque::new(),
             scheduled: false,
             timer_at: None,
+            counters: super::counters::Counters::default(),
         }
     }
 

@@ -117,6 +117,7 @@ pub(crate) fn complete_head<M>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) 
     }
     if status == WcStatus::Success && w.wr.op.is_send() {
         ctx.counters.rdma_sends += 1;
+        qp.counters.rdma_sends += 1;
     }
     let signaled = qp.init.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED);
     if signaled || status != WcStatus::Success {
@@ -365,6 +366,7 @@ pub(crate) fn poll_request<M: MemoryAccess>(
             return match res {
                 None => {
                     ctx.counters.send_err += 1;
+                    qp.counters.send_err += 1;
                     None
                 }
                 Some(Err(status)) => {
@@ -557,6 +559,7 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     let tx = match res {
         None => {
             ctx.counters.send_err += 1;
+            qp.counters.send_err += 1;
             return None;
         }
         Some(Err(status)) => {

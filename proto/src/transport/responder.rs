@@ -3,7 +3,7 @@
 //! NAKs, read responses, atomic ACKs. Duplicates are answered from the replay resources,
 //! never executed twice (IBTA §9.7.5.1).
 
-use super::engine::{complete, flush_qp, route_for, schedule, Ctx, RxPacket, Transmit};
+use super::engine::{complete, flush_qp, route_for, schedule, Ctx, ForcedNak, RxPacket, Transmit};
 use super::memory::MemoryAccess;
 use super::packet_io::{Payload, PendingIcrc, WriteMiddle};
 use super::qp::{npkts, InMessage, Qp, Resource, ResourceKind, RespOut};
@@ -95,6 +95,7 @@ fn abandon_message<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
 fn recv_complete<M>(qp: &mut Qp, ctx: &mut Ctx<M>, mut wc: WorkCompletion, solicited: bool) {
     if wc.status == WcStatus::Success {
         ctx.counters.rdma_recvs += 1;
+        qp.counters.rdma_recvs += 1;
         // rxe's do_complete() starts every successful user-CQ receive completion with
         // IB_WC_GRH, on RC and UC too (RoCE always carries the GRH's information); seen live
         // against kernel rxe, where RC receives report wc_flags 0x1 and 0x3 (docs/interop.md).
@@ -155,6 +156,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
         } else {
             qp.sent_psn_nak = true;
             ctx.counters.out_of_seq_request += 1;
+            qp.counters.out_of_seq_request += 1;
             let epsn = qp.resp_psn;
             ack(
                 qp,
@@ -167,10 +169,24 @@ pub(crate) fn on_request<M: MemoryAccess>(
     }
     if d < 0 {
         ctx.counters.duplicate_request += 1;
+        qp.counters.duplicate_request += 1;
         duplicate(qp, ctx, rx, info);
         return true;
     }
-    let result = execute(qp, ctx, rx, info, placing);
+    let forced = ctx.forced_nak.filter(|f| f.applies_to(info));
+    let result = match forced {
+        // Fault injection: answered as the real condition would be, nothing executed.
+        Some(f) => {
+            ctx.forced_nak = None;
+            Err(match f {
+                ForcedNak::Rnr => Fail::Rnr,
+                ForcedNak::AccessError => {
+                    Fail::Nak(NakCode::RemoteAccessError, WcStatus::RemAccessErr)
+                }
+            })
+        }
+        None => execute(qp, ctx, rx, info, placing),
+    };
     // A request refused before its payload was placed did nothing yet: its ICRC decides
     // whether it is answered at all.
     if matches!(result, Err(Fail::Corrupt))
@@ -184,6 +200,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
         Err(Fail::Rnr) => {
             // Nothing consumed: the requester retries this PSN after the RNR timer.
             ctx.counters.send_rnr_err += 1;
+            qp.counters.send_rnr_err += 1;
             let timer = qp.attr.min_rnr_timer;
             ack(qp, &mut ctx.ready, AethSyndrome::RnrNak { timer }, psn);
         }
@@ -215,6 +232,10 @@ pub(crate) fn on_request<M: MemoryAccess>(
                 _ => &mut d.nak_invalid_request,
             } += 1;
             // Class C/J errors: NAK, report on the receive WQE in use, QP to ERR.
+            if code == NakCode::RemoteAccessError {
+                ctx.counters.resp_remote_access_errors += 1;
+                qp.counters.resp_remote_access_errors += 1;
+            }
             ack(qp, &mut ctx.ready, AethSyndrome::Nak(code), psn);
             if let Some(m) = qp.in_msg.take() {
                 if let Some(r) = m.recv {
@@ -283,6 +304,8 @@ pub(crate) fn on_predicted_write_middle<M: MemoryAccess>(
     m.resid -= plen as u32;
     ctx.counters.rcvd_pkts += 1;
     ctx.counters.rcvd_bytes += w.wire_len as u64;
+    qp.counters.rcvd_pkts += 1;
+    qp.counters.rcvd_bytes += w.wire_len as u64;
     qp.sent_psn_nak = false;
     qp.resp_psn = w.psn.next();
     if w.ack_req {
@@ -845,10 +868,13 @@ pub(crate) fn poll_response<M: MemoryAccess>(
         match res {
             None => {
                 ctx.counters.send_err += 1;
+                qp.counters.send_err += 1;
                 qp.resp_out.pop_front();
                 return None;
             }
             Some(Err(())) => {
+                ctx.counters.resp_remote_access_errors += 1;
+                qp.counters.resp_remote_access_errors += 1;
                 if let Some(RespOut::Read { psn, msn, .. }) = qp.resp_out.pop_front() {
                     qp.resp_out.push_front(RespOut::Ack {
                         syndrome: AethSyndrome::Nak(NakCode::RemoteAccessError),

@@ -10,6 +10,7 @@
 
 pub mod captures;
 pub mod netns;
+pub mod operator;
 pub mod programs;
 pub mod rdmacm;
 pub mod symbols;

@@ -1,0 +1,277 @@
+//! The operator's view of a device (`softroce stat`, `res show`, `capture`, `fault`,
+//! `link del`): counters by name, summed over every client engine (those that have gone
+//! included) and the link's; the resources each client holds; captures and fault rules
+//! attached to the device's [`crate::net::Layers`] (the responder's forced NAKs kept here,
+//! next to the engines that give them); and the device's removal, which is fatal to every
+//! context open on it.
+
+use super::DeviceThread;
+use crate::capture::CaptureShared;
+use crate::net::Link;
+use proto::ctl::{
+    CqRes, DeviceStats, FaultKind, FaultRule, FaultStatus, MrRes, PdRes, QpRes, QpStats, ResDetail,
+    ResKind, ResOwner, SrqRes,
+};
+use proto::transport::{QpState, QpType};
+use proto::Qpn;
+use serde::Serialize;
+use std::sync::Arc;
+use tracing::info;
+
+/// `enum ibv_event_type` IBV_EVENT_DEVICE_FATAL.
+const IBV_EVENT_DEVICE_FATAL: u32 = 8;
+
+/// Counters as (name, value) pairs, in their declaration order (rxe's names first for the
+/// engine's): every numeric field of `c`, whatever fields it has.
+pub fn named<T: Serialize>(c: &T) -> Vec<(String, u64)> {
+    match serde_json::to_value(c) {
+        Ok(serde_json::Value::Object(m)) => m
+            .into_iter()
+            .filter_map(|(k, v)| v.as_u64().map(|n| (k, n)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Counters by name, owned (for the control protocol).
+fn owned(named: &[(&'static str, u64)]) -> Vec<(String, u64)> {
+    named.iter().map(|(n, v)| (n.to_string(), *v)).collect()
+}
+
+/// Adds `add` into `into`, name by name.
+pub fn accumulate(into: &mut Vec<(String, u64)>, add: &[(String, u64)]) {
+    for (k, v) in add {
+        match into.iter_mut().find(|(n, _)| n == k) {
+            Some(e) => e.1 += v,
+            None => into.push((k.clone(), *v)),
+        }
+    }
+}
+
+fn bump(into: &mut [(String, u64)], name: &str, by: u64) {
+    if let Some(e) = into.iter_mut().find(|(n, _)| n == name) {
+        e.1 += by;
+    }
+}
+
+pub fn qp_type_name(t: QpType) -> &'static str {
+    match t {
+        QpType::Rc => "RC",
+        QpType::Uc => "UC",
+        QpType::Ud => "UD",
+        QpType::Gsi => "GSI",
+    }
+}
+
+pub fn qp_state_name(s: QpState) -> &'static str {
+    match s {
+        QpState::Reset => "RESET",
+        QpState::Init => "INIT",
+        QpState::Rtr => "RTR",
+        QpState::Rts => "RTS",
+        QpState::Sqd => "SQD",
+        QpState::Sqe => "SQE",
+        QpState::Err => "ERR",
+    }
+}
+
+/// Requests from the registry about the device as a whole.
+pub enum OperatorMsg {
+    /// Counters; with `qpn`, also that QP's (if it lives here).
+    Stats {
+        qpn: Option<u32>,
+        reply: crossbeam_channel::Sender<DeviceStats>,
+    },
+    Resources {
+        kind: ResKind,
+        reply: crossbeam_channel::Sender<ResDetail>,
+    },
+    /// Feed a capture as its interface `iface`.
+    Capture {
+        shared: Arc<CaptureShared>,
+        iface: u32,
+    },
+    FaultAdd(FaultRule),
+    FaultClear,
+    FaultShow {
+        reply: crossbeam_channel::Sender<Vec<FaultStatus>>,
+    },
+}
+
+impl DeviceThread {
+    /// Handles one [`OperatorMsg`].
+    pub(super) fn operator(&mut self, msg: OperatorMsg) {
+        match msg {
+            OperatorMsg::Stats { qpn, reply } => {
+                let _ = reply.send(self.stats(qpn));
+            }
+            OperatorMsg::Resources { kind, reply } => {
+                let _ = reply.send(self.resources(kind));
+            }
+            OperatorMsg::Capture { shared, iface } => {
+                let qpns = shared
+                    .spec()
+                    .qpn
+                    .map_or_else(Vec::new, |q| self.qp_and_peer(q));
+                self.link.capture.attach(shared, iface, qpns);
+                // The packets between local QPs must exist for the capture: the same-host
+                // fast path's directions come back, and none is offered while it runs.
+                self.fast_observed(true);
+            }
+            OperatorMsg::FaultAdd(rule) => {
+                let qpns = rule.qpn.map_or_else(Vec::new, |q| self.qp_and_peer(q));
+                info!(device = %self.info.name, ?rule, "fault rule added");
+                if matches!(rule.kind, FaultKind::Rnr | FaultKind::AccessError) {
+                    self.naks.add(rule, qpns);
+                } else {
+                    self.link.faults.add(rule, qpns);
+                }
+                self.fast_observed(true);
+            }
+            OperatorMsg::FaultClear => {
+                info!(device = %self.info.name, "fault rules cleared");
+                self.link.faults.clear();
+                self.naks.clear();
+                // Offered again where the conditions hold (a capture may still run).
+                self.fast_observed(false);
+            }
+            OperatorMsg::FaultShow { reply } => {
+                let mut all = self.link.faults.status();
+                all.extend(self.naks.status());
+                let _ = reply.send(all);
+            }
+        }
+    }
+
+    /// The BTH destination QPNs that mean "QP `qpn`" on this device: the QP itself and,
+    /// once connected, its peer (where what it sends goes).
+    fn qp_and_peer(&self, qpn: u32) -> Vec<u32> {
+        let mut out = vec![qpn];
+        for c in self.clients.values() {
+            if let Some(q) = c
+                .engine
+                .qp_summaries()
+                .into_iter()
+                .find(|q| q.qpn.value() == qpn)
+            {
+                if q.dest_qpn.value() != 0 {
+                    out.push(q.dest_qpn.value());
+                }
+            }
+        }
+        out
+    }
+
+    fn stats(&self, qpn: Option<u32>) -> DeviceStats {
+        let mut engines = self.departed;
+        for c in self.clients.values() {
+            engines.accumulate(c.engine.counters());
+        }
+        let mut counters = owned(&engines.named());
+        // QP1's packets are the CM's, sent and received here: rxe counts them too.
+        bump(&mut counters, "sent_pkts", self.gsi_sent);
+        bump(&mut counters, "rcvd_pkts", self.gsi_rcvd);
+        // As an engine counts a packet for a QP it does not have.
+        bump(&mut counters, "dropped_pkts", self.drops.unknown_qp);
+        let mut qps = Vec::new();
+        if let Some(q) = qpn {
+            for c in self.clients.values() {
+                if let Some(k) = c.engine.qp_counters(Qpn::new(q)) {
+                    qps.push(QpStats {
+                        qpn: q,
+                        pid: c.pid as u32,
+                        comm: String::new(),
+                        counters: owned(&k.named()),
+                    });
+                }
+            }
+        }
+        DeviceStats {
+            device: self.info.name.clone(),
+            counters,
+            net: named(&self.link.counters()),
+            qps,
+        }
+    }
+
+    fn resources(&self, kind: ResKind) -> ResDetail {
+        let mut d = ResDetail::default();
+        for c in self.clients.values() {
+            let owner = ResOwner {
+                device: self.info.name.clone(),
+                pid: c.pid as u32,
+                comm: String::new(),
+            };
+            let e = &c.engine;
+            match kind {
+                ResKind::Qp => d.qps.extend(e.qp_summaries().into_iter().map(|q| QpRes {
+                    owner: owner.clone(),
+                    qpn: q.qpn.value(),
+                    qp_type: qp_type_name(q.qp_type).into(),
+                    state: qp_state_name(q.state).into(),
+                    sq_psn: q.sq_psn.value(),
+                    rq_psn: q.rq_psn.value(),
+                    dest_qpn: q.dest_qpn.value(),
+                    path_mtu: q.path_mtu,
+                    pd: q.pd,
+                    send_cq: q.send_cq,
+                    recv_cq: q.recv_cq,
+                    srq: q.srq,
+                })),
+                ResKind::Cq => d.cqs.extend(e.cq_summaries().into_iter().map(|q| CqRes {
+                    owner: owner.clone(),
+                    cqn: q.handle,
+                    cqe: q.cqe as u32,
+                    users: q.users,
+                })),
+                ResKind::Mr => d.mrs.extend(e.mr_summaries().into_iter().map(|m| MrRes {
+                    owner: owner.clone(),
+                    mrn: m.handle,
+                    pd: m.pd,
+                    lkey: m.lkey,
+                    rkey: m.rkey,
+                    iova: m.addr,
+                    length: m.length,
+                    access: m.access,
+                })),
+                ResKind::Pd => d.pds.extend(e.pd_summaries().into_iter().map(|p| PdRes {
+                    owner: owner.clone(),
+                    pdn: p.handle,
+                    users: p.users,
+                })),
+                ResKind::Srq => d.srqs.extend(e.srq_summaries().into_iter().map(|s| SrqRes {
+                    owner: owner.clone(),
+                    srqn: s.handle,
+                    pd: s.pd,
+                    max_wr: s.max_wr,
+                    posted: s.posted as u32,
+                })),
+                // The CM thread's.
+                ResKind::CmId => {}
+            }
+        }
+        d
+    }
+
+    /// `softroce link del`: every context open on the device gets IBV_EVENT_DEVICE_FATAL
+    /// (what the kernel's `ib_uverbs_remove_one` queues on each uverbs file), captures that
+    /// listen end, and the clients' state here is freed.
+    pub(super) fn remove(&mut self) {
+        let mut rec = [0u8; 16];
+        rec[8..12].copy_from_slice(&IBV_EVENT_DEVICE_FATAL.to_ne_bytes());
+        let mut contexts = 0;
+        for c in self.clients.values_mut() {
+            for sink in c.contexts.values_mut() {
+                contexts += 1;
+                sink.send(&rec, 12);
+            }
+        }
+        info!(device = %self.info.name, contexts, "device deleted: its contexts get IBV_EVENT_DEVICE_FATAL");
+        self.link.flush();
+        self.link.close();
+        let ids: Vec<u64> = self.clients.keys().copied().collect();
+        for id in ids {
+            self.client_gone(id);
+        }
+    }
+}

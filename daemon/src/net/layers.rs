@@ -1,0 +1,375 @@
+//! The layers around a device's [`Link`], as smoltcp's `phy` middlewares wrap a device: fault
+//! injection ([`crate::fault`]) next to the link and capture ([`crate::capture`]) on the
+//! wire side of it, so a capture shows what really went out (a dropped packet is missing, a
+//! duplicated one is there twice, a corrupted one has a bad ICRC) and everything that came
+//! in (before a receive fault dropped it).
+//!
+//! Packets between two QPs of the device never reach the link; the device hands them through
+//! [`Layers::local`] so that they meet the same rules and are captured once, as on a wire.
+//!
+//! With no capture and no fault rule, every call goes straight to the link after one test.
+
+use super::link::{Link, RxPacket, WireView};
+use super::NetCounters;
+use crate::capture::{DeviceCapture, Direction};
+use crate::fault::{Decision, FaultInjector, HeldPackets, Way};
+use proto::transport::{GidType, Nanos, Transmit};
+use std::io;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// A received packet held back by a fault rule.
+struct HeldRx {
+    src: IpAddr,
+    dst: IpAddr,
+    packet: Vec<u8>,
+    bth: usize,
+    gid_type: GidType,
+}
+
+impl HeldRx {
+    fn view(&self) -> RxPacket<'_> {
+        RxPacket {
+            src: self.src,
+            dst: self.dst,
+            packet: &self.packet,
+            bth: self.bth,
+            gid_type: self.gid_type,
+        }
+    }
+}
+
+/// A device's link with its capture and fault layers.
+pub struct Layers {
+    inner: Box<dyn Link + Send>,
+    pub capture: DeviceCapture,
+    pub faults: FaultInjector,
+    held_tx: HeldPackets<(Vec<u8>, Transmit)>,
+    held_rx: HeldPackets<HeldRx>,
+    held_local: HeldPackets<(Vec<u8>, usize)>,
+    start: Instant,
+    /// Packets a corrupt rule broke that did not go through the link's ICRC check (received,
+    /// or between local QPs): counted where the check would have counted them.
+    corrupt_dropped: u64,
+    /// Whether the link was asked to keep what it sends ([`Link::keep_last_sent`]).
+    keeping_sent: bool,
+}
+
+impl Layers {
+    pub fn new(inner: Box<dyn Link + Send>, node_guid: u64, seed: u64) -> Layers {
+        Layers {
+            inner,
+            capture: DeviceCapture::new(node_guid),
+            faults: FaultInjector::new(seed),
+            held_tx: HeldPackets::default(),
+            held_rx: HeldPackets::default(),
+            held_local: HeldPackets::default(),
+            start: Instant::now(),
+            corrupt_dropped: 0,
+            keeping_sent: false,
+        }
+    }
+
+    fn now(&self) -> Nanos {
+        self.start.elapsed().as_nanos() as Nanos
+    }
+
+    /// Whether either layer has anything to do.
+    #[inline]
+    fn active(&self) -> bool {
+        self.capture.is_on()
+            || self.faults.is_on()
+            || !self.held_tx.is_empty()
+            || !self.held_rx.is_empty()
+            || !self.held_local.is_empty()
+    }
+
+    /// Tells the link whether a capture listens (when that changed).
+    fn sync_keep_sent(&mut self) {
+        let on = self.capture.is_on();
+        if on != self.keeping_sent {
+            self.keeping_sent = on;
+            self.inner.keep_last_sent(on);
+        }
+    }
+
+    /// Sends through the link and records what left.
+    fn send_out(&mut self, frame: &mut [u8], t: &Transmit, corrupt: bool) {
+        self.sync_keep_sent();
+        if corrupt {
+            if !self.inner.send_corrupted(frame, t) {
+                // The link cannot break a packet: it is lost instead, as the receiver's ICRC
+                // check would have it.
+                return;
+            }
+        } else {
+            self.inner.send(frame, t);
+        }
+        self.record_sent();
+    }
+
+    fn record_sent(&mut self) {
+        if !self.capture.is_on() {
+            return;
+        }
+        match self.inner.last_sent() {
+            Some(WireView::Udp(d)) => self.capture.datagram(Direction::Outbound, &d),
+            Some(WireView::Ethernet { frame, bth }) => {
+                self.capture.ethernet(Direction::Outbound, frame, bth)
+            }
+            None => {}
+        }
+    }
+
+    /// Sends the held packets that are due.
+    fn release_tx(&mut self, now: Nanos) {
+        while let Some((_, (mut frame, t))) = self.held_tx.pop_due(now) {
+            self.send_out(&mut frame, &t, false);
+            self.held_tx.passed(now, Way::Tx);
+        }
+    }
+
+    /// A packet between two QPs of this device (the engine's network-layer packet, BTH at
+    /// `bth`, ICRC not computed), on its way to `deliver`: it meets the fault rules and the
+    /// capture, and is delivered now (once, twice) or later ([`Layers::release_local`]).
+    pub fn local(&mut self, frame: &[u8], bth: usize, deliver: &mut dyn FnMut(&[u8])) {
+        if !self.active() {
+            deliver(frame);
+            return;
+        }
+        let now = self.now();
+        let decision = if self.faults.is_on() {
+            self.faults
+                .decide(now, Way::Local, frame.get(bth..).unwrap_or(&[]))
+        } else {
+            Decision::Pass
+        };
+        let capture = |c: &mut DeviceCapture, corrupt| {
+            if c.is_on() {
+                c.packet(Direction::Outbound, frame, bth, corrupt);
+            }
+        };
+        match decision {
+            Decision::Pass | Decision::Nak { .. } => {
+                capture(&mut self.capture, false);
+                deliver(frame);
+                self.held_local.passed(now, Way::Local);
+            }
+            Decision::Drop => {}
+            Decision::Duplicate => {
+                for _ in 0..2 {
+                    capture(&mut self.capture, false);
+                    deliver(frame);
+                }
+                self.held_local.passed(now, Way::Local);
+            }
+            Decision::Corrupt => {
+                capture(&mut self.capture, true);
+                self.corrupt_dropped += 1;
+            }
+            Decision::Delay(due) => self
+                .held_local
+                .delay(due, Way::Local, (frame.to_vec(), bth)),
+            Decision::Reorder => self
+                .held_local
+                .reorder(now, Way::Local, (frame.to_vec(), bth)),
+        }
+    }
+
+    /// Hands the held packets between local QPs that are due to `deliver` (with where each
+    /// one's BTH starts). Returns whether any was.
+    pub fn release_local(&mut self, deliver: &mut dyn FnMut(&[u8], usize)) -> bool {
+        if self.held_local.is_empty() {
+            return false;
+        }
+        let now = self.now();
+        let mut any = false;
+        while let Some((_, (frame, bth))) = self.held_local.pop_due(now) {
+            any = true;
+            if self.capture.is_on() {
+                self.capture.packet(Direction::Outbound, &frame, bth, false);
+            }
+            deliver(&frame, bth);
+            self.held_local.passed(now, Way::Local);
+        }
+        any
+    }
+
+    /// How long until a held packet is due.
+    fn held_wait(&self) -> Option<Duration> {
+        let next = [
+            self.held_tx.poll_at(),
+            self.held_rx.poll_at(),
+            self.held_local.poll_at(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()?;
+        Some(Duration::from_nanos(next.saturating_sub(self.now())))
+    }
+
+    /// The device goes away: captures listening to it end.
+    pub fn close(&mut self) {
+        self.capture.close();
+    }
+}
+
+impl Link for Layers {
+    fn poll(&mut self, wait: Duration, deliver: &mut dyn FnMut(&RxPacket<'_>)) -> usize {
+        if !self.active() {
+            return self.inner.poll(wait, deliver);
+        }
+        let now = self.now();
+        self.release_tx(now);
+        let mut n = 0;
+        while let Some((_, held)) = self.held_rx.pop_due(now) {
+            n += 1;
+            deliver(&held.view());
+            self.held_rx.passed(now, Way::Rx);
+        }
+        let wait = self.held_wait().map_or(wait, |w| wait.min(w));
+        let (capture, faults, held_rx, corrupt_dropped) = (
+            &mut self.capture,
+            &mut self.faults,
+            &mut self.held_rx,
+            &mut self.corrupt_dropped,
+        );
+        n += self.inner.poll(wait, &mut |p: &RxPacket<'_>| {
+            if capture.is_on() {
+                capture.packet(Direction::Inbound, p.packet, p.bth, false);
+            }
+            let decision = if faults.is_on() {
+                faults.decide(now, Way::Rx, p.transport())
+            } else {
+                Decision::Pass
+            };
+            match decision {
+                Decision::Pass | Decision::Nak { .. } => {
+                    deliver(p);
+                    held_rx.passed(now, Way::Rx);
+                }
+                Decision::Drop => {}
+                Decision::Duplicate => {
+                    deliver(p);
+                    deliver(p);
+                    held_rx.passed(now, Way::Rx);
+                }
+                Decision::Corrupt => *corrupt_dropped += 1,
+                Decision::Delay(_) | Decision::Reorder => {
+                    let held = HeldRx {
+                        src: p.src,
+                        dst: p.dst,
+                        packet: p.packet.to_vec(),
+                        bth: p.bth,
+                        gid_type: p.gid_type,
+                    };
+                    if let Decision::Delay(due) = decision {
+                        held_rx.delay(due, Way::Rx, held);
+                    } else {
+                        held_rx.reorder(now, Way::Rx, held);
+                    }
+                }
+            }
+        });
+        n
+    }
+
+    fn send(&mut self, frame: &mut [u8], t: &Transmit) {
+        if !self.active() {
+            self.inner.send(frame, t);
+            return;
+        }
+        let now = self.now();
+        let decision = if self.faults.is_on() {
+            let bth = frame.get(t.transport_offset..t.len).unwrap_or(&[]);
+            self.faults.decide(now, Way::Tx, bth)
+        } else {
+            Decision::Pass
+        };
+        match decision {
+            Decision::Pass | Decision::Nak { .. } => {
+                self.send_out(frame, t, false);
+                self.held_tx.passed(now, Way::Tx);
+                self.release_tx(now);
+            }
+            Decision::Drop => {}
+            Decision::Duplicate => {
+                // The link seals a copy: the frame can be sent again as it is.
+                self.send_out(frame, t, false);
+                self.send_out(frame, t, false);
+                self.held_tx.passed(now, Way::Tx);
+                self.release_tx(now);
+            }
+            Decision::Corrupt => self.send_out(frame, t, true),
+            Decision::Delay(due) => {
+                let copy = frame.get(..t.len).unwrap_or_default().to_vec();
+                self.held_tx.delay(due, Way::Tx, (copy, *t));
+            }
+            Decision::Reorder => {
+                let copy = frame.get(..t.len).unwrap_or_default().to_vec();
+                self.held_tx.reorder(now, Way::Tx, (copy, *t));
+            }
+        }
+    }
+
+    fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        self.sync_keep_sent();
+        self.inner.send_gsi(src, dst, packet);
+        self.record_sent();
+    }
+
+    fn send_gsi_as(&mut self, gid_type: GidType, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        self.sync_keep_sent();
+        self.inner.send_gsi_as(gid_type, src, dst, packet);
+        self.record_sent();
+    }
+
+    fn flush(&mut self) {
+        if !self.held_tx.is_empty() {
+            let now = self.now();
+            self.release_tx(now);
+        }
+        self.inner.flush();
+        self.capture.flush();
+        if self.keeping_sent && !self.capture.is_on() {
+            self.sync_keep_sent();
+        }
+    }
+
+    fn set_addresses(&mut self, addrs: &[IpAddr]) {
+        self.inner.set_addresses(addrs);
+    }
+
+    fn join_group(&mut self, group: IpAddr) -> io::Result<()> {
+        self.inner.join_group(group)
+    }
+
+    fn leave_group(&mut self, group: IpAddr) {
+        self.inner.leave_group(group);
+    }
+
+    fn max_sleep(&self) -> Option<Duration> {
+        match (self.inner.max_sleep(), self.held_wait()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn counters(&self) -> NetCounters {
+        let mut c = self.inner.counters();
+        c.rx_bad_icrc += self.corrupt_dropped;
+        c
+    }
+
+    fn last_sent(&self) -> Option<WireView<'_>> {
+        self.inner.last_sent()
+    }
+
+    fn send_corrupted(&mut self, frame: &mut [u8], t: &Transmit) -> bool {
+        self.inner.send_corrupted(frame, t)
+    }
+
+    fn keep_last_sent(&mut self, on: bool) {
+        self.inner.keep_last_sent(on);
+    }
+}

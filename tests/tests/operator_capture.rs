@@ -1,0 +1,237 @@
+//! `softroce capture`: a live capture inside the daemon of everything a device sends and
+//! receives. A same-host pingpong (packets handed from engine to engine, which no socket and
+//! no tcpdump ever sees) and a two-daemon `ib_write_bw` with UDP GSO on (the default; a capture
+//! on `lo` would show 64 KiB super-datagrams) are captured as whole Ethernet frames, one per
+//! RoCE packet, that `softroce pcap check`, the independent oracle and tshark all accept, and
+//! hold exactly as many RoCE packets as `stat` counted. `-w -` feeds `tshark -i -` live.
+
+mod shim_support;
+
+use shim_support::operator::{counters, delta, ProgramPair};
+use shim_support::programs::{loopback_daemon, scratch};
+use shim_support::{check_output, require_program, softroce_bin, workspace_root, Daemon};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running `softroce capture -i srxe0 -w FILE`, started once the daemon has it.
+struct Capture {
+    child: Child,
+    file: PathBuf,
+}
+
+impl Capture {
+    fn start(d: &Daemon, name: &str) -> Capture {
+        let file = scratch("operator", "capture").join(format!("{name}.pcapng"));
+        let mut child = Command::new(softroce_bin())
+            .args(["capture", "-i", "srxe0", "-w"])
+            .arg(&file)
+            .env("SOFTROCE_SOCKET", &d.socket)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start softroce capture");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert!(
+            line.contains("capturing on srxe0"),
+            "capture did not start: {line}\n{}",
+            d.log()
+        );
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+            eprint!("{rest}");
+        });
+        Capture { child, file }
+    }
+
+    /// Ctrl-C: the capture ends with whole blocks and exits 0.
+    fn stop(mut self) -> PathBuf {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "softroce capture exited {status}");
+        self.file
+    }
+}
+
+/// Checks a capture with the three checkers; returns how many RoCE packets it holds.
+fn check_capture(file: &Path) -> u64 {
+    let out = Command::new(softroce_bin())
+        .args(["pcap", "check"])
+        .arg(file)
+        .output()
+        .unwrap();
+    let report = check_output("softroce pcap check", out);
+    // "... N RoCE packets ..." in the summary.
+    let roce: u64 = report
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .collect::<Vec<_>>()
+        .windows(2)
+        .find(|w| w[1] == "RoCE")
+        .and_then(|w| w[0].parse().ok())
+        .unwrap_or_else(|| panic!("no RoCE count in:\n{report}"));
+    assert!(
+        report.contains(&format!(
+            "ICRC ok {roce}, bad 0, cut short by snaplen 0, other 0"
+        )),
+        "every frame a whole RoCE packet with a good ICRC:\n{report}"
+    );
+
+    // The oracle reads classic pcap.
+    let classic = file.with_extension("pcap");
+    let out = Command::new(require_program("editcap"))
+        .args(["-F", "pcap"])
+        .arg(file)
+        .arg(&classic)
+        .output()
+        .unwrap();
+    check_output("editcap -F pcap", out);
+    let oracle = workspace_root().join("../shared/tools/roce-pcap-check");
+    let out = Command::new("python3")
+        .arg(&oracle)
+        .arg(&classic)
+        .output()
+        .unwrap();
+    let line = check_output("roce-pcap-check", out);
+    let field = |name: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+    };
+    assert_eq!(field("roce"), roce, "{line}");
+    assert_eq!(field("icrc_ok"), roce, "{line}");
+    assert_eq!(field("icrc_bad"), 0, "{line}");
+    assert_eq!(field("truncated"), 0, "{line}");
+
+    // tshark: every frame decodes as RoCE (InfiniBand over UDP), none malformed.
+    let tshark = |filter: &str| -> u64 {
+        let out = Command::new(require_program("tshark"))
+            .args(["-n", "-r"])
+            .arg(file)
+            .args(["-Y", filter, "-T", "fields", "-e", "frame.number"])
+            .output()
+            .unwrap();
+        check_output("tshark", out).lines().count() as u64
+    };
+    assert_eq!(
+        tshark("_ws.malformed || _ws.expert.severity >= error"),
+        0,
+        "malformed frames"
+    );
+    assert_eq!(tshark("infiniband"), roce);
+    assert_eq!(tshark("frame"), roce, "nothing but RoCE packets");
+    roce
+}
+
+#[test]
+fn a_same_host_pingpong_is_captured_whole_and_verified() {
+    let d = loopback_daemon("op-capture-pp", 120);
+    let cap = Capture::start(&d, "pingpong");
+    let before = counters(&d, "srxe0");
+    ProgramPair::start(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        19520,
+        &["-d", "srxe0", "-g", "0", "-n", "100", "-s", "5000"],
+        "capture-pp",
+    )
+    .succeed(Duration::from_secs(60), &d);
+    let after = counters(&d, "srxe0");
+    let file = cap.stop();
+    let captured = check_capture(&file);
+    // Engine to engine: each packet is sent and received by this device, and shown once.
+    let (sent, rcvd) = (
+        delta(&before, &after, "sent_pkts"),
+        delta(&before, &after, "rcvd_pkts"),
+    );
+    let dropped = delta(&before, &after, "dropped_pkts");
+    assert_eq!(
+        captured, sent,
+        "sent {sent} received {rcvd} dropped {dropped}"
+    );
+    assert_eq!(
+        captured,
+        rcvd + dropped,
+        "sent {sent} received {rcvd} dropped {dropped}"
+    );
+    assert!(
+        captured >= 100 * 2 * 2 * 2,
+        "5000 bytes at MTU 1024 is 5 packets: {captured}"
+    );
+}
+
+#[test]
+fn a_two_daemon_write_bw_with_gso_is_captured_packet_by_packet() {
+    let a = loopback_daemon("op-capture-bw-a", 121);
+    let b = loopback_daemon("op-capture-bw-b", 122);
+    let cap = Capture::start(&a, "write_bw");
+    let before = counters(&a, "srxe0");
+    ProgramPair::start(
+        &b,
+        &a,
+        "ib_write_bw",
+        19521,
+        &["-d", "srxe0", "-x", "0", "-F", "-s", "65536", "-n", "200"],
+        "capture-bw",
+    )
+    .succeed(Duration::from_secs(120), &a);
+    let after = counters(&a, "srxe0");
+    let file = cap.stop();
+    let captured = check_capture(&file);
+    let sent = delta(&before, &after, "sent_pkts");
+    let rcvd = delta(&before, &after, "rcvd_pkts");
+    // What arrived was taken in, or dropped (a late packet for a QP already destroyed).
+    let dropped = delta(&before, &after, "dropped_pkts");
+    assert_eq!(
+        captured,
+        sent + rcvd + dropped,
+        "sent {sent} received {rcvd} dropped {dropped}"
+    );
+    assert!(
+        sent >= 200 * 16,
+        "64 KiB at MTU 4096 is 16 packets a message: {sent}"
+    );
+    assert!(
+        after["net.tx_gso_sends"] > before["net.tx_gso_sends"],
+        "GSO was on: {after:?}"
+    );
+}
+
+#[test]
+fn a_live_stream_feeds_tshark() {
+    let d = loopback_daemon("op-capture-live", 123);
+    let shell = format!(
+        "'{}' capture -q -i srxe0 -c 20 --opcode RC_SEND_ONLY -w - | tshark -n -i - -T fields -e infiniband.bth.opcode 2>/dev/null",
+        softroce_bin().display()
+    );
+    let tshark = Command::new("bash")
+        .args(["-o", "pipefail", "-c", &shell])
+        .env("SOFTROCE_SOCKET", &d.socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    ProgramPair::start(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        19522,
+        &["-d", "srxe0", "-g", "0", "-n", "50", "-s", "64"],
+        "capture-live",
+    )
+    .succeed(Duration::from_secs(60), &d);
+    let out = tshark.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", d.log());
+    let lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    // The first 20 RC SEND_ONLY packets (opcode 4), and nothing else.
+    assert_eq!(lines.len(), 20, "{lines:?}");
+    assert!(lines.iter().all(|l| l == "4"), "{lines:?}");
+}

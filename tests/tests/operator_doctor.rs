@@ -1,0 +1,113 @@
+//! `softroce doctor`: passes here with a daemon serving its port and the shim built, and in
+//! each of three broken set-ups names the problem in plain words and exits 1: no daemon, a
+//! daemon of another user on the socket, the RoCE port taken by another program.
+
+mod shim_support;
+
+use shim_support::{shim_libs, softroce_bin, Daemon};
+use std::process::{Command, Output};
+
+fn doctor(socket: &std::path::Path, port: u16) -> (Output, String) {
+    let out = Command::new(softroce_bin())
+        .args(["doctor", "--port", &port.to_string(), "--socket"])
+        .arg(socket)
+        .env("SOFTROCE_SHIM", &shim_libs().preload)
+        .output()
+        .expect("run softroce doctor");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out, text)
+}
+
+#[test]
+fn doctor_passes_with_a_daemon_serving_its_port() {
+    let d = Daemon::start("op-doctor-ok", &["--addr", "127.0.0.142", "--port", "4793"]);
+    let (out, text) = doctor(&d.socket, 4793);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("all is well"), "{text}");
+    assert!(
+        text.contains(&format!("softroce daemon pid {}", d.pid())),
+        "{text}"
+    );
+    assert!(
+        text.contains("UDP port 4793 is served by the daemon"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ibv_devices lists the daemon's devices"),
+        "{text}"
+    );
+    let json = Command::new(softroce_bin())
+        .args(["doctor", "-j", "--port", "4793", "--socket"])
+        .arg(&d.socket)
+        .env("SOFTROCE_SHIM", &shim_libs().preload)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).expect("doctor -j prints JSON");
+    assert!(
+        v.as_array().unwrap().iter().all(|c| c["status"] != "fail"),
+        "{v}"
+    );
+}
+
+#[test]
+fn doctor_names_a_missing_daemon() {
+    let dir = shim_support::programs::scratch("operator", "doctor-none");
+    let (out, text) = doctor(&dir.join("nobody-here.sock"), 4794);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL  daemon     no softroce daemon"),
+        "{text}"
+    );
+    assert!(text.contains("fix: start one: `softroce daemon"), "{text}");
+}
+
+#[test]
+fn doctor_names_a_daemon_of_another_user() {
+    // A daemon running as nobody, on a socket in a directory nobody may write.
+    let dir = shim_support::programs::scratch("operator", "doctor-other-user");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let socket = dir.join("ctl.sock");
+    let _ = std::fs::remove_file(&socket);
+    let mut daemon = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(softroce_bin())
+        .args(["daemon", "--addr", "127.0.0.143", "--port", "0", "--socket"])
+        .arg(&socket)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start a daemon as nobody (setpriv)");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the nobody daemon never served"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (out, text) = doctor(&socket, 4795);
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("runs as uid 65534, you are uid 0"), "{text}");
+    assert!(text.contains("fix: run a daemon of your own"), "{text}");
+}
+
+#[test]
+fn doctor_names_the_program_that_holds_the_port() {
+    let d = Daemon::start("op-doctor-port", &["--addr", "127.0.0.144"]);
+    let _squatter = std::net::UdpSocket::bind("0.0.0.0:4796").expect("bind UDP 4796");
+    let (out, text) = doctor(&d.socket, 4796);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "UDP port 4796 is taken by pid {}",
+            std::process::id()
+        )),
+        "{text}"
+    );
+}

@@ -1,0 +1,296 @@
+//! `softroce link add|del|show` on a running daemon, with unmodified programs: a device added
+//! at run time is listed by `ibv_devices` and carries a pingpong; a device deleted while a
+//! program holds a context on it gives that context IBV_EVENT_DEVICE_FATAL while the daemon,
+//! its other device and the program's context there carry on; `link show -j` is JSON with the
+//! device's state, addresses, GIDs and their types, mode, MTU and congestion control; `--save`
+//! edits the TOML config.
+
+mod shim_support;
+
+use shim_support::operator::{softroce, softroce_json, softroce_ok, ProgramPair};
+use shim_support::programs::loopback_daemon;
+use shim_support::{compile_c, require_program, Daemon};
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::time::Duration;
+
+#[test]
+fn a_device_added_at_run_time_is_listed_and_carries_a_pingpong() {
+    let d = loopback_daemon("op-link-add", 101);
+    let before = d.run_preloaded(&require_program("ibv_devices"), &[]);
+    assert!(!before.contains("srxe1"), "{before}");
+    softroce_ok(
+        &d,
+        &[
+            "link",
+            "add",
+            "srxe1",
+            "type",
+            "rxe",
+            "addr",
+            "127.0.0.102",
+            "mtu",
+            "2048",
+        ],
+    );
+    let listed = d.run_preloaded(&require_program("ibv_devices"), &[]);
+    for name in ["srxe0", "srxe1"] {
+        assert!(
+            listed.split_whitespace().any(|w| w == name),
+            "ibv_devices does not list {name}:\n{listed}"
+        );
+    }
+    ProgramPair::start(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        19501,
+        &["-d", "srxe1", "-g", "0", "-n", "50"],
+        "link-add",
+    )
+    .succeed(Duration::from_secs(60), &d);
+
+    let links = softroce_json(&d, &["link", "show"]);
+    let links = links.as_array().expect("an array of devices");
+    assert_eq!(links.len(), 2, "{links:?}");
+    let l = links
+        .iter()
+        .find(|l| l["ifname"] == "srxe1")
+        .expect("srxe1 shown");
+    assert_eq!(l["state"], "ACTIVE");
+    assert_eq!(l["port"], 1);
+    assert_eq!(l["addrs"], serde_json::json!(["127.0.0.102"]));
+    assert_eq!(l["mode"], "v2");
+    assert_eq!(l["mtu"], 2048);
+    assert_eq!(l["congestion_control"], "none");
+    let gid = &l["gids"][0];
+    assert_eq!(gid["index"], 0);
+    assert_eq!(gid["type"], "RoCE v2");
+    assert_eq!(gid["gid"], "0000:0000:0000:0000:0000:ffff:7f00:0066");
+    assert_eq!(gid["addr"], "127.0.0.102");
+    assert!(l["node_guid"].as_str().is_some_and(|g| g.len() == 16));
+    assert!(l.get("netdev").is_some() && l.get("transport").is_some());
+    // One device, and the plain form.
+    let one = softroce_json(&d, &["link", "show", "srxe0"]);
+    assert_eq!(one.as_array().map(Vec::len), Some(1));
+    let text = softroce_ok(&d, &["link", "show"]);
+    assert!(text.contains("link srxe1/1 state ACTIVE"), "{text}");
+
+    // Refusals: a name in use is refused by the daemon (1), bad words by the command (2).
+    assert_eq!(
+        softroce(&d, &["link", "add", "srxe1", "addr", "127.0.0.103"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        softroce(&d, &["link", "add", "srxe2", "mtu", "1500"])
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        softroce(&d, &["link", "del", "nosuch"]).status.code(),
+        Some(1)
+    );
+}
+
+/// Opens `argv[1]` and `argv[2]`, says ready, and waits for an async event on the first;
+/// then uses the second.
+const HOLDER: &str = r#"
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+static struct ibv_context *open_named(const char *name) {
+    int n = 0;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    struct ibv_context *ctx = NULL;
+    for (int i = 0; list && i < n; i++)
+        if (!strcmp(ibv_get_device_name(list[i]), name))
+            ctx = ibv_open_device(list[i]);
+    if (list) ibv_free_device_list(list);
+    return ctx;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) return 2;
+    struct ibv_context *doomed = open_named(argv[1]), *other = open_named(argv[2]);
+    if (!doomed || !other) { printf("FAIL open (errno %d)\n", errno); return 1; }
+    struct ibv_pd *pd = ibv_alloc_pd(doomed);
+    if (!pd) { printf("FAIL pd\n"); return 1; }
+    printf("ready\n");
+    fflush(stdout);
+    struct pollfd p = { .fd = doomed->async_fd, .events = POLLIN };
+    if (poll(&p, 1, 20000) != 1) { printf("FAIL no async event\n"); return 1; }
+    struct ibv_async_event ev;
+    if (ibv_get_async_event(doomed, &ev)) { printf("FAIL get event\n"); return 1; }
+    printf("event %d %s\n", (int)ev.event_type, ibv_event_type_str(ev.event_type));
+    ibv_ack_async_event(&ev);
+    struct ibv_pd *late = ibv_alloc_pd(doomed);
+    printf("alloc on the deleted device %s\n", late ? "succeeded" : "failed");
+    struct ibv_pd *fine = ibv_alloc_pd(other);
+    printf("alloc on the other device %s\n", fine ? "succeeded" : "failed");
+    fflush(stdout);
+    char line[8];
+    if (!fgets(line, sizeof line, stdin)) return 1;
+    if (fine) ibv_dealloc_pd(fine);
+    ibv_close_device(other);
+    ibv_close_device(doomed);
+    return 0;
+}
+"#;
+
+#[test]
+fn deleting_a_device_in_use_is_fatal_to_its_contexts_only() {
+    let exe = compile_c("op_link_holder", HOLDER, &["ibverbs"]);
+    let d = loopback_daemon("op-link-del", 105);
+    softroce_ok(&d, &["link", "add", "srxe1", "addr", "127.0.0.106"]);
+    let mut holder = d
+        .command(&exe)
+        .args(["srxe1", "srxe0"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the holder");
+    let mut out = BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n", "{}", d.log());
+    softroce_ok(&d, &["link", "del", "srxe1"]);
+    let mut lines = Vec::new();
+    for _ in 0..3 {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        lines.push(l.trim_end().to_string());
+    }
+    holder.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let status = holder.wait().unwrap();
+    assert_eq!(
+        lines,
+        [
+            "event 8 local catastrophic error",
+            "alloc on the deleted device failed",
+            "alloc on the other device succeeded",
+        ],
+        "{}",
+        d.log()
+    );
+    assert!(status.success());
+    // The daemon carries on with its other device.
+    let links = softroce_json(&d, &["link", "show"]);
+    let names: Vec<&str> = links
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["ifname"].as_str())
+        .collect();
+    assert_eq!(names, ["srxe0"]);
+    ProgramPair::start(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        19502,
+        &["-d", "srxe0", "-g", "0", "-n", "20"],
+        "link-del",
+    )
+    .succeed(Duration::from_secs(60), &d);
+    // The name can be used again.
+    softroce_ok(&d, &["link", "add", "srxe1", "addr", "127.0.0.106"]);
+}
+
+#[test]
+fn save_writes_added_and_deleted_devices_into_the_config() {
+    let dir = shim_support::programs::scratch("operator", "link-save");
+    let config = dir.join("softroce.toml");
+    std::fs::write(
+        &config,
+        "# my devices\n[[device]]\nname = \"srxe0\"\naddr = [\"127.0.0.107\"]\n",
+    )
+    .unwrap();
+    let d = Daemon::start(
+        "op-link-save",
+        &["--config", config.to_str().unwrap(), "--port", "4791"],
+    );
+    softroce_ok(
+        &d,
+        &[
+            "link",
+            "add",
+            "srxe1",
+            "addr",
+            "127.0.0.108",
+            "::1",
+            "--save",
+        ],
+    );
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.starts_with("# my devices\n"), "{text}");
+    assert!(
+        text.contains("name = \"srxe1\"") && text.contains("\"127.0.0.108\", \"::1\""),
+        "{text}"
+    );
+    // Without --save the file is left alone.
+    softroce_ok(&d, &["link", "add", "srxe2", "addr", "127.0.0.109"]);
+    assert!(!std::fs::read_to_string(&config).unwrap().contains("srxe2"));
+    softroce_ok(&d, &["link", "del", "srxe1", "--save"]);
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(!text.contains("srxe1") && text.contains("srxe0"), "{text}");
+    // A daemon started from the saved file serves what it says.
+    drop(d);
+    let d = Daemon::start(
+        "op-link-save-2",
+        &["--config", config.to_str().unwrap(), "--port", "4791"],
+    );
+    let names: Vec<String> = softroce_json(&d, &["link", "show"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(names, ["srxe0"]);
+}
+
+#[test]
+fn json_logs_carry_the_spans_of_the_client_and_the_qp() {
+    let d = Daemon::start(
+        "op-logs-json",
+        &[
+            "--addr",
+            "127.0.0.115",
+            "--port",
+            "4791",
+            "--log-format",
+            "json",
+            "--log",
+            "debug",
+        ],
+    );
+    ProgramPair::start(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        19503,
+        &["-d", "srxe0", "-g", "0", "-n", "5"],
+        "logs-json",
+    )
+    .succeed(Duration::from_secs(60), &d);
+    let log = d.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let in_span = |name: &str| {
+        lines.iter().any(|l| {
+            l["spans"]
+                .as_array()
+                .is_some_and(|s| s.iter().any(|s| s["name"] == name))
+        })
+    };
+    assert!(in_span("client"), "no line in a client span:\n{log}");
+    assert!(in_span("qp"), "no line in a QP span:\n{log}");
+    assert!(lines.iter().all(|l| l["level"].is_string()));
+}
