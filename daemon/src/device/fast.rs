@@ -185,6 +185,21 @@ impl FastPaths {
         sum
     }
 
+    /// The counters the takers published for QP `qpn` of `client` and the device has not
+    /// absorbed yet (its per-QP counters include them).
+    pub fn qp_counters_unabsorbed(&self, client: u64, qpn: u32) -> Counters {
+        let mut sum = Counters::default();
+        for d in self.directions.values() {
+            if d.taker == client && d.taker_qpn == qpn {
+                sum.accumulate(&Counters::from_words(&d.control.counters(0)));
+            }
+            if d.peer == client && d.peer_qpn == qpn {
+                sum.accumulate(&Counters::from_words(&d.control.counters(1)));
+            }
+        }
+        sum
+    }
+
     /// The counters every direction's takers published and the device has not absorbed yet
     /// (the device's totals include them, as if its own engines had counted).
     pub fn counters_unabsorbed(&self) -> Counters {
@@ -616,7 +631,7 @@ impl DeviceThread {
             c.engine
                 .set_requester_sequence(q, Psn::new(p.req_psn), Psn::new(p.comp_psn));
             c.engine
-                .absorb_counters(&Counters::from_words(&d.control.counters(0)));
+                .absorb_counters(q, &Counters::from_words(&d.control.counters(0)));
             if let Some(h) = c.qps.get_mut(&d.taker_qpn) {
                 h.away = false;
             }
@@ -631,7 +646,7 @@ impl DeviceThread {
             pc.engine
                 .set_responder_sequence(q, Psn::new(p.resp_psn), p.msn);
             pc.engine
-                .absorb_counters(&Counters::from_words(&d.control.counters(1)));
+                .absorb_counters(q, &Counters::from_words(&d.control.counters(1)));
             let used = (p.recvs_used as usize).min(d.recvs.len());
             let mut recvs = d.recvs;
             pc.engine.return_recvs(q, recvs.split_off(used));

@@ -167,6 +167,8 @@ impl DeviceThread {
         for c in self.clients.values() {
             engines.accumulate(c.engine.counters());
         }
+        // What the same-host fast path's engines counted and the device has not taken back.
+        engines.accumulate(&self.fast.counters_unabsorbed());
         let mut counters = owned(&engines.named());
         // QP1's packets are the CM's, sent and received here: rxe counts them too.
         bump(&mut counters, "sent_pkts", self.gsi_sent);
@@ -175,8 +177,10 @@ impl DeviceThread {
         bump(&mut counters, "dropped_pkts", self.drops.unknown_qp);
         let mut qps = Vec::new();
         if let Some(q) = qpn {
-            for c in self.clients.values() {
+            for (id, c) in &self.clients {
                 if let Some(k) = c.engine.qp_counters(Qpn::new(q)) {
+                    let mut k = *k;
+                    k.accumulate(&self.fast.qp_counters_unabsorbed(*id, q));
                     qps.push(QpStats {
                         qpn: q,
                         pid: c.pid as u32,

@@ -257,10 +257,14 @@ impl<M: MemoryAccess> Engine<M> {
         self.ctx.config.coalesce_acks = on;
     }
 
-    /// Adds counters another engine kept for this engine's client (the engines of a fast
-    /// path direction, when it comes back).
-    pub fn absorb_counters(&mut self, c: &super::Counters) {
+    /// Adds counters another engine kept for QP `qpn` of this engine's client (the engines of
+    /// a fast path direction, when it comes back), to the engine's and the QP's.
+    pub fn absorb_counters(&mut self, qpn: Qpn, c: &super::Counters) {
         self.ctx.counters.accumulate(c);
+        // The other engine ran this one QP: its share is this QP's too.
+        if let Some(q) = self.qps.get_mut(&qpn) {
+            q.counters.accumulate(c);
+        }
     }
 
     fn pd_users(&mut self, pd: u32, delta: i32) {
