@@ -22,6 +22,7 @@ pub mod ipv6;
 pub mod mad;
 pub mod opcode;
 pub mod packet;
+pub mod sack;
 pub mod udp;
 
 pub use aeth::{AethRepr, AethSyndrome, NakCode};
@@ -33,6 +34,7 @@ pub use ipv4::{Ipv4Packet, Ipv4Repr};
 pub use ipv6::{Ipv6Packet, Ipv6Repr};
 pub use opcode::{HeaderSet, OpInfo, Opcode, Transport};
 pub use packet::{RocePacket, TransportRepr};
+pub use sack::SackRepr;
 pub use udp::{UdpPacket, UdpRepr};
 
 /// UDP destination port of RoCE v2 (IBTA Annex A17).
