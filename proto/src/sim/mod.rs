@@ -112,6 +112,8 @@ pub struct QpOptions {
     pub rq_psn: u32,
     pub traffic_class: u8,
     pub srq: Option<u32>,
+    /// How RC QPs recover losses (go-back-N, as rxe, unless a test says otherwise).
+    pub loss_recovery: LossRecovery,
 }
 
 impl Default for QpOptions {
@@ -129,6 +131,7 @@ impl Default for QpOptions {
             rq_psn: 0,
             traffic_class: 0,
             srq: None,
+            loss_recovery: LossRecovery::GoBackN,
         }
     }
 }
@@ -390,6 +393,10 @@ impl Sim {
             AttrMask::STATE.union(AttrMask::SQ_PSN)
         };
         dev.modify_qp(qpn, &a, rts).expect("to RTS");
+        if o.qp_type == QpType::Rc {
+            dev.set_loss_recovery(qpn, o.loss_recovery)
+                .expect("loss recovery");
+        }
     }
 
     /// Creates and connects a QP pair between `a` and `b`; PSNs of each direction match.

@@ -34,6 +34,13 @@ pub struct Counters {
     pub cnp_rcvd: u64,
     /// Engine-only: ECN CE-marked packets received.
     pub ecn_marked_pkts: u64,
+    /// Engine-only, selective retransmission (`transport::selective`): SACK reports sent
+    /// and received, request packets held out of order by the responder, and packets the
+    /// requester sent again because a report (or a timeout probe) showed them missing.
+    pub sack_sent: u64,
+    pub sack_rcvd: u64,
+    pub ooo_held: u64,
+    pub sel_retransmits: u64,
 }
 
 impl Counters {

@@ -9,6 +9,7 @@ use super::packet_io::{PendingIcrc, Route};
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
+use super::selective::LossRecovery;
 use super::timers::Nanos;
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
@@ -609,6 +610,9 @@ impl<M: MemoryAccess> Engine<M> {
         if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) {
             qp.resize_resources();
         }
+        if mask.contains(AttrMask::RQ_PSN) || mask.contains(AttrMask::SQ_PSN) {
+            super::selective::on_psns_set(qp);
+        }
         if qp.ty == QpType::Gsi {
             qp.attr.qkey = Qkey::GSI;
         }
@@ -635,6 +639,38 @@ impl<M: MemoryAccess> Engine<M> {
             schedule(qp, &mut self.ctx.ready);
         }
         Ok(())
+    }
+
+    /// Chooses how an RC QP recovers lost packets ([`LossRecovery`]). Every QP starts with
+    /// go-back-N, exactly as rxe; selective retransmission is for a peer known to be a
+    /// softroce device doing the same (the daemon negotiates it, `docs/loss-recovery.md`).
+    /// The switch may happen at any time, with packets outstanding; it is one way: a QP
+    /// goes back to go-back-N only through RESET (the peer may hold packets it reported).
+    pub fn set_loss_recovery(&mut self, qpn: Qpn, mode: LossRecovery) -> VerbsResult<()> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        match mode {
+            LossRecovery::GoBackN if qp.selective.is_some() => Err(VerbsError::Invalid(
+                "selective retransmission ends only with RESET",
+            )),
+            LossRecovery::GoBackN => Ok(()),
+            LossRecovery::Selective(_) if qp.ty != QpType::Rc => Err(VerbsError::Invalid(
+                "selective retransmission needs an RC QP",
+            )),
+            LossRecovery::Selective(params) => {
+                super::selective::enable(qp, params);
+                schedule(qp, &mut self.ctx.ready);
+                Ok(())
+            }
+        }
+    }
+
+    /// The loss recovery an RC QP uses now.
+    pub fn loss_recovery(&self, qpn: Qpn) -> Option<LossRecovery> {
+        let qp = self.qps.get(&qpn)?;
+        Some(match qp.selective.as_deref() {
+            Some(sel) => LossRecovery::Selective(sel.params()),
+            None => LossRecovery::GoBackN,
+        })
     }
 
     /// `ibv_attach_mcast` (UD only).
@@ -846,7 +882,9 @@ impl<M: MemoryAccess> Engine<M> {
             return;
         }
         let transport_ok = match qp.ty {
-            QpType::Rc => t.bth.opcode.0 < 0x20,
+            QpType::Rc => {
+                t.bth.opcode.0 < 0x20 || t.bth.opcode == crate::wire::Opcode::SOFTROCE_SACK
+            }
             QpType::Uc => (0x20..0x40).contains(&t.bth.opcode.0),
             QpType::Ud | QpType::Gsi => (0x60..0x80).contains(&t.bth.opcode.0),
         };
@@ -919,6 +957,11 @@ impl<M: MemoryAccess> Engine<M> {
             if qp.rnr_wait_until.is_some_and(|t| t <= now) {
                 qp.rnr_wait_until = None;
                 schedule(qp, &mut self.ctx.ready);
+                if qp.selective.is_some() && qp.retrans_deadline.is_none() && qp.has_unacked() {
+                    // Whatever the wait ends with, the timer watches what is outstanding.
+                    qp.retrans_deadline =
+                        super::timers::ack_timeout(qp.attr.timeout).map(|d| now + d);
+                }
             }
             if qp.retrans_deadline.is_some_and(|t| t <= now) {
                 qp.retrans_deadline = None;
@@ -977,8 +1020,8 @@ impl<M: MemoryAccess> Engine<M> {
             .map(|q| (q.req_psn, q.comp_psn, q.resp_psn))
     }
 
-    /// Go-back-N retries the requester of `qpn` has started (simulator invariant: a PSN moves
-    /// backward only after one).
+    /// Go-back-N retries the requester of `qpn` has started, plus its selective
+    /// retransmissions (simulator invariant: a PSN moves backward only after one).
     pub fn qp_retry_events(&self, qpn: Qpn) -> Option<u64> {
         self.qps.get(&qpn).map(|q| q.retry_events)
     }
@@ -1068,6 +1111,7 @@ pub(crate) fn complete<M>(ctx: &mut Ctx<M>, cq: u32, wc: WorkCompletion, solicit
 /// transport error the NAK that reports it is still sent.
 pub(crate) fn flush_qp<M>(qp: &mut Qp, ctx: &mut Ctx<M>, drop_output: bool) {
     qp.state = QpState::Err;
+    super::selective::on_error(qp);
     qp.retrans_deadline = None;
     qp.rnr_wait_until = None;
     qp.paced_until = None;

@@ -73,6 +73,7 @@ pub mod qp_attr;
 pub mod requester;
 pub mod resources;
 pub mod responder;
+pub mod selective;
 pub mod timers;
 pub mod verbs;
 
@@ -85,5 +86,6 @@ pub use qp_attr::{
     check_modify, transition_attrs, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType,
 };
 pub use resources::MwType;
+pub use selective::{LossRecovery, SelectiveParams};
 pub use timers::Nanos;
 pub use verbs::*;

@@ -64,6 +64,38 @@ pub(crate) struct SendWqe {
     pub read_req_psn: Psn,
     /// A local error found while building a packet; reported when it reaches the head.
     pub error: Option<super::verbs::WcStatus>,
+    /// Selective retransmission only ([`super::selective`]): the READ response packets
+    /// received so far, one bit per response PSN (allocated on first use).
+    pub got: Vec<u64>,
+    /// Selective only: how many bits of `got` are set.
+    pub got_count: u32,
+    /// Selective only: the response a READ (all of it), atomic, FLUSH or ATOMIC_WRITE waits
+    /// for has arrived (and been placed); it completes once it is the oldest.
+    pub resp_done: bool,
+    /// Selective only: missing responses before this PSN have already been asked for again.
+    pub repair_upto: Psn,
+}
+
+impl SendWqe {
+    pub fn new(wr: SendWr, len: u32) -> SendWqe {
+        SendWqe {
+            wr,
+            len,
+            started: false,
+            first_psn: Psn::new(0),
+            last_psn: Psn::new(0),
+            npkts: 0,
+            next_psn: Psn::new(0),
+            sent_all: false,
+            holds_rd_atomic: false,
+            read_req_psn: Psn::new(0),
+            error: None,
+            got: Vec::new(),
+            got_count: 0,
+            resp_done: false,
+            repair_upto: Psn::new(0),
+        }
+    }
 }
 
 /// What the responder holds to answer a duplicate READ or atomic (IBTA §9.7.5.1.5,
@@ -118,6 +150,12 @@ pub(crate) enum RespOut {
     },
     /// A congestion notification packet for the remote QP of this flow.
     Cnp,
+    /// Selective retransmission's report ([`crate::wire::sack`]): the responder lacks `epsn`;
+    /// the bitmap of what it holds beyond is built when the packet is.
+    Sack {
+        epsn: Psn,
+        msn: u32,
+    },
 }
 
 /// The message the responder is in the middle of (rxe's `resp.opcode` and DMA state).
@@ -184,6 +222,9 @@ pub(crate) struct Qp {
 
     /// Listed in the device's round-robin of QPs that may have something to send.
     pub scheduled: bool,
+
+    /// Selective retransmission's state, when this RC QP uses it (None: go-back-N, as rxe).
+    pub selective: Option<Box<super::selective::Selective>>,
 }
 
 impl Qp {
@@ -221,6 +262,7 @@ impl Qp {
             next_resource: 0,
             resp_out: VecDeque::new(),
             scheduled: false,
+            selective: None,
         }
     }
 
