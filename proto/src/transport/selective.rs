@@ -73,10 +73,12 @@ impl Default for SelectiveParams {
     }
 }
 
-/// Default bandwidth-delay product: 512 KiB, 128 packets at MTU 4096 (rxe's fixed window)
-/// and 512 at MTU 1024. On loopback and a LAN between two daemons the round trip under load
-/// is 100-300 µs at 1-3 GB/s, so this keeps the pipe full (`docs/loss-recovery.md`).
-pub const DEFAULT_BDP_BYTES: u32 = 512 * 1024;
+/// Default bandwidth-delay product: 128 KiB, 128 packets at MTU 1024 (rxe's fixed window),
+/// 32 at MTU 4096: a 10 Gbit/s LAN with a 100 µs round trip, more than two daemons move on
+/// loopback or a veth (1-3 Gbit/s per QP). Larger windows recover faster at high loss but,
+/// lossless, overrun the receiving daemon's 256 receive buffers in bursts
+/// (`docs/loss-recovery.md` has the measurements).
+pub const DEFAULT_BDP_BYTES: u32 = 128 * 1024;
 /// The smallest window, whatever the BDP.
 pub const MIN_WINDOW: u32 = 16;
 /// The largest window: one SACK bitmap's worth of PSNs.
@@ -1147,9 +1149,9 @@ mod tests {
     #[test]
     fn windows_follow_the_bdp_within_bounds() {
         let p = SelectiveParams::default();
-        assert_eq!(p.window(4096), 128);
-        assert_eq!(p.window(1024), 512);
-        assert_eq!(p.window(256), 2048);
+        assert_eq!(p.window(4096), 32);
+        assert_eq!(p.window(1024), 128);
+        assert_eq!(p.window(256), 512);
         assert_eq!(SelectiveParams { bdp_bytes: 1 }.window(4096), MIN_WINDOW);
         assert_eq!(
             SelectiveParams {
