@@ -404,6 +404,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
             device = %d.name,
             roce = %d.roce,
             mtu = d.mtu,
+            loss_recovery = %d.loss_recovery,
             addrs = ?d.addr,
             netdev = ?d.netdev,
             "device ready"
