@@ -136,7 +136,7 @@ impl ClientDev {
     }
 }
 
-fn random_u64() -> u64 {
+pub(super) fn random_u64() -> u64 {
     // RandomState is seeded from the OS's entropy: keys must not be guessable.
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(0x5352_5845);
@@ -210,6 +210,18 @@ impl DeviceThread {
                   "client's engine destroyed");
             debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),
                    "engine counters");
+            let k = c.engine.counters();
+            if k.sack_sent + k.sack_rcvd > 0 {
+                info!(
+                    client,
+                    sack_sent = k.sack_sent,
+                    sack_rcvd = k.sack_rcvd,
+                    ooo_held = k.ooo_held,
+                    sel_retransmits = k.sel_retransmits,
+                    timeouts = k.completer_retry_err,
+                    "selective retransmission counters"
+                );
+            }
         }
     }
 }

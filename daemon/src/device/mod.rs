@@ -28,6 +28,7 @@ mod clients;
 mod completions;
 mod control;
 mod handles;
+mod loss_recovery;
 mod multicast;
 mod objects;
 mod receive;
@@ -118,6 +119,8 @@ pub struct DeviceThread {
     /// The IP multicast groups the device's QPs are attached to, with the attachments
     /// (client, QPN): the group is joined while any remains (rxe_mcast_add/rxe_mcast_del).
     groups: HashMap<IpAddr, JoinedGroup>,
+    /// Which peers are softroce devices, and the QPs waiting to know ([`loss_recovery`]).
+    negotiation: loss_recovery::Negotiation,
 }
 
 impl DeviceThread {
@@ -161,6 +164,11 @@ impl DeviceThread {
             local: LocalFrames::new(),
             local_via_socket: cfg.local_via_socket,
             groups: HashMap::new(),
+            negotiation: loss_recovery::Negotiation::new(
+                cfg.loss_recovery,
+                cfg.selective_bdp,
+                clients::random_u64(),
+            ),
         })
     }
 
@@ -243,6 +251,7 @@ impl DeviceThread {
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
             DevMsg::SendGsi(mut mad) => {
+                self.warm_loss_recovery(mad.dst, mad.src);
                 self.link.send_gsi(mad.src, mad.dst, &mut mad.packet);
                 self.link.flush();
             }
@@ -270,6 +279,7 @@ impl DeviceThread {
         let mut broken: Vec<u64> = Vec::new();
         let mut busy = self.take_posted_work(&mut broken);
         busy |= self.receive(wait, &mut broken);
+        busy |= self.negotiation_timers();
         busy |= self.transmit(&mut broken);
         broken.sort_unstable();
         broken.dedup();
@@ -290,6 +300,7 @@ impl DeviceThread {
             .clients
             .values()
             .filter_map(|c| c.engine.poll_timeout())
+            .chain(self.negotiation.poll_timeout())
             .min();
         let timeout = match due {
             Some(t) if t <= now => Duration::ZERO,

@@ -7,6 +7,7 @@ use super::clients::{contained, ClientDev, QPN_BLOCK};
 use super::DeviceThread;
 use crate::gsi::{deliver_gsi, gsi_payload, GsiMad};
 use crate::net::RxPacket;
+use proto::cm::caps::{self, Classified};
 use proto::transport as tp;
 use proto::Qpn;
 use std::collections::{BTreeMap, HashMap};
@@ -23,13 +24,22 @@ impl DeviceThread {
             &self.gsi,
             self.index as usize,
         );
+        // Capability MADs (and the peers of CM MADs), handled once the link is done.
+        let mut qp1: Vec<(std::net::IpAddr, std::net::IpAddr, Classified)> = Vec::new();
         let delivered = self.link.poll(wait, &mut |p: &RxPacket<'_>| {
             let Some(dqpn) = p.dest_qpn() else {
                 return;
             };
             if dqpn == proto::cm::GSI_QPN {
+                let mad = gsi_payload(p.transport());
+                let kind = mad.map_or(Classified::Other, caps::classify);
+                qp1.push((p.src, p.dst, kind));
+                if kind != Classified::Other {
+                    // softroce's capability exchange stays in the device.
+                    return;
+                }
                 // QP1 is the GSI: CM MADs go to the CM thread.
-                if let (Some(sink), Some(mad)) = (gsi, gsi_payload(p.transport())) {
+                if let (Some(sink), Some(mad)) = (gsi, mad) {
                     let mad = GsiMad {
                         device: index,
                         src: p.src,
@@ -44,6 +54,12 @@ impl DeviceThread {
                 deliver_packet(clients, blocks, now, dqpn, p.packet, broken);
             }
         });
+        for (src, dst, kind) in qp1 {
+            match kind {
+                Classified::Other => self.warm_loss_recovery(src, dst),
+                mad => self.caps_mad(src, dst, mad),
+            }
+        }
         delivered > 0
     }
 

@@ -664,6 +664,11 @@ impl<M: MemoryAccess> Engine<M> {
         }
     }
 
+    /// A QP's transport type.
+    pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
+        self.qps.get(&qpn).map(|q| q.ty)
+    }
+
     /// The loss recovery an RC QP uses now.
     pub fn loss_recovery(&self, qpn: Qpn) -> Option<LossRecovery> {
         let qp = self.qps.get(&qpn)?;
