@@ -376,6 +376,11 @@ impl Sim {
                 .union(AttrMask::MIN_RNR_TIMER),
         };
         dev.modify_qp(qpn, &a, rtr).expect("to RTR");
+        // At RTR, where the daemon chooses it (then RTS sets the send PSN).
+        if o.qp_type == QpType::Rc {
+            dev.set_loss_recovery(qpn, o.loss_recovery)
+                .expect("loss recovery");
+        }
         a.qp_state = QpState::Rts;
         a.sq_psn = Psn::new(o.sq_psn);
         a.timeout = o.timeout;
@@ -393,10 +398,6 @@ impl Sim {
             AttrMask::STATE.union(AttrMask::SQ_PSN)
         };
         dev.modify_qp(qpn, &a, rts).expect("to RTS");
-        if o.qp_type == QpType::Rc {
-            dev.set_loss_recovery(qpn, o.loss_recovery)
-                .expect("loss recovery");
-        }
     }
 
     /// Creates and connects a QP pair between `a` and `b`; PSNs of each direction match.

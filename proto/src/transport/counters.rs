@@ -41,6 +41,9 @@ pub struct Counters {
     pub sack_rcvd: u64,
     pub ooo_held: u64,
     pub sel_retransmits: u64,
+    /// Engine-only: selective retransmission's probe timer fired (a stall of about two
+    /// round trips, answered by a probe long before the IBTA timeout).
+    pub sel_probes: u64,
 }
 
 impl Counters {

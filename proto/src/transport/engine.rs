@@ -664,6 +664,24 @@ impl<M: MemoryAccess> Engine<M> {
         }
     }
 
+    /// A summary of a selective QP's recovery state, for logs (None: go-back-N or no QP).
+    pub fn selective_summary(&self, qpn: Qpn) -> Option<String> {
+        let qp = self.qps.get(&qpn)?;
+        let sel = qp.selective.as_deref()?;
+        Some(format!(
+            "{}; state {:?} comp_psn {} req_psn {} retry_left {} sq {}; resp_psn {} in_msg {:?} resp_out {}",
+            sel.summary(),
+            qp.state,
+            qp.comp_psn,
+            qp.req_psn,
+            qp.retry_left,
+            qp.sq.len(),
+            qp.resp_psn,
+            qp.in_msg.as_ref().map(|m| (m.is_send, m.offset, m.resid)),
+            qp.resp_out.len()
+        ))
+    }
+
     /// A QP's transport type.
     pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
         self.qps.get(&qpn).map(|q| q.ty)
@@ -972,6 +990,10 @@ impl<M: MemoryAccess> Engine<M> {
                 qp.retrans_deadline = None;
                 super::completer::on_retransmit_timeout(qp, &mut self.ctx, now);
             }
+            if qp.probe_deadline.is_some_and(|t| t <= now) {
+                qp.probe_deadline = None;
+                super::selective::on_probe(qp, &mut self.ctx, now);
+            }
         }
     }
 
@@ -979,7 +1001,14 @@ impl<M: MemoryAccess> Engine<M> {
     pub fn poll_timeout(&self) -> Option<Nanos> {
         self.qps
             .values()
-            .flat_map(|q| [q.retrans_deadline, q.rnr_wait_until, q.paced_until])
+            .flat_map(|q| {
+                [
+                    q.retrans_deadline,
+                    q.rnr_wait_until,
+                    q.paced_until,
+                    q.probe_deadline,
+                ]
+            })
             .flatten()
             .min()
     }
@@ -1118,6 +1147,7 @@ pub(crate) fn flush_qp<M>(qp: &mut Qp, ctx: &mut Ctx<M>, drop_output: bool) {
     qp.state = QpState::Err;
     super::selective::on_error(qp);
     qp.retrans_deadline = None;
+    qp.probe_deadline = None;
     qp.rnr_wait_until = None;
     qp.paced_until = None;
     qp.need_retry = false;

@@ -208,6 +208,9 @@ pub(crate) struct Qp {
     pub retry_left: u8,
     pub rnr_retry_left: u8,
     pub retrans_deadline: Option<Nanos>,
+    /// Selective retransmission's probe timer (a tail-loss probe after a stall of about two
+    /// round trips; see `selective::on_probe`). Always None on go-back-N.
+    pub probe_deadline: Option<Nanos>,
     pub sqd_notified: bool,
 
     // Responder (rxe `qp->resp`).
@@ -252,6 +255,7 @@ impl Qp {
             retry_left: 0,
             rnr_retry_left: 0,
             retrans_deadline: None,
+            probe_deadline: None,
             sqd_notified: false,
             rq: VecDeque::new(),
             resp_psn: Psn::new(0),

@@ -668,7 +668,10 @@ fn sent<M>(
     // UD and UC do not consume PSN space with retries; they advance one per packet anyway.
     qp.req_psn = next;
     if let Some(sel) = qp.selective.as_mut() {
-        sel.on_sent(psn, next);
+        sel.on_sent(psn, next, now);
+        if qp.probe_deadline.is_none() {
+            qp.probe_deadline = Some(now + sel.probe_timeout(qp.attr.timeout));
+        }
     }
     match ty {
         QpType::Rc => {

@@ -107,6 +107,10 @@ struct SentPkt {
     queued: bool,
     /// Queued as a timeout's probe: sent even though reported held.
     probe: bool,
+    /// When it was last sent, and whether it ever was again (no round-trip sample then:
+    /// Karn's rule).
+    sent_at: Nanos,
+    resent: bool,
 }
 
 /// The requester's half.
@@ -128,6 +132,14 @@ struct ReqState {
     /// The responder answered with a plain sequence NAK: it keeps nothing out of order (it
     /// is on go-back-N, for now), so timeouts go back N too. Cleared by its next SACK.
     peer_go_back_n: bool,
+    /// Smoothed round trip and its variation (RFC 6298's gains), from packets acknowledged
+    /// or reported held that were sent once.
+    srtt: Option<Nanos>,
+    rttvar: Nanos,
+    /// When the newest such packet of the last report was sent.
+    sample: Option<Nanos>,
+    /// Probes sent since the last progress (each doubles the probe timeout).
+    probe_backoff: u32,
 }
 
 /// A request packet held out of order by the responder.
@@ -241,8 +253,65 @@ impl Selective {
         self.params
     }
 
-    /// A new request packet `psn` went out; the next one is `next`.
-    pub fn on_sent(&mut self, psn: Psn, next: Psn) {
+    /// A one-line summary for logs: what the requester waits for and the responder holds.
+    pub fn summary(&self) -> String {
+        let r = &self.req;
+        let sacked = r.sent.iter().filter(|p| p.sacked).count();
+        format!(
+            "cum_acked {} high {} sent {} (sacked {sacked}, first {:?}) retx {:?} peer_gbn {} error {:?}; holds {} from {}",
+            r.cum_acked,
+            r.high_psn,
+            r.sent.len(),
+            r.sent.front().map(|p| (p.psn.value(), p.tx, p.sacked, p.queued)),
+            r.retx.iter().take(4).map(|p| p.value()).collect::<Vec<_>>(),
+            r.peer_go_back_n,
+            r.error,
+            self.resp.held,
+            self.resp.base,
+        )
+    }
+
+    /// How long a stall lasts before a probe: two smoothed round trips plus four times their
+    /// variation (daemons share CPUs: round trips vary), at least 200 µs, 1 ms before the
+    /// first measurement; doubled per probe without progress, at most the retransmit
+    /// timeout (or 100 ms).
+    pub fn probe_timeout(&self, timeout: u8) -> Nanos {
+        let r = &self.req;
+        let base = r
+            .srtt
+            .map_or(1_000_000, |s| 2 * s + 4 * r.rttvar)
+            .max(200_000);
+        let cap = ack_timeout(timeout).map_or(100_000_000, |t| t.min(100_000_000));
+        (base << r.probe_backoff.min(8)).min(cap)
+    }
+
+    /// Folds the round trip of the last report's newest packet into the estimate.
+    fn measure(&mut self, now: Nanos) {
+        let r = &mut self.req;
+        if let Some(sent) = r.sample.take() {
+            let s = now.saturating_sub(sent);
+            match r.srtt {
+                None => {
+                    r.srtt = Some(s);
+                    r.rttvar = s / 2;
+                }
+                Some(old) => {
+                    r.rttvar = r.rttvar - r.rttvar / 4 + old.abs_diff(s) / 4;
+                    r.srtt = Some(old - old / 8 + s / 8);
+                }
+            }
+        }
+    }
+
+    fn sampled(&mut self, p: SentPkt) {
+        if !p.resent {
+            let r = &mut self.req;
+            r.sample = Some(r.sample.map_or(p.sent_at, |t| t.max(p.sent_at)));
+        }
+    }
+
+    /// A new request packet `psn` went out at `now`; the next one is `next`.
+    pub fn on_sent(&mut self, psn: Psn, next: Psn, now: Nanos) {
         let r = &mut self.req;
         if next.is_after(r.high_psn) {
             r.high_psn = next;
@@ -260,6 +329,8 @@ impl Selective {
             sacked: false,
             queued: false,
             probe: false,
+            sent_at: now,
+            resent: false,
         });
     }
 
@@ -282,8 +353,12 @@ impl Selective {
             return false;
         }
         r.cum_acked = c;
+        let mut newest = None;
         while r.sent.front().is_some_and(|e| e.psn.is_before(c)) {
-            r.sent.pop_front();
+            newest = r.sent.pop_front();
+        }
+        if let Some(p) = newest {
+            self.sampled(p);
         }
         true
     }
@@ -314,14 +389,22 @@ impl Selective {
     fn apply_sack(&mut self, e: Psn, sack: &SackRepr) -> (u32, u32) {
         let r = &mut self.req;
         let mut fresh = 0;
+        let mut newest: Option<SentPkt> = None;
         for p in r.sent.iter_mut() {
             let k = p.psn.diff(e) - 1;
             if k >= 0 && sack.get(k as usize) && !p.sacked {
                 p.sacked = true;
                 fresh += 1;
                 r.max_sacked_tx = r.max_sacked_tx.max(p.tx);
+                if !p.resent && newest.is_none_or(|n| n.sent_at < p.sent_at) {
+                    newest = Some(*p);
+                }
             }
         }
+        if let Some(p) = newest {
+            self.sampled(p);
+        }
+        let r = &mut self.req;
         let lost: Vec<Psn> = r
             .sent
             .iter()
@@ -408,12 +491,12 @@ pub(crate) fn enable(qp: &mut Qp, params: SelectiveParams) {
                 w.first_psn
             };
             while p.is_before(w.next_psn) && !p.is_after(w.last_psn) {
-                sel.on_sent(p, p.next());
+                sel.on_sent(p, p.next(), 0);
                 p = p.next();
             }
         } else {
             if w.next_psn != w.first_psn {
-                sel.on_sent(w.first_psn, w.last_psn.next());
+                sel.on_sent(w.first_psn, w.last_psn.next(), 0);
             }
             if matches!(w.wr.op, SendOp::Read(_)) {
                 // Go-back-N took READ responses in order: those before comp_psn are placed.
@@ -425,6 +508,9 @@ pub(crate) fn enable(qp: &mut Qp, params: SelectiveParams) {
             }
             w.repair_upto = w.first_psn;
         }
+    }
+    for p in sel.req.sent.iter_mut() {
+        p.resent = true; // sent before: no round-trip sample from them
     }
     sel.req.high_psn = qp.req_psn;
     qp.sent_psn_nak = false;
@@ -540,7 +626,13 @@ pub(crate) fn resent<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos, psn: Psn, len
         sel.req.next_tx += 1;
         let tx = sel.req.next_tx;
         if let Some(i) = sel.sent_index(psn) {
-            sel.req.sent[i].tx = tx;
+            let e = &mut sel.req.sent[i];
+            e.tx = tx;
+            e.sent_at = now;
+            e.resent = true;
+        }
+        if qp.probe_deadline.is_none() {
+            qp.probe_deadline = Some(now + sel.probe_timeout(qp.attr.timeout));
         }
     }
 }
@@ -880,6 +972,17 @@ pub(crate) fn on_response<M: MemoryAccess>(
     if news || completed {
         progress(qp);
     }
+    let unacked = qp.has_unacked();
+    let timeout = qp.attr.timeout;
+    if let Some(sel) = qp.selective.as_mut() {
+        sel.measure(now);
+        if !unacked {
+            qp.probe_deadline = None;
+        } else if news || completed {
+            sel.req.probe_backoff = 0;
+            qp.probe_deadline = Some(now + sel.probe_timeout(timeout));
+        }
+    }
     if qp.state.sends() {
         // Pushed forward only by progress: a stream of reports that changes nothing must
         // not keep a lost retransmission from timing out.
@@ -913,27 +1016,55 @@ pub(crate) fn on_timeout<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos) {
     for w in qp.sq.iter_mut() {
         w.repair_upto = w.first_psn;
     }
-    let cum = match qp.selective.as_mut() {
-        Some(sel) => {
-            let lowest = sel.req.sent.iter().find(|p| !p.sacked).map(|p| p.psn);
-            // The highest even if reported held: its answer (the responder has it, so a
-            // duplicate) is the report that was lost, when that is all that is missing.
-            let highest = sel.req.sent.back().map(|p| p.psn);
-            for p in [highest, lowest].into_iter().flatten() {
-                sel.req.retx.retain(|q| *q != p);
-                sel.req.retx.push_front(p);
-                if let Some(i) = sel.sent_index(p) {
-                    sel.req.sent[i].queued = true;
-                    sel.req.sent[i].probe = true;
-                }
-            }
-            sel.req.cum_acked
-        }
-        None => return,
+    let Some(cum) = queue_probes(qp) else {
+        return;
     };
     repair_responses(qp, cum, true);
     schedule(qp, &mut ctx.ready);
     qp.retrans_deadline = ack_timeout(qp.attr.timeout).map(|d| now + d);
+}
+
+/// The probe timer fired: nothing progressed for about two round trips (a report, the
+/// answer to the last packets, or a READ's last responses were lost, and nothing follows to
+/// reveal it). As a timeout would, but without counting against retry_cnt and long before
+/// the IBTA timeout: send again the lowest packet not reported held and the highest sent,
+/// and ask again for missing READ responses and atomic ACKs (TCP's tail-loss probe, IRN's
+/// short timeout).
+pub(crate) fn on_probe<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos) {
+    if !qp.state.sends() || !qp.has_unacked() || qp.rnr_wait_until.is_some() {
+        return;
+    }
+    ctx.counters.sel_probes += 1;
+    for w in qp.sq.iter_mut() {
+        w.repair_upto = w.first_psn;
+    }
+    let Some(cum) = queue_probes(qp) else {
+        return;
+    };
+    repair_responses(qp, cum, true);
+    schedule(qp, &mut ctx.ready);
+    if let Some(sel) = qp.selective.as_mut() {
+        sel.req.probe_backoff += 1;
+        qp.probe_deadline = Some(now + sel.probe_timeout(qp.attr.timeout));
+    }
+}
+
+/// Queues the lowest packet not reported held and the highest sent (even if reported held:
+/// its answer is the report that was lost, when that is all that is missing). Returns the
+/// cumulative acknowledgement point.
+fn queue_probes(qp: &mut Qp) -> Option<Psn> {
+    let sel = qp.selective.as_mut()?;
+    let lowest = sel.req.sent.iter().find(|p| !p.sacked).map(|p| p.psn);
+    let highest = sel.req.sent.back().map(|p| p.psn);
+    for p in [highest, lowest].into_iter().flatten() {
+        sel.req.retx.retain(|q| *q != p);
+        sel.req.retx.push_front(p);
+        if let Some(i) = sel.sent_index(p) {
+            sel.req.sent[i].queued = true;
+            sel.req.sent[i].probe = true;
+        }
+    }
+    Some(sel.req.cum_acked)
 }
 
 // ----- responder ------------------------------------------------------------------------
