@@ -124,12 +124,25 @@ pub struct Daemon {
     child: Option<Child>,
     pub socket: PathBuf,
     log: PathBuf,
+    /// The network namespace it runs in (its programs too), if not the test's.
+    netns: Option<String>,
 }
 
 impl Daemon {
     /// Starts `softroce daemon --socket <scratch>/<name>/ctl.sock ARGS` and returns once the
     /// socket accepts connections.
     pub fn start(name: &str, args: &[&str]) -> Daemon {
+        Daemon::spawn(None, name, args)
+    }
+
+    /// Like [`Daemon::start`], inside network namespace `netns` (`ip netns exec`); the
+    /// programs of [`Daemon::command`] run there too.
+    #[allow(dead_code)]
+    pub fn start_in(netns: &str, name: &str, args: &[&str]) -> Daemon {
+        Daemon::spawn(Some(netns), name, args)
+    }
+
+    fn spawn(netns: Option<&str>, name: &str, args: &[&str]) -> Daemon {
         let dir = scratch_root().join("daemons").join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("daemon scratch dir");
@@ -142,7 +155,7 @@ impl Daemon {
         } else {
             &["--port", "0"]
         };
-        let child = Command::new(softroce_bin())
+        let child = in_netns(netns, softroce_bin())
             .arg("daemon")
             .arg("--socket")
             .arg(&socket)
@@ -157,6 +170,7 @@ impl Daemon {
             child: Some(child),
             socket,
             log,
+            netns: netns.map(str::to_string),
         };
         d.wait_until_serving();
         d
@@ -262,7 +276,7 @@ impl Daemon {
 
     /// A command for `program` with the shim preloaded and pointed at this daemon.
     pub fn command(&self, program: &Path) -> Command {
-        let mut cmd = Command::new(program);
+        let mut cmd = in_netns(self.netns.as_deref(), program);
         cmd.env("LD_PRELOAD", &shim_libs().preload)
             .env("SOFTROCE_SOCKET", &self.socket);
         cmd
@@ -280,6 +294,19 @@ impl Daemon {
             &format!("LD_PRELOAD=libsoftroce.so {}", program.display()),
             out,
         )
+    }
+}
+
+/// A command for `program`, run in network namespace `netns` if one is given (`ip netns
+/// exec` replaces itself with the program: the child's pid is the program's).
+fn in_netns(netns: Option<&str>, program: &Path) -> Command {
+    match netns {
+        Some(ns) => {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", ns]).arg(program);
+            cmd
+        }
+        None => Command::new(program),
     }
 }
 
