@@ -22,7 +22,7 @@ use proto::transport::{self as tp, LossRecovery, QpState, QpType, SelectiveParam
 use proto::Qpn;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use tracing::{debug, info};
+use tracing::info;
 
 /// A device's side of the negotiation.
 pub(super) struct Negotiation {
@@ -156,7 +156,12 @@ impl DeviceThread {
     fn settle_negotiation(&mut self) {
         self.send_caps_mads();
         while let Some((peer, known)) = self.negotiation.caps.poll_update() {
-            debug!(device = %self.info.name, %peer, ?known, "peer capabilities");
+            match known {
+                PeerCaps::Softroce(c) => info!(device = %self.info.name, %peer,
+                    selective = c.selective, bdp = c.bdp_bytes, "peer is a softroce device"),
+                _ => info!(device = %self.info.name, %peer,
+                    "peer is not a softroce device: go-back-N toward it"),
+            }
             let waiting = self.negotiation.waiting.remove(&peer).unwrap_or_default();
             let params = match known {
                 PeerCaps::Softroce(caps) => self.negotiation.toward(caps),
