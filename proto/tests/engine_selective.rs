@@ -676,3 +676,128 @@ fn a_deep_queue_of_writes_completes_under_loss() {
         sim.check();
     }
 }
+
+/// One seeded workload of SENDs, WRITEs and READs, run over the same lossy link in both
+/// modes: what was delivered (both memories, every completion on both ends) must be
+/// identical, and selective retransmission must resend fewer data packets.
+struct SweepRun {
+    mem_a: Vec<u8>,
+    mem_b: Vec<u8>,
+    /// (wr_id, status, opcode, byte_len) per completion, requester then responder.
+    completions: Vec<(u64, WcStatus, WcOpcode, u32)>,
+    /// Request packets (0 → 1) and READ responses (1 → 0) carried.
+    data_packets: usize,
+}
+
+fn sweep_run(seed: u64, loss: f64, mode: LossRecovery) -> SweepRun {
+    let link = LinkModel {
+        loss,
+        delay: 10_000,
+        ..Default::default()
+    };
+    let mut p = setup_with(link, options(mode), seed);
+    p.sim.write_mem(0, p.a, &data(LEN, seed as u8));
+    p.sim.write_mem(1, p.b, &data(LEN, 0x80 ^ seed as u8));
+    // A small xorshift so the workload depends on the seed only, not on the mode.
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    const SLOT: u64 = 16 * 1024;
+    for i in 0..12u64 {
+        let len = 1 + (next() % SLOT) as u32;
+        let slot = i % 4;
+        match next() % 3 {
+            // WRITEs into B's first 64 KiB.
+            0 => p.write(i, slot * SLOT, len),
+            // READs of B's second 64 KiB into A's.
+            1 => p.read(i, 4 * SLOT + slot * SLOT, len),
+            // SENDs from A's third 64 KiB into receive buffers in B's third 64 KiB.
+            _ => {
+                p.recv(i, 8 * SLOT + slot * SLOT, SLOT as u32);
+                p.send(i, 8 * SLOT + slot * SLOT, len);
+            }
+        }
+    }
+    p.sim.run(60_000 * MS);
+    p.sim.check_all_sends_completed();
+    p.sim.check();
+    let mut completions = Vec::new();
+    for (node, q) in [(0, p.qa), (1, p.qb)] {
+        completions.extend(
+            p.sim
+                .completions_of(node, q)
+                .iter()
+                .map(|w| (w.wr_id, w.status, w.opcode, w.byte_len)),
+        );
+    }
+    let (qa, qb) = (p.qa, p.qb);
+    let data_packets = p
+        .sim
+        .trace
+        .iter()
+        .filter(|i| {
+            (i.from == 0 && i.dest_qpn == qb)
+                || (i.from == 1 && i.dest_qpn == qa && (0x0d..=0x10).contains(&i.opcode.0))
+        })
+        .count();
+    SweepRun {
+        mem_a: p.sim.read_mem(0, p.a, LEN),
+        mem_b: p.sim.read_mem(1, p.b, LEN),
+        completions,
+        data_packets,
+    }
+}
+
+/// The seeded sweep of the brief: for 0.1 %, 1 % and 5 % loss and 30 seeds each, selective
+/// retransmission and go-back-N deliver byte-identical memory and identical completions (all
+/// successful), and selective resends fewer data packets, the gap widening with loss.
+#[test]
+fn seed_sweep_selective_delivers_what_go_back_n_does_with_fewer_retransmissions() {
+    let mut report = Vec::new();
+    for loss in [0.001, 0.01, 0.05] {
+        let (mut gbn_extra, mut sel_extra) = (0usize, 0usize);
+        for seed in 1..=30u64 {
+            let base = sweep_run(seed, 0.0, LossRecovery::GoBackN);
+            let gbn = sweep_run(seed, loss, LossRecovery::GoBackN);
+            let sel = sweep_run(seed, loss, selective());
+            assert!(
+                base.completions.iter().all(|c| c.1 == WcStatus::Success),
+                "seed {seed}: {:?}",
+                base.completions
+            );
+            for (name, run) in [("go-back-N", &gbn), ("selective", &sel)] {
+                assert_eq!(
+                    run.completions, base.completions,
+                    "seed {seed}, loss {loss}, {name}: completions"
+                );
+                same(&run.mem_a, &base.mem_a, "requester memory");
+                same(&run.mem_b, &base.mem_b, "responder memory");
+            }
+            // The lossless run sends each data packet once; the rest are retransmissions.
+            gbn_extra += gbn.data_packets - base.data_packets;
+            sel_extra += sel.data_packets.saturating_sub(base.data_packets);
+        }
+        report.push((loss, gbn_extra, sel_extra));
+    }
+    eprintln!("(loss, go-back-N retransmissions, selective retransmissions): {report:?}");
+    for &(loss, gbn, sel) in &report {
+        assert!(sel < gbn, "loss {loss}: selective {sel} >= go-back-N {gbn}");
+    }
+    // Measured (30 seeds): 112 / 6, 1139 / 39, 5759 / 268. Go-back-N resends about a
+    // window per loss, selective about the lost packet: an order of magnitude at 1 % and
+    // 5 %, and the number of packets saved grows with the loss.
+    let ratio = |r: &(f64, usize, usize)| r.1 as f64 / r.2.max(1) as f64;
+    let saved = |r: &(f64, usize, usize)| r.1 - r.2;
+    assert!(
+        ratio(&report[1]) > 5.0 && ratio(&report[2]) > 5.0,
+        "{report:?}"
+    );
+    assert!(
+        saved(&report[0]) < saved(&report[1]) && saved(&report[1]) < saved(&report[2]),
+        "{report:?}"
+    );
+}
