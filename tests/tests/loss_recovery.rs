@@ -6,7 +6,10 @@
 //! (`--loss-recovery gbn`) and with the default `auto`, where the two daemons find each
 //! other softroce (the capability MAD on QP1) and use selective retransmission: the daemons'
 //! logs show the switch and the SACKs and retransmissions it took, and the nftables counters
-//! show the packets really dropped. Short runs here; `scripts/bench loss` measures goodput.
+//! show the packets really dropped. Two more cases prove the fallback: toward a softroce
+//! peer on `gbn` and toward a peer that never answers the capability probe (every probe
+//! dropped on the path), every QP stays on go-back-N. Short runs here; `scripts/bench loss`
+//! measures goodput.
 //!
 //! Needs root in a network namespace of its own (`/work/bin/inns`, as `scripts/test` runs),
 //! `ip`, `nft`, rdma-core's examples, perftest and rdmacm-utils: a missing one fails.
@@ -49,8 +52,17 @@ struct LossyPath {
     ns: [String; 2],
 }
 
+/// What a path does to softroce's capability MADs (docs/loss-recovery.md, "Negotiation").
+#[derive(Clone, Copy, PartialEq)]
+enum CapsMads {
+    /// Carried, dropped at random as everything else.
+    Carried,
+    /// Every one dropped, both ways: each daemon sees a peer that never answers.
+    Silenced,
+}
+
 impl LossyPath {
-    fn new(tag: &str, loss: u32, dup: u32) -> LossyPath {
+    fn new(tag: &str, loss: u32, dup: u32, caps: CapsMads) -> LossyPath {
         require_program("nft");
         let base = format!("irn-{}-{tag}", std::process::id());
         let ns = [format!("{base}-a"), format!("{base}-b")];
@@ -76,9 +88,18 @@ impl LossyPath {
             let peer = if i == 0 { CLIENT_IP } else { SERVER_IP };
             // @th,64,8: the first byte after the UDP header, the BTH opcode.
             let spare = if i == 1 { "@th,64,8 != 0x11 " } else { "" };
+            // A UD SEND_ONLY (0x64) whose MAD (after the 12-byte BTH and the 8-byte DETH)
+            // has management class 0x30 (@th,232,8): softroce's capability probe or answer.
+            let silence = match caps {
+                CapsMads::Carried => String::new(),
+                CapsMads::Silenced => format!(
+                    "udp dport 4791 @th,64,8 0x64 @th,232,8 {:#04x} counter drop comment \"caps\"\n  ",
+                    proto::cm::caps::CLASS
+                ),
+            };
             let rules = format!(
                 "table ip irn {{\n chain out {{\n  type filter hook output priority 0;\n  \
-                 udp dport 4791 {spare}numgen random mod 1000 < {loss} counter drop\n  \
+                 {silence}udp dport 4791 {spare}numgen random mod 1000 < {loss} counter drop\n  \
                  udp dport 4791 numgen random mod 1000 < {dup} counter dup to {peer} device \"{dev}\"\n }}\n}}\n"
             );
             let f = scratch("loss-recovery", tag).join(format!("nft-{i}.conf"));
@@ -93,10 +114,12 @@ impl LossyPath {
         path
     }
 
-    /// Packets nftables dropped and duplicated so far, both directions.
-    fn counts(&self) -> (u64, u64) {
+    /// Packets nftables dropped at random and duplicated so far, both directions, and the
+    /// capability MADs it silenced.
+    fn counts(&self) -> (u64, u64, u64) {
         let mut dropped = 0;
         let mut duplicated = 0;
+        let mut silenced = 0;
         for n in &self.ns {
             let list = sh(
                 "nft list ruleset",
@@ -109,14 +132,16 @@ impl LossyPath {
                     .and_then(|r| r.split_whitespace().next())
                     .and_then(|v| v.parse::<u64>().ok())
                     .unwrap_or(0);
-                if line.contains(" drop") {
+                if line.contains("comment \"caps\"") {
+                    silenced += packets;
+                } else if line.contains(" drop") {
                     dropped += packets;
                 } else if line.contains(" dup ") {
                     duplicated += packets;
                 }
             }
         }
-        (dropped, duplicated)
+        (dropped, duplicated, silenced)
     }
 
     fn daemon(&self, side: usize, name: &str, mode: &str) -> Daemon {
@@ -248,13 +273,55 @@ fn selective_counters(log: &str) -> (u64, u64, u64, u64) {
         })
 }
 
+/// What the daemons of one run logged about loss recovery.
+struct Observed {
+    logs: Vec<String>,
+    /// QPs switched to selective retransmission, per daemon (server, client).
+    switched: Vec<usize>,
+    sacks_sent: u64,
+    sacks_rcvd: u64,
+    resent: u64,
+    /// Capability MADs nftables silenced.
+    silenced: u64,
+    summary: String,
+}
+
 /// Runs the three programs over a path with `loss` per mille in `mode`, checks they succeed
 /// and, per mode, that the daemons used (or never used) selective retransmission.
 fn programs_survive(tag: &str, loss: u32, mode: &str) {
-    let path = LossyPath::new(tag, loss, loss / 2);
+    let o = programs_over(tag, loss, [mode, mode], CapsMads::Carried);
+    let summary = &o.summary;
+    match mode {
+        "gbn" => {
+            assert_eq!(o.switched, [0, 0], "{summary}");
+            assert_eq!(o.sacks_sent + o.sacks_rcvd + o.resent, 0, "{summary}");
+        }
+        _ => {
+            // ib_write_bw's and rping's QPs on each side; pingpong's too, unless the first
+            // probe's answer was lost and it finished on go-back-N (which is the design:
+            // no QP waits for the answer).
+            assert!(
+                o.switched.iter().all(|&n| n >= 2),
+                "{summary}\n{}",
+                o.logs[0]
+            );
+            if loss >= 10 {
+                assert!(
+                    o.sacks_sent > 0 && o.sacks_rcvd > 0 && o.resent > 0,
+                    "{summary}"
+                );
+            }
+        }
+    }
+}
+
+/// The three programs with the server's daemon in `modes[0]` and the client's in
+/// `modes[1]`; they must succeed. Returns what the daemons logged.
+fn programs_over(tag: &str, loss: u32, modes: [&str; 2], caps: CapsMads) -> Observed {
+    let path = LossyPath::new(tag, loss, loss / 2, caps);
     let (sd, cd) = (
-        path.daemon(0, &format!("{tag}-server"), mode),
-        path.daemon(1, &format!("{tag}-client"), mode),
+        path.daemon(0, &format!("{tag}-server"), modes[0]),
+        path.daemon(1, &format!("{tag}-client"), modes[1]),
     );
     let pp = ["-d", "srxe0", "-g", "0", "-s", "1048576", "-n", "3", "-c"];
     let pp_client: Vec<&str> = pp.iter().copied().chain([SERVER_IP]).collect();
@@ -305,7 +372,7 @@ fn programs_survive(tag: &str, loss: u32, mode: &str) {
     let rc: Vec<&str> = ["-c"].into_iter().chain(rping).collect();
     run_pair(&format!("{tag}-rping"), (&sd, &cd), "rping", &rs, &rc, None);
 
-    let (dropped, duplicated) = path.counts();
+    let (dropped, duplicated, silenced) = path.counts();
     if loss > 0 {
         assert!(dropped > 0, "nftables dropped nothing");
     }
@@ -327,24 +394,26 @@ fn programs_survive(tag: &str, loss: u32, mode: &str) {
     let summary = format!(
         "{tag}: {dropped} dropped, {duplicated} duplicated; QPs switched {switched:?}; \
          SACKs {sacks_sent} sent, {sacks_rcvd} received; {resent} packets resent selectively \
-         ({probes} probes)"
+         ({probes} probes); {silenced} capability MADs silenced"
     );
     println!("{summary}");
-    match mode {
-        "gbn" => {
-            assert_eq!(switched, [0, 0], "{summary}");
-            assert_eq!(sacks_sent + sacks_rcvd + resent, 0, "{summary}");
-        }
-        _ => {
-            // ib_write_bw's and rping's QPs on each side; pingpong's too, unless the first
-            // probe's answer was lost and it finished on go-back-N (which is the design:
-            // no QP waits for the answer).
-            assert!(switched.iter().all(|&n| n >= 2), "{summary}\n{}", logs[0]);
-            if loss >= 10 {
-                assert!(sacks_sent > 0 && sacks_rcvd > 0 && resent > 0, "{summary}");
-            }
-        }
+    Observed {
+        logs,
+        switched,
+        sacks_sent,
+        sacks_rcvd,
+        resent,
+        silenced,
+        summary,
     }
+}
+
+/// Asserts that no QP left go-back-N and no SACK or selective retransmission happened.
+#[track_caller]
+fn all_go_back_n(o: &Observed) {
+    let summary = &o.summary;
+    assert_eq!(o.switched, [0, 0], "{summary}\n{}", o.logs.join("\n---\n"));
+    assert_eq!(o.sacks_sent + o.sacks_rcvd + o.resent, 0, "{summary}");
 }
 
 /// The daemon's log once `clients` client engines have been destroyed (they go shortly after
@@ -389,4 +458,43 @@ fn selective_survives_1_percent_loss() {
 #[test]
 fn selective_survives_5_percent_loss() {
     programs_survive("sel50", 50, "auto");
+}
+
+/// Fallback, a softroce peer that does not offer it: the server's daemon is on `auto`, the
+/// client's on `gbn`. The client's daemon answers the probe "not offered", the server's
+/// learns that (`peer is a softroce device ... selective=false`), and every QP of the three
+/// programs stays on go-back-N on both ends, through 1 % loss.
+#[test]
+fn auto_toward_a_go_back_n_peer_stays_on_go_back_n() {
+    let o = programs_over("fbgbn", 10, ["auto", "gbn"], CapsMads::Carried);
+    all_go_back_n(&o);
+    assert!(
+        o.logs[0]
+            .lines()
+            .any(|l| l.contains("peer is a softroce device")
+                && l.contains(CLIENT_IP)
+                && l.contains("selective=false")),
+        "the auto daemon never learnt its peer's answer: {}\n{}",
+        o.summary,
+        o.logs[0]
+    );
+}
+
+/// Fallback, a peer that never answers (as a device that drops unknown MADs would): both
+/// daemons on `auto`, every capability MAD dropped on the path. Each daemon probes its
+/// peer, hears nothing, gives up after its retries (`peer is not a softroce device`), and
+/// every QP stays on go-back-N (rxe's own behaviour), through 1 % loss.
+#[test]
+fn auto_toward_a_peer_that_never_answers_stays_on_go_back_n() {
+    let o = programs_over("fbsil", 10, ["auto", "auto"], CapsMads::Silenced);
+    all_go_back_n(&o);
+    assert!(o.silenced > 0, "no capability MAD was sent: {}", o.summary);
+    for (log, peer) in o.logs.iter().zip([CLIENT_IP, SERVER_IP]) {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("peer is not a softroce device") && l.contains(peer)),
+            "a daemon never gave up on its silent peer: {}\n{log}",
+            o.summary
+        );
+    }
 }
