@@ -157,9 +157,11 @@ def pingpong(path, daemons, shim, iters, limit):
 
 def counters(tmp, mode):
     """Summed selective counters of the runs, from the daemons' logs."""
-    total = {"sack_sent": 0, "sel_retransmits": 0, "probes": 0, "timeouts": 0}
+    total = {"sack_sent": 0, "sel_retransmits": 0, "probes": 0, "timeouts": 0, "switched": 0}
     for i in (0, 1):
         for line in (Path(tmp) / f"{mode}-{i}.log").read_text().splitlines():
+            if "QP uses selective retransmission" in line:
+                total["switched"] += 1
             if "selective retransmission counters" in line:
                 for k in total:
                     m = re.search(rf"\b{k}=(\d+)", line)
@@ -229,8 +231,15 @@ def main():
             print(f"| {loss / 100:.2f} % | {g:.0f} | {g / g0:.2f} | {s:.0f} | {s / s0:.2f} | "
                   f"{ratio} |")
         print()
+    g = extra.get("gbn", {})
+    if g.get("switched", 0) or g.get("sack_sent", 0):
+        # The go-back-N column must be go-back-N: a daemon on gbn never switches a QP.
+        raise SystemExit(f"go-back-N runs used selective retransmission: {g}")
     c = extra.get("auto", {})
-    print(f"Selective runs, all loss rates: {c.get('sack_sent', 0)} SACKs sent, "
+    if not c.get("switched", 0):
+        raise SystemExit("no QP of the selective runs switched to selective retransmission")
+    print(f"Selective runs, all loss rates: {c.get('switched', 0)} QPs switched (both ends), "
+          f"{c.get('sack_sent', 0)} SACKs sent, "
           f"{c.get('sel_retransmits', 0)} packets resent selectively, {c.get('probes', 0)} "
           f"probe-timer firings, {c.get('timeouts', 0)} retransmit timeouts.\n")
 
