@@ -4,9 +4,9 @@ use softroce_daemon::{config, ctl, pcap, server};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use config::{Config, DeviceConfig};
+use config::{Config, DeviceConfig, RoceMode};
 use proto::ctl::{Request, Response, RoceVersion};
-use std::net::IpAddr;
+use proto::iface::IpCidr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -21,11 +21,13 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the daemon's flags being the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
     /// arguments it serves srxe0, RoCE v2 on 127.0.0.1 and ::1.
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
     /// Run a program with the softroce shim preloaded, so that its libibverbs and librdmacm
     /// calls reach the daemon: `softroce run -- ibv_devinfo -v`, `softroce run -- rping -s`.
     Run {
@@ -33,6 +35,9 @@ enum Command {
         /// $XDG_RUNTIME_DIR/softroce/ctl.sock, then /run/softroce/ctl.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Print every variable set for the program (and why) on stderr.
+        #[arg(short, long)]
+        verbose: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -61,16 +66,26 @@ struct DaemonArgs {
     /// Device name.
     #[arg(long)]
     name: Option<String>,
-    /// An address to serve, IPv4 or IPv6 (repeatable).
+    /// An address to serve, IPv4 or IPv6 (repeatable); ADDR/PREFIX on a --tap device (the
+    /// peers in the prefix are on its link).
     #[arg(long = "addr")]
-    addrs: Vec<IpAddr>,
+    addrs: Vec<IpCidr>,
     /// Serve all addresses of this network interface, following them as they change.
     #[arg(long)]
     netdev: Option<String>,
-    /// RoCE version: v2 (UDP 4791, the default). v1 (Ethertype 0x8915 on a TAP device) is
-    /// refused until its transport exists.
+    /// Be a host of its own on the Ethernet behind this TAP interface (created, or opened if
+    /// it exists, e.g. made by `ip tuntap add mode tap`): the L2 device, which sends and
+    /// receives whole frames and speaks RoCE v1 (Ethertype 0x8915) as well as v2.
     #[arg(long)]
-    roce: Option<RoceVersion>,
+    tap: Option<String>,
+    /// The --tap device's Ethernet address (default: derived from the device name).
+    #[arg(long)]
+    mac: Option<String>,
+    /// RoCE versions: v2 (UDP 4791, the default), v1 (Ethertype 0x8915) or both (each
+    /// address listed once as a RoCE v1 and once as a RoCE v2 GID, as mlx5). v1 and both
+    /// need --tap.
+    #[arg(long)]
+    roce: Option<RoceMode>,
     /// Largest path MTU: 256, 512, 1024, 2048 or 4096.
     #[arg(long)]
     mtu: Option<u32>,
@@ -80,8 +95,12 @@ struct DaemonArgs {
     /// Most memory regions the device holds, over all clients.
     #[arg(long)]
     max_mr: Option<u32>,
-    /// The GID type rdma_cm uses (configfs default_roce_mode): v2 (the default) or v1; a
-    /// mode the device does not offer is refused at start.
+    /// Deepest CQ a client may create (default 1,048,575: libfabric's ofi_rxm asks for
+    /// 262,144 entries, more than rxe's 32,767).
+    #[arg(long)]
+    max_cqe: Option<u32>,
+    /// The GID type rdma_cm uses (configfs default_roce_mode): v1 or v2; by default v2 where
+    /// the device offers it, else v1. A mode the device does not offer is refused at start.
     #[arg(long)]
     default_roce_mode: Option<RoceVersion>,
     /// rdma_cm's CM response timeout exponent (4.096 µs · 2^t, default 20 as the kernel).
@@ -109,6 +128,21 @@ struct DaemonArgs {
     /// capped at (default 131072: 128 packets at MTU 1024).
     #[arg(long)]
     selective_bdp: Option<u32>,
+    /// Let this user (uid or name) use the daemon besides the daemon's own user (repeatable).
+    /// The control socket is then mode 0666; the daemon checks every client's uid.
+    #[arg(long = "allow-uid")]
+    allow_uid: Vec<config::UserOrId>,
+    /// Let members of this group (gid or name) use the daemon (repeatable); the first one
+    /// owns the control socket, which is then mode 0660. Without --allow-uid/--allow-group
+    /// the socket is 0600: the daemon's user only.
+    #[arg(long = "allow-group")]
+    allow_group: Vec<config::UserOrId>,
+    /// Most control connections at once (default 1024).
+    #[arg(long)]
+    max_connections: Option<u32>,
+    /// Most control connections of one user at once (default 256).
+    #[arg(long)]
+    max_connections_per_uid: Option<u32>,
     /// RoCE v2 UDP port (4791; another value only for tests on one host).
     #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
     port: u16,
@@ -148,8 +182,12 @@ fn main() -> ExitCode {
         Command::Pcap {
             command: PcapCommand::Check { verbose, files },
         } => return pcap_check(&files, verbose),
-        Command::Daemon(args) => daemon(args),
-        Command::Run { socket, command } => run(socket.as_deref(), &command),
+        Command::Daemon(args) => daemon(*args),
+        Command::Run {
+            socket,
+            verbose,
+            command,
+        } => run(socket.as_deref(), verbose, &command),
         Command::Res {
             command: ResCommand::Show { socket },
         } => res_show(socket.as_deref()),
@@ -175,18 +213,18 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         .init();
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
-        None => Config {
-            socket: None,
-            devices: Vec::new(),
-        },
+        None => Config::default(),
     };
     let from_flags = args.name.is_some()
         || !args.addrs.is_empty()
         || args.netdev.is_some()
+        || args.tap.is_some()
+        || args.mac.is_some()
         || args.roce.is_some()
         || args.mtu.is_some()
         || args.max_qp.is_some()
         || args.max_mr.is_some()
+        || args.max_cqe.is_some()
         || args.default_roce_mode.is_some()
         || args.cm_response_timeout.is_some()
         || args.cm_max_retries.is_some()
@@ -195,7 +233,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.loss_recovery.is_some()
         || args.selective_bdp.is_some();
     if from_flags || config.devices.is_empty() {
-        let mut d = if args.addrs.is_empty() && args.netdev.is_none() {
+        let mut d = if args.addrs.is_empty() && args.netdev.is_none() && args.tap.is_none() {
             DeviceConfig::loopback_default()
         } else {
             DeviceConfig::new(config::DEFAULT_DEVICE)
@@ -205,6 +243,8 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         d.addr.extend(args.addrs);
         d.netdev = args.netdev;
+        d.tap = args.tap;
+        d.mac = args.mac;
         if let Some(r) = args.roce {
             d.roce = r;
         }
@@ -217,8 +257,11 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         if let Some(m) = args.max_mr {
             d.max_mr = m;
         }
+        if let Some(m) = args.max_cqe {
+            d.max_cqe = m;
+        }
         if let Some(m) = args.default_roce_mode {
-            d.default_roce_mode = m;
+            d.default_roce_mode = Some(m);
         }
         if let Some(t) = args.cm_response_timeout {
             d.cm_response_timeout = t;
@@ -235,6 +278,14 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         d.local_via_socket |= args.local_via_socket;
         d.gso &= !args.no_gso;
         config.devices.push(d);
+    }
+    config.allow_uid.extend(args.allow_uid);
+    config.allow_group.extend(args.allow_group);
+    if let Some(n) = args.max_connections {
+        config.max_connections = n;
+    }
+    if let Some(n) = args.max_connections_per_uid {
+        config.max_connections_per_uid = n;
     }
     let socket = config::socket_path(args.socket.as_deref().or(config.socket.as_deref()));
     server::run(config, socket, args.port)
@@ -263,18 +314,49 @@ fn shim_path() -> Result<PathBuf> {
     )
 }
 
-fn run(socket: Option<&Path>, command: &[String]) -> Result<()> {
+fn run(socket: Option<&Path>, verbose: bool, command: &[String]) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let shim = shim_path()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let err = std::process::Command::new(&command[0])
-        .args(&command[1..])
-        .env("LD_PRELOAD", preload)
-        .env("SOFTROCE_SOCKET", config::socket_path(socket))
-        .exec();
+    let socket_path = config::socket_path(socket);
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("LD_PRELOAD", &preload)
+        .env("SOFTROCE_SOCKET", &socket_path);
+    let say = |line: String| {
+        if verbose {
+            eprintln!("softroce run: {line}");
+        }
+    };
+    say(format!("LD_PRELOAD={preload}"));
+    say(format!("SOFTROCE_SOCKET={}", socket_path.display()));
+    // The stacks' variables name the daemon's devices; without a daemon there is nothing to
+    // name (the shim itself then says so on the program's first verb).
+    let devices = ctl::Client::connect(&socket_path, "softroce run").and_then(|mut c| {
+        match c.request(&Request::QueryDevices)? {
+            Response::Devices(d) => Ok(d),
+            other => bail!("unexpected answer to QueryDevices: {other:?}"),
+        }
+    });
+    match devices {
+        Ok(devices) => {
+            let is_set = |name: &str| std::env::var_os(name).is_some();
+            for s in softroce_daemon::stack_env::stack_env(&devices, &is_set) {
+                say(format!("{}={} ({})", s.name, s.value, s.why));
+                cmd.env(s.name, &s.value);
+            }
+            for name in ["UCX_NET_DEVICES", "OMPI_MCA_pml_ucx_devices"] {
+                if let Ok(v) = std::env::var(name) {
+                    say(format!("{name}={v} (kept: set by you)"));
+                }
+            }
+        }
+        Err(e) => say(format!("no stack variables set: {e:#}")),
+    }
+    let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", command[0]))
 }
 

@@ -147,8 +147,8 @@ impl LossyPath {
     fn daemon(&self, side: usize, name: &str, mode: &str) -> Daemon {
         let addr = [SERVER_IP, CLIENT_IP][side];
         Daemon::start_in(
-            &self.ns[side],
             name,
+            Some(&self.ns[side]),
             &[
                 "--addr",
                 addr,

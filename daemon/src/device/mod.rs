@@ -27,27 +27,34 @@
 mod clients;
 mod completions;
 mod control;
+mod events;
 mod handles;
+mod limits;
 mod loss_recovery;
 mod multicast;
 mod objects;
 mod receive;
+mod resize;
 mod transmit;
 mod work_requests;
 
 pub use handles::{handle_device, HANDLE_DEVICE_SHIFT};
 
 use crate::gsi::{GsiMad, GsiOut};
+use crate::net::l2::{L2Config, L2Link, Versions};
+use crate::net::tap::TapConfig;
 use crate::net::{AdaptiveSpin, Link, LocalFrames, UdpLink, UdpLinkConfig};
+use crate::peer::ClientProcess;
 use clients::ClientDev;
 use crossbeam_channel::{Receiver, Sender};
 use multicast::JoinedGroup;
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use proto::ctl::{ClientResources, DeviceInfo, Request, Response};
+use proto::ctl::{ClientResources, DeviceCounters, DeviceInfo, Request, Response};
 use proto::transport as tp;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::info;
 
@@ -65,7 +72,9 @@ const MAX_SLEEP: Duration = Duration::from_secs(10);
 pub enum DevMsg {
     Request {
         client: u64,
-        pid: i32,
+        /// The client's process, pinned when it connected ([`crate::peer`]): its memory is
+        /// only reached through it.
+        process: Arc<ClientProcess>,
         request: Request,
         fds: Vec<OwnedFd>,
         reply: Sender<(Response, Vec<OwnedFd>)>,
@@ -75,6 +84,10 @@ pub enum DevMsg {
     },
     Stats {
         reply: Sender<Vec<(u64, ClientResources)>>,
+    },
+    /// The device's counters ([`proto::ctl::Request::Counters`]).
+    Counters {
+        reply: Sender<DeviceCounters>,
     },
     /// The device's addresses changed (`--netdev`): engines created from now on use the new
     /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
@@ -88,9 +101,11 @@ pub enum DevMsg {
 /// The device thread's state.
 pub struct DeviceThread {
     index: u32,
-    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config).
+    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config),
+    /// and the other caps ([`limits`]).
     max_qp: usize,
     max_mr: usize,
+    limits: crate::config::ResourceLimits,
     /// How many devices the daemon serves: device `i` takes the QPN blocks `b` with
     /// `b % devices == i`, so that QPNs are unique across devices (clients name QPs by QPN).
     devices: u32,
@@ -121,6 +136,22 @@ pub struct DeviceThread {
     groups: HashMap<IpAddr, JoinedGroup>,
     /// Which peers are softroce devices, and the QPs waiting to know ([`loss_recovery`]).
     negotiation: loss_recovery::Negotiation,
+    /// Packets the device itself dropped (after the link, before any engine).
+    drops: DeviceDrops,
+    /// The engine counters of the clients that are gone, so that the device's totals do not
+    /// shrink when a client exits.
+    departed: tp::Counters,
+}
+
+/// Why the device dropped a packet the link delivered.
+#[derive(Debug, Clone, Copy, Default)]
+struct DeviceDrops {
+    /// The destination QPN lies in no client's block.
+    unknown_qp: u64,
+    /// A packet to QP1 that is no CM MAD, or the CM thread's queue was full.
+    gsi_dropped: u64,
+    /// Too short to carry a BTH.
+    no_bth: u64,
 }
 
 impl DeviceThread {
@@ -136,23 +167,27 @@ impl DeviceThread {
         let gids = info.gid_addrs();
         let wake =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        let link = UdpLink::open(&UdpLinkConfig {
-            name: &info.name,
-            addrs: &gids,
-            follow_netdev: !info.netdevs.is_empty(),
-            port,
-            gso: cfg.gso && std::env::var_os("SOFTROCE_NO_GSO").is_none(),
-            gro: std::env::var_os("SOFTROCE_NO_GRO").is_none(),
-            wake_fd: wake.as_raw_fd(),
-        })?;
+        let link: Box<dyn Link + Send> = match &cfg.tap {
+            Some(tap) => Box::new(open_tap(cfg, tap, &info, wake.as_raw_fd())?),
+            None => Box::new(UdpLink::open(&UdpLinkConfig {
+                name: &info.name,
+                addrs: &gids,
+                follow_netdev: !info.netdevs.is_empty(),
+                port,
+                gso: cfg.gso && std::env::var_os("SOFTROCE_NO_GSO").is_none(),
+                gro: std::env::var_os("SOFTROCE_NO_GRO").is_none(),
+                wake_fd: wake.as_raw_fd(),
+            })?),
+        };
         Ok(DeviceThread {
             max_qp: cfg.max_qp as usize,
             max_mr: cfg.max_mr as usize,
+            limits: cfg.limits,
             index: index as u32,
             devices: devices.max(1) as u32,
             info,
             gids,
-            link: Box::new(link),
+            link,
             wake,
             rx,
             clients: BTreeMap::new(),
@@ -164,10 +199,12 @@ impl DeviceThread {
             local: LocalFrames::new(),
             local_via_socket: cfg.local_via_socket,
             groups: HashMap::new(),
+            drops: DeviceDrops::default(),
+            departed: tp::Counters::default(),
             negotiation: loss_recovery::Negotiation::new(
                 cfg.loss_recovery,
                 cfg.selective_bdp,
-                clients::random_u64(),
+                crate::entropy::u64(),
             ),
         })
     }
@@ -241,24 +278,33 @@ impl DeviceThread {
             DevMsg::Shutdown => return false,
             DevMsg::Request {
                 client,
-                pid,
+                process,
                 request,
                 fds,
                 reply,
             } => {
-                let (resp, fds) = self.request(client, pid, handles::untag(request), fds);
+                // A resize counts what the queue holds: the work the client posted before it
+                // asked is taken and completed first, as an adapter would have by then.
+                if matches!(request, Request::ResizeCq { .. }) {
+                    self.pump(Duration::ZERO);
+                }
+                let (resp, fds) = self.request(client, &process, handles::untag(request), fds);
                 let _ = reply.send((handles::tag(resp, self.index), fds));
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
             DevMsg::SendGsi(mut mad) => {
                 self.warm_loss_recovery(mad.dst, mad.src);
-                self.link.send_gsi(mad.src, mad.dst, &mut mad.packet);
+                self.link
+                    .send_gsi_as(mad.gid_type, mad.src, mad.dst, &mut mad.packet);
                 self.link.flush();
             }
             DevMsg::UpdateInfo(info) => {
                 self.gids = info.gid_addrs();
                 self.link.set_addresses(&self.gids);
                 self.info = info;
+            }
+            DevMsg::Counters { reply } => {
+                let _ = reply.send(self.counters());
             }
             DevMsg::Stats { reply } => {
                 let _ = reply.send(
@@ -270,6 +316,33 @@ impl DeviceThread {
             }
         }
         true
+    }
+
+    /// The link's counters, the device's drops, and its engines' counters summed over every
+    /// client it served.
+    fn counters(&self) -> DeviceCounters {
+        let mut engines = self.departed;
+        for c in self.clients.values() {
+            engines.accumulate(c.engine.counters());
+        }
+        let d = self.drops;
+        let mut counters: Vec<(String, u64)> = self
+            .link
+            .counters()
+            .named()
+            .iter()
+            .map(|(n, v)| (n.to_string(), *v))
+            .collect();
+        counters.extend([
+            ("device_drop_unknown_qp".to_string(), d.unknown_qp),
+            ("device_drop_gsi".to_string(), d.gsi_dropped),
+            ("device_drop_no_bth".to_string(), d.no_bth),
+        ]);
+        counters.extend(engines.named().into_iter().map(|(n, v)| (n.to_string(), v)));
+        DeviceCounters {
+            device: self.info.name.clone(),
+            counters,
+        }
     }
 
     /// One round of the data path; `wait` is how long the link may block. Returns whether
@@ -306,6 +379,12 @@ impl DeviceThread {
             Some(t) if t <= now => Duration::ZERO,
             Some(t) => Duration::from_nanos(t - now).min(MAX_SLEEP),
             None => MAX_SLEEP,
+        };
+        // Event records held back for a client that did not read are retried by polling.
+        let timeout = if self.clients.values().any(ClientDev::events_held_back) {
+            timeout.min(events::RETRY_INTERVAL)
+        } else {
+            timeout
         };
         self.link.max_sleep().map_or(timeout, |m| timeout.min(m))
     }
@@ -360,4 +439,41 @@ fn idle_yield() {
     unsafe {
         libc::sched_yield();
     }
+}
+
+/// The L2 device's link: the TAP interface `tap`, the device's own MAC and addresses, the
+/// RoCE versions of `--roce`.
+fn open_tap(
+    cfg: &crate::config::DeviceConfig,
+    tap: &str,
+    info: &DeviceInfo,
+    wake_fd: std::os::fd::RawFd,
+) -> anyhow::Result<L2Link> {
+    use crate::config::RoceMode;
+    let l2 = L2Config {
+        device: info.name.clone(),
+        tap: TapConfig::new(tap),
+        mac: crate::config::tap_mac(cfg),
+        addrs: crate::config::tap_addrs(cfg),
+        versions: Versions {
+            v1: cfg.roce != RoceMode::V2,
+            v2: cfg.roce != RoceMode::V1,
+        },
+    };
+    let (mut link, why) = L2Link::open(&l2, crate::entropy::u64())
+        .map_err(|e| anyhow::anyhow!("device {}: {e}", info.name))?;
+    if let Some(why) = why {
+        tracing::warn!(device = %info.name, "io_uring unavailable for the TAP, using system calls: {why}");
+    }
+    link.set_wake_fd(wake_fd);
+    info!(
+        device = %info.name,
+        tap = link.tap_name(),
+        mac = %link.mac(),
+        mtu = link.mtu(),
+        backend = ?link.backend(),
+        roce = %cfg.roce,
+        "L2 device ready"
+    );
+    Ok(link)
 }

@@ -63,6 +63,7 @@
 
 pub mod access;
 pub mod cc;
+pub mod chacha;
 pub mod completer;
 pub mod counters;
 pub mod engine;
@@ -79,7 +80,7 @@ pub mod verbs;
 
 pub use cc::{CongestionControl, NoCongestionControl};
 pub use counters::Counters;
-pub use engine::{Engine, EngineConfig, MrKeys, Transmit, MAX_FRAME_LEN};
+pub use engine::{Engine, EngineConfig, GidType, MrKeys, Transmit, MAX_FRAME_LEN};
 pub use memory::{MemoryAccess, MemoryError, VecMemory};
 pub use qp::{QpCap, QpInit};
 pub use qp_attr::{

@@ -148,6 +148,8 @@ struct Held {
     t: TransportRepr,
     payload: Vec<u8>,
     wire_len: usize,
+    /// It came as RoCE v1 (a GRH): executed later, it must still match the QP's path.
+    v1: bool,
 }
 
 /// The responder's half: the reorder buffer. `slots[i]` holds PSN `base + i`; `base` is the
@@ -778,7 +780,8 @@ pub(crate) fn on_response<M: MemoryAccess>(
     match t.bth.opcode {
         Opcode::SOFTROCE_SACK => {
             let Ok(sack) = SackRepr::parse(rx.payload) else {
-                ctx.counters.dropped_pkts += 1;
+                // Accepted by the engine (in rcvd_pkts), then of no use.
+                ctx.counters.drops.response_ignored += 1;
                 return;
             };
             ctx.counters.sack_rcvd += 1;
@@ -1101,7 +1104,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
     let Some(sel) = qp.selective.as_mut() else {
         return true;
     };
-    ctx.counters.dropped_pkts += sel.resp.align(epsn);
+    ctx.counters.drops.psn_gap += sel.resp.align(epsn);
     let d = d as usize;
     let r = &mut sel.resp;
     if d >= sel.params.window(mtu) as usize {
@@ -1117,7 +1120,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
     }
     if rx.payload.len() > mtu as usize {
         // Refused when executed anyway; never held (what is held stays below window x MTU).
-        ctx.counters.dropped_pkts += 1;
+        ctx.counters.drops.psn_gap += 1;
         return true;
     }
     let new_gap = r.slots.is_empty() || d > r.slots.len();
@@ -1128,6 +1131,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
         t: rx.t,
         payload: rx.payload.to_vec(),
         wire_len: rx.wire_len,
+        v1: rx.v1,
     });
     r.held += 1;
     r.since_report += 1;
@@ -1152,7 +1156,7 @@ fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
             sel.resp.clear();
             return;
         }
-        ctx.counters.dropped_pkts += sel.resp.align(epsn);
+        ctx.counters.drops.psn_gap += sel.resp.align(epsn);
         let Some(h) = sel.resp.take_front() else {
             return;
         };
@@ -1178,6 +1182,7 @@ fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
             ecn_ce: false,
             net_header: &[],
             wire_len: h.wire_len,
+            v1: h.v1,
         };
         super::responder::execute_in_order(qp, ctx, &rx, info, None);
         if qp.resp_psn == epsn {
@@ -1274,6 +1279,7 @@ mod tests {
             }),
             payload: Vec::new(),
             wire_len: 0,
+            v1: false,
         })
     }
 

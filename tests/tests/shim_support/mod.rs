@@ -8,11 +8,14 @@
 
 #![allow(dead_code)]
 
+pub mod captures;
+pub mod netns;
 pub mod programs;
 pub mod rdmacm;
 pub mod symbols;
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -124,25 +127,37 @@ pub struct Daemon {
     child: Option<Child>,
     pub socket: PathBuf,
     log: PathBuf,
-    /// The network namespace it runs in (its programs too), if not the test's.
-    netns: Option<String>,
+    /// The network namespace the daemon (and the programs of [`Daemon::command`]) run in.
+    netns: Option<OwnedFd>,
+}
+
+/// Makes `cmd` run in the network namespace `ns` (setns in the child, before exec: no
+/// wrapper process between the test and the program, and nothing else preloaded).
+fn enter_netns(cmd: &mut Command, ns: Option<&OwnedFd>) {
+    if let Some(ns) = ns {
+        let fd = ns.as_raw_fd();
+        // SAFETY: setns(2) only, between fork and exec; the descriptor outlives the spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
 }
 
 impl Daemon {
     /// Starts `softroce daemon --socket <scratch>/<name>/ctl.sock ARGS` and returns once the
     /// socket accepts connections.
     pub fn start(name: &str, args: &[&str]) -> Daemon {
-        Daemon::spawn(None, name, args)
+        Daemon::start_in(name, None, args)
     }
 
-    /// Like [`Daemon::start`], inside network namespace `netns` (`ip netns exec`); the
-    /// programs of [`Daemon::command`] run there too.
-    #[allow(dead_code)]
-    pub fn start_in(netns: &str, name: &str, args: &[&str]) -> Daemon {
-        Daemon::spawn(Some(netns), name, args)
-    }
-
-    fn spawn(netns: Option<&str>, name: &str, args: &[&str]) -> Daemon {
+    /// [`Daemon::start`] inside the named network namespace `netns` (`ip netns add`), whose
+    /// programs run there too.
+    pub fn start_in(name: &str, netns: Option<&str>, args: &[&str]) -> Daemon {
         let dir = scratch_root().join("daemons").join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("daemon scratch dir");
@@ -155,7 +170,15 @@ impl Daemon {
         } else {
             &["--port", "0"]
         };
-        let child = in_netns(netns, softroce_bin())
+        let netns = netns.map(|n| {
+            OwnedFd::from(
+                std::fs::File::open(format!("/run/netns/{n}"))
+                    .unwrap_or_else(|e| panic!("network namespace {n}: {e}")),
+            )
+        });
+        let mut cmd = Command::new(softroce_bin());
+        enter_netns(&mut cmd, netns.as_ref());
+        let child = cmd
             .arg("daemon")
             .arg("--socket")
             .arg(&socket)
@@ -170,7 +193,7 @@ impl Daemon {
             child: Some(child),
             socket,
             log,
-            netns: netns.map(str::to_string),
+            netns,
         };
         d.wait_until_serving();
         d
@@ -276,7 +299,8 @@ impl Daemon {
 
     /// A command for `program` with the shim preloaded and pointed at this daemon.
     pub fn command(&self, program: &Path) -> Command {
-        let mut cmd = in_netns(self.netns.as_deref(), program);
+        let mut cmd = Command::new(program);
+        enter_netns(&mut cmd, self.netns.as_ref());
         cmd.env("LD_PRELOAD", &shim_libs().preload)
             .env("SOFTROCE_SOCKET", &self.socket);
         cmd
@@ -294,19 +318,6 @@ impl Daemon {
             &format!("LD_PRELOAD=libsoftroce.so {}", program.display()),
             out,
         )
-    }
-}
-
-/// A command for `program`, run in network namespace `netns` if one is given (`ip netns
-/// exec` replaces itself with the program: the child's pid is the program's).
-fn in_netns(netns: Option<&str>, program: &Path) -> Command {
-    match netns {
-        Some(ns) => {
-            let mut cmd = Command::new("ip");
-            cmd.args(["netns", "exec", ns]).arg(program);
-            cmd
-        }
-        None => Command::new(program),
     }
 }
 
