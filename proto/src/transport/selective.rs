@@ -763,6 +763,12 @@ fn executed_through(qp: &mut Qp, psn: Psn) {
     }
 }
 
+/// A response that matched nothing outstanding, or repeated one: counted, no effect (as the
+/// go-back-N completer's `drops.response_ignored`).
+fn ignored<M>(ctx: &mut Ctx<M>) {
+    ctx.counters.drops.response_ignored += 1;
+}
+
 /// One response packet on a selective QP (the completer's role).
 pub(crate) fn on_response<M: MemoryAccess>(
     qp: &mut Qp,
@@ -786,11 +792,11 @@ pub(crate) fn on_response<M: MemoryAccess>(
             };
             ctx.counters.sack_rcvd += 1;
             let Some(sel) = qp.selective.as_mut() else {
-                return;
+                return ignored(ctx);
             };
             sel.req.peer_go_back_n = false;
             if psn.is_after(sel.req.high_psn) {
-                return;
+                return ignored(ctx);
             }
             // A report overtaken by a newer one may claim a packet the responder has since
             // refused (RNR): only the latest reports' bitmaps count.
@@ -883,17 +889,17 @@ pub(crate) fn on_response<M: MemoryAccess>(
                 }
                 news = true;
             }
-            _ => {}
+            _ => return ignored(ctx),
         },
         Opcode::RC_RDMA_READ_RESPONSE_FIRST
         | Opcode::RC_RDMA_READ_RESPONSE_MIDDLE
         | Opcode::RC_RDMA_READ_RESPONSE_LAST
         | Opcode::RC_RDMA_READ_RESPONSE_ONLY => {
             if syndrome.is_some_and(|s| !matches!(s, AethSyndrome::Ack { .. })) {
-                return;
+                return ignored(ctx);
             }
             let Some(idx) = qp.sq.iter().position(|w| contains(w, psn)) else {
-                return; // stale: its WQE completed
+                return ignored(ctx); // stale: its WQE completed
             };
             let mtu = u64::from(qp.mtu());
             let pd = qp.init.pd;
@@ -901,13 +907,13 @@ pub(crate) fn on_response<M: MemoryAccess>(
             match w.wr.op {
                 SendOp::Read(_) => {
                     if w.resp_done || got(w, psn) {
-                        return;
+                        return ignored(ctx);
                     }
                     let offset = psn.diff(w.first_psn) as u64 * mtu;
                     let expect =
                         (u64::from(w.len) - offset.min(u64::from(w.len))).min(mtu) as usize;
                     if rx.payload.len() != expect {
-                        return;
+                        return ignored(ctx);
                     }
                     if let Err(status) = ctx.scatter(pd, &w.wr.sg_list, offset, rx.payload) {
                         w.error = Some(status);
@@ -930,17 +936,19 @@ pub(crate) fn on_response<M: MemoryAccess>(
                         executed_through(qp, psn);
                         news = true;
                         evidence = Some(psn);
+                    } else {
+                        return ignored(ctx);
                     }
                 }
-                _ => return,
+                _ => return ignored(ctx),
             }
         }
         Opcode::RC_ATOMIC_ACKNOWLEDGE => {
             if !matches!(syndrome, Some(AethSyndrome::Ack { .. })) {
-                return;
+                return ignored(ctx);
             }
             let Some(orig) = t.atomic_ack_eth.map(|a| a.orig) else {
-                return;
+                return ignored(ctx);
             };
             let pd = qp.init.pd;
             let Some(w) = qp
@@ -948,10 +956,10 @@ pub(crate) fn on_response<M: MemoryAccess>(
                 .iter_mut()
                 .find(|w| w.started && w.wr.op.is_atomic() && w.first_psn == psn)
             else {
-                return;
+                return ignored(ctx);
             };
             if w.resp_done {
-                return;
+                return ignored(ctx);
             }
             if let Err(status) = ctx.scatter(pd, &w.wr.sg_list, 0, &orig.to_ne_bytes()) {
                 w.error = Some(status);
@@ -961,7 +969,7 @@ pub(crate) fn on_response<M: MemoryAccess>(
             news = true;
             evidence = Some(psn);
         }
-        _ => return,
+        _ => return ignored(ctx),
     }
     if let Some(x) = evidence {
         if repair_responses(qp, x, false) {
