@@ -2,11 +2,13 @@
 """Goodput against packet loss, go-back-N against selective retransmission (issue 13), run by
 `scripts/bench loss`.
 
-Two release daemons in network namespaces created here (names with this process's pid), a
-veth pair between them (10.13.0.1 and .2, IB MTU 1024 on a 1500-byte link), and nftables on
-both sides dropping that share of the outgoing RoCE packets (`numgen random`). For each loss
-rate, each recovery mode (`--loss-recovery gbn`, and `auto`, which negotiates selective
-between the two softroce daemons) and each program, the median of `--runs` runs:
+For each recovery mode (`--loss-recovery gbn`, and `auto`, which negotiates selective
+between the two softroce daemons) two release daemons in network namespaces created here
+(names with this process's pid), a veth pair between them (10.13.N.1 and .2, IB MTU 1024 on a
+1500-byte link), and nftables on both sides dropping that share of the outgoing RoCE packets
+(`numgen random`). Both pairs are up for the whole run and their runs alternate (go-back-N,
+selective, go-back-N, ...), so a change of load on the machine hits both modes alike. For
+each loss rate, mode and program, the median of the runs:
 
   * ib_write_bw -s 65536 -D SECONDS: the average bandwidth perftest reports;
   * ibv_rc_pingpong -s 1048576 -n N -c: the Mbit/s it reports (both directions, data
@@ -28,7 +30,6 @@ import tempfile
 import time
 from pathlib import Path
 
-SERVER_IP, CLIENT_IP = "10.13.0.1", "10.13.0.2"
 MODES = ["gbn", "auto"]
 MODE_NAMES = {"gbn": "go-back-N", "auto": "selective (auto)"}
 
@@ -44,14 +45,15 @@ def sh(*cmd, check=True, **kw):
 class Path2:
     """The two namespaces and the veth; `set_loss` rewrites the drop rules."""
 
-    def __init__(self):
-        tag = f"irnb{os.getpid() % 100000}"
+    def __init__(self, index):
+        tag = f"irnb{os.getpid() % 100000}{index}"
         self.ns = [f"{tag}-a", f"{tag}-b"]
         self.dev = [f"{tag}a", f"{tag}b"]
+        self.ips = [f"10.13.{index}.1", f"10.13.{index}.2"]
         for n in self.ns:
             sh("ip", "netns", "add", n)
         sh("ip", "link", "add", self.dev[0], "type", "veth", "peer", "name", self.dev[1])
-        for i, addr in enumerate([SERVER_IP, CLIENT_IP]):
+        for i, addr in enumerate(self.ips):
             sh("ip", "link", "set", self.dev[i], "netns", self.ns[i])
             sh("ip", "-n", self.ns[i], "addr", "add", f"{addr}/24", "dev", self.dev[i])
             sh("ip", "-n", self.ns[i], "link", "set", self.dev[i], "up")
@@ -82,7 +84,7 @@ class Path2:
 class Daemons:
     def __init__(self, path, daemon, mode, tmp):
         self.procs, self.socks = [], []
-        for i, (n, addr) in enumerate(zip(path.ns, [SERVER_IP, CLIENT_IP])):
+        for i, (n, addr) in enumerate(zip(path.ns, path.ips)):
             sock = Path(tmp) / f"{mode}-{i}.sock"
             logf = open(Path(tmp) / f"{mode}-{i}.log", "w")
             p = subprocess.Popen(
@@ -119,7 +121,7 @@ def run_pair(path, daemons, shim, argv, limit):
 
     server = subprocess.Popen(cmd(0), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(0.6)
-    client = subprocess.run(cmd(1) + [SERVER_IP], capture_output=True, text=True)
+    client = subprocess.run(cmd(1) + [path.ips[0]], capture_output=True, text=True)
     try:
         sout, _ = server.communicate(timeout=limit + 10)
     except subprocess.TimeoutExpired:
@@ -182,33 +184,40 @@ def main():
     runs = 1 if a.quick else 3
     secs = 2 if a.quick else 4
     iters = 10
-    path = Path2()
+    paths = {mode: Path2(i) for i, mode in enumerate(MODES)}
     table = {}  # (program, mode, loss) -> median Mbit/s
     extra = {}
     t0 = time.time()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for mode in MODES:
-                d = Daemons(path, a.daemon, mode, tmp)
-                try:
-                    for loss in losses:
-                        path.set_loss(loss)
-                        for prog in ("ib_write_bw", "ibv_rc_pingpong"):
-                            vals = []
-                            for _ in range(runs):
+            daemons = {}
+            try:
+                for mode in MODES:
+                    daemons[mode] = Daemons(paths[mode], a.daemon, mode, tmp)
+                for loss in losses:
+                    for mode in MODES:
+                        paths[mode].set_loss(loss)
+                    for prog in ("ib_write_bw", "ibv_rc_pingpong"):
+                        vals = {mode: [] for mode in MODES}
+                        for _ in range(runs):
+                            for mode in MODES:
+                                p, d = paths[mode], daemons[mode]
                                 if prog == "ib_write_bw":
-                                    vals.append(write_bw(path, d, a.shim, secs))
+                                    vals[mode].append(write_bw(p, d, a.shim, secs))
                                 else:
-                                    vals.append(pingpong(path, d, a.shim, iters, 90))
-                            table[(prog, mode, loss)] = statistics.median(vals)
+                                    vals[mode].append(pingpong(p, d, a.shim, iters, 90))
+                        for mode in MODES:
+                            table[(prog, mode, loss)] = statistics.median(vals[mode])
                             log(f"  {MODE_NAMES[mode]:18} loss {loss / 100:5.2f}% {prog:16} "
-                                f"{vals} Mbit/s")
-                    path.set_loss(0)
-                finally:
+                                f"{vals[mode]} Mbit/s")
+            finally:
+                for d in daemons.values():
                     d.stop()
+            for mode in MODES:
                 extra[mode] = counters(tmp, mode)
     finally:
-        path.close()
+        for p in paths.values():
+            p.close()
 
     print(f"## Goodput against loss: go-back-N and selective retransmission (issue 13)\n")
     print(f"Two daemons (release) in network namespaces joined by a veth, IB MTU 1024; "
@@ -216,7 +225,7 @@ def main():
           f"Median of {runs} run(s): `ib_write_bw -s 65536 -D {secs}` (Mbit/s perftest reports) "
           f"and `ibv_rc_pingpong -s 1048576 -n {iters} -c` (Mbit/s, both directions, data "
           f"checked; 0 = did not finish in 90 s). Each mode's lossless figure, same run, is its "
-          f"baseline. Took {time.time() - t0:.0f} s.\n")
+          f"baseline. The two modes' runs alternate. Took {time.time() - t0:.0f} s.\n")
     for prog in ("ib_write_bw", "ibv_rc_pingpong"):
         print(f"### {prog}\n")
         print("| loss | go-back-N Mbit/s | share of lossless | selective Mbit/s | share of lossless "
