@@ -18,7 +18,8 @@ use super::DeviceThread;
 use crate::config::LossRecoveryMode;
 use crate::gsi::gsi_packet;
 use proto::cm::caps::{Caps, CapsCache, Classified, PeerCaps};
-use proto::transport::{self as tp, LossRecovery, QpState, QpType, SelectiveParams};
+use proto::ctl::RoceVersion;
+use proto::transport::{self as tp, GidType, LossRecovery, QpState, QpType, SelectiveParams};
 use proto::Qpn;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -31,8 +32,9 @@ pub(super) struct Negotiation {
     caps: CapsCache,
     /// QPs on go-back-N waiting for their peer's answer: peer -> (client, QPN).
     waiting: HashMap<IpAddr, Vec<(u64, u32)>>,
-    /// The local address a peer is reached from (the probe's source).
-    via: HashMap<IpAddr, IpAddr>,
+    /// The local address a peer is reached from (the probe's source) and the framing it is
+    /// reached in (a RoCE v1 peer gets its probes as RoCE v1).
+    via: HashMap<IpAddr, (IpAddr, GidType)>,
     /// PSN of the next MAD sent from QP1 (UD: any value; counted as rxe's GSI QP does).
     gsi_psn: u32,
 }
@@ -98,7 +100,8 @@ impl DeviceThread {
             LossRecoveryMode::Auto if self.gids.contains(&av.dgid) => Some(n.params),
             LossRecoveryMode::Auto => {
                 if let Some(local) = self.gids.get(usize::from(av.sgid_index)) {
-                    n.via.insert(av.dgid, *local);
+                    let ty = gid_type_at(&self.info, usize::from(av.sgid_index));
+                    n.via.insert(av.dgid, (*local, ty));
                 }
                 match n.caps.lookup(now, av.dgid) {
                     PeerCaps::Softroce(peer) => n.toward(peer),
@@ -121,22 +124,22 @@ impl DeviceThread {
 
     /// A CM MAD goes to or comes from `peer`: look it up, so that the answer is in before
     /// the connection's QPs reach RTR.
-    pub(super) fn warm_loss_recovery(&mut self, peer: IpAddr, local: IpAddr) {
+    pub(super) fn warm_loss_recovery(&mut self, peer: IpAddr, local: IpAddr, ty: GidType) {
         let n = &mut self.negotiation;
         if n.mode != LossRecoveryMode::Auto || self.gids.contains(&peer) {
             return;
         }
-        n.via.insert(peer, local);
+        n.via.insert(peer, (local, ty));
         let now = self.now();
         self.negotiation.caps.lookup(now, peer);
         self.send_caps_mads();
     }
 
     /// A capabilities MAD from `src` (to our `dst`) arrived on QP1.
-    pub(super) fn caps_mad(&mut self, src: IpAddr, dst: IpAddr, mad: Classified) {
+    pub(super) fn caps_mad(&mut self, src: IpAddr, dst: IpAddr, ty: GidType, mad: Classified) {
         let now = self.now();
         let n = &mut self.negotiation;
-        n.via.insert(src, dst);
+        n.via.insert(src, (dst, ty));
         n.caps.handle_mad(now, src, mad);
         self.settle_negotiation();
     }
@@ -178,20 +181,29 @@ impl DeviceThread {
 
     fn send_caps_mads(&mut self) {
         while let Some(t) = self.negotiation.caps.poll_transmit() {
-            let src = self.negotiation.via.get(&t.peer).copied().or_else(|| {
-                self.gids
+            let via = self.negotiation.via.get(&t.peer).copied().or_else(|| {
+                let i = self
+                    .gids
                     .iter()
-                    .find(|g| g.is_ipv4() == t.peer.is_ipv4())
-                    .copied()
+                    .position(|g| g.is_ipv4() == t.peer.is_ipv4())?;
+                Some((self.gids[i], gid_type_at(&self.info, i)))
             });
-            let Some(src) = src else { continue };
+            let Some((src, ty)) = via else { continue };
             let psn = self.negotiation.gsi_psn;
             self.negotiation.gsi_psn = psn.wrapping_add(1) & 0xff_ffff;
             if let Some(mut packet) = gsi_packet(psn, &t.mad) {
-                self.link.send_gsi(src, t.peer, &mut packet);
+                self.link.send_gsi_as(ty, src, t.peer, &mut packet);
             }
         }
         self.link.flush();
+    }
+}
+
+/// The framing of the device's GID `index` (RoCE v2 when there is none).
+fn gid_type_at(info: &proto::ctl::DeviceInfo, index: usize) -> GidType {
+    match info.gids.get(index).map(|g| g.roce) {
+        Some(RoceVersion::V1) => GidType::RoceV1,
+        _ => GidType::RoceV2,
     }
 }
 

@@ -293,7 +293,7 @@ impl DeviceThread {
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
             DevMsg::SendGsi(mut mad) => {
-                self.warm_loss_recovery(mad.dst, mad.src);
+                self.warm_loss_recovery(mad.dst, mad.src, mad.gid_type);
                 self.link
                     .send_gsi_as(mad.gid_type, mad.src, mad.dst, &mut mad.packet);
                 self.link.flush();

@@ -26,7 +26,8 @@ impl DeviceThread {
             &mut self.drops,
         );
         // Capability MADs (and the peers of CM MADs), handled once the link is done.
-        let mut qp1: Vec<(std::net::IpAddr, std::net::IpAddr, Classified)> = Vec::new();
+        let mut qp1: Vec<(std::net::IpAddr, std::net::IpAddr, tp::GidType, Classified)> =
+            Vec::new();
         let delivered = self.link.poll(wait, &mut |p: &RxPacket<'_>| {
             let Some(dqpn) = p.dest_qpn() else {
                 drops.no_bth += 1;
@@ -35,7 +36,7 @@ impl DeviceThread {
             if dqpn == proto::cm::GSI_QPN {
                 let mad = gsi_payload(p.transport());
                 let kind = mad.map_or(Classified::Other, caps::classify);
-                qp1.push((p.src, p.dst, kind));
+                qp1.push((p.src, p.dst, p.gid_type, kind));
                 if kind != Classified::Other {
                     // softroce's capability exchange stays in the device.
                     return;
@@ -60,10 +61,10 @@ impl DeviceThread {
                 drops.unknown_qp += 1;
             }
         });
-        for (src, dst, kind) in qp1 {
+        for (src, dst, ty, kind) in qp1 {
             match kind {
-                Classified::Other => self.warm_loss_recovery(src, dst),
-                mad => self.caps_mad(src, dst, mad),
+                Classified::Other => self.warm_loss_recovery(src, dst, ty),
+                mad => self.caps_mad(src, dst, ty, mad),
             }
         }
         delivered > 0
