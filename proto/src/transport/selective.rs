@@ -926,20 +926,19 @@ pub(crate) fn on_response<M: MemoryAccess>(
                     news = true;
                     evidence = Some(psn);
                 }
-                SendOp::Flush { .. } | SendOp::AtomicWrite { .. } => {
+                SendOp::Flush { .. } | SendOp::AtomicWrite { .. }
                     if t.bth.opcode == Opcode::RC_RDMA_READ_RESPONSE_ONLY
                         && rx.payload.is_empty()
                         && psn == w.first_psn
-                        && !w.resp_done
-                    {
-                        w.resp_done = true;
-                        executed_through(qp, psn);
-                        news = true;
-                        evidence = Some(psn);
-                    } else {
-                        return ignored(ctx);
-                    }
+                        && !w.resp_done =>
+                {
+                    w.resp_done = true;
+                    executed_through(qp, psn);
+                    news = true;
+                    evidence = Some(psn);
                 }
+                // Another packet for a FLUSH or ATOMIC WRITE, or a READ response for a WQE
+                // that is no READ.
                 _ => return ignored(ctx),
             }
         }
