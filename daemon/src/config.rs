@@ -169,6 +169,14 @@ pub struct DeviceConfig {
     /// `softroce fault` adds them on a running daemon.
     #[serde(default)]
     pub fault: Vec<FaultConfig>,
+    /// How RC QPs recover lost packets (`--loss-recovery`): go-back-N as rxe, selective
+    /// retransmission, or selective only with peers that are softroce too (the default).
+    #[serde(default)]
+    pub loss_recovery: LossRecoveryMode,
+    /// The bandwidth-delay product (bytes) selective retransmission's window is capped at
+    /// (`--selective-bdp`).
+    #[serde(default = "default_selective_bdp")]
+    pub selective_bdp: u32,
 }
 
 /// One `[[device.fault]]` table: `kind` (drop, duplicate, delay, reorder, corrupt, rnr,
@@ -232,6 +240,48 @@ impl FaultConfig {
             direction,
         })
     }
+}
+
+/// `--loss-recovery`: how a device's RC QPs recover lost packets (docs/loss-recovery.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossRecoveryMode {
+    /// Go-back-N, exactly as kernel rxe, toward every peer; probes from softroce peers are
+    /// answered "not offered".
+    Gbn,
+    /// Selective retransmission on every RC QP at once, without asking the peer: for
+    /// networks of softroce devices only (a kernel rxe peer would see SACK packets).
+    Selective,
+    /// Selective retransmission with peers that answer softroce's capability probe (a
+    /// vendor MAD on QP1), go-back-N with everyone else.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for LossRecoveryMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "gbn" => Ok(LossRecoveryMode::Gbn),
+            "selective" => Ok(LossRecoveryMode::Selective),
+            "auto" => Ok(LossRecoveryMode::Auto),
+            _ => Err(format!("{s:?} is not one of gbn, selective, auto")),
+        }
+    }
+}
+
+impl std::fmt::Display for LossRecoveryMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LossRecoveryMode::Gbn => "gbn",
+            LossRecoveryMode::Selective => "selective",
+            LossRecoveryMode::Auto => "auto",
+        })
+    }
+}
+
+fn default_selective_bdp() -> u32 {
+    proto::transport::selective::DEFAULT_BDP_BYTES
 }
 
 fn default_true() -> bool {
@@ -419,6 +469,8 @@ impl DeviceConfig {
             local_via_socket: false,
             gso: true,
             fault: Vec::new(),
+            loss_recovery: LossRecoveryMode::default(),
+            selective_bdp: default_selective_bdp(),
         }
     }
 
@@ -529,6 +581,13 @@ impl DeviceConfig {
                 self.name,
                 self.cm_roce_mode(),
                 self.roce
+            );
+        }
+        if self.selective_bdp < 4096 {
+            bail!(
+                "device {}: selective_bdp {} is below 4096 bytes",
+                self.name,
+                self.selective_bdp
             );
         }
         if !(8..=31).contains(&self.cm_response_timeout) || self.cm_max_retries > 15 {
@@ -1037,6 +1096,26 @@ mod tests {
         assert!(save_removed(&path, "srxe7").is_err());
         assert_eq!(Config::load(&path).unwrap().devices.len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn loss_recovery_settings_parse_with_auto_the_default() {
+        let c = Config::from_toml(
+            "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\nloss_recovery=\"gbn\"\n[[device]]\nname=\"b\"\naddr=[\"127.0.0.2\"]\nselective_bdp=65536",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.devices[0].loss_recovery, LossRecoveryMode::Gbn);
+        assert_eq!(c.devices[1].loss_recovery, LossRecoveryMode::Auto);
+        assert_eq!(c.devices[1].selective_bdp, 65536);
+        assert_eq!(DeviceConfig::loopback_default().selective_bdp, 128 * 1024);
+        assert!(Config::from_toml("[[device]]\nname=\"a\"\nloss_recovery=\"irn\"").is_err());
+        assert_eq!("selective".parse(), Ok(LossRecoveryMode::Selective));
+        assert!("sack".parse::<LossRecoveryMode>().is_err());
+        assert_eq!(LossRecoveryMode::Auto.to_string(), "auto");
+        let mut small = DeviceConfig::loopback_default();
+        small.selective_bdp = 100;
+        assert!(small.validate().is_err());
     }
 
     #[test]

@@ -159,6 +159,15 @@ struct DaemonArgs {
     /// capture of one daemon's traffic that both pcap checkers accept).
     #[arg(long)]
     no_gso: bool,
+    /// How RC QPs recover lost packets: gbn (go-back-N, as kernel rxe), selective
+    /// (selective retransmission on every RC QP, for networks of softroce devices only) or
+    /// auto (the default: selective with peers that are softroce, go-back-N otherwise).
+    #[arg(long)]
+    loss_recovery: Option<config::LossRecoveryMode>,
+    /// The bandwidth-delay product, in bytes, that selective retransmission's window is
+    /// capped at (default 131072: 128 packets at MTU 1024).
+    #[arg(long)]
+    selective_bdp: Option<u32>,
     /// Let this user (uid or name) use the daemon besides the daemon's own user (repeatable).
     /// The control socket is then mode 0666; the daemon checks every client's uid.
     #[arg(long = "allow-uid")]
@@ -273,7 +282,9 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.cm_response_timeout.is_some()
         || args.cm_max_retries.is_some()
         || args.local_via_socket
-        || args.no_gso;
+        || args.no_gso
+        || args.loss_recovery.is_some()
+        || args.selective_bdp.is_some();
     if from_flags || config.devices.is_empty() {
         let mut d = if args.addrs.is_empty() && args.netdev.is_none() && args.tap.is_none() {
             DeviceConfig::loopback_default()
@@ -310,6 +321,12 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         if let Some(r) = args.cm_max_retries {
             d.cm_max_retries = r;
+        }
+        if let Some(m) = args.loss_recovery {
+            d.loss_recovery = m;
+        }
+        if let Some(b) = args.selective_bdp {
+            d.selective_bdp = b;
         }
         d.local_via_socket |= args.local_via_socket;
         d.gso &= !args.no_gso;

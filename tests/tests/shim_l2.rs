@@ -381,6 +381,17 @@ fn roce_v1_pair_runs_every_program_and_the_bridge_carries_only_roce_v1() {
         "rping's addresses were resolved by ARP: {:?}",
         report.ethertypes
     );
+    // Two softroce devices (`--loss-recovery auto`): they found each other with the
+    // capability MAD in RoCE v1 framing (the capture holds v1 only) and their RC QPs use
+    // selective retransmission (docs/loss-recovery.md).
+    for d in [&pair.a, &pair.b] {
+        let log = d.log();
+        assert!(
+            log.contains("peer is a softroce device")
+                && log.contains("QP uses selective retransmission"),
+            "{log}"
+        );
+    }
 }
 
 /// The capture's RoCE frames are all RoCE v2 (IPv4 or IPv6, UDP 4791); the others are ARP
@@ -580,13 +591,16 @@ fn mismatch_lines(log: &str) -> Vec<&str> {
 #[test]
 fn a_v2_client_against_a_v1_only_server_fails_clearly() {
     // A (the client) speaks v2 only, B (the server) v1 only. Short CM timeouts on A: its
-    // REQ is retried twice, 3 × (2 · 2^(16-8) + 2^(12-8)) ms ≈ 1.6 s in all.
+    // REQ is retried twice, 3 × (2 · 2^(16-8) + 2^(12-8)) ms ≈ 1.6 s in all. B on go-back-N:
+    // with `auto` its pingpong QP would probe A for selective retransmission in RoCE v1
+    // (docs/loss-recovery.md), which A refuses and logs, and this test checks that A
+    // receives nothing at all.
     let mut pair = Pair::new(
         "l2mis",
         "v2",
         "v1",
         &["--cm-response-timeout", "12", "--cm-max-retries", "2"],
-        &[],
+        &["--loss-recovery", "gbn"],
     );
 
     // By hand: ibv_rc_pingpong's QP has timeout 14 (4.096 µs · 2^14 = 67 ms) and

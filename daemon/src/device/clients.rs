@@ -389,6 +389,24 @@ impl DeviceThread {
                   "client's engine destroyed");
             debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),
                    "engine counters");
+            for qpn in c.qps.keys() {
+                if let Some(state) = c.engine.selective_summary(proto::Qpn::new(*qpn)) {
+                    debug!(client, qpn, %state, "selective retransmission state at exit");
+                }
+            }
+            let k = c.engine.counters();
+            if k.sack_sent + k.sack_rcvd > 0 {
+                info!(
+                    client,
+                    sack_sent = k.sack_sent,
+                    sack_rcvd = k.sack_rcvd,
+                    ooo_held = k.ooo_held,
+                    sel_retransmits = k.sel_retransmits,
+                    probes = k.sel_probes,
+                    timeouts = k.completer_retry_err,
+                    "selective retransmission counters"
+                );
+            }
         }
     }
 }

@@ -37,6 +37,7 @@ mod doorbells;
 mod events;
 mod handles;
 mod limits;
+mod loss_recovery;
 mod multicast;
 mod objects;
 pub mod operator;
@@ -149,6 +150,8 @@ pub struct DeviceThread {
     /// The IP multicast groups the device's QPs are attached to, with the attachments
     /// (client, QPN): the group is joined while any remains (rxe_mcast_add/rxe_mcast_del).
     groups: HashMap<IpAddr, JoinedGroup>,
+    /// Which peers are softroce devices, and the QPs waiting to know ([`loss_recovery`]).
+    negotiation: loss_recovery::Negotiation,
     /// Packets the device itself dropped (after the link, before any engine).
     drops: DeviceDrops,
     /// The engine counters of the clients that are gone, so that the device's totals do not
@@ -216,6 +219,11 @@ impl DeviceThread {
             groups: HashMap::new(),
             drops: DeviceDrops::default(),
             departed: tp::Counters::default(),
+            negotiation: loss_recovery::Negotiation::new(
+                cfg.loss_recovery,
+                cfg.selective_bdp,
+                crate::entropy::u64(),
+            ),
         })
     }
 
@@ -318,6 +326,7 @@ impl DeviceThread {
             DevMsg::ClientGone { client } => self.client_gone(client),
             DevMsg::SendGsi(mut mad) => {
                 self.gsi_sent += 1;
+                self.warm_loss_recovery(mad.dst, mad.src, mad.gid_type);
                 self.link
                     .send_gsi_as(mad.gid_type, mad.src, mad.dst, &mut mad.packet);
                 self.link.flush();
@@ -381,6 +390,7 @@ impl DeviceThread {
         let mut broken: Vec<u64> = Vec::new();
         let mut busy = self.take_posted_work(&mut broken);
         busy |= self.receive(wait, &mut broken);
+        busy |= self.negotiation_timers();
         busy |= self.transmit(&mut broken);
         broken.sort_unstable();
         broken.dedup();
@@ -401,6 +411,7 @@ impl DeviceThread {
             .clients
             .values()
             .filter_map(|c| c.engine.poll_timeout())
+            .chain(self.negotiation.poll_timeout())
             .min();
         let timeout = match due {
             Some(t) if t <= now => Duration::ZERO,

@@ -83,8 +83,10 @@ impl Registry {
             device = %cfg.name,
             roce = %cfg.roce,
             mtu = cfg.mtu,
+            loss_recovery = %cfg.loss_recovery,
             addrs = ?cfg.addr,
             netdev = ?cfg.netdev,
+            tap = ?cfg.tap,
             "device ready"
         );
         self.factory.threads.push(

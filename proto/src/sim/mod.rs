@@ -117,6 +117,8 @@ pub struct QpOptions {
     pub srq: Option<u32>,
     /// The local GID the QP's path leaves from (its type sets the framing).
     pub sgid_index: u8,
+    /// How RC QPs recover losses (go-back-N, as rxe, unless a test says otherwise).
+    pub loss_recovery: LossRecovery,
 }
 
 impl Default for QpOptions {
@@ -135,6 +137,7 @@ impl Default for QpOptions {
             traffic_class: 0,
             srq: None,
             sgid_index: 0,
+            loss_recovery: LossRecovery::GoBackN,
         }
     }
 }
@@ -401,6 +404,11 @@ impl Sim {
                 .union(AttrMask::MIN_RNR_TIMER),
         };
         dev.modify_qp(qpn, &a, rtr).expect("to RTR");
+        // At RTR, where the daemon chooses it (then RTS sets the send PSN).
+        if o.qp_type == QpType::Rc {
+            dev.set_loss_recovery(qpn, o.loss_recovery)
+                .expect("loss recovery");
+        }
         a.qp_state = QpState::Rts;
         a.sq_psn = Psn::new(o.sq_psn);
         a.timeout = o.timeout;

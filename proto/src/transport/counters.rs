@@ -41,6 +41,16 @@ pub struct Counters {
     pub cnp_rcvd: u64,
     /// Engine-only: ECN CE-marked packets received.
     pub ecn_marked_pkts: u64,
+    /// Engine-only, selective retransmission (`transport::selective`): SACK reports sent
+    /// and received, request packets held out of order by the responder, and packets the
+    /// requester sent again because a report (or a timeout probe) showed them missing.
+    pub sack_sent: u64,
+    pub sack_rcvd: u64,
+    pub ooo_held: u64,
+    pub sel_retransmits: u64,
+    /// Engine-only: selective retransmission's probe timer fired (a stall of about two
+    /// round trips, answered by a probe long before the IBTA timeout).
+    pub sel_probes: u64,
     /// Engine-only: why packets were dropped or refused, one counter per reason (issue 16:
     /// every hostile packet is counted under a reason).
     pub drops: DropCounters,
@@ -180,6 +190,11 @@ impl Counters {
             ("cnp_sent", self.cnp_sent),
             ("cnp_rcvd", self.cnp_rcvd),
             ("ecn_marked_pkts", self.ecn_marked_pkts),
+            ("sack_sent", self.sack_sent),
+            ("sack_rcvd", self.sack_rcvd),
+            ("ooo_held", self.ooo_held),
+            ("sel_retransmits", self.sel_retransmits),
+            ("sel_probes", self.sel_probes),
         ]);
         out.extend(self.drops.named());
         out
@@ -222,6 +237,11 @@ impl Counters {
             cnp_sent: next(),
             cnp_rcvd: next(),
             ecn_marked_pkts: next(),
+            sack_sent: next(),
+            sack_rcvd: next(),
+            ooo_held: next(),
+            sel_retransmits: next(),
+            sel_probes: next(),
             drops: DropCounters {
                 malformed: next(),
                 unknown_opcode: next(),

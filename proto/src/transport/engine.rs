@@ -10,6 +10,7 @@ use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::qpn_pool::QpnPool;
 use super::resources::{Ah, Cq, KeyGen, KeyOwner, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
+use super::selective::LossRecovery;
 use super::table::Table;
 use super::timers::{Nanos, TimerQueue};
 use super::verbs::*;
@@ -851,6 +852,9 @@ impl<M: MemoryAccess> Engine<M> {
         if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) {
             qp.resize_resources();
         }
+        if mask.contains(AttrMask::RQ_PSN) || mask.contains(AttrMask::SQ_PSN) {
+            super::selective::on_psns_set(qp);
+        }
         if qp.ty == QpType::Gsi {
             qp.attr.qkey = Qkey::GSI;
         }
@@ -877,6 +881,61 @@ impl<M: MemoryAccess> Engine<M> {
             schedule(qp, &mut self.ctx.ready);
         }
         Ok(())
+    }
+
+    /// Chooses how an RC QP recovers lost packets ([`LossRecovery`]). Every QP starts with
+    /// go-back-N, exactly as rxe; selective retransmission is for a peer known to be a
+    /// softroce device doing the same (the daemon negotiates it, `docs/loss-recovery.md`).
+    /// The switch may happen at any time, with packets outstanding; it is one way: a QP
+    /// goes back to go-back-N only through RESET (the peer may hold packets it reported).
+    pub fn set_loss_recovery(&mut self, qpn: Qpn, mode: LossRecovery) -> VerbsResult<()> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        match mode {
+            LossRecovery::GoBackN if qp.selective.is_some() => Err(VerbsError::Invalid(
+                "selective retransmission ends only with RESET",
+            )),
+            LossRecovery::GoBackN => Ok(()),
+            LossRecovery::Selective(_) if qp.ty != QpType::Rc => Err(VerbsError::Invalid(
+                "selective retransmission needs an RC QP",
+            )),
+            LossRecovery::Selective(params) => {
+                super::selective::enable(qp, params);
+                schedule(qp, &mut self.ctx.ready);
+                Ok(())
+            }
+        }
+    }
+
+    /// A summary of a selective QP's recovery state, for logs (None: go-back-N or no QP).
+    pub fn selective_summary(&self, qpn: Qpn) -> Option<String> {
+        let qp = self.qps.get(&qpn)?;
+        let sel = qp.selective.as_deref()?;
+        Some(format!(
+            "{}; state {:?} comp_psn {} req_psn {} retry_left {} sq {}; resp_psn {} in_msg {:?} resp_out {}",
+            sel.summary(),
+            qp.state,
+            qp.comp_psn,
+            qp.req_psn,
+            qp.retry_left,
+            qp.sq.len(),
+            qp.resp_psn,
+            qp.in_msg.as_ref().map(|m| (m.is_send, m.offset, m.resid)),
+            qp.resp_out.len()
+        ))
+    }
+
+    /// A QP's transport type.
+    pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
+        self.qps.get(&qpn).map(|q| q.ty)
+    }
+
+    /// The loss recovery an RC QP uses now.
+    pub fn loss_recovery(&self, qpn: Qpn) -> Option<LossRecovery> {
+        let qp = self.qps.get(&qpn)?;
+        Some(match qp.selective.as_deref() {
+            Some(sel) => LossRecovery::Selective(sel.params()),
+            None => LossRecovery::GoBackN,
+        })
     }
 
     /// `ibv_attach_mcast` (UD only).
@@ -1098,7 +1157,9 @@ impl<M: MemoryAccess> Engine<M> {
             return;
         }
         let transport_ok = match qp.ty {
-            QpType::Rc => t.bth.opcode.0 < 0x20,
+            QpType::Rc => {
+                t.bth.opcode.0 < 0x20 || t.bth.opcode == crate::wire::Opcode::SOFTROCE_SACK
+            }
             QpType::Uc => (0x20..0x40).contains(&t.bth.opcode.0),
             QpType::Ud | QpType::Gsi => (0x60..0x80).contains(&t.bth.opcode.0),
         };
@@ -1168,6 +1229,11 @@ impl<M: MemoryAccess> Engine<M> {
             qp.counters.rcvd_pkts -= 1;
             qp.counters.rcvd_bytes -= rx.wire_len as u64;
         }
+        if qp.selective.is_some() {
+            // Selective retransmission's responder side may move the QP's deadlines too.
+            self.timers
+                .arm(qp.qpn, qp.next_deadline(), &mut qp.timer_at);
+        }
     }
 
     /// Runs the timers that are due at `now`: retransmission, RNR wait, pacing. Only the QPs
@@ -1193,10 +1259,19 @@ impl<M: MemoryAccess> Engine<M> {
             if qp.rnr_wait_until.is_some_and(|t| t <= now) {
                 qp.rnr_wait_until = None;
                 schedule(qp, &mut self.ctx.ready);
+                if qp.selective.is_some() && qp.retrans_deadline.is_none() && qp.has_unacked() {
+                    // Whatever the wait ends with, the timer watches what is outstanding.
+                    qp.retrans_deadline =
+                        super::timers::ack_timeout(qp.attr.timeout).map(|d| now + d);
+                }
             }
             if qp.retrans_deadline.is_some_and(|t| t <= now) {
                 qp.retrans_deadline = None;
                 super::completer::on_retransmit_timeout(qp, &mut self.ctx, now);
+            }
+            if qp.probe_deadline.is_some_and(|t| t <= now) {
+                qp.probe_deadline = None;
+                super::selective::on_probe(qp, &mut self.ctx, now);
             }
             self.timers
                 .arm(qp.qpn, qp.next_deadline(), &mut qp.timer_at);
@@ -1258,8 +1333,8 @@ impl<M: MemoryAccess> Engine<M> {
             .map(|q| (q.req_psn, q.comp_psn, q.resp_psn))
     }
 
-    /// Go-back-N retries the requester of `qpn` has started (simulator invariant: a PSN moves
-    /// backward only after one).
+    /// Go-back-N retries the requester of `qpn` has started, plus its selective
+    /// retransmissions (simulator invariant: a PSN moves backward only after one).
     pub fn qp_retry_events(&self, qpn: Qpn) -> Option<u64> {
         self.qps.get(&qpn).map(|q| q.retry_events)
     }
@@ -1356,7 +1431,9 @@ pub(crate) fn complete<M>(ctx: &mut Ctx<M>, cq: u32, wc: WorkCompletion, solicit
 /// transport error the NAK that reports it is still sent.
 pub(crate) fn flush_qp<M>(qp: &mut Qp, ctx: &mut Ctx<M>, drop_output: bool) {
     qp.state = QpState::Err;
+    super::selective::on_error(qp);
     qp.retrans_deadline = None;
+    qp.probe_deadline = None;
     qp.rnr_wait_until = None;
     qp.paced_until = None;
     qp.need_retry = false;

@@ -76,6 +76,7 @@ mod qpn_pool;
 pub mod requester;
 pub mod resources;
 pub mod responder;
+pub mod selective;
 pub mod table;
 pub mod timers;
 pub mod verbs;
@@ -90,5 +91,6 @@ pub use qp_attr::{
     check_modify, transition_attrs, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType,
 };
 pub use resources::MwType;
+pub use selective::{LossRecovery, SelectiveParams};
 pub use timers::Nanos;
 pub use verbs::*;

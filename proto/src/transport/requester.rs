@@ -88,19 +88,7 @@ pub(crate) fn post_send<M: MemoryAccess>(
         complete(ctx, qp.init.send_cq, wc, false);
         return Ok(());
     }
-    qp.sq.push_back(SendWqe {
-        wr,
-        len,
-        started: false,
-        first_psn: Psn::new(0),
-        last_psn: Psn::new(0),
-        npkts: 0,
-        next_psn: Psn::new(0),
-        sent_all: false,
-        holds_rd_atomic: false,
-        read_req_psn: Psn::new(0),
-        error: None,
-    });
+    qp.sq.push_back(SendWqe::new(wr, len));
     super::engine::schedule(qp, &mut ctx.ready);
     Ok(())
 }
@@ -143,6 +131,11 @@ pub(crate) fn fail_head<M>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) {
 /// skips the packets already acknowledged; a READ restarts at the first byte not received.
 fn go_back_n(qp: &mut Qp) {
     qp.need_retry = false;
+    if let Some(sel) = qp.selective.as_mut() {
+        // Everything from comp_psn goes again as new packets; what the peer reported
+        // holding is re-learnt from its next report.
+        sel.on_go_back_n();
+    }
     qp.req_psn = qp.comp_psn;
     qp.req_index = 0;
     qp.noack_pkts = 0;
@@ -217,6 +210,15 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         if qp.need_retry {
             go_back_n(qp);
+        }
+        if qp.selective.is_some() {
+            // What the peer reported missing goes before anything new.
+            if let Some(tx) = super::selective::poll_retransmit(qp, ctx, now, buf) {
+                return Some(tx);
+            }
+            if qp.paced_until.is_some() {
+                return None;
+            }
         }
     }
     loop {
@@ -294,12 +296,18 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     };
     let max_rd = u32::from(qp.attr.max_rd_atomic).max(1);
     let (rd_in_flight, req_psn, comp_psn) = (qp.rd_atomic_in_flight, qp.req_psn, qp.comp_psn);
+    // Go-back-N: rxe's fixed 128 PSNs past the oldest unacknowledged one. Selective: the
+    // window (the bandwidth-delay product in packets) past what the responder holds in order.
+    let (window_base, window) = match qp.selective.as_deref() {
+        Some(sel) => sel.send_window(comp_psn, mtu),
+        None => (comp_psn, MAX_UNACKED_PSNS),
+    };
     let w = qp.sq.get_mut(idx)?;
     if ty == QpType::Rc {
         if w.wr.op.is_read_or_atomic() && !w.holds_rd_atomic && rd_in_flight >= max_rd {
             return None;
         }
-        if req_psn.diff(comp_psn) >= MAX_UNACKED_PSNS {
+        if req_psn.diff(window_base) >= window {
             return None;
         }
     }
@@ -316,13 +324,45 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         w.next_psn = req_psn;
     }
     let psn = w.next_psn;
+    emit_request(qp, ctx, now, idx, psn, Emit::New, buf)
+}
+
+/// Which packet [`emit_request`] builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Emit {
+    /// The next packet of the WQE in the current pass (its `next_psn`).
+    New,
+    /// Selective retransmission of a packet sent before, always with AckReq. `read_len`:
+    /// for a READ, the bytes to ask for again (a run of missing response packets).
+    Retransmit { read_len: Option<u32> },
+}
+
+/// Builds packet `psn` of WQE `idx`: the request packets of SEND/WRITE/READ/atomics, by
+/// path MTU, with rxe's opcodes and AckReq rule.
+pub(crate) fn emit_request<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Nanos,
+    idx: usize,
+    psn: Psn,
+    emit: Emit,
+    buf: &mut [u8],
+) -> Option<Transmit> {
+    let ty = qp.ty;
+    let mtu = if ty.is_ud() {
+        ctx.config.port_mtu.bytes()
+    } else {
+        qp.mtu()
+    };
+    let retransmit = emit != Emit::New;
+    let w = qp.sq.get_mut(idx)?;
     let index = psn.diff(w.first_psn).max(0) as u32;
     let offset = u64::from(index) * u64::from(mtu);
     let qpn = qp.qpn;
 
     // The next full-MTU MIDDLE packet of a SEND or WRITE whose previous MIDDLE packet was
     // built here: its headers are the kept ones with a new PSN and AckReq bit.
-    if let Some(tpl) = qp.next_segment.as_ref() {
+    if let Some(tpl) = qp.next_segment.as_ref().filter(|_| !retransmit) {
         let middle = index > 0
             && u64::from(w.len).saturating_sub(offset) > u64::from(mtu)
             && tpl.payload_len() == mtu as usize
@@ -406,7 +446,10 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     };
     let is_read_atomic = ty == QpType::Rc && w.wr.op.is_read_or_atomic();
     let mut ack_req = false;
-    if ty == QpType::Rc {
+    if retransmit {
+        // Every retransmission asks for the responder's news at once.
+        ack_req = true;
+    } else if ty == QpType::Rc {
         qp.noack_pkts += 1;
         if last || qp.noack_pkts > MAX_PKT_PER_ACK || is_read_atomic {
             ack_req = true;
@@ -450,11 +493,19 @@ pub(crate) fn poll_request<M: MemoryAccess>(
             });
         }
         SendOp::Read(r) => {
-            // A partial retry asks only for the bytes not yet received (facts §4.3).
+            // A partial retry asks only for the bytes not yet received (facts §4.3); a
+            // selective repair only for the run of response packets that went missing.
+            let rest = (u64::from(w.len) - offset.min(u64::from(w.len))) as u32;
+            let len = match emit {
+                Emit::Retransmit {
+                    read_len: Some(len),
+                } => len.min(rest),
+                _ => rest,
+            };
             t.reth = Some(RethRepr {
                 va: r.va.wrapping_add(offset),
                 rkey: r.rkey,
-                len: (u64::from(w.len) - offset.min(u64::from(w.len))) as u32,
+                len,
             });
         }
         SendOp::CompareSwap {
@@ -515,7 +566,9 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     if let Some(at) = pace {
         if at > now {
             qp.paced_until = Some(at);
-            qp.noack_pkts = qp.noack_pkts.saturating_sub(1);
+            if !retransmit {
+                qp.noack_pkts = qp.noack_pkts.saturating_sub(1);
+            }
             return None;
         }
     }
@@ -546,6 +599,10 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         Some(Ok(tx)) => tx,
     };
+    if retransmit {
+        super::selective::resent(qp, ctx, now, psn, tx.len);
+        return Some(tx);
+    }
     if ctx.cc_none
         && matches!(
             opcode,
@@ -613,6 +670,12 @@ fn sent<M>(
     }
     // UD and UC do not consume PSN space with retries; they advance one per packet anyway.
     qp.req_psn = next;
+    if let Some(sel) = qp.selective.as_mut() {
+        sel.on_sent(psn, next, now);
+        if qp.probe_deadline.is_none() {
+            qp.probe_deadline = Some(now + sel.probe_timeout(qp.attr.timeout));
+        }
+    }
     match ty {
         QpType::Rc => {
             if qp.retrans_deadline.is_none() {

@@ -24,6 +24,7 @@ pub mod mad;
 pub mod ndisc;
 pub mod opcode;
 pub mod packet;
+pub mod sack;
 pub mod udp;
 
 pub use aeth::{AethRepr, AethSyndrome, NakCode};
@@ -37,6 +38,7 @@ pub use ipv6::{Ipv6Packet, Ipv6Repr};
 pub use ndisc::{NdiscPacket, NdiscRepr};
 pub use opcode::{HeaderSet, OpInfo, Opcode, Transport};
 pub use packet::{RocePacket, TransportRepr};
+pub use sack::SackRepr;
 pub use udp::{UdpPacket, UdpRepr};
 
 /// UDP destination port of RoCE v2 (IBTA Annex A17).
