@@ -13,6 +13,7 @@
 
 pub mod aeth;
 pub mod bth;
+pub mod ecn;
 pub mod ethernet;
 pub mod ext;
 pub mod frame;
@@ -26,6 +27,7 @@ pub mod udp;
 
 pub use aeth::{AethRepr, AethSyndrome, NakCode};
 pub use bth::{Bth, BthRepr};
+pub use ecn::Ecn;
 pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr};
 pub use ext::{AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, RethRepr};
 pub use frame::{FrameRepr, LinkRepr, NetRepr, ParsedFrame};
