@@ -1,5 +1,6 @@
 //! The counters kernel rxe keeps (`rdma statistic`, sysfs `hw_counters`; roce-rxe-facts.md
-//! §6.2), under the same names, plus a few engine-only drop counters that rxe logs instead.
+//! §6.2), under the same names, plus a few engine-only drop counters that rxe logs instead,
+//! and mlx5's congestion-control counters.
 
 /// Per-device counters. Field names are rxe's counter names.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -29,11 +30,14 @@ pub struct Counters {
     /// Engine-only: packets dropped by header checks (malformed, unknown QP, wrong state,
     /// address mismatch, wrong transport).
     pub dropped_pkts: u64,
-    /// Engine-only: CNPs sent and received through the congestion-control seam.
-    pub cnp_sent: u64,
-    pub cnp_rcvd: u64,
-    /// Engine-only: ECN CE-marked packets received.
-    pub ecn_marked_pkts: u64,
+    /// Congestion control, under mlx5's names (`ethtool -S`, `rdma statistic`): CE-marked
+    /// RoCE packets received (counted whatever the algorithm), CNPs sent by the notification
+    /// point, CNPs the reaction point acted on, and CNPs it ignored (congestion control off,
+    /// or no such QP).
+    pub np_ecn_marked_roce_packets: u64,
+    pub np_cnp_sent: u64,
+    pub rp_cnp_handled: u64,
+    pub rp_cnp_ignored: u64,
 }
 
 impl Counters {
@@ -57,6 +61,19 @@ impl Counters {
             ("rdma_recvs", self.rdma_recvs),
             ("sent_bytes", self.sent_bytes),
             ("rcvd_bytes", self.rcvd_bytes),
+        ]
+    }
+
+    /// The congestion-control counters as (name, value) pairs, under mlx5's names.
+    pub fn cc_counters(&self) -> [(&'static str, u64); 4] {
+        [
+            (
+                "np_ecn_marked_roce_packets",
+                self.np_ecn_marked_roce_packets,
+            ),
+            ("np_cnp_sent", self.np_cnp_sent),
+            ("rp_cnp_handled", self.rp_cnp_handled),
+            ("rp_cnp_ignored", self.rp_cnp_ignored),
         ]
     }
 

@@ -62,8 +62,8 @@
 //! ```
 
 pub mod access;
-pub mod cc;
 pub mod completer;
+pub mod congestion;
 pub mod counters;
 pub mod engine;
 pub mod memory;
@@ -76,7 +76,7 @@ pub mod responder;
 pub mod timers;
 pub mod verbs;
 
-pub use cc::{CongestionControl, NoCongestionControl};
+pub use congestion::{Algorithm, CongestionConfig, Params as CcParams, QpCongestion};
 pub use counters::Counters;
 pub use engine::{Engine, EngineConfig, MrKeys, Transmit, MAX_FRAME_LEN};
 pub use memory::{MemoryAccess, MemoryError, VecMemory};

@@ -117,7 +117,7 @@ pub(crate) struct Route {
 }
 
 /// The whole packet's length: network header through ICRC, or None for an unknown opcode.
-#[inline]
+#[cfg(test)]
 pub(crate) fn frame_len(route: &Route, t: &TransportRepr) -> Option<usize> {
     Some(route.net.header_len() + udp::HEADER_LEN + transport_len(t)?)
 }
