@@ -5,7 +5,7 @@
 //! until it is bound or resolved, a wildcard listener serves every device, and ports are one
 //! namespace per port space, as in the kernel. The device threads only carry MADs: a UD
 //! SEND_ONLY to QP1 that they receive is handed here as a [`GsiMad`]; a MAD to send goes back as
-//! [`DevMsg::SendGsi`] and leaves through the device's UDP socket like all its traffic (so
+//! [`GsiOut`] and leaves through the device's UDP socket like all its traffic (so
 //! tcpdump and `softroce pcap check` see the CM exchange, even when the daemon talks to itself).
 //!
 //! Requests come from the client control threads ([`CmMsg::Request`]); events go straight to the
@@ -14,7 +14,7 @@
 //! every id and channel it created; connected ids tell their peer (DREQ / REJ) as ib_cm does
 //! when a process dies.
 
-use crate::device::DevMsg;
+use crate::gsi::{gsi_packet, GsiMad, GsiOut, GsiSender};
 use crossbeam_channel::{select, Receiver, Sender};
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType};
 use proto::cm::msg::{sidr_status, ReqRepr};
@@ -22,15 +22,12 @@ use proto::cm::rdma_cm::{
     self as rc, CmaHdr, Negotiated, PortSpace, RdmaCmEventType as Ev, RoceRoute,
 };
 use proto::cm::{
-    AcceptParams, CmEndpoint, CmEvent, ConnId, ConnectParams, EndpointConfig, RejReason,
-    SidrParams, GSI_QKEY, GSI_QPN,
+    AcceptParams, CmEndpoint, CmEvent, ConnId, ConnectParams, EndpointConfig, RejReason, SidrParams,
 };
 use proto::ctl::{
     self, cm_option, cm_ps, qp_type, AhAttr, CmConnParam, CmEventMsg, CmIdInfo, CmPathInfo,
     CmUdParam, DeviceInfo, QpAttr, Request, Response, RoceVersion,
 };
-use proto::wire::{BthRepr, DethRepr, Opcode, RocePacket, TransportRepr};
-use proto::{Psn, Qkey, Qpn};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -74,32 +71,6 @@ mod access {
     pub const REMOTE_WRITE: u32 = 2;
     pub const REMOTE_READ: u32 = 4;
     pub const REMOTE_ATOMIC: u32 = 8;
-}
-
-/// A CM MAD a device thread received on QP1.
-#[derive(Debug, Clone)]
-pub struct GsiMad {
-    pub device: usize,
-    pub src: IpAddr,
-    pub dst: IpAddr,
-    pub mad: Vec<u8>,
-}
-
-/// MADs received and not yet taken by the CM thread: the kernel's GSI QP has as many receive
-/// buffers (ib_mad's `IB_MAD_QP_RECV_SIZE`); a MAD that finds them all taken is dropped, and
-/// the sender's retries cover it. Without a bound, a peer sending MADs faster than the CM
-/// thread handles them would grow the daemon's memory without limit.
-pub const GSI_RECV_QUEUE: usize = 512;
-
-/// The queue from the device threads to the CM thread.
-pub fn gsi_queue() -> (Sender<GsiMad>, Receiver<GsiMad>) {
-    crossbeam_channel::bounded(GSI_RECV_QUEUE)
-}
-
-/// Hands a received MAD to the CM thread without ever blocking the device thread; false when
-/// it was dropped (the queue is full, or the CM thread is gone).
-pub fn deliver_gsi(sink: &Sender<GsiMad>, mad: GsiMad) -> bool {
-    sink.try_send(mad).is_ok()
 }
 
 /// Messages to the CM thread.
@@ -146,51 +117,6 @@ pub fn is_cm_request(r: &Request) -> bool {
     )
 }
 
-/// The part of a received datagram (BTH..ICRC, ICRC already verified) that is a MAD for QP1:
-/// a UD SEND_ONLY with the GSI Q_Key (facts §8.1). `None` for anything else, which rxe's GSI
-/// QP would drop too.
-pub fn gsi_payload(bytes: &[u8]) -> Option<&[u8]> {
-    let p = RocePacket::new_checked(bytes).ok()?;
-    let t = TransportRepr::parse(&p).ok()?;
-    if t.bth.opcode != Opcode::UD_SEND_ONLY || t.bth.dest_qpn.value() != GSI_QPN {
-        return None;
-    }
-    if t.deth.map(|d| d.qkey.0) != Some(GSI_QKEY) {
-        return None;
-    }
-    let start = p.layout().header_len;
-    if p.layout().payload_len < proto::wire::mad::MAD_LEN {
-        return None;
-    }
-    bytes.get(start..start + proto::wire::mad::MAD_LEN)
-}
-
-/// A MAD as the UD SEND_ONLY packet from QP1 to QP1 that carries it (BTH, DETH, MAD, room for
-/// the ICRC, which the sender computes for the addresses it sends with).
-pub fn gsi_packet(psn: u32, mad: &[u8]) -> Option<Vec<u8>> {
-    let mut t = TransportRepr::new(BthRepr {
-        opcode: Opcode::UD_SEND_ONLY,
-        solicited: false,
-        mig_req: false,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        dest_qpn: Qpn::new(GSI_QPN),
-        // rxe sets AckReq on every MAD it sends (a signaled send's last packet), as every
-        // captured kernel REQ/REP/RTU/DREQ/DREP/SIDR shows; the receiver ignores it on UD.
-        ack_req: true,
-        psn: Psn::new(psn),
-    });
-    t.deth = Some(DethRepr {
-        qkey: Qkey(GSI_QKEY),
-        src_qpn: Qpn::new(GSI_QPN),
-    });
-    t.payload_len = mad.len();
-    let mut buf = vec![0u8; t.buffer_len()];
-    t.emit(&mut buf, mad).ok()?;
-    Some(buf)
-}
-
 /// A device as the CM sees it.
 #[derive(Debug, Clone)]
 pub struct CmDeviceSetup {
@@ -202,16 +128,13 @@ pub struct CmDeviceSetup {
     pub cm_max_retries: u8,
 }
 
-/// Hands a message to one device thread (and wakes it).
-pub type DeviceSender = Box<dyn Fn(DevMsg) -> bool + Send>;
-
 struct CmDevice {
     setup: CmDeviceSetup,
     addrs: Vec<IpAddr>,
     endpoint: CmEndpoint,
     /// The GSI QP's next PSN.
     psn: u32,
-    send: DeviceSender,
+    send: GsiSender,
 }
 
 impl CmDevice {
@@ -424,14 +347,14 @@ pub struct CmService {
 
 impl CmService {
     /// `senders[i]` hands a message to device thread `i`.
-    pub fn new(setups: Vec<(CmDeviceSetup, DeviceSender)>) -> CmService {
+    pub fn new(setups: Vec<(CmDeviceSetup, GsiSender)>) -> CmService {
         let devices = setups
             .into_iter()
             .map(|(setup, send)| {
                 let mut cfg = EndpointConfig::new(setup.info.node_guid, random_u32(), random_u32());
                 cfg.first_id = random_u32();
                 CmDevice {
-                    addrs: crate::device::gid_addrs(&setup.info),
+                    addrs: setup.info.gid_addrs(),
                     setup,
                     endpoint: CmEndpoint::new(cfg),
                     psn: 0,
@@ -480,7 +403,7 @@ impl CmService {
                     Ok(CmMsg::ClientGone { client }) => self.client_gone(client),
                     Ok(CmMsg::UpdateInfo { device, info }) => {
                         if let Some(d) = self.devices.get_mut(device) {
-                            d.addrs = crate::device::gid_addrs(&info);
+                            d.addrs = info.gid_addrs();
                             d.setup.info = info;
                         }
                     }
@@ -530,7 +453,7 @@ impl CmService {
                 d.psn = (d.psn + 1) & 0xff_ffff;
                 if let Some(packet) = gsi_packet(psn, &t.mad) {
                     debug!(?t, "CM MAD out");
-                    (d.send)(DevMsg::SendGsi {
+                    (d.send)(GsiOut {
                         src,
                         dst: t.peer,
                         packet,
@@ -1739,45 +1662,8 @@ fn cm_id_of(r: &Request) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn received_mads_beyond_the_gsi_queue_are_dropped_without_blocking() {
-        let (sink, queue) = gsi_queue();
-        let mad = |i: usize| GsiMad {
-            device: 0,
-            src: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9)),
-            dst: IpAddr::V4(Ipv4Addr::LOCALHOST),
-            mad: vec![i as u8; proto::wire::mad::MAD_LEN],
-        };
-        // Nobody reads: the device thread must neither block nor queue without limit.
-        let taken = (0..GSI_RECV_QUEUE + 10)
-            .filter(|&i| deliver_gsi(&sink, mad(i)))
-            .count();
-        assert_eq!(taken, GSI_RECV_QUEUE);
-        assert_eq!(queue.len(), GSI_RECV_QUEUE);
-        // The oldest were kept, in order; room again once the CM thread takes one.
-        assert_eq!(queue.recv().map(|m| m.mad[0]).ok(), Some(0));
-        assert!(deliver_gsi(&sink, mad(1)));
-        drop(queue);
-        assert!(!deliver_gsi(&sink, mad(2)), "the CM thread is gone");
-    }
-
-    #[test]
-    fn gsi_packets_round_trip() {
-        let mut mad = [0u8; proto::wire::mad::MAD_LEN];
-        mad[0] = 1;
-        mad[1] = 7;
-        let p = gsi_packet(0x123, &mad).unwrap();
-        assert_eq!(p.len(), 12 + 8 + 256 + 4);
-        assert_eq!(p[0], 0x64, "UD SEND_ONLY");
-        assert_eq!(&p[4..8], &[0, 0, 0, 1], "dest QP 1");
-        assert_eq!(&p[12..16], &GSI_QKEY.to_be_bytes());
-        assert_eq!(gsi_payload(&p), Some(&mad[..]));
-        let mut wrong = p.clone();
-        wrong[12] ^= 1;
-        assert_eq!(gsi_payload(&wrong), None, "Q_Key other than GSI");
-        assert_eq!(gsi_payload(&p[..100]), None);
-    }
+    use crate::gsi::gsi_payload;
+    use proto::cm::GSI_QPN;
 
     use crate::config::{device_info, DeviceConfig};
     use std::path::Path;
@@ -1792,10 +1678,8 @@ mod tests {
         cfg.addr = addrs.iter().map(|a| a.parse().unwrap()).collect();
         let wire: Wire = Arc::default();
         let w = Arc::clone(&wire);
-        let send: DeviceSender = Box::new(move |m| {
-            if let DevMsg::SendGsi { src, dst, packet } = m {
-                w.lock().unwrap().push((src, dst, packet));
-            }
+        let send: GsiSender = Box::new(move |m: GsiOut| {
+            w.lock().unwrap().push((m.src, m.dst, m.packet));
             true
         });
         let setup = CmDeviceSetup {

@@ -5,6 +5,7 @@ pub mod cm;
 pub mod config;
 pub mod ctl;
 pub mod device;
+pub mod gsi;
 pub mod memory;
 pub mod net;
 pub mod pcap;

@@ -393,7 +393,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
     let mut devices = Vec::new();
     let mut links = Vec::new();
     let mut device_threads = Vec::new();
-    let (gsi_tx, gsi_rx) = cm::gsi_queue();
+    let (gsi_tx, gsi_rx) = crate::gsi::gsi_queue();
     for (index, d) in config.devices.iter().enumerate() {
         let info = config::device_info(d)?;
         let (tx, rx) = unbounded();
@@ -428,7 +428,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
         .zip(&links)
         .map(|(d, link): (&Device, &DeviceLink)| {
             let link = link.clone();
-            let send: cm::DeviceSender = Box::new(move |m| link.send(m));
+            let send: crate::gsi::GsiSender = Box::new(move |m| link.send(DevMsg::SendGsi(m)));
             (
                 CmDeviceSetup {
                     info: d.info.clone(),

@@ -695,6 +695,21 @@ pub fn gid_of(addr: std::net::IpAddr) -> [u8; 16] {
     }
 }
 
+/// The address a RoCE GID stands for: `::ffff:a.b.c.d` is IPv4, anything else IPv6 (the
+/// inverse of [`gid_of`]).
+pub fn ip_of_gid(gid: [u8; 16]) -> std::net::IpAddr {
+    let v6 = std::net::Ipv6Addr::from(gid);
+    v6.to_ipv4_mapped()
+        .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4)
+}
+
+impl DeviceInfo {
+    /// The GID table's entries as addresses, in table order.
+    pub fn gid_addrs(&self) -> Vec<std::net::IpAddr> {
+        self.gids.iter().map(|g| ip_of_gid(g.gid)).collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

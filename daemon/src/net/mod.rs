@@ -1,6 +1,7 @@
-//! The daemon's RoCE v2 packet I/O: UDP sockets on port 4791 (IPv4 and IPv6) driven by
-//! io_uring, with ICRC building for sends and ICRC verification (with IPv4 Identification
-//! recovery) for receives.
+//! The daemon's packet I/O. A device reaches the network through a [`Link`] (the seam, in
+//! [`link`]); [`UdpLink`] is RoCE v2 through UDP sockets on port 4791 (IPv4 and IPv6) driven
+//! by io_uring, with ICRC building for sends and ICRC verification (with IPv4 Identification
+//! recovery) for receives, built from the pieces below.
 //!
 //! - [`UdpTransport`] owns the sockets and a driver. Sends are queued with
 //!   [`UdpTransport::send`] / [`UdpTransport::send_with`] and submitted in batches;
@@ -42,16 +43,19 @@
 
 mod build;
 mod cmsg;
+pub mod link;
 mod loopback;
 mod multicast;
 mod socket;
 mod spin;
 mod syscall;
 mod transport;
+mod udp_link;
 mod uring;
 mod verify;
 
 pub use build::PacketBuilder;
+pub use link::{Link, RxPacket};
 pub use loopback::LocalFrames;
 pub use multicast::MulticastGroup;
 pub use spin::AdaptiveSpin;
@@ -59,4 +63,5 @@ pub use transport::{
     Backend, BackendChoice, NetConfig, NetCounters, NetError, RxDatagram, TxMeta, UdpTransport,
     MAX_GSO_SEGMENTS,
 };
+pub use udp_link::{UdpLink, UdpLinkConfig, GROUP_POLL};
 pub use verify::{Ipv4Ident, RxVerdict, RxVerifier, MAX_ROCE_PACKET};

@@ -1,0 +1,352 @@
+//! One device on its own thread: the transport engines of its clients, their shared rings, and
+//! the device's [`Link`] to the network.
+//!
+//! Each client process gets its own engine ([`proto::transport::Engine`]) on each device it
+//! opens, with its own block of QP numbers. All of a client's resources (PDs, MRs, CQs, QPs)
+//! live in that engine, and an R_Key is only ever honoured for a QP of the same PD, so
+//! packets are demultiplexed by destination QPN and every memory access the engine makes
+//! belongs to one process: the engine's `MemoryAccess` is that process's memory
+//! (`process_vm_readv`/`writev`). Killing a client drops its engine and everything in it.
+//!
+//! The loop ([`DeviceThread::run`]) is the table of contents:
+//! - control messages: requests from the client threads ([`control`], creating objects in
+//!   [`objects`]), clients gone ([`clients`]), MADs from the CM thread;
+//! - posted work from the rings into the engines ([`work_requests`]);
+//! - received packets from the link into the engines ([`receive`]; QP1's MADs go to the CM
+//!   thread, [`crate::gsi`]);
+//! - timers, and the engines' packets out: to the link, or from engine to engine for QPs of
+//!   this device, as rxe's loopback ([`transmit`]);
+//! - completions and events back to the clients ([`completions`]);
+//! - when nothing happened for a short spin, every ring is told the device sleeps and the
+//!   thread blocks in the link's poll, which also wakes on the doorbell eventfd that clients
+//!   (and the control threads) write.
+//!
+//! Handles given to clients carry the device index ([`handles`]); the device joins the IP
+//! multicast groups its QPs attach to ([`multicast`]).
+
+mod clients;
+mod completions;
+mod control;
+mod handles;
+mod multicast;
+mod objects;
+mod receive;
+mod transmit;
+mod work_requests;
+
+pub use handles::{handle_device, HANDLE_DEVICE_SHIFT};
+
+use crate::gsi::{GsiMad, GsiOut};
+use crate::net::{AdaptiveSpin, Link, LocalFrames, UdpLink, UdpLinkConfig};
+use clients::ClientDev;
+use crossbeam_channel::{Receiver, Sender};
+use multicast::JoinedGroup;
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use proto::ctl::{ClientResources, DeviceInfo, Request, Response};
+use proto::transport as tp;
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+use tracing::info;
+
+/// How long the loop keeps polling after the last piece of work before it sleeps: between
+/// these, following the gaps between pieces of work (net::AdaptiveSpin).
+const SPIN_MIN: Duration = Duration::from_micros(20);
+const SPIN_MAX: Duration = Duration::from_micros(200);
+/// Longest sleep when no timer is due. Every other reason to wake rings the doorbell (control
+/// messages, posts to a sleeping ring) or completes on the io_uring (packets), and each
+/// wake-up costs a pass over every ring: with 10,000 idle QPs, waking every 200 ms cost 2% of
+/// a CPU. The cap only bounds the damage of a wake-up that was missed.
+const MAX_SLEEP: Duration = Duration::from_secs(10);
+
+/// Messages to a device thread.
+pub enum DevMsg {
+    Request {
+        client: u64,
+        pid: i32,
+        request: Request,
+        fds: Vec<OwnedFd>,
+        reply: Sender<(Response, Vec<OwnedFd>)>,
+    },
+    ClientGone {
+        client: u64,
+    },
+    Stats {
+        reply: Sender<Vec<(u64, ClientResources)>>,
+    },
+    /// The device's addresses changed (`--netdev`): engines created from now on use the new
+    /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
+    /// resolved against it.)
+    UpdateInfo(DeviceInfo),
+    /// A CM MAD from the CM thread, to leave through this device's link.
+    SendGsi(GsiOut),
+    Shutdown,
+}
+
+/// The device thread's state.
+pub struct DeviceThread {
+    index: u32,
+    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config).
+    max_qp: usize,
+    max_mr: usize,
+    /// How many devices the daemon serves: device `i` takes the QPN blocks `b` with
+    /// `b % devices == i`, so that QPNs are unique across devices (clients name QPs by QPN).
+    devices: u32,
+    info: DeviceInfo,
+    gids: Vec<IpAddr>,
+    link: Box<dyn Link + Send>,
+    wake: EventFd,
+    rx: Receiver<DevMsg>,
+    clients: BTreeMap<u64, ClientDev>,
+    /// QPN block -> client.
+    blocks: HashMap<u32, u64>,
+    /// The block handed out last: blocks go round-robin, so that a new client does not get
+    /// the QPNs of one that just exited, whose connections may still be in CM timewait on a
+    /// peer (a REQ from a QPN the peer still holds is refused as a stale connection, REJ 10;
+    /// rxe likewise allocates QPNs cyclically).
+    last_block: u32,
+    start: Instant,
+    slot: Vec<u8>,
+    /// Where packets to QP1 (CM MADs) go: the CM thread ([`crate::cm`]).
+    gsi: Option<Sender<GsiMad>>,
+    /// Packets between QPs of this device, waiting for delivery.
+    local: LocalFrames,
+    /// Whether packets between QPs of this device go through the link (visible to a
+    /// capture) instead of `local` (`local_via_socket` in the config).
+    local_via_socket: bool,
+    /// The IP multicast groups the device's QPs are attached to, with the attachments
+    /// (client, QPN): the group is joined while any remains (rxe_mcast_add/rxe_mcast_del).
+    groups: HashMap<IpAddr, JoinedGroup>,
+}
+
+impl DeviceThread {
+    /// Opens the device's link and returns the thread state.
+    pub fn new(
+        index: usize,
+        devices: usize,
+        cfg: &crate::config::DeviceConfig,
+        info: DeviceInfo,
+        rx: Receiver<DevMsg>,
+        port: u16,
+    ) -> anyhow::Result<DeviceThread> {
+        let gids = info.gid_addrs();
+        let wake =
+            EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        let link = UdpLink::open(&UdpLinkConfig {
+            name: &info.name,
+            addrs: &gids,
+            follow_netdev: !info.netdevs.is_empty(),
+            port,
+            gso: cfg.gso && std::env::var_os("SOFTROCE_NO_GSO").is_none(),
+            gro: std::env::var_os("SOFTROCE_NO_GRO").is_none(),
+            wake_fd: wake.as_raw_fd(),
+        })?;
+        Ok(DeviceThread {
+            max_qp: cfg.max_qp as usize,
+            max_mr: cfg.max_mr as usize,
+            index: index as u32,
+            devices: devices.max(1) as u32,
+            info,
+            gids,
+            link: Box::new(link),
+            wake,
+            rx,
+            clients: BTreeMap::new(),
+            blocks: HashMap::new(),
+            last_block: 0,
+            start: Instant::now(),
+            slot: vec![0u8; 64 * 1024],
+            gsi: None,
+            local: LocalFrames::new(),
+            local_via_socket: cfg.local_via_socket,
+            groups: HashMap::new(),
+        })
+    }
+
+    /// Hands received CM MADs (packets to QP1) to the CM thread.
+    pub fn set_gsi_sink(&mut self, sink: Sender<GsiMad>) {
+        self.gsi = Some(sink);
+    }
+
+    /// A descriptor that wakes the thread when written (for the doorbell and control).
+    pub fn wake_fd(&self) -> std::io::Result<OwnedFd> {
+        self.wake.as_fd().try_clone_to_owned()
+    }
+
+    fn now(&self) -> tp::Nanos {
+        self.start.elapsed().as_nanos() as tp::Nanos
+    }
+
+    pub fn run(mut self) {
+        raise_priority();
+        let mut idle_since = Instant::now();
+        let mut spin = AdaptiveSpin::new(SPIN_MIN, SPIN_MAX);
+        // When the last piece of work ended, and whether the loop has been idle since.
+        let mut last_work = Instant::now();
+        let mut idle = true;
+        loop {
+            let mut busy = false;
+            while let Ok(msg) = self.rx.try_recv() {
+                busy = true;
+                if !self.message(msg) {
+                    info!(device = %self.info.name, counters = ?self.link.counters(), "device stopped");
+                    return;
+                }
+            }
+            busy |= self.pump(Duration::ZERO);
+            if busy {
+                let now = Instant::now();
+                if idle {
+                    spin.on_work_after(now - last_work);
+                    idle = false;
+                }
+                (idle_since, last_work) = (now, now);
+                continue;
+            }
+            idle = true;
+            if idle_since.elapsed() < spin.budget() {
+                // Spinning, but not against the clients: on a small machine the processes
+                // that will post the next work (or poll for this work's completion) may
+                // share this CPU, and this thread's raised priority would starve them.
+                // sched_yield lets them run first and returns at once if none waits.
+                idle_yield();
+                continue;
+            }
+            // Sleep: tell every ring, re-check, then block until a packet, a doorbell, a
+            // control message or the next timer.
+            if self.announce_sleep() || !self.rx.is_empty() {
+                self.announce_awake();
+                continue;
+            }
+            let timeout = self.sleep_time();
+            self.pump(timeout);
+            let _ = self.wake.read();
+            self.announce_awake();
+            idle_since = Instant::now();
+        }
+    }
+
+    /// Handles one control message; false when the device is to stop.
+    fn message(&mut self, msg: DevMsg) -> bool {
+        match msg {
+            DevMsg::Shutdown => return false,
+            DevMsg::Request {
+                client,
+                pid,
+                request,
+                fds,
+                reply,
+            } => {
+                let (resp, fds) = self.request(client, pid, handles::untag(request), fds);
+                let _ = reply.send((handles::tag(resp, self.index), fds));
+            }
+            DevMsg::ClientGone { client } => self.client_gone(client),
+            DevMsg::SendGsi(mut mad) => {
+                self.link.send_gsi(mad.src, mad.dst, &mut mad.packet);
+                self.link.flush();
+            }
+            DevMsg::UpdateInfo(info) => {
+                self.gids = info.gid_addrs();
+                self.link.set_addresses(&self.gids);
+                self.info = info;
+            }
+            DevMsg::Stats { reply } => {
+                let _ = reply.send(
+                    self.clients
+                        .iter()
+                        .map(|(id, c)| (*id, c.resources()))
+                        .collect(),
+                );
+            }
+        }
+        true
+    }
+
+    /// One round of the data path; `wait` is how long the link may block. Returns whether
+    /// anything happened.
+    fn pump(&mut self, wait: Duration) -> bool {
+        // Clients whose engine panicked on the way: dropped at the end of the round.
+        let mut broken: Vec<u64> = Vec::new();
+        let mut busy = self.take_posted_work(&mut broken);
+        busy |= self.receive(wait, &mut broken);
+        busy |= self.transmit(&mut broken);
+        broken.sort_unstable();
+        broken.dedup();
+        for id in broken {
+            self.client_gone(id);
+        }
+        if busy {
+            self.link.flush();
+        }
+        busy
+    }
+
+    /// How long an idle device may block: until the next engine timer, at most
+    /// [`MAX_SLEEP`], and no longer than the link allows.
+    fn sleep_time(&self) -> Duration {
+        let now = self.now();
+        let due = self
+            .clients
+            .values()
+            .filter_map(|c| c.engine.poll_timeout())
+            .min();
+        let timeout = match due {
+            Some(t) if t <= now => Duration::ZERO,
+            Some(t) => Duration::from_nanos(t - now).min(MAX_SLEEP),
+            None => MAX_SLEEP,
+        };
+        self.link.max_sleep().map_or(timeout, |m| timeout.min(m))
+    }
+
+    /// Sets every consumer ring's sleeping flag; true if work slipped in meanwhile.
+    fn announce_sleep(&self) -> bool {
+        let mut work = false;
+        for c in self.clients.values() {
+            for q in c.qps.values() {
+                work |= q.sq.consumer_prepare_sleep().unwrap_or(false);
+                if let Some(rq) = &q.rq {
+                    work |= rq.consumer_prepare_sleep().unwrap_or(false);
+                }
+            }
+            for s in c.srqs.values() {
+                work |= s.ring.consumer_prepare_sleep().unwrap_or(false);
+            }
+        }
+        work
+    }
+
+    fn announce_awake(&self) {
+        for c in self.clients.values() {
+            for q in c.qps.values() {
+                q.sq.consumer_awake();
+                if let Some(rq) = &q.rq {
+                    rq.consumer_awake();
+                }
+            }
+            for s in c.srqs.values() {
+                s.ring.consumer_awake();
+            }
+        }
+    }
+}
+
+/// Applications busy-poll their completion queues, and on a small machine they compete with the
+/// device thread for the CPUs: a device thread that waits a whole time slice behind a spinning
+/// application adds milliseconds to every round trip. A higher scheduling weight lets it run as
+/// soon as it wakes. Without the privilege to raise it (not root), nothing changes.
+fn raise_priority() {
+    // SAFETY: plain system calls on this thread's own id; no memory is passed.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -10);
+    }
+}
+
+/// Gives the CPU to whoever waits for it while the loop spins for more work (see `run`).
+fn idle_yield() {
+    // SAFETY: no arguments; sched_yield cannot fail on Linux.
+    unsafe {
+        libc::sched_yield();
+    }
+}

@@ -1,0 +1,425 @@
+//! Creating the objects that share rings with the client (CQs, QPs, SRQs: each gets a sealed
+//! memfd holding its rings, whose descriptor goes to the client), and the QP attribute verbs,
+//! translated between the control protocol's ibverbs-level values and the engine's.
+
+use super::clients::{ClientDev, CqState, QpHost, SrqState};
+use super::control::{err, errno};
+use crate::shm::SharedRegion;
+use proto::ctl::{self, Response, RingPlace};
+use proto::ring::wqe;
+use proto::ring::{RingGeometry, SharedRing};
+use proto::transport::{
+    self as tp, Access, AddressVector, AttrMask, Mtu, QpCap, QpInit, QpState, QpType, VerbsError,
+};
+use proto::{Psn, Qkey, Qpn};
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::os::fd::OwnedFd;
+
+fn to_qp_state(v: u32) -> Option<QpState> {
+    Some(match v {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return None,
+    })
+}
+
+pub(super) fn address_vector(a: &ctl::AhAttr) -> AddressVector {
+    AddressVector {
+        dgid: ctl::ip_of_gid(a.dgid),
+        sgid_index: a.sgid_index,
+        hop_limit: a.hop_limit,
+        traffic_class: a.traffic_class,
+        flow_label: a.flow_label,
+    }
+}
+
+/// Allocates a sealed memfd holding `geometries` back to back; returns it and where each ring
+/// is.
+fn rings(
+    name: &str,
+    geometries: &[RingGeometry],
+) -> anyhow::Result<(SharedRegion, Vec<(SharedRing, RingPlace)>)> {
+    let mut offsets = Vec::new();
+    let mut at = 0usize;
+    for g in geometries {
+        offsets.push(at);
+        at += g.byte_len().next_multiple_of(4096);
+    }
+    let region = SharedRegion::create(name, at.max(4096))?;
+    let mut out = Vec::new();
+    for (g, off) in geometries.iter().zip(offsets) {
+        let ring = region.init_ring(off, *g)?;
+        out.push((
+            ring,
+            RingPlace {
+                offset: off as u64,
+                slot_size: g.slot_size,
+                slot_count: g.slot_count,
+            },
+        ));
+    }
+    Ok((region, out))
+}
+
+/// The region's descriptor, for the client; the daemon keeps only its mapping.
+fn give_fd(region: &mut SharedRegion) -> Vec<OwnedFd> {
+    region.take_fd().into_iter().collect()
+}
+
+pub(super) fn create_cq(
+    c: &mut ClientDev,
+    ctx: u32,
+    cqe: u32,
+    channel: Option<u32>,
+) -> (Response, Vec<OwnedFd>) {
+    if !c.contexts.contains_key(&ctx) {
+        return (errno(libc::EINVAL, "no such context"), vec![]);
+    }
+    if channel.is_some_and(|ch| !c.channels.contains_key(&ch)) {
+        return (errno(libc::EINVAL, "no such completion channel"), vec![]);
+    }
+    if cqe == 0 || cqe > 1 << 20 {
+        return (errno(libc::EINVAL, "cqe out of range"), vec![]);
+    }
+    let Some(g) = RingGeometry::new(cqe + 1, wqe::CQE_SLOT_LEN as u32) else {
+        return (errno(libc::EINVAL, "cqe out of range"), vec![]);
+    };
+    // The engine's depth is the granted one (`slot_count - 1`, reported as `cqe`): asking
+    // for the ring's power-of-two slot count would exceed max_cqe (32767) for cqe = max_cqe.
+    let cq = match c.engine.create_cq(g.slot_count as usize - 1) {
+        Ok(h) => h,
+        Err(e) => return (err(e), vec![]),
+    };
+    match rings("cq", &[g]) {
+        Ok((mut region, mut r)) => {
+            let (ring, place) = r.remove(0);
+            let fds = give_fd(&mut region);
+            let region_len = region.len() as u64;
+            c.cqs.insert(
+                cq,
+                CqState {
+                    _region: region,
+                    ring,
+                    channel,
+                    generation: 0,
+                    ctx,
+                },
+            );
+            (
+                Response::Cq {
+                    cq,
+                    cqe: g.slot_count - 1,
+                    ring: place,
+                    region_len,
+                },
+                fds,
+            )
+        }
+        Err(e) => {
+            let _ = c.engine.destroy_cq(cq);
+            (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn create_qp(
+    c: &mut ClientDev,
+    pd: u32,
+    qp_type: u32,
+    send_cq: u32,
+    recv_cq: u32,
+    srq: Option<u32>,
+    cap: ctl::QpCap,
+    sq_sig_all: bool,
+) -> (Response, Vec<OwnedFd>) {
+    let Some(&(epd, _)) = c.pds.get(&pd) else {
+        return (errno(libc::EINVAL, "no such PD"), vec![]);
+    };
+    let qp_type = match qp_type {
+        ctl::qp_type::RC => QpType::Rc,
+        ctl::qp_type::UC => QpType::Uc,
+        ctl::qp_type::UD => QpType::Ud,
+        _ => {
+            return (
+                errno(libc::EOPNOTSUPP, "QP type not supported (XRC, raw packet)"),
+                vec![],
+            )
+        }
+    };
+    let Some(ctx) = c.cqs.get(&send_cq).map(|q| q.ctx) else {
+        return (errno(libc::EINVAL, "no such send CQ"), vec![]);
+    };
+    if !c.cqs.contains_key(&recv_cq) || srq.is_some_and(|s| !c.srqs.contains_key(&s)) {
+        return (errno(libc::EINVAL, "no such CQ or SRQ"), vec![]);
+    }
+    // Grant at least what was asked, rounded to the rings' power-of-two depth.
+    if cap.max_inline_data > 512 {
+        return (errno(libc::EINVAL, "max_inline_data above 512"), vec![]);
+    }
+    let max_inline = cap.max_inline_data.clamp(64, 512);
+    // Checked before the slot sizes are computed from them: a client's huge SGE count would
+    // overflow `sge * 16`.
+    if cap.max_send_sge > wqe::MAX_SGE as u32 || cap.max_recv_sge > wqe::MAX_SGE as u32 {
+        return (errno(libc::EINVAL, "too many SGEs"), vec![]);
+    }
+    let send_slot = wqe::SEND_HEADER_LEN as u32 + (cap.max_send_sge.max(1) * 16).max(max_inline);
+    let recv_slot = wqe::RECV_HEADER_LEN as u32 + cap.max_recv_sge.max(1) * 16;
+    let (Some(sg), Some(rg)) = (
+        RingGeometry::new(cap.max_send_wr.max(1), send_slot),
+        RingGeometry::new(cap.max_recv_wr.max(1), recv_slot),
+    ) else {
+        return (errno(libc::EINVAL, "QP capacity"), vec![]);
+    };
+    let granted = ctl::QpCap {
+        max_send_wr: sg.slot_count,
+        max_recv_wr: if srq.is_some() { 0 } else { rg.slot_count },
+        max_send_sge: cap.max_send_sge.max(1),
+        max_recv_sge: cap.max_recv_sge.max(1),
+        max_inline_data: max_inline,
+    };
+    if granted.max_send_sge > wqe::MAX_SGE as u32 || granted.max_recv_sge > wqe::MAX_SGE as u32 {
+        return (errno(libc::EINVAL, "too many SGEs"), vec![]);
+    }
+    let init = QpInit {
+        pd: epd,
+        qp_type,
+        send_cq,
+        recv_cq,
+        srq,
+        cap: QpCap {
+            max_send_wr: granted.max_send_wr,
+            max_recv_wr: granted.max_recv_wr.max(1),
+            max_send_sge: granted.max_send_sge,
+            max_recv_sge: granted.max_recv_sge,
+            max_inline_data: granted.max_inline_data,
+        },
+        sq_sig_all,
+    };
+    let qpn = match c.engine.create_qp(init) {
+        Ok(q) => q,
+        Err(e) => return (err(e), vec![]),
+    };
+    let geometries: Vec<RingGeometry> = if srq.is_some() {
+        vec![sg]
+    } else {
+        vec![sg, rg]
+    };
+    match rings("qp", &geometries) {
+        Ok((mut region, mut r)) => {
+            let (sq, sq_place) = r.remove(0);
+            let (rq, rq_place) = match r.pop() {
+                Some((ring, place)) => (Some(ring), Some(place)),
+                None => (None, None),
+            };
+            let fds = give_fd(&mut region);
+            let region_len = region.len() as u64;
+            c.qps.insert(
+                qpn.value(),
+                QpHost {
+                    _region: region,
+                    sq,
+                    rq,
+                    cap: init.cap,
+                    send_cq,
+                    sq_sig_all,
+                    pending_send: VecDeque::new(),
+                    pending_recv: VecDeque::new(),
+                    ctx,
+                },
+            );
+            (
+                Response::Qp {
+                    qpn: qpn.value(),
+                    cap: granted,
+                    sq: sq_place,
+                    rq: rq_place,
+                    region_len,
+                },
+                fds,
+            )
+        }
+        Err(e) => {
+            let _ = c.engine.destroy_qp(qpn);
+            (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
+        }
+    }
+}
+
+pub(super) fn create_srq(
+    c: &mut ClientDev,
+    pd: u32,
+    max_wr: u32,
+    max_sge: u32,
+    limit: u32,
+) -> (Response, Vec<OwnedFd>) {
+    let Some(&(epd, pd_ctx)) = c.pds.get(&pd) else {
+        return (errno(libc::EINVAL, "no such PD"), vec![]);
+    };
+    // SRQ events go to the context the SRQ was made in: its PD's.
+    let ctx = pd_ctx;
+    let max_sge = max_sge.max(1);
+    // Checked first: a client's huge SGE count would overflow `max_sge * 16`.
+    if max_sge > wqe::MAX_SGE as u32 {
+        return (errno(libc::EINVAL, "too many SGEs"), vec![]);
+    }
+    let Some(g) = RingGeometry::new(max_wr.max(1), wqe::RECV_HEADER_LEN as u32 + max_sge * 16)
+    else {
+        return (errno(libc::EINVAL, "SRQ capacity"), vec![]);
+    };
+    let srq = match c.engine.create_srq(epd, g.slot_count, max_sge) {
+        Ok(s) => s,
+        Err(e) => return (err(e), vec![]),
+    };
+    if limit > 0 {
+        let _ = c.engine.arm_srq_limit(srq, limit);
+    }
+    match rings("srq", &[g]) {
+        Ok((mut region, mut r)) => {
+            let (ring, place) = r.remove(0);
+            let fds = give_fd(&mut region);
+            let region_len = region.len() as u64;
+            c.srqs.insert(
+                srq,
+                SrqState {
+                    _region: region,
+                    ring,
+                    max_sge,
+                    pending: VecDeque::new(),
+                    limit,
+                    max_wr: g.slot_count,
+                    ctx,
+                },
+            );
+            (
+                Response::Srq {
+                    srq,
+                    max_wr: g.slot_count,
+                    max_sge,
+                    ring: place,
+                    region_len,
+                },
+                fds,
+            )
+        }
+        Err(e) => {
+            let _ = c.engine.destroy_srq(srq);
+            (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
+        }
+    }
+}
+
+pub(super) fn modify_qp(c: &mut ClientDev, qpn: u32, a: &ctl::QpAttr, mask: u32) -> Response {
+    if !c.qps.contains_key(&qpn) {
+        return errno(libc::EINVAL, "no such QP");
+    }
+    let state = |v| to_qp_state(v).ok_or(VerbsError::Invalid("QP state"));
+    let m = AttrMask(mask);
+    let attr = (|| -> Result<tp::QpAttr, VerbsError> {
+        Ok(tp::QpAttr {
+            qp_state: if m.contains(AttrMask::STATE) {
+                state(a.qp_state)?
+            } else {
+                QpState::Reset
+            },
+            cur_qp_state: if m.contains(AttrMask::CUR_STATE) {
+                state(a.cur_qp_state)?
+            } else {
+                QpState::Reset
+            },
+            path_mtu: if m.contains(AttrMask::PATH_MTU) {
+                Mtu::from_enum(a.path_mtu).ok_or(VerbsError::Invalid("path MTU"))?
+            } else {
+                Mtu::Mtu1024
+            },
+            qkey: Qkey(a.qkey),
+            rq_psn: Psn::new(a.rq_psn),
+            sq_psn: Psn::new(a.sq_psn),
+            dest_qp_num: Qpn::new(a.dest_qp_num),
+            qp_access_flags: Access(a.qp_access_flags),
+            ah_attr: if m.contains(AttrMask::AV) {
+                if !a.ah_attr.is_global {
+                    // RoCE needs a GRH: the GID is the IP address (IBTA A17.4).
+                    return Err(VerbsError::Invalid(
+                        "RoCE address vectors need a GRH (is_global)",
+                    ));
+                }
+                Some(address_vector(&a.ah_attr))
+            } else {
+                None
+            },
+            pkey_index: a.pkey_index,
+            en_sqd_async_notify: a.en_sqd_async_notify != 0,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+        })
+    })();
+    match attr.and_then(|attr| c.engine.modify_qp(Qpn::new(qpn), &attr, m)) {
+        Ok(()) => Response::Done,
+        Err(e) => err(e),
+    }
+}
+
+pub(super) fn query_qp(c: &mut ClientDev, qpn: u32) -> Response {
+    let Some(q) = c.qps.get(&qpn) else {
+        return errno(libc::EINVAL, "no such QP");
+    };
+    let (cap, sq_sig_all) = (q.cap, q.sq_sig_all);
+    match c.engine.query_qp(Qpn::new(qpn)) {
+        Ok((state, a)) => {
+            let av = a
+                .ah_attr
+                .unwrap_or(AddressVector::new(IpAddr::V4([0, 0, 0, 0].into())));
+            Response::QpAttr {
+                attr: ctl::QpAttr {
+                    qp_state: state as u32,
+                    cur_qp_state: state as u32,
+                    path_mtu: a.path_mtu as u32,
+                    qkey: a.qkey.0,
+                    rq_psn: a.rq_psn.value(),
+                    sq_psn: a.sq_psn.value(),
+                    dest_qp_num: a.dest_qp_num.value(),
+                    qp_access_flags: a.qp_access_flags.0,
+                    ah_attr: ctl::AhAttr {
+                        dgid: ctl::gid_of(av.dgid),
+                        flow_label: av.flow_label,
+                        sgid_index: av.sgid_index,
+                        hop_limit: av.hop_limit,
+                        traffic_class: av.traffic_class,
+                        is_global: a.ah_attr.is_some(),
+                        port_num: 1,
+                        ..Default::default()
+                    },
+                    max_rd_atomic: a.max_rd_atomic,
+                    max_dest_rd_atomic: a.max_dest_rd_atomic,
+                    min_rnr_timer: a.min_rnr_timer,
+                    port_num: 1,
+                    timeout: a.timeout,
+                    retry_cnt: a.retry_cnt,
+                    rnr_retry: a.rnr_retry,
+                    ..Default::default()
+                },
+                cap: ctl::QpCap {
+                    max_send_wr: cap.max_send_wr,
+                    max_recv_wr: cap.max_recv_wr,
+                    max_send_sge: cap.max_send_sge,
+                    max_recv_sge: cap.max_recv_sge,
+                    max_inline_data: cap.max_inline_data,
+                },
+                sq_sig_all,
+            }
+        }
+        Err(e) => err(e),
+    }
+}
