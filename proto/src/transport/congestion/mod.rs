@@ -64,6 +64,7 @@ pub trait Controller {
 
 /// The algorithm a device runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Algorithm {
     /// No congestion control: kernel rxe on the wire.
     #[default]
