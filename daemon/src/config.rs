@@ -4,7 +4,9 @@
 
 use anyhow::{bail, Context, Result};
 use proto::ctl::{self, DeviceInfo, GidEntry, RoceVersion};
+use proto::transport::{Algorithm, CcParams, CongestionConfig};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -53,6 +55,38 @@ pub struct DeviceConfig {
     /// packet by packet there.
     #[serde(default = "default_true")]
     pub gso: bool,
+    /// Congestion control: `dcqcn` (the default: ECN, CNPs, per-QP pacing) or `none`
+    /// (kernel rxe's behaviour on the wire).
+    #[serde(default = "default_cc")]
+    pub cc: Algorithm,
+    /// Congestion-control parameters by name (NVIDIA's DOCA names, or mlx5's `rp_`/`np_`
+    /// ones), as `--cc-param NAME=VALUE`; docs/congestion.md lists them.
+    #[serde(default)]
+    pub cc_params: BTreeMap<String, CcParamValue>,
+}
+
+/// A congestion-control parameter's value in the TOML config: a number, a boolean, or the
+/// text `--cc-param` would take.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum CcParamValue {
+    Number(u64),
+    Flag(bool),
+    Text(String),
+}
+
+impl CcParamValue {
+    fn text(&self) -> String {
+        match self {
+            CcParamValue::Number(n) => n.to_string(),
+            CcParamValue::Flag(b) => u8::from(*b).to_string(),
+            CcParamValue::Text(t) => t.clone(),
+        }
+    }
+}
+
+fn default_cc() -> Algorithm {
+    Algorithm::Dcqcn
 }
 
 fn default_true() -> bool {
@@ -93,7 +127,36 @@ impl DeviceConfig {
             cm_max_retries: default_cm_max_retries(),
             local_via_socket: false,
             gso: true,
+            cc: default_cc(),
+            cc_params: BTreeMap::new(),
         }
+    }
+
+    /// Adds one `--cc-param NAME=VALUE`.
+    pub fn add_cc_param(&mut self, assignment: &str) -> Result<()> {
+        let Some((name, value)) = assignment.split_once('=') else {
+            bail!("--cc-param {assignment:?}: expected NAME=VALUE");
+        };
+        self.cc_params.insert(
+            name.trim().to_string(),
+            CcParamValue::Text(value.trim().to_string()),
+        );
+        Ok(())
+    }
+
+    /// The device's congestion control: the algorithm with its parameters applied to the
+    /// defaults.
+    pub fn congestion(&self) -> Result<CongestionConfig> {
+        let mut params = CcParams::default();
+        for (name, value) in &self.cc_params {
+            params
+                .set(name, &value.text())
+                .with_context(|| format!("device {}", self.name))?;
+        }
+        Ok(CongestionConfig {
+            algorithm: self.cc,
+            params,
+        })
     }
 
     /// The embedded default: RoCE v2 on 127.0.0.1 and ::1.
@@ -140,6 +203,7 @@ impl DeviceConfig {
                 self.roce
             );
         }
+        self.congestion()?;
         if !(8..=31).contains(&self.cm_response_timeout) || self.cm_max_retries > 15 {
             bail!(
                 "device {}: cm_response_timeout must be 8..31 and cm_max_retries 0..15",
@@ -352,6 +416,33 @@ mod tests {
         let mut fast = plain;
         fast.cm_max_retries = 16;
         assert!(fast.validate().is_err());
+    }
+
+    #[test]
+    fn congestion_control_is_dcqcn_by_default_and_takes_named_parameters() {
+        let plain = DeviceConfig::loopback_default();
+        let cc = plain.congestion().unwrap();
+        assert_eq!(cc.algorithm, Algorithm::Dcqcn);
+        assert_eq!(cc.params, CcParams::default());
+        let c = Config::from_toml(
+            "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\ncc=\"none\"\n\
+             cc_params = { rpg_time_reset = 55, clamp_tgt_rate = true, np_cnp_dscp = \"46\" }",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let cc = c.devices[0].congestion().unwrap();
+        assert_eq!(cc.algorithm, Algorithm::None);
+        assert_eq!(cc.params.rpg_time_reset, 55);
+        assert!(cc.params.clamp_tgt_rate);
+        assert_eq!(cc.params.cnp_dscp, 46);
+        let mut d = DeviceConfig::loopback_default();
+        d.add_cc_param("rpg_ai_rate=10").unwrap();
+        assert_eq!(d.congestion().unwrap().params.rpg_ai_rate, 10);
+        assert!(d.add_cc_param("rpg_ai_rate").is_err());
+        d.add_cc_param("no_such_param=1").unwrap();
+        let why = format!("{:#}", d.validate().unwrap_err());
+        assert!(why.contains("no_such_param"), "{why}");
+        assert!(Config::from_toml("[[device]]\nname=\"a\"\ncc=\"reno\"").is_err());
     }
 
     #[test]

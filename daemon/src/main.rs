@@ -100,6 +100,14 @@ struct DaemonArgs {
     /// capture of one daemon's traffic that both pcap checkers accept).
     #[arg(long)]
     no_gso: bool,
+    /// Congestion control: dcqcn (the default: data packets ECT(0), CNPs for CE marks,
+    /// DCQCN rate control and per-QP pacing) or none (kernel rxe's behaviour on the wire).
+    #[arg(long)]
+    cc: Option<proto::transport::Algorithm>,
+    /// A congestion-control parameter, NAME=VALUE (repeatable): NVIDIA's DOCA names or mlx5's
+    /// (rpg_time_reset=300, np_min_time_between_cnps=4, ...; docs/congestion.md lists them).
+    #[arg(long = "cc-param", value_name = "NAME=VALUE")]
+    cc_params: Vec<String>,
     /// RoCE v2 UDP port (4791; another value only for tests on one host).
     #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
     port: u16,
@@ -182,7 +190,9 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.cm_response_timeout.is_some()
         || args.cm_max_retries.is_some()
         || args.local_via_socket
-        || args.no_gso;
+        || args.no_gso
+        || args.cc.is_some()
+        || !args.cc_params.is_empty();
     if from_flags || config.devices.is_empty() {
         let mut d = if args.addrs.is_empty() && args.netdev.is_none() {
             DeviceConfig::loopback_default()
@@ -217,6 +227,12 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         d.local_via_socket |= args.local_via_socket;
         d.gso &= !args.no_gso;
+        if let Some(cc) = args.cc {
+            d.cc = cc;
+        }
+        for p in &args.cc_params {
+            d.add_cc_param(p)?;
+        }
         config.devices.push(d);
     }
     let socket = config::socket_path(args.socket.as_deref().or(config.socket.as_deref()));
@@ -278,7 +294,51 @@ fn res_show(socket: Option<&Path>) -> Result<()> {
             c.client, c.pid, c.uid, c.program, c.pds, c.mrs, c.cqs, c.qps, c.srqs, c.ahs, c.mws
         );
     }
+    let Response::Congestion(devices) = client.request(&Request::CongestionShow)? else {
+        bail!("unexpected answer from the daemon");
+    };
+    for d in devices {
+        print!("{}", congestion_table(&d));
+    }
     Ok(())
+}
+
+/// The congestion-control part of `softroce res show`: algorithm, counters, then one line
+/// per QP with its rate.
+fn congestion_table(d: &proto::ctl::DeviceCongestion) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let counters: Vec<String> = d.counters.iter().map(|(n, v)| format!("{n} {v}")).collect();
+    let _ = writeln!(
+        out,
+        "congestion control on {}: {}; {}",
+        d.device,
+        d.algorithm,
+        counters.join(", ")
+    );
+    if !d.qps.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:>6} {:>8} {:>14} {:>14} {:>6} {:>5}",
+            "client", "qpn", "rate Mbit/s", "target Mbit/s", "alpha", "paced"
+        );
+    }
+    for q in &d.qps {
+        let _ = writeln!(
+            out,
+            "{:>6} {:>#8x} {:>14.3} {:>14.3} {:>6.3} {:>5}",
+            q.client,
+            q.qpn,
+            q.rate_bps as f64 / 1e6,
+            q.target_bps as f64 / 1e6,
+            f64::from(q.alpha_1024) / 1024.0,
+            if q.paced { "yes" } else { "no" }
+        );
+    }
+    if d.qps_not_shown > 0 {
+        let _ = writeln!(out, "({} more QPs not shown)", d.qps_not_shown);
+    }
+    out
 }
 
 fn pcap_check(files: &[PathBuf], verbose: bool) -> ExitCode {

@@ -119,6 +119,18 @@ impl Registry {
                     clients: clients.into_values().collect(),
                 }
             }
+            Request::CongestionShow => Response::Congestion(
+                self.links
+                    .iter()
+                    .filter_map(|link| {
+                        let (tx, rx) = bounded(1);
+                        if !link.send(DevMsg::Congestion { reply: tx }) {
+                            return None;
+                        }
+                        rx.recv_timeout(Duration::from_secs(2)).ok()
+                    })
+                    .collect(),
+            ),
             _ => Response::Error {
                 errno: libc::EINVAL,
                 message: "not a registry request".into(),
@@ -183,7 +195,10 @@ impl Registry {
 fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) -> Option<usize> {
     let h = device::handle_device;
     Some(match request {
-        Request::Hello { .. } | Request::QueryDevices | Request::ResShow => return None,
+        Request::Hello { .. }
+        | Request::QueryDevices
+        | Request::ResShow
+        | Request::CongestionShow => return None,
         Request::OpenContext { device } => links.iter().position(|l| &l.name == device)?,
         Request::CloseContext { ctx }
         | Request::AllocPd { ctx }
@@ -309,7 +324,10 @@ fn serve_client(
             Ok(request) => match route(&request, &links, &qpns) {
                 None if matches!(
                     request,
-                    Request::Hello { .. } | Request::QueryDevices | Request::ResShow
+                    Request::Hello { .. }
+                        | Request::QueryDevices
+                        | Request::ResShow
+                        | Request::CongestionShow
                 ) =>
                 {
                     let reply = ask(|reply| {

@@ -172,6 +172,7 @@ impl DeviceThread {
             // and never for packets between local QPs, which the receiving engine takes with
             // handle_verified_packet.
             config.seal_icrc = false;
+            config.congestion = self.congestion;
             let mut engine =
                 tp::Engine::new(config, ProcMem(RefCell::new(ProcessMemory::new(pid))));
             engine.set_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);
@@ -206,6 +207,7 @@ impl DeviceThread {
         self.group_detach(|(c, _)| c == client, None);
         if let Some(c) = self.clients.remove(&client) {
             self.blocks.remove(&c.block);
+            self.count_departed(c.engine.counters());
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
             debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),

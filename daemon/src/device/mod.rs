@@ -22,10 +22,12 @@
 //!   (and the control threads) write.
 //!
 //! Handles given to clients carry the device index ([`handles`]); the device joins the IP
-//! multicast groups its QPs attach to ([`multicast`]).
+//! multicast groups its QPs attach to ([`multicast`]); every engine runs the device's
+//! congestion control, whose counters and per-QP rates [`congestion`] reports.
 
 mod clients;
 mod completions;
+mod congestion;
 mod control;
 mod handles;
 mod multicast;
@@ -75,6 +77,10 @@ pub enum DevMsg {
     Stats {
         reply: Sender<Vec<(u64, ClientResources)>>,
     },
+    /// The device's congestion control, counters and QP rates (`softroce res show`).
+    Congestion {
+        reply: Sender<proto::ctl::DeviceCongestion>,
+    },
     /// The device's addresses changed (`--netdev`): engines created from now on use the new
     /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
     /// resolved against it.)
@@ -118,6 +124,11 @@ pub struct DeviceThread {
     /// The IP multicast groups the device's QPs are attached to, with the attachments
     /// (client, QPN): the group is joined while any remains (rxe_mcast_add/rxe_mcast_del).
     groups: HashMap<IpAddr, JoinedGroup>,
+    /// What every engine of the device runs (`--cc`, `--cc-param`).
+    congestion: tp::CongestionConfig,
+    /// The congestion-control counters of clients that are gone (a port's counters count
+    /// from the start, not from the oldest client).
+    cc_departed: [u64; 4],
 }
 
 impl DeviceThread {
@@ -131,6 +142,7 @@ impl DeviceThread {
         port: u16,
     ) -> anyhow::Result<DeviceThread> {
         let gids = info.gid_addrs();
+        let congestion = cfg.congestion()?;
         let wake =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
         let link = UdpLink::open(&UdpLinkConfig {
@@ -161,6 +173,8 @@ impl DeviceThread {
             local: LocalFrames::new(),
             local_via_socket: cfg.local_via_socket,
             groups: HashMap::new(),
+            congestion,
+            cc_departed: [0; 4],
         })
     }
 
@@ -250,6 +264,9 @@ impl DeviceThread {
                 self.gids = info.gid_addrs();
                 self.link.set_addresses(&self.gids);
                 self.info = info;
+            }
+            DevMsg::Congestion { reply } => {
+                let _ = reply.send(self.congestion_report());
             }
             DevMsg::Stats { reply } => {
                 let _ = reply.send(
