@@ -18,12 +18,30 @@ use std::time::{Duration, Instant};
 
 const SENDERS: u8 = 4;
 
+/// The router was kept from running this long (µs) at worst: beyond it the run says more
+/// about the machine than about the network (what arrived meanwhile reached the queue as one
+/// burst), and it is run again.
+const ROUTER_STALL_LIMIT_US: u64 = 20_000;
+
 #[test]
 fn four_senders_with_dcqcn_share_a_marking_bottleneck_without_loss() {
-    let mut net = Network::new("dcqcn", SENDERS, &incast_router(), &dcqcn_100mbit());
-    // 20 s of ib_write_bw: DCQCN needs seconds to even out the shares at these rates (its
-    // timers are scaled 250-fold, see emulated::dcqcn_100mbit).
-    let run = run_incast(&mut net, SENDERS, 20);
+    let mut stalls = Vec::new();
+    let run = loop {
+        let mut net = Network::new("dcqcn", SENDERS, &incast_router(), &dcqcn_100mbit());
+        // 20 s of ib_write_bw: DCQCN needs seconds to even out the shares at these rates (its
+        // timers are scaled 250-fold, see emulated::dcqcn_100mbit).
+        let run = run_incast(&mut net, SENDERS, 20);
+        let late = run.router["max_late_us"];
+        if late <= ROUTER_STALL_LIMIT_US {
+            break run;
+        }
+        stalls.push(late);
+        println!("the router was stalled {late} µs (a busy machine): running again");
+        assert!(
+            stalls.len() < 3,
+            "the machine is too busy to emulate a network: the router stalled {stalls:?} µs"
+        );
+    };
     let (mbps, jain, window) = run.shares();
     let marked = run.router["marked"];
     let dropped = run.router["dropped"];
@@ -142,8 +160,8 @@ fn congestion_bench() {
         .unwrap_or(60);
     let mut table = String::from(
         "| run | goodput per flow (Mbit/s, last half) | total | Jain | bottleneck marked | \
-         dropped | max queue (KB) | receiver CE marks | CNPs sent | CNPs handled |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+         dropped | max queue (KB) | receiver CE marks | CNPs sent | CNPs handled | router \
+         stalled at most (ms) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     let none = vec!["--cc".to_string(), "none".to_string()];
     for (name, args) in [("dcqcn", dcqcn_100mbit()), ("none", none)] {
@@ -151,7 +169,7 @@ fn congestion_bench() {
         let run = run_incast(&mut net, SENDERS, secs);
         let (mbps, jain, _) = run.shares();
         table.push_str(&format!(
-            "| {name} | {} | {:.1} | {jain:.3} | {} | {} | {} | {} | {} | {} |\n",
+            "| {name} | {} | {:.1} | {jain:.3} | {} | {} | {} | {} | {} | {} | {:.1} |\n",
             mbps.iter()
                 .map(|m| format!("{m:.1}"))
                 .collect::<Vec<_>>()
@@ -163,6 +181,7 @@ fn congestion_bench() {
             run.counter(RECEIVER, "np_ecn_marked_roce_packets"),
             run.counter(RECEIVER, "np_cnp_sent"),
             run.cnps_handled(),
+            run.router["max_late_us"] as f64 / 1000.0,
         ));
         std::fs::write(out.join(format!("{name}.dat")), plot_data(&run)).unwrap();
     }

@@ -194,6 +194,7 @@ impl DeviceThread {
 
     pub fn run(mut self) {
         raise_priority();
+        exact_timers();
         let mut idle_since = Instant::now();
         let mut spin = AdaptiveSpin::new(SPIN_MIN, SPIN_MAX);
         // When the last piece of work ended, and whether the loop has been idle since.
@@ -357,6 +358,17 @@ fn raise_priority() {
     unsafe {
         let tid = libc::gettid();
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, -10);
+    }
+}
+
+/// The loop sleeps until the engines' next timer, and a paced QP's next packet is such a
+/// timer: the default timer slack (50 µs) would make every paced packet that late, a tenth
+/// of the time between packets at 1 Gbit/s. A 1 µs slack costs nothing measurable while the
+/// device sleeps longer.
+fn exact_timers() {
+    // SAFETY: prctl with integer arguments, on this thread.
+    unsafe {
+        libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong);
     }
 }
 

@@ -559,6 +559,9 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     Some(tx)
 }
 
+/// IPv6 + UDP + BTH + RETH + ICRC: what a full packet carries besides its payload, at most.
+const PACKET_OVERHEAD: u32 = 40 + 8 + 12 + 16 + 4;
+
 /// Whether the pacer holds the QP's next packet at `now`; if so the QP waits in
 /// `paced_until` for the packet's time, or for the controller's next change of rate if that
 /// comes first (a rate that recovers is used at once, not after an interval computed at the
@@ -569,7 +572,12 @@ fn held_by_pacer<M>(qp: &mut Qp, ctx: &Ctx<M>, now: Nanos) -> bool {
     if !qp.cc.limited() {
         return false;
     }
-    let tolerance = u64::from(p.pacing_tolerance) * 1_000;
+    // Lateness the pacer forgives: the configured time, and at least one full packet's time,
+    // so that at low rates a wake-up late by a fraction of a packet time costs no rate (the
+    // burst after an idle moment is then two packets).
+    let packet_bits = u64::from(qp.mtu() + PACKET_OVERHEAD) * 8;
+    let one_packet = (packet_bits * 1_000_000_000).checked_div(rate).unwrap_or(0);
+    let tolerance = (u64::from(p.pacing_tolerance) * 1_000).max(one_packet);
     let Some(at) = qp.pacer.release_time(now, rate, tolerance) else {
         return false;
     };

@@ -173,7 +173,8 @@ pub struct Params {
     pub line_rate: u32,
     /// How much lateness, in µs, a paced QP may make up with a burst: a daemon wakes later
     /// than the packet's time (timer resolution, a busy CPU) and then sends what it owes.
-    /// The burst is at most this much of the QP's rate (and at least one packet).
+    /// The burst is at most this much of the QP's rate, or one full packet's time if that is
+    /// more (then two packets can leave back to back).
     pub pacing_tolerance: u32,
 }
 
