@@ -29,7 +29,6 @@ use proto::ctl::{
     CmUdParam, DeviceInfo, QpAttr, Request, Response, RoceVersion,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::hash::{BuildHasher, Hasher};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -87,6 +86,10 @@ pub enum CmMsg {
     UpdateInfo {
         device: usize,
         info: DeviceInfo,
+    },
+    /// What the received MADs did, per device (for [`Request::Counters`]).
+    Counters {
+        reply: Sender<Vec<proto::cm::conn::CmCounters>>,
     },
     Shutdown,
 }
@@ -291,11 +294,10 @@ fn done() -> Reply {
     (Response::Done, Vec::new())
 }
 
+/// Starting PSNs, comm IDs and TIDs: from the kernel's CSPRNG, so that an off-path sender
+/// cannot guess a connection's PSN window (ReDMArk).
 fn random_u32() -> u32 {
-    // RandomState is seeded from the OS's entropy.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x434d);
-    h.finish() as u32
+    crate::entropy::u32()
 }
 
 fn ps_of(ps: u16) -> Option<PortSpace> {
@@ -406,6 +408,9 @@ impl CmService {
                             d.addrs = info.gid_addrs();
                             d.setup.info = info;
                         }
+                    }
+                    Ok(CmMsg::Counters { reply }) => {
+                        let _ = reply.send(self.devices.iter().map(|d| d.endpoint.counters()).collect());
                     }
                     Ok(CmMsg::Shutdown) | Err(_) => return,
                 },
@@ -1021,11 +1026,21 @@ impl CmService {
             None
         } else {
             match self.device_for(addr.ip()) {
+                Some(d) if self.devices[d].addrs.contains(&addr.ip()) => Some(d),
+                // "This host" binds to a device serving loopback addresses. Without one, the
+                // id is bound to no device, as a wildcard bind (and as librdmacm reports it
+                // on a kernel whose RDMA devices sit on network interfaces: `id->verbs` stays
+                // NULL): libfabric's verbs provider binds "localhost" to find its listening
+                // address and, given no device, takes the device's interface addresses
+                // instead. Binding it to the device made every libfabric server listen on
+                // 127.0.0.1, which no other host can reach.
                 Some(d)
-                    if self.devices[d].addrs.contains(&addr.ip()) || is_this_host(addr.ip()) =>
+                    if is_this_host(addr.ip())
+                        && self.devices[d].addrs.iter().any(|a| a.is_loopback()) =>
                 {
                     Some(d)
                 }
+                _ if is_this_host(addr.ip()) => None,
                 _ => {
                     return Err((
                         libc::EADDRNOTAVAIL,

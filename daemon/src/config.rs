@@ -35,6 +35,18 @@ pub struct DeviceConfig {
     pub max_qp: u32,
     #[serde(default = "default_max_mr")]
     pub max_mr: u32,
+    /// Deepest CQ a client may create (`ibv_query_device` reports it as `max_cqe`). The
+    /// default is what the stacks ask for without tuning: libfabric's `ofi_rxm` creates its
+    /// core CQs with 262,144 entries, which rxe's 32,767 refuses (EINVAL at `fi_enable`);
+    /// 1,048,575 leaves room above that (mlx5 reports 4,194,303) and keeps a CQ ring within
+    /// 2^20 slots of 64 bytes, whose pages are only touched as the CQ fills.
+    #[serde(default = "default_max_cqe")]
+    pub max_cqe: u32,
+    /// Caps on what the device holds over all its clients and on what one client may hold on
+    /// it (docs/robustness.md, "Resource limits"), the TOML table `[device.limits]`.
+    /// Reaching one fails the verb with ENOMEM.
+    #[serde(default)]
+    pub limits: ResourceLimits,
     /// The GID type rdma_cm uses on this device (configfs `default_roce_mode`).
     #[serde(default = "default_roce")]
     pub default_roce_mode: RoceVersion,
@@ -101,6 +113,140 @@ fn default_true() -> bool {
     true
 }
 
+/// Resource caps of one device, besides `max_qp` and `max_mr` (device-wide). Every value is a
+/// count or bytes; TOML keys as the field names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceLimits {
+    /// Most CQs the device holds.
+    #[serde(default = "default_max_cq")]
+    pub max_cq: u32,
+    /// Most SRQs the device holds.
+    #[serde(default = "default_max_srq")]
+    pub max_srq: u32,
+    /// Most bytes registered in MRs over all clients (registration pins nothing here, so the
+    /// default is the whole 47-bit user address space of many processes).
+    #[serde(default = "default_max_mr_bytes")]
+    pub max_mr_bytes: u64,
+    /// Most bytes of shared ring memory (QP, SRQ and CQ rings) over all clients: the daemon
+    /// allocates it.
+    #[serde(default = "default_max_ring_bytes")]
+    pub max_ring_bytes: u64,
+    /// What one client may hold on the device.
+    #[serde(default = "default_client_max_qp")]
+    pub client_max_qp: u32,
+    #[serde(default = "default_client_max_cq")]
+    pub client_max_cq: u32,
+    #[serde(default = "default_client_max_mr")]
+    pub client_max_mr: u32,
+    #[serde(default = "default_client_max_srq")]
+    pub client_max_srq: u32,
+    #[serde(default = "default_client_max_mr_bytes")]
+    pub client_max_mr_bytes: u64,
+    #[serde(default = "default_client_max_ring_bytes")]
+    pub client_max_ring_bytes: u64,
+}
+
+fn default_max_cq() -> u32 {
+    ctl::DeviceLimits::default().max_cq
+}
+fn default_max_srq() -> u32 {
+    ctl::DeviceLimits::default().max_srq
+}
+fn default_max_mr_bytes() -> u64 {
+    1 << 52
+}
+fn default_max_ring_bytes() -> u64 {
+    8 << 30
+}
+fn default_client_max_qp() -> u32 {
+    // A client's QPN block holds 65536 numbers.
+    1 << 16
+}
+fn default_client_max_cq() -> u32 {
+    1 << 16
+}
+fn default_client_max_mr() -> u32 {
+    1 << 19
+}
+fn default_client_max_srq() -> u32 {
+    1 << 14
+}
+fn default_client_max_mr_bytes() -> u64 {
+    1 << 47
+}
+fn default_client_max_ring_bytes() -> u64 {
+    2 << 30
+}
+
+impl Default for ResourceLimits {
+    fn default() -> ResourceLimits {
+        ResourceLimits {
+            max_cq: default_max_cq(),
+            max_srq: default_max_srq(),
+            max_mr_bytes: default_max_mr_bytes(),
+            max_ring_bytes: default_max_ring_bytes(),
+            client_max_qp: default_client_max_qp(),
+            client_max_cq: default_client_max_cq(),
+            client_max_mr: default_client_max_mr(),
+            client_max_srq: default_client_max_srq(),
+            client_max_mr_bytes: default_client_max_mr_bytes(),
+            client_max_ring_bytes: default_client_max_ring_bytes(),
+        }
+    }
+}
+
+fn default_max_connections() -> u32 {
+    1024
+}
+fn default_max_connections_per_uid() -> u32 {
+    256
+}
+
+/// A user or group, by number or by name (resolved when the daemon starts).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum UserOrId {
+    Id(u32),
+    Name(String),
+}
+
+impl std::str::FromStr for UserOrId {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<UserOrId, Self::Err> {
+        Ok(s.parse()
+            .map_or_else(|_| UserOrId::Name(s.to_string()), UserOrId::Id))
+    }
+}
+
+impl UserOrId {
+    /// The uid this names.
+    pub fn uid(&self) -> Result<u32> {
+        match self {
+            UserOrId::Id(id) => Ok(*id),
+            UserOrId::Name(n) if n.parse::<u32>().is_ok() => Ok(n.parse()?),
+            UserOrId::Name(n) => nix::unistd::User::from_name(n)
+                .ok()
+                .flatten()
+                .map(|u| u.uid.as_raw())
+                .with_context(|| format!("no user named {n:?}")),
+        }
+    }
+
+    /// The gid this names.
+    pub fn gid(&self) -> Result<u32> {
+        match self {
+            UserOrId::Id(id) => Ok(*id),
+            UserOrId::Name(n) if n.parse::<u32>().is_ok() => Ok(n.parse()?),
+            UserOrId::Name(n) => nix::unistd::Group::from_name(n)
+                .ok()
+                .flatten()
+                .map(|g| g.gid.as_raw())
+                .with_context(|| format!("no group named {n:?}")),
+        }
+    }
+}
+
 fn default_roce() -> RoceVersion {
     RoceVersion::V2
 }
@@ -113,11 +259,16 @@ fn default_cm_max_retries() -> u8 {
 fn default_mtu() -> u32 {
     DEFAULT_MTU
 }
+// The device-wide defaults are kernel rxe's (proto::ctl::DeviceLimits), so that
+// `ibv_devinfo -v` reads as on rxe.
 fn default_max_qp() -> u32 {
-    1 << 17
+    ctl::DeviceLimits::default().max_qp
 }
 fn default_max_mr() -> u32 {
-    1 << 19
+    ctl::DeviceLimits::default().max_mr
+}
+pub fn default_max_cqe() -> u32 {
+    (1 << 20) - 1
 }
 
 impl DeviceConfig {
@@ -130,6 +281,8 @@ impl DeviceConfig {
             mtu: default_mtu(),
             max_qp: default_max_qp(),
             max_mr: default_max_mr(),
+            max_cqe: default_max_cqe(),
+            limits: ResourceLimits::default(),
             default_roce_mode: default_roce(),
             cm_response_timeout: default_cm_response_timeout(),
             cm_max_retries: default_cm_max_retries(),
@@ -192,6 +345,19 @@ impl DeviceConfig {
                 self.mtu
             );
         }
+        // A CQ is a ring of a power-of-two number of slots, one kept empty: the deepest CQ
+        // is 2^k - 1 (rxe's 32,767, mlx5's 4,194,303).
+        if self.max_cqe == 0
+            || self.max_cqe > default_max_cqe()
+            || !(self.max_cqe + 1).is_power_of_two()
+        {
+            bail!(
+                "device {}: max_cqe {} must be one less than a power of two, at most {}",
+                self.name,
+                self.max_cqe,
+                default_max_cqe()
+            );
+        }
         if self.addr.is_empty() && self.netdev.is_none() {
             bail!(
                 "device {} has no address: give --addr or --netdev",
@@ -231,8 +397,34 @@ impl DeviceConfig {
 pub struct Config {
     #[serde(default)]
     pub socket: Option<PathBuf>,
+    /// Users besides the daemon's own that may connect (uids or user names).
+    #[serde(default)]
+    pub allow_uid: Vec<UserOrId>,
+    /// Groups whose members may connect (gids or group names); the first one owns the
+    /// control socket, which is then mode 0660 rather than 0600.
+    #[serde(default)]
+    pub allow_group: Vec<UserOrId>,
+    /// Most control connections at once (each has a thread in the daemon), over all users.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Most control connections of one uid at once.
+    #[serde(default = "default_max_connections_per_uid")]
+    pub max_connections_per_uid: u32,
     #[serde(default, rename = "device")]
     pub devices: Vec<DeviceConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            socket: None,
+            allow_uid: Vec::new(),
+            allow_group: Vec::new(),
+            max_connections: default_max_connections(),
+            max_connections_per_uid: default_max_connections_per_uid(),
+            devices: Vec::new(),
+        }
+    }
 }
 
 impl Config {
@@ -250,6 +442,15 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         if self.devices.is_empty() {
             bail!("no device configured");
+        }
+        if self.max_connections == 0 || self.max_connections_per_uid == 0 {
+            bail!("max_connections and max_connections_per_uid must be at least 1");
+        }
+        for u in &self.allow_uid {
+            u.uid()?;
+        }
+        for g in &self.allow_group {
+            g.gid()?;
         }
         for (i, d) in self.devices.iter().enumerate() {
             d.validate()?;
@@ -274,6 +475,15 @@ pub fn socket_path(flag: Option<&Path>) -> PathBuf {
         return PathBuf::from(dir).join("softroce/ctl.sock");
     }
     PathBuf::from("/run/softroce/ctl.sock")
+}
+
+/// The link MTU of a network interface (`/sys/class/net/NAME/mtu`).
+pub fn netdev_mtu(name: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The addresses of a network interface, now.
@@ -356,7 +566,16 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
             roce: d.roce,
         })
         .collect();
-    let mtu = ctl::mtu_enum(d.mtu).unwrap_or(5);
+    // As rxe: the active MTU is the largest IB MTU the netdev's link MTU carries with the
+    // RoCE headers (a 1500-byte veth or NIC: 1024), capped by the configured one. A 4096-byte
+    // path MTU over such a link sent packets the link refuses, and every multi-packet message
+    // between two hosts stalled (UCX's 2 KiB eager sends, fi_pingpong).
+    let link = d
+        .netdev
+        .as_deref()
+        .and_then(netdev_mtu)
+        .map_or(5, ctl::active_mtu_for_link);
+    let mtu = ctl::mtu_enum(d.mtu).unwrap_or(5).min(link);
     Ok(DeviceInfo {
         name: d.name.clone(),
         node_guid: u64::from_be_bytes(guid),
@@ -366,6 +585,13 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
         port_active: !addrs.is_empty(),
         gids,
         netdevs: d.netdev.iter().cloned().collect(),
+        max_cqe: d.max_cqe,
+        limits: ctl::DeviceLimits {
+            max_qp: d.max_qp,
+            max_cq: d.limits.max_cq,
+            max_mr: d.max_mr,
+            max_srq: d.limits.max_srq,
+        },
     })
 }
 
@@ -460,6 +686,41 @@ mod tests {
         let why = format!("{:#}", d.validate().unwrap_err());
         assert!(why.contains("no_such_param"), "{why}");
         assert!(Config::from_toml("[[device]]\nname=\"a\"\ncc=\"reno\"").is_err());
+    }
+
+    #[test]
+    fn access_and_limits_parse_with_documented_defaults() {
+        let c = Config::from_toml(
+            r#"
+            allow_uid = [1000, "root"]
+            allow_group = ["0"]
+            max_connections = 10
+            [[device]]
+            name = "srxe0"
+            addr = ["127.0.0.1"]
+            [device.limits]
+            client_max_qp = 4
+            max_ring_bytes = 1048576
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.allow_uid,
+            [UserOrId::Id(1000), UserOrId::Name("root".into())]
+        );
+        assert_eq!(c.allow_uid[1].uid().unwrap(), 0);
+        assert_eq!((c.max_connections, c.max_connections_per_uid), (10, 256));
+        let l = c.devices[0].limits;
+        assert_eq!((l.client_max_qp, l.max_ring_bytes), (4, 1 << 20));
+        assert_eq!(l.client_max_cq, ResourceLimits::default().client_max_cq);
+        assert_eq!(c.devices[0].max_qp, 1_048_560, "rxe's max_qp by default");
+        let bad = Config::from_toml(
+            "allow_uid = [\"no-such-user-here\"]\n[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]",
+        )
+        .unwrap();
+        assert!(bad.validate().is_err());
+        assert!(Config::from_toml("[[device]]\nname=\"a\"\n[device.limits]\nbogus = 1").is_err());
     }
 
     #[test]

@@ -39,13 +39,22 @@ impl Conn {
     /// Receives one message into `buf`; returns its length (0 on orderly shutdown) and any
     /// file descriptors that came with it, now owned by the caller.
     pub fn recv(&self, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
+        self.recv_flags(buf, MsgFlags::empty())
+    }
+
+    /// [`Conn::recv`] of a message that is already there (EAGAIN otherwise).
+    pub fn recv_nowait(&self, buf: &mut [u8]) -> Result<(usize, Vec<OwnedFd>)> {
+        self.recv_flags(buf, MsgFlags::MSG_DONTWAIT)
+    }
+
+    fn recv_flags(&self, buf: &mut [u8], flags: MsgFlags) -> Result<(usize, Vec<OwnedFd>)> {
         let mut iov = [IoSliceMut::new(buf)];
         let mut space = nix::cmsg_space!([RawFd; 8]);
         let msg = recvmsg::<()>(
             self.fd.as_raw_fd(),
             &mut iov,
             Some(&mut space),
-            MsgFlags::MSG_CMSG_CLOEXEC,
+            MsgFlags::MSG_CMSG_CLOEXEC | flags,
         )
         .context("receiving a control message")?;
         let mut fds = Vec::new();
@@ -68,6 +77,19 @@ impl Conn {
     pub fn peer_credentials(&self) -> Result<UnixCredentials> {
         Ok(getsockopt(&self.fd, sockopt::PeerCredentials)?)
     }
+
+    /// A second handle on the same connection.
+    pub fn try_clone(&self) -> Result<Conn> {
+        Ok(Conn {
+            fd: self.fd.try_clone()?,
+        })
+    }
+
+    /// The socket, for the peer queries of [`crate::peer`] and for polling.
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
 }
 
 /// The daemon's listening socket; removes its path when dropped.
@@ -78,9 +100,15 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Binds `path`. A live daemon already there is an error; a stale socket file left by a
-    /// crashed one is replaced.
+    /// Binds `path` with the daemon's default mode, 0600 (its own user only).
     pub fn bind(path: &Path) -> Result<Listener> {
+        Listener::bind_with(path, 0o600, None)
+    }
+
+    /// Binds `path` with file mode `mode`, owned by `group` if given (see
+    /// [`crate::access::AccessPolicy::socket_mode`]). A live daemon already there is an error;
+    /// a stale socket file left by a crashed one is replaced.
+    pub fn bind_with(path: &Path, mode: u32, group: Option<u32>) -> Result<Listener> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -107,10 +135,17 @@ impl Listener {
         let tmp = PathBuf::from(tmp);
         let _ = std::fs::remove_file(&tmp);
         let addr = UnixAddr::new(&tmp)?;
+        // (Until the mode is set the file has the umask's; a peer that connects meanwhile is
+        // still checked by the daemon, and the path is only placed once the mode is right.)
         bind(fd.as_raw_fd(), &addr).with_context(|| format!("binding {}", tmp.display()))?;
-        // Any local user may connect; the daemon checks each client's credentials.
+        if let Some(gid) = group {
+            std::os::unix::fs::chown(&tmp, None, Some(gid))
+                .with_context(|| format!("giving {} to group {gid}", tmp.display()))?;
+        }
+        // Connecting needs write permission on the file; the daemon checks each client's
+        // credentials too (crate::access).
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o777))?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
         listen(&fd, Backlog::new(128)?)?;
         std::fs::rename(&tmp, path).with_context(|| format!("placing {}", path.display()))?;
         Ok(Listener {
@@ -190,9 +225,20 @@ impl Client {
         req: &Request,
         fds: &[RawFd],
     ) -> Result<(Response, Vec<OwnedFd>)> {
-        self.conn.send(&ctl::encode(req)?, fds)?;
+        let sent = self.conn.send(&ctl::encode(req)?, fds);
         let mut buf = vec![0u8; MAX_MESSAGE];
-        let (n, fds) = self.conn.recv(&mut buf)?;
+        // A daemon that refuses a connection answers and closes before it reads the hello:
+        // its answer is still there to say why.
+        // (Closed with our message unread, the socket reports ECONNRESET once before the
+        // answer queued ahead of it.)
+        let received = match sent {
+            Ok(()) => self
+                .conn
+                .recv(&mut buf)
+                .or_else(|e| self.conn.recv_nowait(&mut buf).map_err(|_| e)),
+            Err(e) => self.conn.recv_nowait(&mut buf).map_err(|_| e),
+        };
+        let (n, fds) = received?;
         if n == 0 {
             return Err(anyhow!("the daemon closed the connection"));
         }

@@ -21,6 +21,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the daemon's flags being the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
@@ -33,6 +35,9 @@ enum Command {
         /// $XDG_RUNTIME_DIR/softroce/ctl.sock, then /run/softroce/ctl.sock).
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// Print every variable set for the program (and why) on stderr.
+        #[arg(short, long)]
+        verbose: bool,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
@@ -80,6 +85,10 @@ struct DaemonArgs {
     /// Most memory regions the device holds, over all clients.
     #[arg(long)]
     max_mr: Option<u32>,
+    /// Deepest CQ a client may create (default 1,048,575: libfabric's ofi_rxm asks for
+    /// 262,144 entries, more than rxe's 32,767).
+    #[arg(long)]
+    max_cqe: Option<u32>,
     /// The GID type rdma_cm uses (configfs default_roce_mode): v2 (the default) or v1; a
     /// mode the device does not offer is refused at start.
     #[arg(long)]
@@ -108,6 +117,21 @@ struct DaemonArgs {
     /// (rpg_time_reset=300, np_min_time_between_cnps=4, ...; docs/congestion.md lists them).
     #[arg(long = "cc-param", value_name = "NAME=VALUE")]
     cc_params: Vec<String>,
+    /// Let this user (uid or name) use the daemon besides the daemon's own user (repeatable).
+    /// The control socket is then mode 0666; the daemon checks every client's uid.
+    #[arg(long = "allow-uid")]
+    allow_uid: Vec<config::UserOrId>,
+    /// Let members of this group (gid or name) use the daemon (repeatable); the first one
+    /// owns the control socket, which is then mode 0660. Without --allow-uid/--allow-group
+    /// the socket is 0600: the daemon's user only.
+    #[arg(long = "allow-group")]
+    allow_group: Vec<config::UserOrId>,
+    /// Most control connections at once (default 1024).
+    #[arg(long)]
+    max_connections: Option<u32>,
+    /// Most control connections of one user at once (default 256).
+    #[arg(long)]
+    max_connections_per_uid: Option<u32>,
     /// RoCE v2 UDP port (4791; another value only for tests on one host).
     #[arg(long, default_value_t = proto::wire::ROCE_V2_PORT)]
     port: u16,
@@ -148,7 +172,11 @@ fn main() -> ExitCode {
             command: PcapCommand::Check { verbose, files },
         } => return pcap_check(&files, verbose),
         Command::Daemon(args) => daemon(args),
-        Command::Run { socket, command } => run(socket.as_deref(), &command),
+        Command::Run {
+            socket,
+            verbose,
+            command,
+        } => run(socket.as_deref(), verbose, &command),
         Command::Res {
             command: ResCommand::Show { socket },
         } => res_show(socket.as_deref()),
@@ -174,10 +202,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         .init();
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
-        None => Config {
-            socket: None,
-            devices: Vec::new(),
-        },
+        None => Config::default(),
     };
     let from_flags = args.name.is_some()
         || !args.addrs.is_empty()
@@ -186,6 +211,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.mtu.is_some()
         || args.max_qp.is_some()
         || args.max_mr.is_some()
+        || args.max_cqe.is_some()
         || args.default_roce_mode.is_some()
         || args.cm_response_timeout.is_some()
         || args.cm_max_retries.is_some()
@@ -216,6 +242,9 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         if let Some(m) = args.max_mr {
             d.max_mr = m;
         }
+        if let Some(m) = args.max_cqe {
+            d.max_cqe = m;
+        }
         if let Some(m) = args.default_roce_mode {
             d.default_roce_mode = m;
         }
@@ -234,6 +263,14 @@ fn daemon(args: DaemonArgs) -> Result<()> {
             d.add_cc_param(p)?;
         }
         config.devices.push(d);
+    }
+    config.allow_uid.extend(args.allow_uid);
+    config.allow_group.extend(args.allow_group);
+    if let Some(n) = args.max_connections {
+        config.max_connections = n;
+    }
+    if let Some(n) = args.max_connections_per_uid {
+        config.max_connections_per_uid = n;
     }
     let socket = config::socket_path(args.socket.as_deref().or(config.socket.as_deref()));
     server::run(config, socket, args.port)
@@ -262,18 +299,49 @@ fn shim_path() -> Result<PathBuf> {
     )
 }
 
-fn run(socket: Option<&Path>, command: &[String]) -> Result<()> {
+fn run(socket: Option<&Path>, verbose: bool, command: &[String]) -> Result<()> {
     use std::os::unix::process::CommandExt;
     let shim = shim_path()?;
     let preload = match std::env::var("LD_PRELOAD") {
         Ok(old) if !old.is_empty() => format!("{}:{old}", shim.display()),
         _ => shim.display().to_string(),
     };
-    let err = std::process::Command::new(&command[0])
-        .args(&command[1..])
-        .env("LD_PRELOAD", preload)
-        .env("SOFTROCE_SOCKET", config::socket_path(socket))
-        .exec();
+    let socket_path = config::socket_path(socket);
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..])
+        .env("LD_PRELOAD", &preload)
+        .env("SOFTROCE_SOCKET", &socket_path);
+    let say = |line: String| {
+        if verbose {
+            eprintln!("softroce run: {line}");
+        }
+    };
+    say(format!("LD_PRELOAD={preload}"));
+    say(format!("SOFTROCE_SOCKET={}", socket_path.display()));
+    // The stacks' variables name the daemon's devices; without a daemon there is nothing to
+    // name (the shim itself then says so on the program's first verb).
+    let devices = ctl::Client::connect(&socket_path, "softroce run").and_then(|mut c| {
+        match c.request(&Request::QueryDevices)? {
+            Response::Devices(d) => Ok(d),
+            other => bail!("unexpected answer to QueryDevices: {other:?}"),
+        }
+    });
+    match devices {
+        Ok(devices) => {
+            let is_set = |name: &str| std::env::var_os(name).is_some();
+            for s in softroce_daemon::stack_env::stack_env(&devices, &is_set) {
+                say(format!("{}={} ({})", s.name, s.value, s.why));
+                cmd.env(s.name, &s.value);
+            }
+            for name in ["UCX_NET_DEVICES", "OMPI_MCA_pml_ucx_devices"] {
+                if let Ok(v) = std::env::var(name) {
+                    say(format!("{name}={v} (kept: set by you)"));
+                }
+            }
+        }
+        Err(e) => say(format!("no stack variables set: {e:#}")),
+    }
+    let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", command[0]))
 }
 

@@ -25,11 +25,28 @@
 //!   write that fails (the client unmapped memory it had registered) is counted and dropped:
 //!   rxe pins registered pages, so there too such a write succeeds, into pages the process
 //!   no longer sees.
+//!
+//! The pid is only used while the process that connected still owns it: every call through
+//! it is preceded, at most [`LIVENESS_TTL`] earlier (so at most a thousand checks a second
+//! however busy the data path), by a check that the process's address space is still the one
+//! it connected with ([`ClientProcess::address_space_alive`], which
+//! is false after exit and after exec). Once that fails the memory is gone for good and the
+//! pid is never used again, so a pid the kernel recycles for another process is never read or
+//! written. (Recycling a pid takes the process's exit, its reaping and a walk of the kernel's
+//! whole pid space, which no process completes in a millisecond.)
 
+use std::cell::Cell;
 use std::io::{IoSlice, IoSliceMut};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
+
+use crate::peer::ClientProcess;
+
+/// How long a liveness check of the client's address space vouches for its pid.
+pub const LIVENESS_TTL: Duration = Duration::from_millis(1);
 
 /// The largest range, in pages, that `check_mapped` probes directly.
 const PROBE_PAGES: usize = 64;
@@ -280,6 +297,83 @@ impl WriteBehind {
     }
 }
 
+/// No writer named (see [`ProcessMemory::set_writer`]).
+pub const NO_WRITER: u32 = u32::MAX;
+/// Most distinct spans of writers remembered between two flushes; past it a failed flush
+/// blames every writer since the last one.
+const MAX_WRITER_SPANS: usize = 4096;
+
+/// Who the bytes held for writing came for: spans of remote addresses with the writer's tag
+/// (the device names the QP whose packet is being placed), so that a deferred write that
+/// fails is charged to the QPs whose data it was.
+#[derive(Debug, Default)]
+struct Writers {
+    /// (start, end, tag), in the order written; contiguous writes of one tag merge.
+    spans: Vec<(u64, u64, u32)>,
+    /// Every tag seen since the last flush.
+    tags: Vec<u32>,
+    overflow: bool,
+    /// Tags whose writes failed, not taken yet.
+    failed: Vec<u32>,
+}
+
+impl Writers {
+    fn record(&mut self, addr: u64, len: usize, tag: u32) {
+        if tag == NO_WRITER {
+            return;
+        }
+        let end = addr.saturating_add(len as u64);
+        let room = self.spans.len() < MAX_WRITER_SPANS;
+        match self.spans.last_mut() {
+            Some((_, e, t)) if *t == tag && *e == addr => *e = end,
+            _ if room => self.spans.push((addr, end, tag)),
+            _ => self.overflow = true,
+        }
+        if !self.tags.contains(&tag) {
+            self.tags.push(tag);
+        }
+    }
+
+    /// Charges a failed write of `[addr, addr + len)` to its writers.
+    fn fail(&mut self, addr: u64, len: usize) {
+        let end = addr.saturating_add(len as u64);
+        let Writers {
+            spans,
+            tags,
+            overflow,
+            failed,
+        } = self;
+        let blamed: Vec<u32> = if *overflow {
+            tags.clone()
+        } else {
+            spans
+                .iter()
+                .filter(|&&(a, e, _)| a < end && addr < e)
+                .map(|&(_, _, t)| t)
+                .collect()
+        };
+        for t in blamed {
+            if !failed.contains(&t) {
+                failed.push(t);
+            }
+        }
+    }
+
+    fn fail_all(&mut self) {
+        for t in std::mem::take(&mut self.tags) {
+            if !self.failed.contains(&t) {
+                self.failed.push(t);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.spans.clear();
+        self.tags.clear();
+        self.overflow = false;
+    }
+}
+
 /// Counts of the bulk paths (for `res show`-style diagnostics and the tests).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryStats {
@@ -298,6 +392,12 @@ pub struct MemoryStats {
 #[derive(Debug)]
 pub struct ProcessMemory {
     pid: Pid,
+    /// The process pinned at connect time (`None`: it did not exist).
+    process: Option<Arc<ClientProcess>>,
+    /// Set once the process is found gone: final.
+    gone: Cell<bool>,
+    /// When the process was last found alive (see [`LIVENESS_TTL`]).
+    alive_at: Cell<Option<Instant>>,
     bounce: Bounce,
     window: Span,
     pages: PageCache,
@@ -305,6 +405,9 @@ pub struct ProcessMemory {
     in_pass: bool,
     pending: WriteBehind,
     stats: MemoryStats,
+    /// Who the next writes are for ([`ProcessMemory::set_writer`]).
+    writer: u32,
+    writers: Writers,
 }
 
 impl Drop for ProcessMemory {
@@ -314,20 +417,82 @@ impl Drop for ProcessMemory {
 }
 
 impl ProcessMemory {
+    /// The memory of process `pid` as it is now (pinned by [`ClientProcess::open`]; a
+    /// process that does not exist is gone from the start).
     pub fn new(pid: i32) -> ProcessMemory {
+        let process = ClientProcess::open(pid).ok().map(Arc::new);
+        ProcessMemory::with_process(pid, process)
+    }
+
+    /// The memory of a process pinned when it connected.
+    pub fn of(process: Arc<ClientProcess>) -> ProcessMemory {
+        ProcessMemory::with_process(process.pid(), Some(process))
+    }
+
+    fn with_process(pid: i32, process: Option<Arc<ClientProcess>>) -> ProcessMemory {
         ProcessMemory {
             pid: Pid::from_raw(pid),
+            gone: Cell::new(process.is_none()),
+            process,
+            alive_at: Cell::new(None),
             bounce: Bounce::default(),
             window: Span::default(),
             pages: PageCache::default(),
             in_pass: false,
             pending: WriteBehind::default(),
+            writer: NO_WRITER,
+            writers: Writers::default(),
             stats: MemoryStats::default(),
         }
     }
 
     pub fn stats(&self) -> MemoryStats {
         self.stats
+    }
+
+    /// Whether the pid may be used now: the pinned process's address space was found alive
+    /// within [`LIVENESS_TTL`] (checked again when older; a registration always checks).
+    /// `Gone` is final.
+    fn reachable(&self) -> Result<(), AccessError> {
+        let gone = AccessError::Gone {
+            pid: self.pid.as_raw(),
+        };
+        let now = Instant::now();
+        if self
+            .alive_at
+            .get()
+            .is_some_and(|t| now.duration_since(t) < LIVENESS_TTL)
+        {
+            return Ok(());
+        }
+        if self.gone.get()
+            || !self
+                .process
+                .as_ref()
+                .is_some_and(|p| p.address_space_alive())
+        {
+            self.gone.set(true);
+            return Err(gone);
+        }
+        self.alive_at.set(Some(now));
+        Ok(())
+    }
+
+    /// Names whom the next writes are for (the device: the QP whose packet it hands to the
+    /// engine), until named again; [`NO_WRITER`] for nobody.
+    pub fn set_writer(&mut self, tag: u32) {
+        self.writer = tag;
+    }
+
+    /// The writers (see [`ProcessMemory::set_writer`]) of deferred writes that failed since
+    /// the last call: their data never reached the process.
+    pub fn take_failed_writers(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.writers.failed)
+    }
+
+    /// Whether the process is known to be gone (exited or exec'd since it connected).
+    pub fn is_gone(&self) -> bool {
+        self.reachable().is_err()
     }
 
     /// Starts a transmit pass: until [`ProcessMemory::end_pass`], reads may be served from
@@ -363,6 +528,9 @@ impl ProcessMemory {
             self.stats.reads_from_window += 1;
             return true;
         }
+        if self.reachable().is_err() {
+            return false;
+        }
         let slot = self.pages.slot_for(page);
         let buf = &mut self.pages.data[slot * PAGE..(slot + 1) * PAGE];
         self.stats.read_calls += 1;
@@ -383,6 +551,16 @@ impl ProcessMemory {
     /// client unmapped memory it had registered; those pieces are dropped (counted in
     /// `deferred_write_errors`), the others are written.
     pub fn flush(&mut self) -> Result<(), AccessError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        if let Err(gone) = self.reachable() {
+            self.stats.deferred_write_errors += self.pending.pieces.len() as u64;
+            self.pending.clear();
+            self.writers.fail_all();
+            self.writers.clear();
+            return Err(gone);
+        }
         if self.pending.pieces.len() > 4 {
             self.pending.compact();
         }
@@ -412,6 +590,9 @@ impl ProcessMemory {
                     let (_, addr, len) = pieces[0];
                     first_error.get_or_insert(self.error(e, addr, len));
                     if matches!(e, nix::Error::ESRCH | nix::Error::EPERM) {
+                        for &(_, addr, len) in pieces {
+                            self.writers.fail(addr, len);
+                        }
                         break;
                     }
                     0
@@ -428,6 +609,7 @@ impl ProcessMemory {
                 skip += 1;
             }
             let (_, addr, len) = pieces[skip.min(pieces.len() - 1)];
+            self.writers.fail(addr, len);
             first_error.get_or_insert(AccessError::Unmapped {
                 pid: self.pid.as_raw(),
                 addr,
@@ -437,6 +619,7 @@ impl ProcessMemory {
             from += skip + 1;
         }
         self.pending.clear();
+        self.writers.clear();
         first_error.map_or(Ok(()), Err)
     }
 
@@ -464,6 +647,10 @@ impl ProcessMemory {
             };
             pieces += 1;
             at = piece_end;
+        }
+        if self.reachable().is_err() {
+            self.window.len = 0;
+            return false;
         }
         let total = (at - addr) as usize;
         let skew = self.window.bounce.skew(addr, total);
@@ -516,6 +703,7 @@ impl ProcessMemory {
         if self.in_pass && len < BULK && self.read_small(addr, out) {
             return Ok(());
         }
+        self.reachable()?;
         self.stats.read_calls += 1;
         // Aligned bounce, then a local copy whose source and destination alignment glibc
         // handles well in either order except "dst slightly ahead": use the bounce only when
@@ -552,6 +740,9 @@ impl ProcessMemory {
         if len == 0 {
             return Ok(());
         }
+        // Refused now rather than at the flush: a write into a process that is gone must
+        // fail where the engine can still answer for it.
+        self.reachable()?;
         // A range past the end of the address space is never mapped. Refused here, as `read`
         // refuses it, because the deferred path computes the range's end (`addr + len`).
         if addr.checked_add(len as u64).is_none() {
@@ -578,6 +769,7 @@ impl ProcessMemory {
                 self.stats.writes_coalesced += 1;
             }
             self.pending.push(addr, data);
+            self.writers.record(addr, len, self.writer);
             return Ok(());
         }
         if !self.pending.is_empty() {
@@ -621,6 +813,10 @@ impl ProcessMemory {
             len: len as usize,
         };
         let end = addr.checked_add(len).ok_or(unmapped)?;
+        // A registration is rare and decides what the pid may be used for later: always a
+        // fresh check.
+        self.alive_at.set(None);
+        self.reachable()?;
         if len > 0 && self.probe_pages(addr, end) {
             return Ok(());
         }
@@ -726,6 +922,113 @@ mod tests {
             gone.check_mapped(v.as_ptr() as u64, 1),
             Err(AccessError::Gone { .. })
         ));
+    }
+
+    /// A copy of this process with pid `pid` (clone3 with `set_tid`: root only). The copy
+    /// shares nothing but starts with our memory, so a write meant for the process that had
+    /// `pid` before would land in it at the same addresses. It waits to be killed.
+    fn clone_with_pid(pid: i32) -> std::io::Result<i32> {
+        #[repr(C)]
+        struct CloneArgs {
+            flags: u64,
+            pidfd: u64,
+            child_tid: u64,
+            parent_tid: u64,
+            exit_signal: u64,
+            stack: u64,
+            stack_size: u64,
+            tls: u64,
+            set_tid: u64,
+            set_tid_size: u64,
+            cgroup: u64,
+        }
+        let tid = [pid as libc::pid_t];
+        let args = CloneArgs {
+            flags: 0,
+            pidfd: 0,
+            child_tid: 0,
+            parent_tid: 0,
+            exit_signal: libc::SIGCHLD as u64,
+            stack: 0,
+            stack_size: 0,
+            tls: 0,
+            set_tid: tid.as_ptr() as u64,
+            set_tid_size: 1,
+            cgroup: 0,
+        };
+        // SAFETY: clone3 without CLONE_VM makes a copy of this process; the copy only calls
+        // pause(2), which is async-signal-safe, until it is killed.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        match r {
+            0 => loop {
+                // SAFETY: see above.
+                unsafe { libc::pause() };
+            },
+            r if r > 0 => Ok(r as i32),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    }
+
+    #[test]
+    fn a_recycled_pid_is_never_read_or_written() {
+        let victim = vec![0x5au8; 4096];
+        let addr = victim.as_ptr() as u64;
+        // The client, its memory pinned, exits and is reaped; another process then gets its
+        // pid (made so here; the kernel does it by itself once pids wrap).
+        /// Kills the copy however the test ends.
+        struct Recycled(i32);
+        impl Drop for Recycled {
+            fn drop(&mut self) {
+                let pid = Pid::from_raw(self.0);
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::wait::waitpid(pid, None);
+            }
+        }
+        let (mut m, recycled) = loop {
+            let mut client = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let pid = client.id() as i32;
+            let m = ProcessMemory::new(pid);
+            client.kill().unwrap();
+            client.wait().unwrap();
+            match clone_with_pid(pid) {
+                Ok(p) => break (m, Recycled(p)),
+                // Someone else took the pid meanwhile: try another.
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+                Err(e) => panic!("clone3 with set_tid (this test runs as root): {e}"),
+            }
+        };
+        let gone = |r: Result<(), AccessError>| matches!(r, Err(AccessError::Gone { .. }));
+        let calls = (m.stats().read_calls, m.stats().write_calls);
+        assert!(gone(m.write(addr, &[1u8; 16])));
+        assert!(gone(m.write(addr, &[2u8; 4096])));
+        m.flush().unwrap(); // nothing was held
+        let mut out = [0u8; 16];
+        assert!(gone(m.read(addr, &mut out)));
+        m.begin_pass();
+        assert!(gone(m.read(addr, &mut out)));
+        assert!(gone(m.read(addr, &mut vec![0u8; 4096])));
+        m.end_pass();
+        assert!(gone(m.check_mapped(addr, 16)));
+        assert!(m.is_gone());
+        assert_eq!(
+            (m.stats().read_calls, m.stats().write_calls),
+            calls,
+            "no process_vm_* call through the recycled pid"
+        );
+        // The process now holding the pid still has its copy of the buffer untouched.
+        let mut now = ProcessMemory::new(recycled.0);
+        let mut seen = vec![0u8; 4096];
+        now.read(addr, &mut seen).unwrap();
+        assert_eq!(seen, victim);
     }
 
     #[test]
@@ -925,6 +1228,18 @@ mod tests {
         assert_eq!(m.stats().deferred_write_errors, 1);
         assert_eq!(&dst[7..107], &[1u8; 100][..]);
         assert_eq!(&dst[207..307], &[2u8; 100][..]);
+        // Each write named its writer: only the one whose piece failed is blamed.
+        m.set_writer(10);
+        m.write(base, &[3u8; 100]).unwrap();
+        m.set_writer(11);
+        m.write(8, &data).unwrap();
+        m.write(16 + data.len() as u64, &data).unwrap();
+        m.set_writer(12);
+        m.write(base + 200, &[4u8; 100]).unwrap();
+        assert!(m.flush().is_err());
+        assert_eq!(m.take_failed_writers(), [11]);
+        assert!(m.take_failed_writers().is_empty());
+        assert_eq!(&dst[207..307], &[4u8; 100][..]);
     }
 
     #[test]

@@ -5,10 +5,12 @@
 //! concern ([`crate::device`]), which owns the data path. When a client disconnects (or is
 //! killed), every device destroys what it owned and the CM thread its rdma_cm ids.
 
+use crate::access::{AccessPolicy, ConnectionSlot, ConnectionSlots};
 use crate::cm::{self, CmDeviceSetup, CmMsg, CmService};
 use crate::config::{self, Config, DeviceConfig};
 use crate::ctl::{Conn, Listener};
 use crate::device::{self, DevMsg, DeviceThread};
+use crate::peer::{self, ClientProcess};
 use anyhow::{Context, Result};
 use crossbeam_channel::{bounded, select, tick, unbounded, Receiver, Sender};
 use proto::ctl::{
@@ -24,6 +26,9 @@ use tracing::{debug, info, warn};
 
 /// How often addresses of `--netdev` interfaces are re-read.
 const NETDEV_RESCAN: Duration = Duration::from_secs(2);
+/// Stack of a connection's thread: it decodes one request at a time and waits for answers,
+/// so a small stack lets `max_connections` threads fit in little memory.
+const CONNECTION_STACK: usize = 256 * 1024;
 
 /// Messages to the registry thread.
 enum RegMsg {
@@ -86,6 +91,31 @@ impl Registry {
             },
             Request::QueryDevices => {
                 Response::Devices(self.devices.iter().map(|d| d.info.clone()).collect())
+            }
+            Request::Counters => {
+                let (tx, rx) = bounded(1);
+                let cm = match self.cm.send(CmMsg::Counters { reply: tx }) {
+                    Ok(()) => rx.recv_timeout(Duration::from_secs(2)).unwrap_or_default(),
+                    Err(_) => Vec::new(),
+                };
+                Response::Counters(
+                    self.links
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, link)| {
+                            let (tx, rx) = bounded(1);
+                            link.send(DevMsg::Counters { reply: tx }).then_some(())?;
+                            let mut c = rx.recv_timeout(Duration::from_secs(2)).ok()?;
+                            let m = cm.get(i).copied().unwrap_or_default();
+                            c.counters.extend([
+                                ("cm_mads_rcvd".to_string(), m.mads_rcvd),
+                                ("cm_mads_malformed".to_string(), m.mads_malformed),
+                                ("cm_mads_ignored".to_string(), m.mads_ignored),
+                            ]);
+                            Some(c)
+                        })
+                        .collect(),
+                )
             }
             Request::ResShow => {
                 let mut clients: BTreeMap<u64, ClientResources> = self
@@ -198,6 +228,7 @@ fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) ->
         Request::Hello { .. }
         | Request::QueryDevices
         | Request::ResShow
+        | Request::Counters
         | Request::CongestionShow => return None,
         Request::OpenContext { device } => links.iter().position(|l| &l.name == device)?,
         Request::CloseContext { ctx }
@@ -212,7 +243,7 @@ fn route(request: &Request, links: &[DeviceLink], qpns: &HashMap<u32, usize>) ->
         | Request::AllocMw { pd, .. } => h(*pd),
         Request::DeregMr { mr } => h(*mr),
         Request::DestroyCompChannel { channel } => h(*channel),
-        Request::DestroyCq { cq } => h(*cq),
+        Request::DestroyCq { cq } | Request::ResizeCq { cq, .. } => h(*cq),
         Request::ModifySrq { srq, .. }
         | Request::QuerySrq { srq }
         | Request::DestroySrq { srq } => h(*srq),
@@ -235,46 +266,104 @@ fn send_response(conn: &Conn, response: &Response, fds: &[OwnedFd]) -> bool {
         .is_some_and(|b| conn.send(&b, &raw).is_ok())
 }
 
-/// Serves one client connection until it closes.
+/// Answers a connection that will not be served with one error and closes it.
+fn refuse(conn: &Conn, pid: i32, uid: u32, errno: i32, message: String) {
+    warn!(pid, uid, "client refused: {message}");
+    send_response(conn, &Response::Error { errno, message }, &[]);
+}
+
+/// What the connection's thread waits for next.
+enum Wake {
+    /// A request (or the peer's hang-up, which the read then sees).
+    Request,
+    /// The process that connected has exited: whoever holds the descriptor now is not it.
+    ProcessExited,
+}
+
+/// Waits until the connection has something to read or its process exits.
+fn wait_for_request(conn: &Conn, process: &ClientProcess) -> Wake {
+    let mut fds = [
+        libc::pollfd {
+            fd: conn.as_fd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: process.pidfd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: two valid pollfds.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if n > 0 {
+            // A request that is already there is served first only if its process lives.
+            return if fds[1].revents != 0 {
+                Wake::ProcessExited
+            } else {
+                Wake::Request
+            };
+        }
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return Wake::Request;
+        }
+    }
+}
+
+/// Serves one client connection until it closes or its process exits. `_slot` holds the
+/// connection's place under the caps until the thread ends.
 fn serve_client(
     conn: Conn,
+    creds: nix::sys::socket::UnixCredentials,
+    _slot: ConnectionSlot,
+    policy: &AccessPolicy,
     registry: Sender<RegMsg>,
     links: Vec<DeviceLink>,
     cm: Sender<CmMsg>,
-    daemon_uid: u32,
 ) {
-    let creds = match conn.peer_credentials() {
-        Ok(c) => c,
-        Err(e) => {
-            warn!("client without credentials: {e:#}");
-            return;
-        }
-    };
     let (pid, uid) = (creds.pid(), creds.uid());
-    let refuse = |errno: i32, message: String| {
-        warn!(pid, uid, "{message}");
-        send_response(&conn, &Response::Error { errno, message }, &[]);
-    };
-    // The daemon reaches client memory with process_vm_readv/writev, which the kernel allows
-    // only for the same user (or a privileged daemon): refuse anyone else up front.
-    if daemon_uid != 0 && uid != daemon_uid {
-        refuse(
-            libc::EACCES,
-            format!("uid {uid} may not use a daemon running as uid {daemon_uid}"),
-        );
-        return;
+    // Every peer is checked, by a root daemon too: the socket's mode is only the first gate.
+    if let Err(message) = policy.check(uid, creds.gid(), &peer::peer_groups(conn.as_fd())) {
+        return refuse(&conn, pid, uid, libc::EACCES, message);
     }
+    // Memory is reached through the process that connected, never through a pid alone
+    // (crate::peer): one already gone is refused.
+    let process = match ClientProcess::of_peer(conn.as_fd(), pid, uid) {
+        Ok(p) => Arc::new(p),
+        Err(e) => return refuse(&conn, pid, uid, libc::ESRCH, e.to_string()),
+    };
     let mut buf = vec![0u8; MAX_MESSAGE];
+    if let Wake::ProcessExited = wait_for_request(&conn, &process) {
+        return refuse(
+            &conn,
+            pid,
+            uid,
+            libc::ESRCH,
+            format!("the process that connected (pid {pid}) is gone"),
+        );
+    }
     let program = match conn.recv(&mut buf) {
         Ok((n, _)) if n > 0 => match ctl::decode::<Request>(&buf[..n]) {
             Ok(Request::Hello { version, program }) if version == PROTOCOL_VERSION => program,
             Ok(Request::Hello { version, .. }) => {
                 return refuse(
+                    &conn,
+                    pid,
+                    uid,
                     libc::EPROTO,
                     format!("client speaks protocol {version}, daemon speaks {PROTOCOL_VERSION}"),
                 );
             }
-            _ => return refuse(libc::EPROTO, "the first message must be hello".into()),
+            _ => {
+                return refuse(
+                    &conn,
+                    pid,
+                    uid,
+                    libc::EPROTO,
+                    "the first message must be hello".into(),
+                )
+            }
         },
         _ => return,
     };
@@ -297,6 +386,13 @@ fn serve_client(
     // QPNs are not handles: remember which device each of this client's QPs lives on.
     let mut qpns: HashMap<u32, usize> = HashMap::new();
     while ok {
+        if let Wake::ProcessExited = wait_for_request(&conn, &process) {
+            info!(
+                client,
+                pid, "the client's process exited: its connection is closed"
+            );
+            break;
+        }
         let (n, fds) = match conn.recv(&mut buf) {
             Ok((n, fds)) if n > 0 => (n, fds),
             _ => break,
@@ -327,6 +423,7 @@ fn serve_client(
                     Request::Hello { .. }
                         | Request::QueryDevices
                         | Request::ResShow
+                        | Request::Counters
                         | Request::CongestionShow
                 ) =>
                 {
@@ -350,7 +447,7 @@ fn serve_client(
                     let reply = ask(|reply| {
                         links[dev].send(DevMsg::Request {
                             client,
-                            pid,
+                            process: Arc::clone(&process),
                             request,
                             fds,
                             reply,
@@ -470,8 +567,18 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
         signal_hook::consts::SIGTERM,
     ])
     .context("installing signal handlers")?;
-    let listener = Arc::new(Listener::bind(&socket)?);
-    info!(socket = %socket.display(), "control socket ready");
+    let daemon_uid = nix::unistd::geteuid().as_raw();
+    let policy = Arc::new(AccessPolicy::from_config(&config, daemon_uid)?);
+    let (mode, group) = policy.socket_mode();
+    if daemon_uid != 0 && (!policy.uids.is_empty() || !policy.gids.is_empty()) {
+        warn!(
+            "other users are allowed in, but a daemon that is not root reaches their memory \
+             only with CAP_SYS_PTRACE"
+        );
+    }
+    let listener = Arc::new(Listener::bind_with(&socket, mode, group)?);
+    info!(socket = %socket.display(), mode = format!("{mode:o}"), ?group, "control socket ready");
+    let slots = ConnectionSlots::new(config.max_connections, config.max_connections_per_uid);
 
     let (reg_tx, reg_rx) = unbounded();
     let registry = Registry {
@@ -500,16 +607,46 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
             }
         })?;
 
-    let daemon_uid = nix::unistd::geteuid().as_raw();
     loop {
         match listener.accept() {
             Ok(conn) => {
+                let creds = match conn.peer_credentials() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        warn!("client without credentials: {e:#}");
+                        continue;
+                    }
+                };
+                // Over a cap, or out of threads: EAGAIN to the client, never a daemon that
+                // stops.
+                let slot = match slots.take(creds.uid()) {
+                    Ok(s) => s,
+                    Err(why) => {
+                        refuse(&conn, creds.pid(), creds.uid(), libc::EAGAIN, why);
+                        continue;
+                    }
+                };
                 let registry = reg_tx.clone();
                 let links = links.clone();
                 let cm = cm_tx.clone();
-                std::thread::Builder::new()
+                let policy = Arc::clone(&policy);
+                // Kept to answer the client should the thread not start.
+                let spare = conn.try_clone();
+                let spawned = std::thread::Builder::new()
                     .name("client".into())
-                    .spawn(move || serve_client(conn, registry, links, cm, daemon_uid))?;
+                    .stack_size(CONNECTION_STACK)
+                    .spawn(move || serve_client(conn, creds, slot, &policy, registry, links, cm));
+                match (spawned, spare) {
+                    (Err(e), Ok(spare)) => refuse(
+                        &spare,
+                        creds.pid(),
+                        creds.uid(),
+                        libc::EAGAIN,
+                        format!("the daemon cannot start a thread for the connection: {e}"),
+                    ),
+                    (Err(e), Err(_)) => warn!("cannot start a connection's thread: {e}"),
+                    _ => {}
+                }
             }
             Err(e) => {
                 // After shutdown(2) on the listener, accept fails: that is our stop signal.

@@ -6,7 +6,9 @@
 //! namespace (no clash with a running daemon), whose loopback is limited to one segment per
 //! packet (`gso_max_segs 1`): the kernel then segments GSO sends in software as a NIC
 //! without UDP segmentation offload would, and the capture shows the real segments with
-//! their Identifications 0, 1, 2, ... Needs root, `ip` and `tcpdump`; skipped otherwise.
+//! their Identifications 0, 1, 2, ... Needs root (`scripts/test` runs as root; by hand, run it
+//! under `unshare --net` or `/work/bin/inns`), `ip` and `tcpdump` (`scripts/install-deps`) and the
+//! oracle in `../shared`: a missing one fails the test, it never passes without running.
 
 mod net_util;
 
@@ -19,7 +21,23 @@ use std::process::{Command, Stdio};
 
 const SINGLES: u32 = 40;
 const GSO_BATCHES: [u32; 4] = [1, 2, 8, 20];
-const ORACLE: &str = "/work/shared/tools/roce-pcap-check";
+
+/// The oracle: `../shared` beside the project (as CI lays it), else the team machine's.
+fn oracle() -> std::path::PathBuf {
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/tools/roce-pcap-check");
+    let team = Path::new("/work/shared/tools/roce-pcap-check");
+    let found = [beside.as_path(), team]
+        .into_iter()
+        .find(|p| p.exists())
+        .map(Path::to_path_buf);
+    match found {
+        Some(p) => p,
+        None => panic!(
+            "precondition missing: the ICRC oracle is expected at {} (../shared beside the project)",
+            beside.display()
+        ),
+    }
+}
 
 fn have(cmd: &str) -> bool {
     Command::new("sh")
@@ -35,7 +53,7 @@ fn run(cmd: &str, args: &[&str]) {
 }
 
 /// Runs in the calling thread's new network namespace. Returns the pcap path and the number
-/// of RoCE packets that must be in it, or a reason to skip.
+/// of RoCE packets that must be in it, or why the namespace could not be made.
 fn capture_in_netns(pcap: &Path) -> Result<usize, String> {
     // SAFETY: unshare affects only this thread's namespaces; the thread ends with the test.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
@@ -143,34 +161,26 @@ fn capture_in_netns(pcap: &Path) -> Result<usize, String> {
 #[test]
 fn own_sends_pass_the_icrc_oracle() {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        println!("SKIPPED: needs root for a private network namespace");
-        return;
-    }
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "precondition missing: root, for a private network namespace (scripts/test runs as root)"
+    );
     for tool in ["ip", "tcpdump", "python3"] {
-        if !have(tool) {
-            println!("SKIPPED: {tool} is not installed");
-            return;
-        }
+        assert!(
+            have(tool),
+            "precondition missing: {tool} is not installed (scripts/install-deps installs it)"
+        );
     }
-    if !Path::new(ORACLE).exists() {
-        println!("SKIPPED: {ORACLE} is missing");
-        return;
-    }
+    let oracle = oracle();
     let pcap = std::env::temp_dir().join(format!("softroce-net-{}.pcap", std::process::id()));
     let p = pcap.clone();
-    let expected = match std::thread::spawn(move || capture_in_netns(&p))
+    let expected = std::thread::spawn(move || capture_in_netns(&p))
         .join()
         .unwrap()
-    {
-        Ok(n) => n,
-        Err(why) => {
-            println!("SKIPPED: {why}");
-            return;
-        }
-    };
+        .unwrap_or_else(|why| panic!("precondition missing: {why}"));
     let out = Command::new("python3")
-        .arg(ORACLE)
+        .arg(&oracle)
         .arg(&pcap)
         .output()
         .unwrap();

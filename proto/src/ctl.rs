@@ -13,6 +13,10 @@
 //! not come back on this socket but on the channel's own socketpair, one [`CmEventMsg`]
 //! datagram each, so the shim's `channel->fd` polls and blocks like the kernel's.
 
+use crate::transport::{
+    self, Access, AddressVector, AttrMask, Mtu, QpState, VerbsError, VerbsResult,
+};
+use crate::{Psn, Qkey, Qpn};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
@@ -86,6 +90,33 @@ pub struct DeviceInfo {
     pub gids: Vec<GidEntry>,
     /// The network interfaces the device's addresses live on ("lo", ...).
     pub netdevs: Vec<String>,
+    /// The deepest CQ the device creates (`ibv_device_attr.max_cqe`), configured per device.
+    pub max_cqe: u32,
+    /// The device's configured caps, which `ibv_query_device` reports.
+    pub limits: DeviceLimits,
+}
+
+/// What a device holds at most over all its clients (its configuration's `max_qp`, `max_mr`,
+/// `max_cq`, `max_srq`), as `ibv_query_device` reports them. The defaults are kernel rxe's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceLimits {
+    pub max_qp: u32,
+    pub max_cq: u32,
+    pub max_mr: u32,
+    pub max_srq: u32,
+}
+
+impl Default for DeviceLimits {
+    /// Kernel rxe's (rxe_param.h) as `ibv_devinfo -v` shows them on kernel 6.1: max_qp
+    /// 1048560, max_cq 1048576, max_mr 524287, max_srq 917503.
+    fn default() -> DeviceLimits {
+        DeviceLimits {
+            max_qp: 1_048_560,
+            max_cq: 1_048_576,
+            max_mr: 524_287,
+            max_srq: 917_503,
+        }
+    }
 }
 
 /// `struct ibv_qp_cap`.
@@ -243,6 +274,10 @@ pub enum Request {
         max_sge: u32,
         srq_limit: u32,
     },
+    /// `ibv_modify_srq`. With `IBV_SRQ_MAX_WR` (mask 1) the SRQ gets a new ring of the new
+    /// size: the response is [`Response::Srq`] + fd, and the client posts to the new ring from
+    /// then on (the daemon took every WQE of the old one first, so the client must not post
+    /// while the request is out). Otherwise [`Response::Done`].
     ModifySrq {
         srq: u32,
         max_wr: u32,
@@ -427,9 +462,39 @@ pub enum Request {
     CmQueryId {
         id: u32,
     },
+
+    /// `ibv_resize_cq`: response [`Response::Cq`] + fd, a new ring of the granted depth. The
+    /// daemon writes completions to the new ring only, from the moment it answers; those
+    /// still in the old ring are the client's to take first (it must not poll while the
+    /// request is out). EINVAL when more completions wait than the new depth.
+    ResizeCq {
+        cq: u32,
+        cqe: u32,
+    },
+    /// Every device's counters (`softroce` tools, tests). Response [`Response::Counters`].
+    Counters,
     /// Congestion control of every device (algorithm, parameters, mlx5's counters, the rate
     /// of every QP), for `softroce res show`. Response [`Response::Congestion`].
     CongestionShow,
+}
+
+/// One device's counters by name: its link's (`link_*`), the device's own drops (`device_*`),
+/// and its engines' summed over every client it served (rxe's `hw_counters` names, the
+/// engine's and its drop reasons, `drop_*` and `nak_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCounters {
+    pub device: String,
+    pub counters: Vec<(String, u64)>,
+}
+
+impl DeviceCounters {
+    /// The value of counter `name` (0 if the device does not keep it).
+    pub fn get(&self, name: &str) -> u64 {
+        self.counters
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    }
 }
 
 /// Resources one client holds.
@@ -535,6 +600,7 @@ pub enum Response {
         attr: QpAttr,
         mask: u32,
     },
+    Counters(Vec<DeviceCounters>),
     Congestion(Vec<DeviceCongestion>),
 }
 
@@ -688,6 +754,86 @@ pub struct CmEventMsg {
     pub ud: Option<CmUdParam>,
 }
 
+/// `enum ibv_qp_state` as the engine's state; `None` for a value verbs.h does not define.
+pub fn qp_state(v: u32) -> Option<QpState> {
+    Some(match v {
+        0 => QpState::Reset,
+        1 => QpState::Init,
+        2 => QpState::Rtr,
+        3 => QpState::Rts,
+        4 => QpState::Sqd,
+        5 => QpState::Sqe,
+        6 => QpState::Err,
+        _ => return None,
+    })
+}
+
+impl AhAttr {
+    /// The engine's address vector (RoCE: the GID is the IP address).
+    pub fn address_vector(&self) -> AddressVector {
+        AddressVector {
+            dgid: ip_of_gid(self.dgid),
+            sgid_index: self.sgid_index,
+            hop_limit: self.hop_limit,
+            traffic_class: self.traffic_class,
+            flow_label: self.flow_label,
+        }
+    }
+}
+
+impl QpAttr {
+    /// The engine's attributes for `ibv_modify_qp` with `mask`: the fields the mask names are
+    /// checked here (states, MTU, a GRH on the address vector), the rest by the engine's
+    /// [`crate::transport::check_modify`]. The client is not trusted: any value is an error or
+    /// an attribute, never a panic (the `ctl` fuzz target drives it).
+    pub fn engine_attr(&self, mask: AttrMask) -> VerbsResult<transport::QpAttr> {
+        let a = self;
+        let state = |v| qp_state(v).ok_or(VerbsError::Invalid("QP state"));
+        Ok(transport::QpAttr {
+            qp_state: if mask.contains(AttrMask::STATE) {
+                state(a.qp_state)?
+            } else {
+                QpState::Reset
+            },
+            cur_qp_state: if mask.contains(AttrMask::CUR_STATE) {
+                state(a.cur_qp_state)?
+            } else {
+                QpState::Reset
+            },
+            path_mtu: if mask.contains(AttrMask::PATH_MTU) {
+                Mtu::from_enum(a.path_mtu).ok_or(VerbsError::Invalid("path MTU"))?
+            } else {
+                Mtu::Mtu1024
+            },
+            qkey: Qkey(a.qkey),
+            rq_psn: Psn::new(a.rq_psn),
+            sq_psn: Psn::new(a.sq_psn),
+            dest_qp_num: Qpn::new(a.dest_qp_num),
+            qp_access_flags: Access(a.qp_access_flags),
+            ah_attr: if mask.contains(AttrMask::AV) {
+                if !a.ah_attr.is_global {
+                    // RoCE needs a GRH: the GID is the IP address (IBTA A17.4).
+                    return Err(VerbsError::Invalid(
+                        "RoCE address vectors need a GRH (is_global)",
+                    ));
+                }
+                Some(a.ah_attr.address_vector())
+            } else {
+                None
+            },
+            pkey_index: a.pkey_index,
+            en_sqd_async_notify: a.en_sqd_async_notify != 0,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+        })
+    }
+}
+
 /// Encodes a message for the socket.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, postcard::Error> {
     let bytes = postcard::to_stdvec(msg)?;
@@ -773,6 +919,8 @@ mod tests {
                 roce: RoceVersion::V2,
             }],
             netdevs: vec!["lo".into()],
+            max_cqe: 32767,
+            limits: DeviceLimits::default(),
         }]);
         let bytes = encode(&resp).unwrap();
         assert_eq!(decode::<Response>(&bytes).unwrap(), resp);

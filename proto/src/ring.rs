@@ -307,6 +307,16 @@ impl SharedRing {
             });
     }
 
+    /// How the CQ is armed: `Some(solicited_only)`, or `None` (for moving the arm to a new
+    /// ring when the CQ is resized).
+    pub fn armed(&self) -> Option<bool> {
+        match self.word(OFF_NOTIFY).load(Ordering::Acquire) {
+            NOTIFY_NEXT => Some(false),
+            NOTIFY_SOLICITED => Some(true),
+            _ => None,
+        }
+    }
+
     /// The daemon, after adding a completion: consumes the arm if this completion fires it
     /// (IBTA §11.4.2.2: one event per arming). Returns whether to send the event.
     pub fn take_arm(&self, solicited_or_error: bool) -> bool {

@@ -82,21 +82,21 @@ fn check_file(sim: &Sim, name: &str) -> usize {
     } else {
         PathBuf::from("/work/shared/tools/roce-pcap-check")
     };
-    if tool.exists() {
-        let out = std::process::Command::new(&tool)
-            .arg(&path)
-            .output()
-            .expect("run roce-pcap-check");
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "roce-pcap-check failed: {text} {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(text.contains(&format!("{n}")), "{text}");
-    } else {
-        eprintln!("roce-pcap-check not found; checked with the Rust parser only");
-    }
+    assert!(
+        tool.exists(),
+        "precondition missing: roce-pcap-check, expected in ../shared/tools beside the project"
+    );
+    let out = std::process::Command::new(&tool)
+        .arg(&path)
+        .output()
+        .expect("run roce-pcap-check");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "roce-pcap-check failed: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(&format!("{n}")), "{text}");
     let _ = std::fs::remove_file(&path);
     n
 }

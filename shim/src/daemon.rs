@@ -60,8 +60,14 @@ pub fn socket_path() -> PathBuf {
 pub enum ConnectError {
     /// Nothing listens at `path` (no socket file, or a stale one).
     NoDaemon { path: PathBuf, errno: i32 },
-    /// The daemon answered with an error (wrong protocol version, other user, ...).
-    Refused { path: PathBuf, message: String },
+    /// The daemon answered with an error (wrong protocol version, other user, too many
+    /// connections, ...), or the socket's permissions keep this user out. `errno` is what the
+    /// verb reports (EACCES for a user who is not let in, EAGAIN for a full daemon).
+    Refused {
+        path: PathBuf,
+        message: String,
+        errno: i32,
+    },
     /// The daemon closed the connection, timed out or sent something unexpected.
     Protocol { path: PathBuf, what: String },
 }
@@ -71,7 +77,7 @@ impl ConnectError {
     pub fn errno(&self) -> Errno {
         match self {
             ConnectError::NoDaemon { .. } => Errno(libc::ENODEV),
-            ConnectError::Refused { .. } => Errno(libc::EACCES),
+            ConnectError::Refused { errno, .. } => Errno(*errno),
             ConnectError::Protocol { .. } => Errno::PROTO,
         }
     }
@@ -85,7 +91,7 @@ impl fmt::Display for ConnectError {
                 "softroce: no daemon at {} (start one with: softroce daemon)",
                 path.display()
             ),
-            ConnectError::Refused { path, message } => write!(
+            ConnectError::Refused { path, message, .. } => write!(
                 f,
                 "softroce: the daemon at {} refused this process: {message}",
                 path.display()
@@ -96,6 +102,27 @@ impl fmt::Display for ConnectError {
                 path.display()
             ),
         }
+    }
+}
+
+/// Why `connect` to `path` was not permitted, naming whom the socket serves.
+fn permission_message(path: &Path, e: nix::Error) -> String {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getuid cannot fail.
+    let me = unsafe { libc::getuid() };
+    match std::fs::metadata(path) {
+        Ok(m) => format!(
+            "permission denied ({e}): its socket is mode {:o}, owner uid {} group {}, and this \
+             process runs as uid {me} (the daemon lets other users in with --allow-uid or \
+             --allow-group)",
+            m.mode() & 0o777,
+            m.uid(),
+            m.gid()
+        ),
+        Err(_) => format!(
+            "permission denied ({e}) to uid {me} (the daemon lets other users in with \
+             --allow-uid or --allow-group)"
+        ),
     }
 }
 
@@ -135,7 +162,19 @@ impl ControlConnection {
         )
         .map_err(no_daemon)?;
         let addr = UnixAddr::new(path).map_err(no_daemon)?;
-        connect(fd.as_raw_fd(), &addr).map_err(no_daemon)?;
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => {}
+            // The socket's mode keeps this user out (the daemon serves its own user unless
+            // started with --allow-uid / --allow-group).
+            Err(e @ (nix::Error::EACCES | nix::Error::EPERM)) => {
+                return Err(ConnectError::Refused {
+                    path: path.to_path_buf(),
+                    message: permission_message(path, e),
+                    errno: libc::EACCES,
+                })
+            }
+            Err(e) => return Err(no_daemon(e)),
+        }
         let protocol = |what: String| ConnectError::Protocol {
             path: path.to_path_buf(),
             what,
@@ -157,12 +196,14 @@ impl ControlConnection {
                     message: format!(
                         "daemon speaks protocol {version}, this shim speaks {PROTOCOL_VERSION}"
                     ),
+                    errno: libc::EPROTO,
                 })
             }
-            Ok((Response::Error { message, .. }, _)) => {
+            Ok((Response::Error { message, errno }, _)) => {
                 return Err(ConnectError::Refused {
                     path: path.to_path_buf(),
                     message,
+                    errno: if errno > 0 { errno } else { libc::EACCES },
                 })
             }
             Ok((other, _)) => return Err(protocol(format!("{other:?} in answer to hello"))),
@@ -233,9 +274,10 @@ impl ControlConnection {
         };
         match self.request(&Request::QueryDevices, &[]) {
             Ok((Response::Devices(devices), _)) => Ok(devices),
-            Ok((Response::Error { message, .. }, _)) => Err(ConnectError::Refused {
+            Ok((Response::Error { message, errno }, _)) => Err(ConnectError::Refused {
                 path: self.path.clone(),
                 message,
+                errno: if errno > 0 { errno } else { libc::EIO },
             }),
             Ok((other, _)) => Err(protocol(format!("{other:?} in answer to QueryDevices"))),
             Err(e) => Err(protocol(format!(
@@ -316,10 +358,20 @@ fn exchange(
     let rights = [ControlMessage::ScmRights(fds)];
     let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
     // MSG_NOSIGNAL: a vanished daemon must be an error here, not a SIGPIPE that kills the app.
+    let mut recv_flags = MsgFlags::MSG_CMSG_CLOEXEC;
     loop {
         match sendmsg::<()>(fd, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
             Ok(_) => break,
             Err(nix::Error::EINTR) => continue,
+            // A daemon that refuses a connection answers and closes before it reads: the
+            // answer may still be waiting (then it says why), else the daemon is gone.
+            Err(e @ (nix::Error::EPIPE | nix::Error::ECONNRESET)) => {
+                recv_flags |= MsgFlags::MSG_DONTWAIT;
+                if !matches!(request, Request::Hello { .. }) {
+                    return Err(os_error(e));
+                }
+                break;
+            }
             Err(e) => return Err(os_error(e)),
         }
     }
@@ -328,9 +380,19 @@ fn exchange(
     let (len, truncated) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
         let mut space = nix::cmsg_space!([RawFd; MAX_FDS_PER_MESSAGE]);
-        let msg = match recvmsg::<()>(fd, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC) {
+        let msg = match recvmsg::<()>(fd, &mut iov, Some(&mut space), recv_flags) {
             Ok(msg) => msg,
             Err(nix::Error::EINTR) => continue,
+            // Closed with our message unread, the socket reports ECONNRESET once, before
+            // the answer the daemon queued ahead of it (a refusal says why).
+            Err(nix::Error::ECONNRESET) if !recv_flags.contains(MsgFlags::MSG_DONTWAIT) => {
+                recv_flags |= MsgFlags::MSG_DONTWAIT;
+                continue;
+            }
+            Err(nix::Error::ECONNRESET) => return Err(ExchangeError::Closed),
+            Err(nix::Error::EAGAIN) if recv_flags.contains(MsgFlags::MSG_DONTWAIT) => {
+                return Err(ExchangeError::Closed)
+            }
             Err(nix::Error::EAGAIN) => {
                 return Err(ExchangeError::Malformed(
                     "no answer within the handshake timeout".into(),
@@ -546,6 +608,8 @@ mod tests {
                 roce: RoceVersion::V2,
             }],
             netdevs: vec![],
+            max_cqe: 32767,
+            limits: Default::default(),
         };
         let path = serve_once(
             "ok",

@@ -9,6 +9,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use libc::c_int;
 use proto::ctl::DeviceInfo;
 
 use crate::abi::*;
@@ -183,7 +184,7 @@ pub fn description_from_daemon(info: &DeviceInfo) -> DeviceDescription {
             ndev_ifindex,
         });
     }
-    rxe_like_device(
+    let mut device = rxe_like_device(
         &info.name,
         info.node_guid.to_be_bytes(),
         PortDescription {
@@ -191,7 +192,22 @@ pub fn description_from_daemon(info: &DeviceInfo) -> DeviceDescription {
             gids,
             pkeys: vec![0xffff],
         },
-    )
+    );
+    // The CQ depth is the daemon's, configured per device (deeper than rxe's by default:
+    // the stacks ask for more); 0 from an older daemon keeps rxe's.
+    if let Ok(max_cqe) = i32::try_from(info.max_cqe) {
+        if max_cqe > 0 {
+            device.attr.orig_attr.max_cqe = max_cqe;
+        }
+    }
+    // What the daemon will hold, not rxe's constants (a verb past these fails with ENOMEM).
+    let cap = |v: u32| c_int::try_from(v).unwrap_or(c_int::MAX);
+    let a = &mut device.attr.orig_attr;
+    a.max_qp = cap(info.limits.max_qp);
+    a.max_cq = cap(info.limits.max_cq);
+    a.max_mr = cap(info.limits.max_mr);
+    a.max_srq = cap(info.limits.max_srq);
+    device
 }
 
 fn is_loopback_gid(addr: &Ipv6Addr) -> bool {
@@ -411,6 +427,13 @@ mod tests {
                 },
             ],
             netdevs: vec![],
+            max_cqe: 32767,
+            limits: proto::ctl::DeviceLimits {
+                max_qp: 1000,
+                max_cq: 2000,
+                max_mr: 3000,
+                max_srq: 4000,
+            },
         }
     }
 
@@ -418,6 +441,12 @@ mod tests {
     fn daemon_device_is_rxe_with_the_daemons_identity() {
         let d = description_from_daemon(&daemon_info());
         assert_eq!(d.name, "srxe7");
+        // The daemon's caps, not rxe's constants.
+        let a = &d.attr.orig_attr;
+        assert_eq!(
+            (a.max_qp, a.max_cq, a.max_mr, a.max_srq),
+            (1000, 2000, 3000, 4000)
+        );
         assert_eq!(
             d.node_guid,
             [0x02, 0x53, 0x52, 0xff, 0xfe, 0x58, 0x45, 0x07]

@@ -22,6 +22,7 @@ pub mod abi;
 pub mod daemon;
 pub mod discovery;
 pub mod ffi;
+pub mod fsview;
 pub mod rdmacm;
 pub mod rsocket;
 pub mod runtime;

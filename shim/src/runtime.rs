@@ -41,17 +41,17 @@ impl ShimDevice {
             dev_path: [0; IBV_SYSFS_PATH_MAX],
             ibdev_path: [0; IBV_SYSFS_PATH_MAX],
         };
-        // Paths under a directory that does not exist: nothing in libibverbs or an app must
-        // find sysfs files for a device the kernel does not know.
+        // The names and paths of a kernel device: the shim shows the files behind them
+        // (`fsview`), which UCX (`/dev/infiniband/<dev_name>`) and others look up.
         write_c_string(&mut dev.name, &desc.name);
-        write_c_string(&mut dev.dev_name, &format!("suverbs{index}"));
+        write_c_string(&mut dev.dev_name, &format!("uverbs{index}"));
         write_c_string(
             &mut dev.dev_path,
-            &format!("/sys/class/infiniband_verbs/softroce/suverbs{index}"),
+            &format!("/sys/class/infiniband_verbs/uverbs{index}"),
         );
         write_c_string(
             &mut dev.ibdev_path,
-            &format!("/sys/class/infiniband/softroce/{}", desc.name),
+            &format!("/sys/class/infiniband/{}", desc.name),
         );
         Self { dev, index, desc }
     }
@@ -422,6 +422,9 @@ impl ShimContext {
 /// registering its context, so a context opened concurrently is covered by one side or both
 /// (the registry lock orders them), and [`ShimContext::post_device_fatal`] posts only once.
 pub fn post_device_fatal_to_all_contexts() {
+    // A thread blocked in ibv_get_cq_event must not wait for ever: every completion channel
+    // gets a record that says the device is gone (crate::verbs::events).
+    COMP_CHANNELS.for_each_live(crate::verbs::events::wake_for_device_loss);
     CONTEXTS.for_each_live(|addr| {
         // SAFETY: `addr` is registered and the registry lock is held, so it is the context
         // member of a live Box<ShimContext> that ibv_close_device cannot free meanwhile (it

@@ -112,11 +112,13 @@ fn ibv_devinfo_verbose_shows_the_daemons_configuration() {
 }
 
 /// Line-by-line against the kernel rxe capture: only the lines that name the device, its
-/// GUIDs, the loopback MTU and the addresses may differ.
+/// GUIDs, the loopback MTU and the addresses may differ. The daemon is given rxe's CQ depth
+/// (`--max-cqe 32767`; softroce's default is deeper, for the stacks: docs/stacks.md), which
+/// `max_cqe_follows_the_daemons_configuration` checks separately.
 #[test]
 fn ibv_devinfo_verbose_matches_kernel_rxe_capture() {
     let capture = rxe_capture().expect("shared/captures/devinfo/rxe1-ibv_devinfo-v.txt not found");
-    let daemon = Daemon::start("devinfo-capture", &[]);
+    let daemon = Daemon::start("devinfo-capture", &["--max-cqe", "32767"]);
     let out = daemon.run_preloaded(&require_program("ibv_devinfo"), &["-v"]);
     let may_differ = |l: &str| {
         [
@@ -231,4 +233,36 @@ fn softroce_run_preloads_the_shim_and_points_it_at_the_daemon() {
             "\t\t\tGID[  0]:\t\t::ffff:127.0.0.4, RoCE v2",
         ],
     );
+}
+
+/// `max_cqe` is the daemon's per-device setting: 1,048,575 by default (libfabric's ofi_rxm asks
+/// for 262,144-entry CQs), what `--max-cqe` says otherwise; a CQ of 262,144 entries is created.
+#[test]
+fn max_cqe_follows_the_daemons_configuration() {
+    let daemon = Daemon::start("devinfo-max-cqe", &[]);
+    let out = daemon.run_preloaded(&require_program("ibv_devinfo"), &["-v"]);
+    assert!(out.contains("\tmax_cqe:\t\t\t1048575\n"), "{out}");
+    let small = Daemon::start("devinfo-max-cqe-small", &["--max-cqe", "65535"]);
+    let out = small.run_preloaded(&require_program("ibv_devinfo"), &["-v"]);
+    assert!(out.contains("\tmax_cqe:\t\t\t65535\n"), "{out}");
+    let exe = shim_support::compile_c(
+        "deep_cq",
+        r#"
+#include <infiniband/verbs.h>
+#include <stdio.h>
+int main(void) {
+    struct ibv_device **l = ibv_get_device_list(NULL);
+    struct ibv_context *c = l && l[0] ? ibv_open_device(l[0]) : NULL;
+    if (!c) return 1;
+    struct ibv_cq *cq = ibv_create_cq(c, 262144, NULL, NULL, 0);
+    printf("cqe %d\n", cq ? cq->cqe : -1);
+    struct ibv_cq *too_deep = ibv_create_cq(c, 1048576 * 2, NULL, NULL, 0);
+    printf("too deep %s\n", too_deep ? "created" : "refused");
+    return !(cq && cq->cqe >= 262144 && !too_deep);
+}
+"#,
+        &["ibverbs"],
+    );
+    let out = daemon.run_preloaded(&exe, &[]);
+    assert!(out.contains("too deep refused"), "{out}");
 }

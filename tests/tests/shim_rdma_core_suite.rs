@@ -104,7 +104,6 @@ const ALLOWED_SKIPS: &[&str] = &[
     "Rereg MR is not supported",
     "There are no huge pages",
     "Raw Packet QP",
-    "Resize CQ is not supported",
     "Importing a device is not supported",
     // Only test_qp_ex_rc_atomic_write: IBV_QP_EX_WITH_ATOMIC_WRITE is not offered.
     "Extended QP is not supported on this device",

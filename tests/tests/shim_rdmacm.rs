@@ -248,6 +248,111 @@ fn mckey_ud_multicast_across_two_daemons() {
     }
 }
 
+/// Two network namespaces joined by a veth pair, each end with an IPv6 address (no DAD, so
+/// they are usable at once): two hosts of one link. Deleted when dropped.
+struct TwoHosts {
+    names: [String; 2],
+}
+
+impl TwoHosts {
+    fn new(tag: &str, addrs: [&str; 2]) -> TwoHosts {
+        let id = std::process::id();
+        let names = [
+            format!("hclient-{id}-{tag}-a"),
+            format!("hclient-{id}-{tag}-b"),
+        ];
+        let ip = |args: &[&str]| {
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .expect("run ip");
+            assert!(
+                out.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let hosts = TwoHosts { names };
+        let [a, b] = &hosts.names;
+        ip(&["netns", "add", a]);
+        ip(&["netns", "add", b]);
+        ip(&[
+            "link", "add", "mc6a", "netns", a, "type", "veth", "peer", "name", "mc6b", "netns", b,
+        ]);
+        for (ns, dev, addr) in [(a, "mc6a", addrs[0]), (b, "mc6b", addrs[1])] {
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        hosts
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", n])
+                .status();
+        }
+    }
+}
+
+/// UD multicast over IPv6 between two hosts: the receiver's device joins the IPv6 group on
+/// its interface (by index) when its QP attaches, the sender's datagrams leave on the
+/// sender's interface, and they cross the link. (The IPv6 group used to be attached without
+/// being joined, so nothing from another host ever arrived.)
+#[test]
+fn mckey_ud_multicast_over_ipv6_between_two_hosts() {
+    let hosts = TwoHosts::new("mc6", ["fd00:93::1", "fd00:93::2"]);
+    let port = ["--port", "4791"];
+    let sending = Daemon::start_in(
+        "rdmacm-mckey6-tx",
+        Some(&hosts.names[0]),
+        &[&["--addr", "fd00:93::1"][..], &port].concat(),
+    );
+    let receiving = Daemon::start_in(
+        "rdmacm-mckey6-rx",
+        Some(&hosts.names[1]),
+        &[&["--addr", "fd00:93::2"][..], &port].concat(),
+    );
+    let since = Instant::now();
+    let group = ["-m", "ff0e::93", "-C", "5"];
+    let receiver_args: Vec<&str> = ["-oL", "mckey"]
+        .into_iter()
+        .chain(group)
+        .chain(["-b", "fd00:93::2"])
+        .collect();
+    let mut receiver = start(&receiving, "mckey6", "receiver", "stdbuf", &receiver_args);
+    wait_for_output(&mut receiver, "receiving data transfers", LIMIT);
+    let sender_args: Vec<&str> = group
+        .into_iter()
+        .chain(["-b", "fd00:93::1", "-s"])
+        .collect();
+    let sender = start(&sending, "mckey6", "sender", "mckey", &sender_args).finish(since);
+    let receiver = receiver.finish(since);
+    sender.assert_ok("mckey sender (IPv6)", &sending);
+    receiver.assert_ok("mckey receiver (IPv6)", &receiving);
+    for f in [&sender, &receiver] {
+        assert!(f.output.contains("data transfers complete"), "{}", f.output);
+        assert!(f.output.contains("return status 0"), "{}", f.output);
+    }
+    assert!(
+        receiving.log().contains("multicast group joined"),
+        "{}",
+        receiving.log()
+    );
+}
+
 /// perftest with `-R`: the connection is made by rdma_cm (and its parameters exchanged over
 /// it), then the measured traffic runs.
 fn perftest_rdma_cm(program: &str, port: u16, d: &Daemon) {

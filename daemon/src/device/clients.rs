@@ -3,8 +3,10 @@
 //! A client's engine is created on its first request and dropped, with everything in it, when
 //! the client goes (or when its engine panicked: see [`contained`]).
 
+use super::events::EventSink;
 use super::DeviceThread;
 use crate::memory::ProcessMemory;
+use crate::peer::ClientProcess;
 use crate::shm::SharedRegion;
 use proto::ctl::ClientResources;
 use proto::ring::SharedRing;
@@ -12,8 +14,7 @@ use proto::transport::{self as tp, MemoryAccess, MemoryError, Mtu, QpCap, RecvWr
 use proto::Qpn;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasher, Hasher};
-use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use tracing::{debug, info};
 
 /// QPNs per client engine: client k gets `[k * BLOCK, (k + 1) * BLOCK)`; block 0 holds the
@@ -49,8 +50,9 @@ impl MemoryAccess for ProcMem {
 impl ProcMem {
     /// Before the engine sends anything or completions are delivered, deferred writes land
     /// (memory::ProcessMemory); then a transmit pass starts (`begin`) or ends, and with it
-    /// the reads served from snapshots.
-    pub(super) fn settle(&mut self, begin: bool) {
+    /// the reads served from snapshots. Returns the QPs whose placed data did not reach the
+    /// process (it unmapped memory it had registered).
+    pub(super) fn settle(&mut self, begin: bool) -> Vec<u32> {
         let m = self.0.get_mut();
         if let Err(e) = m.flush() {
             debug!("a deferred write into the client failed: {e}");
@@ -60,53 +62,75 @@ impl ProcMem {
         } else {
             m.end_pass();
         }
+        m.take_failed_writers()
+    }
+
+    /// Names the QP whose packet the engine places next (see [`ProcMem::settle`]).
+    pub(super) fn placing_for(&mut self, qpn: u32) {
+        self.0.get_mut().set_writer(qpn);
     }
 }
 
 pub(super) type Engine = tp::Engine<ProcMem>;
 
 pub(super) struct CqState {
-    pub _region: SharedRegion,
+    pub region: SharedRegion,
     pub ring: SharedRing,
     pub channel: Option<u32>,
     pub generation: u32,
     pub ctx: u32,
+    /// Overrun: the CQ is in error and its QPs were moved to ERR.
+    pub in_error: bool,
 }
 
 pub(super) struct QpHost {
-    pub _region: SharedRegion,
+    pub region: SharedRegion,
     pub sq: SharedRing,
     pub rq: Option<SharedRing>,
     pub cap: QpCap,
     pub send_cq: u32,
+    pub recv_cq: u32,
     pub sq_sig_all: bool,
     /// Work the engine could not take yet (its queue was full), in order.
     pub pending_send: VecDeque<SendWr>,
     pub pending_recv: VecDeque<RecvWr>,
     pub ctx: u32,
+    /// A ring held a WQE that could not be decoded: the QP is in ERR and its rings are not
+    /// read again.
+    pub corrupt: bool,
 }
 
 pub(super) struct SrqState {
-    pub _region: SharedRegion,
+    pub region: SharedRegion,
     pub ring: SharedRing,
     pub max_sge: u32,
     pub pending: VecDeque<RecvWr>,
     pub limit: u32,
     pub max_wr: u32,
     pub ctx: u32,
+    /// Its ring held a WQE that could not be decoded: the SRQ is in error.
+    pub corrupt: bool,
 }
 
 /// A client's presence on this device.
 pub(super) struct ClientDev {
     pub pid: i32,
+    /// The device's index (in the handles the client is given).
+    pub device: u32,
     pub engine: Engine,
     pub block: u32,
-    /// Context handle -> async event socket (write end).
-    pub contexts: HashMap<u32, OwnedFd>,
-    pub channels: HashMap<u32, OwnedFd>,
+    /// Context handle -> its async event socket (write end).
+    pub contexts: HashMap<u32, EventSink>,
+    /// Completion channel handle -> its pipe (write end).
+    pub channels: HashMap<u32, EventSink>,
     /// PD handle -> (engine PD, the context that allocated it).
     pub pds: HashMap<u32, (u32, u32)>,
-    pub mrs: HashMap<u32, u32>,
+    /// MR handle -> (engine MR, its length).
+    pub mrs: HashMap<u32, (u32, u64)>,
+    /// Bytes registered in the MRs, and of the ring regions of the CQs, QPs and SRQs
+    /// (what the caps of [`super::limits`] count).
+    pub mr_bytes: u64,
+    pub ring_bytes: u64,
     pub cqs: HashMap<u32, CqState>,
     pub qps: HashMap<u32, QpHost>,
     pub srqs: HashMap<u32, SrqState>,
@@ -119,6 +143,44 @@ impl ClientDev {
     pub fn handle(&mut self) -> u32 {
         self.next_handle += 1;
         self.next_handle
+    }
+
+    /// Lands the deferred writes (see [`ProcMem::settle`]); a QP whose data could not be
+    /// placed goes to ERR with IBV_EVENT_QP_ACCESS_ERR before it sends anything, so the
+    /// request is never acknowledged.
+    pub fn settle(&mut self, begin: bool) {
+        for qpn in self.engine.memory_mut().settle(begin) {
+            if self.qps.contains_key(&qpn) {
+                debug!(
+                    qpn,
+                    "data placed for the QP did not reach the process: QP to ERR"
+                );
+                let _ = self.engine.fail_qp(Qpn::new(qpn), true);
+            }
+        }
+    }
+
+    /// Reports an SRQ in error (IBV_EVENT_SRQ_ERR, 14) to its context. The engine has no
+    /// such event: only the device finds an SRQ's ring corrupt.
+    pub fn srq_error(&mut self, srq: u32) {
+        let Some(ctx) = self.srqs.get(&srq).map(|s| s.ctx) else {
+            return;
+        };
+        if let Some(sink) = self.contexts.get_mut(&ctx) {
+            let mut rec = [0u8; 16];
+            let element = u64::from(super::handles::tag_handle(self.device, srq));
+            rec[..8].copy_from_slice(&element.to_ne_bytes());
+            rec[8..12].copy_from_slice(&14u32.to_ne_bytes());
+            sink.send(&rec, 12);
+        }
+    }
+
+    /// Whether records wait for room in any of the client's event descriptors.
+    pub fn events_held_back(&self) -> bool {
+        self.contexts
+            .values()
+            .chain(self.channels.values())
+            .any(EventSink::has_backlog)
     }
 
     pub fn resources(&self) -> ClientResources {
@@ -136,20 +198,13 @@ impl ClientDev {
     }
 }
 
-fn random_u64() -> u64 {
-    // RandomState is seeded from the OS's entropy: keys must not be guessable.
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(0x5352_5845);
-    h.finish()
-}
-
 impl DeviceThread {
     /// The client's engine on this device, created on first use. The error is an errno and a
     /// message for the client.
     pub(super) fn client(
         &mut self,
         client: u64,
-        pid: i32,
+        process: &Arc<ClientProcess>,
     ) -> Result<&mut ClientDev, (i32, &'static str)> {
         if !self.clients.contains_key(&client) {
             let Some(&first) = self.gids.first() else {
@@ -164,8 +219,15 @@ impl DeviceThread {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
             self.last_block = block;
-            let mut config = tp::EngineConfig::new(first, random_u64());
+            // Keys and QPNs from a ChaCha20 stream keyed by the kernel's CSPRNG: nothing
+            // about them can be guessed from another client's, or this client's own.
+            let mut config = tp::EngineConfig::new(first, crate::entropy::u64());
+            config.key_entropy = crate::entropy::bytes();
+            config.random_qpns = true;
             config.gids = self.gids.clone();
+            // The device's configured CQ depth (`DeviceConfig::max_cqe`), which the shim
+            // reports as `max_cqe`.
+            config.max_cqe = self.info.max_cqe as usize;
             config.port_mtu =
                 Mtu::from_enum(u32::from(self.info.active_mtu)).unwrap_or(Mtu::Mtu1024);
             // The ICRC is computed once per packet: by the link for the headers it sends,
@@ -173,20 +235,23 @@ impl DeviceThread {
             // handle_verified_packet.
             config.seal_icrc = false;
             config.congestion = self.congestion;
-            let mut engine =
-                tp::Engine::new(config, ProcMem(RefCell::new(ProcessMemory::new(pid))));
+            let memory = ProcessMemory::of(Arc::clone(process));
+            let mut engine = tp::Engine::new(config, ProcMem(RefCell::new(memory)));
             engine.set_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);
             self.blocks.insert(block, client);
             self.clients.insert(
                 client,
                 ClientDev {
-                    pid,
+                    pid: process.pid(),
+                    device: self.index,
                     engine,
                     block,
                     contexts: HashMap::new(),
                     channels: HashMap::new(),
                     pds: HashMap::new(),
                     mrs: HashMap::new(),
+                    mr_bytes: 0,
+                    ring_bytes: 0,
                     cqs: HashMap::new(),
                     qps: HashMap::new(),
                     srqs: HashMap::new(),
@@ -207,7 +272,7 @@ impl DeviceThread {
         self.group_detach(|(c, _)| c == client, None);
         if let Some(c) = self.clients.remove(&client) {
             self.blocks.remove(&c.block);
-            self.count_departed(c.engine.counters());
+            self.departed.accumulate(c.engine.counters());
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
             debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),

@@ -27,7 +27,8 @@ pub(super) fn cqe_of(wc: &WorkCompletion) -> Cqe {
         wc_flags: wc.wc_flags.0,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        // UD receives: the RoCE packet type, as mlx5 reports it (WorkCompletion::sl).
+        sl: wc.sl,
         dlid_path_bits: 0,
     }
 }
@@ -38,9 +39,20 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
     let tag = |h: u32| super::handles::tag_handle(index, h);
     let mut busy = false;
     let mut b = [0u8; wqe::CQE_SLOT_LEN];
+    // Records held back since the client last made room go first.
+    for sink in c.contexts.values_mut().chain(c.channels.values_mut()) {
+        if sink.has_backlog() {
+            busy |= sink.retry();
+        }
+    }
+    let mut overrun: Vec<u32> = Vec::new();
     for (&h, q) in c.cqs.iter_mut() {
         let mut fire = false;
-        while q.ring.free().unwrap_or(0) > 0 {
+        // The ring has one slot more than the CQ's depth (`cqe`, what the client was
+        // granted): the CQ holds `cqe` completions the client has not polled. A consumer
+        // index that makes no sense (a client that wrote into its ring's header) reads as a
+        // full ring.
+        while q.ring.free().unwrap_or(0) > 1 {
             let Some(wc) = c.engine.poll_cq(h) else { break };
             busy = true;
             cqe_of(&wc).encode(&mut b);
@@ -49,14 +61,41 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
                 .ring
                 .take_arm(wc.solicited || wc.status != tp::WcStatus::Success);
         }
+        // More completions than the CQ holds (or the engine's own queue overflowed, the same
+        // event): CQ overrun. What did not fit is lost; the ring keeps what it holds.
+        if !q.in_error && (c.engine.cq_len(h).unwrap_or(0) > 0 || c.engine.cq_in_error(h)) {
+            let _ = c.engine.cq_overrun(h);
+            q.in_error = true;
+            overrun.push(h);
+        }
         if fire {
-            if let Some(fd) = q.channel.and_then(|ch| c.channels.get(&ch)) {
+            if let Some(sink) = q.channel.and_then(|ch| c.channels.get_mut(&ch)) {
                 q.generation = q.generation.wrapping_add(1);
                 let mut rec = [0u8; 8];
                 rec[..4].copy_from_slice(&tag(h).to_ne_bytes());
                 rec[4..].copy_from_slice(&q.generation.to_ne_bytes());
-                let _ = nix::unistd::write(fd, &rec);
+                // Never blocks; records of one CQ coalesce (events::EventSink).
+                sink.send(&rec, 4);
             }
+        }
+    }
+    // An overrun CQ takes its QPs to ERR (IBTA §11.4.2.1: the QPs associated with it can no
+    // longer report their work): each with IBV_EVENT_QP_FATAL, after the CQ's CQ_ERR.
+    for h in overrun {
+        busy = true;
+        let qps: Vec<u32> = c
+            .qps
+            .iter()
+            .filter(|(_, q)| q.send_cq == h || q.recv_cq == h)
+            .map(|(&n, _)| n)
+            .collect();
+        tracing::debug!(
+            cq = h,
+            qps = qps.len(),
+            "CQ overrun: the CQ and its QPs in error"
+        );
+        for qpn in qps {
+            let _ = c.engine.fail_qp(Qpn::new(qpn), false);
         }
     }
     while let Some(ev) = c.engine.poll_event() {
@@ -81,11 +120,11 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
             // Completion notifications travel through the rings' arm word instead.
             AsyncEvent::CqNotify { .. } => continue,
         };
-        if let Some(fd) = ctx.and_then(|x| c.contexts.get(&x)) {
+        if let Some(sink) = ctx.and_then(|x| c.contexts.get_mut(&x)) {
             let mut rec = [0u8; 16];
             rec[..8].copy_from_slice(&element.to_ne_bytes());
             rec[8..12].copy_from_slice(&ty.to_ne_bytes());
-            let _ = nix::unistd::write(fd, &rec);
+            sink.send(&rec, 12);
         }
     }
     busy

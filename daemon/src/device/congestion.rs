@@ -4,23 +4,16 @@
 
 use super::DeviceThread;
 use proto::ctl::{DeviceCongestion, QpRate, MAX_QP_RATES};
-use proto::transport as tp;
 use proto::Qpn;
 
 impl DeviceThread {
-    /// Keeps the congestion-control counters of an engine that is going away.
-    pub(super) fn count_departed(&mut self, counters: &tp::Counters) {
-        for (total, (_, v)) in self.cc_departed.iter_mut().zip(counters.cc_counters()) {
-            *total += v;
-        }
-    }
-
     pub(super) fn congestion_report(&self) -> DeviceCongestion {
-        let mut counters: Vec<(String, u64)> = tp::Counters::default()
+        // Those of the clients that are gone, then the live ones'.
+        let mut counters: Vec<(String, u64)> = self
+            .departed
             .cc_counters()
             .iter()
-            .zip(self.cc_departed)
-            .map(|((name, _), departed)| (name.to_string(), departed))
+            .map(|(name, v)| (name.to_string(), *v))
             .collect();
         let mut qps = Vec::new();
         for (&client, c) in &self.clients {

@@ -2,12 +2,16 @@
 //! the data path (contexts, PDs, MRs, completion channels, CQs, QPs, SRQs, AHs, MWs, multicast
 //! attachments). Object creation, with its rings, is in [`super::objects`].
 
+use super::events::EventSink;
 use super::objects;
+use super::resize;
 use super::DeviceThread;
+use crate::peer::ClientProcess;
 use proto::ctl::{ip_of_gid, Request, Response};
 use proto::transport::{self as tp, Access, VerbsError};
 use proto::Qpn;
 use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
 
 pub(super) fn err(e: VerbsError) -> Response {
     Response::Error {
@@ -27,29 +31,16 @@ impl DeviceThread {
     pub(super) fn request(
         &mut self,
         client: u64,
-        pid: i32,
+        process: &Arc<ClientProcess>,
         request: Request,
         mut fds: Vec<OwnedFd>,
     ) -> (Response, Vec<OwnedFd>) {
         let name = self.info.name.clone();
-        let qps: usize = self.clients.values().map(|c| c.qps.len()).sum();
-        let mrs: usize = self.clients.values().map(|c| c.mrs.len()).sum();
-        match request {
-            Request::CreateQp { .. } if qps >= self.max_qp => {
-                return (
-                    errno(libc::ENOMEM, "the device's QP limit (max_qp) is reached"),
-                    vec![],
-                );
-            }
-            Request::RegMr { .. } if mrs >= self.max_mr => {
-                return (
-                    errno(libc::ENOMEM, "the device's MR limit (max_mr) is reached"),
-                    vec![],
-                );
-            }
-            _ => {}
+        if let Some(refused) = self.past_a_limit(client, &request) {
+            return (refused, vec![]);
         }
-        let c = match self.client(client, pid) {
+        let ring_budget = self.ring_budget(client);
+        let c = match self.client(client, process) {
             Ok(c) => c,
             Err((code, why)) => return (errno(code, why), vec![]),
         };
@@ -65,8 +56,12 @@ impl DeviceThread {
                         none,
                     );
                 };
+                let sink = match EventSink::new(fd) {
+                    Ok(s) => s,
+                    Err(why) => return (errno(libc::EINVAL, why), none),
+                };
                 let h = c.handle();
-                c.contexts.insert(h, fd);
+                c.contexts.insert(h, sink);
                 // The context's doorbell: the shim writes it after posting to a ring whose
                 // consumer (this thread) said it sleeps.
                 let doorbell = self.wake.as_fd().try_clone_to_owned();
@@ -108,6 +103,17 @@ impl DeviceThread {
                 let Some(&(epd, _)) = c.pds.get(&pd) else {
                     return (errno(libc::EINVAL, "no such PD"), none);
                 };
+                // No on-demand paging: refused as by a device without it (the kernel's
+                // ib_check_mr_access), and not advertised (odp_caps are 0).
+                if access & Access::ON_DEMAND.0 != 0 {
+                    return (
+                        errno(
+                            libc::EOPNOTSUPP,
+                            "IBV_ACCESS_ON_DEMAND: the device has no ODP",
+                        ),
+                        none,
+                    );
+                }
                 if iova != addr {
                     return (
                         errno(
@@ -130,7 +136,8 @@ impl DeviceThread {
                 match c.engine.reg_mr(epd, addr, length, Access(access)) {
                     Ok(keys) => {
                         let h = c.handle();
-                        c.mrs.insert(h, keys.handle);
+                        c.mrs.insert(h, (keys.handle, length));
+                        c.mr_bytes = c.mr_bytes.saturating_add(length);
                         Response::Mr {
                             mr: h,
                             lkey: keys.lkey.0,
@@ -141,9 +148,10 @@ impl DeviceThread {
                 }
             }
             Request::DeregMr { mr } => match c.mrs.get(&mr).copied() {
-                Some(e) => match c.engine.dereg_mr(e) {
+                Some((e, length)) => match c.engine.dereg_mr(e) {
                     Ok(()) => {
                         c.mrs.remove(&mr);
+                        c.mr_bytes = c.mr_bytes.saturating_sub(length);
                         Response::Done
                     }
                     Err(e) => err(e),
@@ -160,8 +168,12 @@ impl DeviceThread {
                         none,
                     );
                 };
+                let sink = match EventSink::new(fd) {
+                    Ok(s) => s,
+                    Err(why) => return (errno(libc::EINVAL, why), none),
+                };
                 let h = c.handle();
-                c.channels.insert(h, fd);
+                c.channels.insert(h, sink);
                 Response::CompChannel { channel: h }
             }
             Request::DestroyCompChannel { channel } => {
@@ -178,14 +190,16 @@ impl DeviceThread {
                 cqe,
                 channel,
                 comp_vector: _,
-            } => return objects::create_cq(c, ctx, cqe, channel),
+            } => return objects::create_cq(c, ctx, cqe, channel, ring_budget),
             Request::DestroyCq { cq } => {
                 if c.qps.values().any(|q| q.send_cq == cq) {
                     return (errno(libc::EBUSY, "QPs still use the CQ"), none);
                 }
                 match c.engine.destroy_cq(cq) {
                     Ok(()) => {
-                        c.cqs.remove(&cq);
+                        if let Some(q) = c.cqs.remove(&cq) {
+                            c.ring_bytes -= q.region.len() as u64;
+                        }
                         Response::Done
                     }
                     Err(e) => err(e),
@@ -199,7 +213,19 @@ impl DeviceThread {
                 srq,
                 cap,
                 sq_sig_all,
-            } => return objects::create_qp(c, pd, qp_type, send_cq, recv_cq, srq, cap, sq_sig_all),
+            } => {
+                return objects::create_qp(
+                    c,
+                    pd,
+                    qp_type,
+                    send_cq,
+                    recv_cq,
+                    srq,
+                    cap,
+                    sq_sig_all,
+                    ring_budget,
+                )
+            }
             Request::ModifyQp { qpn, attr, mask } => objects::modify_qp(c, qpn, &attr, mask),
             Request::QueryQp { qpn, mask: _ } => objects::query_qp(c, qpn),
             Request::DestroyQp { qpn } => {
@@ -208,7 +234,9 @@ impl DeviceThread {
                 }
                 match c.engine.destroy_qp(Qpn::new(qpn)) {
                     Ok(()) => {
-                        c.qps.remove(&qpn);
+                        if let Some(q) = c.qps.remove(&qpn) {
+                            c.ring_bytes -= q.region.len() as u64;
+                        }
                         // A destroyed QP leaves its groups (rxe detaches it in rxe_qp_destroy).
                         self.group_detach(|m| m == (client, qpn), None);
                         Response::Done
@@ -221,17 +249,33 @@ impl DeviceThread {
                 max_wr,
                 max_sge,
                 srq_limit,
-            } => return objects::create_srq(c, pd, max_wr, max_sge, srq_limit),
+            } => return objects::create_srq(c, pd, max_wr, max_sge, srq_limit, ring_budget),
             Request::ModifySrq {
                 srq,
-                max_wr: _,
+                max_wr,
                 srq_limit,
                 mask,
             } => {
-                // IBV_SRQ_MAX_WR (1): resizing is not supported; IBV_SRQ_LIMIT (2) arms.
-                if mask & 1 != 0 {
-                    errno(libc::EOPNOTSUPP, "SRQ resize")
-                } else if mask & 2 != 0 {
+                // IBV_SRQ_MAX_WR (1) resizes (a new ring), IBV_SRQ_LIMIT (2) arms; both may
+                // come at once, the limit checked against the new size before anything
+                // changes (rxe_srq_chk_attr).
+                let new_max = max_wr
+                    .max(1)
+                    .checked_next_power_of_two()
+                    .unwrap_or(u32::MAX);
+                if mask & 3 == 3 && srq_limit > new_max {
+                    return (errno(libc::EINVAL, "SRQ limit above max_wr"), none);
+                }
+                let resized = if mask & 1 != 0 {
+                    let (r, fds) = resize::resize_srq(c, srq, max_wr, ring_budget);
+                    if !matches!(r, Response::Srq { .. }) {
+                        return (r, fds);
+                    }
+                    Some((r, fds))
+                } else {
+                    None
+                };
+                let armed = if mask & 2 != 0 {
                     match c.engine.arm_srq_limit(srq, srq_limit) {
                         Ok(()) => {
                             if let Some(s) = c.srqs.get_mut(&srq) {
@@ -243,7 +287,14 @@ impl DeviceThread {
                     }
                 } else {
                     Response::Done
+                };
+                match resized {
+                    Some((r, fds)) => return (r, fds),
+                    None => armed,
                 }
+            }
+            Request::ResizeCq { cq, cqe } => {
+                return resize::resize_cq(c, cq, cqe, ring_budget);
             }
             Request::QuerySrq { srq } => match c.srqs.get(&srq) {
                 Some(s) => Response::SrqAttr {
@@ -255,7 +306,9 @@ impl DeviceThread {
             },
             Request::DestroySrq { srq } => match c.engine.destroy_srq(srq) {
                 Ok(()) => {
-                    c.srqs.remove(&srq);
+                    if let Some(s) = c.srqs.remove(&srq) {
+                        c.ring_bytes -= s.region.len() as u64;
+                    }
                     Response::Done
                 }
                 Err(e) => err(e),
@@ -264,7 +317,7 @@ impl DeviceThread {
                 let Some(&(epd, _)) = c.pds.get(&pd) else {
                     return (errno(libc::EINVAL, "no such PD"), none);
                 };
-                match c.engine.create_ah(epd, objects::address_vector(&attr)) {
+                match c.engine.create_ah(epd, attr.address_vector()) {
                     Ok(ah) => {
                         c.ahs.insert(ah, epd);
                         Response::Ah { ah }

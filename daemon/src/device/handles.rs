@@ -56,6 +56,7 @@ pub(super) fn untag(r: Request) -> Request {
             comp_vector,
         },
         Request::DestroyCq { cq } => Request::DestroyCq { cq: m(cq) },
+        Request::ResizeCq { cq, cqe } => Request::ResizeCq { cq: m(cq), cqe },
         Request::CreateQp {
             pd,
             qp_type,

@@ -29,10 +29,13 @@ mod clients;
 mod completions;
 mod congestion;
 mod control;
+mod events;
 mod handles;
+mod limits;
 mod multicast;
 mod objects;
 mod receive;
+mod resize;
 mod transmit;
 mod work_requests;
 
@@ -40,15 +43,17 @@ pub use handles::{handle_device, HANDLE_DEVICE_SHIFT};
 
 use crate::gsi::{GsiMad, GsiOut};
 use crate::net::{AdaptiveSpin, Link, LocalFrames, UdpLink, UdpLinkConfig};
+use crate::peer::ClientProcess;
 use clients::ClientDev;
 use crossbeam_channel::{Receiver, Sender};
 use multicast::JoinedGroup;
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use proto::ctl::{ClientResources, DeviceInfo, Request, Response};
+use proto::ctl::{ClientResources, DeviceCounters, DeviceInfo, Request, Response};
 use proto::transport as tp;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::info;
 
@@ -66,7 +71,9 @@ const MAX_SLEEP: Duration = Duration::from_secs(10);
 pub enum DevMsg {
     Request {
         client: u64,
-        pid: i32,
+        /// The client's process, pinned when it connected ([`crate::peer`]): its memory is
+        /// only reached through it.
+        process: Arc<ClientProcess>,
         request: Request,
         fds: Vec<OwnedFd>,
         reply: Sender<(Response, Vec<OwnedFd>)>,
@@ -81,6 +88,10 @@ pub enum DevMsg {
     Congestion {
         reply: Sender<proto::ctl::DeviceCongestion>,
     },
+    /// The device's counters ([`proto::ctl::Request::Counters`]).
+    Counters {
+        reply: Sender<DeviceCounters>,
+    },
     /// The device's addresses changed (`--netdev`): engines created from now on use the new
     /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
     /// resolved against it.)
@@ -93,9 +104,11 @@ pub enum DevMsg {
 /// The device thread's state.
 pub struct DeviceThread {
     index: u32,
-    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config).
+    /// Most QPs and MRs the device holds, over all clients (`max_qp`, `max_mr` in the config),
+    /// and the other caps ([`limits`]).
     max_qp: usize,
     max_mr: usize,
+    limits: crate::config::ResourceLimits,
     /// How many devices the daemon serves: device `i` takes the QPN blocks `b` with
     /// `b % devices == i`, so that QPNs are unique across devices (clients name QPs by QPN).
     devices: u32,
@@ -126,9 +139,22 @@ pub struct DeviceThread {
     groups: HashMap<IpAddr, JoinedGroup>,
     /// What every engine of the device runs (`--cc`, `--cc-param`).
     congestion: tp::CongestionConfig,
-    /// The congestion-control counters of clients that are gone (a port's counters count
-    /// from the start, not from the oldest client).
-    cc_departed: [u64; 4],
+    /// Packets the device itself dropped (after the link, before any engine).
+    drops: DeviceDrops,
+    /// The engine counters of the clients that are gone, so that the device's totals do not
+    /// shrink when a client exits.
+    departed: tp::Counters,
+}
+
+/// Why the device dropped a packet the link delivered.
+#[derive(Debug, Clone, Copy, Default)]
+struct DeviceDrops {
+    /// The destination QPN lies in no client's block.
+    unknown_qp: u64,
+    /// A packet to QP1 that is no CM MAD, or the CM thread's queue was full.
+    gsi_dropped: u64,
+    /// Too short to carry a BTH.
+    no_bth: u64,
 }
 
 impl DeviceThread {
@@ -157,6 +183,7 @@ impl DeviceThread {
         Ok(DeviceThread {
             max_qp: cfg.max_qp as usize,
             max_mr: cfg.max_mr as usize,
+            limits: cfg.limits,
             index: index as u32,
             devices: devices.max(1) as u32,
             info,
@@ -174,7 +201,8 @@ impl DeviceThread {
             local_via_socket: cfg.local_via_socket,
             groups: HashMap::new(),
             congestion,
-            cc_departed: [0; 4],
+            drops: DeviceDrops::default(),
+            departed: tp::Counters::default(),
         })
     }
 
@@ -248,12 +276,17 @@ impl DeviceThread {
             DevMsg::Shutdown => return false,
             DevMsg::Request {
                 client,
-                pid,
+                process,
                 request,
                 fds,
                 reply,
             } => {
-                let (resp, fds) = self.request(client, pid, handles::untag(request), fds);
+                // A resize counts what the queue holds: the work the client posted before it
+                // asked is taken and completed first, as an adapter would have by then.
+                if matches!(request, Request::ResizeCq { .. }) {
+                    self.pump(Duration::ZERO);
+                }
+                let (resp, fds) = self.request(client, &process, handles::untag(request), fds);
                 let _ = reply.send((handles::tag(resp, self.index), fds));
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
@@ -269,6 +302,9 @@ impl DeviceThread {
             DevMsg::Congestion { reply } => {
                 let _ = reply.send(self.congestion_report());
             }
+            DevMsg::Counters { reply } => {
+                let _ = reply.send(self.counters());
+            }
             DevMsg::Stats { reply } => {
                 let _ = reply.send(
                     self.clients
@@ -279,6 +315,33 @@ impl DeviceThread {
             }
         }
         true
+    }
+
+    /// The link's counters, the device's drops, and its engines' counters summed over every
+    /// client it served.
+    fn counters(&self) -> DeviceCounters {
+        let mut engines = self.departed;
+        for c in self.clients.values() {
+            engines.accumulate(c.engine.counters());
+        }
+        let d = self.drops;
+        let mut counters: Vec<(String, u64)> = self
+            .link
+            .counters()
+            .named()
+            .iter()
+            .map(|(n, v)| (n.to_string(), *v))
+            .collect();
+        counters.extend([
+            ("device_drop_unknown_qp".to_string(), d.unknown_qp),
+            ("device_drop_gsi".to_string(), d.gsi_dropped),
+            ("device_drop_no_bth".to_string(), d.no_bth),
+        ]);
+        counters.extend(engines.named().into_iter().map(|(n, v)| (n.to_string(), v)));
+        DeviceCounters {
+            device: self.info.name.clone(),
+            counters,
+        }
     }
 
     /// One round of the data path; `wait` is how long the link may block. Returns whether
@@ -313,6 +376,12 @@ impl DeviceThread {
             Some(t) if t <= now => Duration::ZERO,
             Some(t) => Duration::from_nanos(t - now).min(MAX_SLEEP),
             None => MAX_SLEEP,
+        };
+        // Event records held back for a client that did not read are retried by polling.
+        let timeout = if self.clients.values().any(ClientDev::events_held_back) {
+            timeout.min(events::RETRY_INTERVAL)
+        } else {
+            timeout
         };
         self.link.max_sleep().map_or(timeout, |m| timeout.min(m))
     }

@@ -8,48 +8,32 @@ use crate::shm::SharedRegion;
 use proto::ctl::{self, Response, RingPlace};
 use proto::ring::wqe;
 use proto::ring::{RingGeometry, SharedRing};
-use proto::transport::{
-    self as tp, Access, AddressVector, AttrMask, Mtu, QpCap, QpInit, QpState, QpType, VerbsError,
-};
-use proto::{Psn, Qkey, Qpn};
+use proto::transport::{AddressVector, AttrMask, QpCap, QpInit, QpType};
+use proto::Qpn;
 use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 
-fn to_qp_state(v: u32) -> Option<QpState> {
-    Some(match v {
-        0 => QpState::Reset,
-        1 => QpState::Init,
-        2 => QpState::Rtr,
-        3 => QpState::Rts,
-        4 => QpState::Sqd,
-        5 => QpState::Sqe,
-        6 => QpState::Err,
-        _ => return None,
-    })
-}
-
-pub(super) fn address_vector(a: &ctl::AhAttr) -> AddressVector {
-    AddressVector {
-        dgid: ctl::ip_of_gid(a.dgid),
-        sgid_index: a.sgid_index,
-        hop_limit: a.hop_limit,
-        traffic_class: a.traffic_class,
-        flow_label: a.flow_label,
-    }
-}
-
 /// Allocates a sealed memfd holding `geometries` back to back; returns it and where each ring
 /// is.
-fn rings(
+pub(super) fn rings(
     name: &str,
     geometries: &[RingGeometry],
+    budget: u64,
 ) -> anyhow::Result<(SharedRegion, Vec<(SharedRing, RingPlace)>)> {
     let mut offsets = Vec::new();
     let mut at = 0usize;
     for g in geometries {
         offsets.push(at);
         at += g.byte_len().next_multiple_of(4096);
+    }
+    // Checked before anything is allocated (device::limits).
+    if at.max(4096) as u64 > budget {
+        anyhow::bail!(
+            "the rings need {} bytes, past the ring memory limit (max_ring_bytes or \
+             client_max_ring_bytes)",
+            at.max(4096)
+        );
     }
     let region = SharedRegion::create(name, at.max(4096))?;
     let mut out = Vec::new();
@@ -68,7 +52,7 @@ fn rings(
 }
 
 /// The region's descriptor, for the client; the daemon keeps only its mapping.
-fn give_fd(region: &mut SharedRegion) -> Vec<OwnedFd> {
+pub(super) fn give_fd(region: &mut SharedRegion) -> Vec<OwnedFd> {
     region.take_fd().into_iter().collect()
 }
 
@@ -77,6 +61,7 @@ pub(super) fn create_cq(
     ctx: u32,
     cqe: u32,
     channel: Option<u32>,
+    ring_budget: u64,
 ) -> (Response, Vec<OwnedFd>) {
     if !c.contexts.contains_key(&ctx) {
         return (errno(libc::EINVAL, "no such context"), vec![]);
@@ -91,24 +76,27 @@ pub(super) fn create_cq(
         return (errno(libc::EINVAL, "cqe out of range"), vec![]);
     };
     // The engine's depth is the granted one (`slot_count - 1`, reported as `cqe`): asking
-    // for the ring's power-of-two slot count would exceed max_cqe (32767) for cqe = max_cqe.
+    // for the ring's power-of-two slot count would exceed max_cqe (2^k - 1, config.rs) for
+    // cqe = max_cqe.
     let cq = match c.engine.create_cq(g.slot_count as usize - 1) {
         Ok(h) => h,
         Err(e) => return (err(e), vec![]),
     };
-    match rings("cq", &[g]) {
+    match rings("cq", &[g], ring_budget) {
         Ok((mut region, mut r)) => {
             let (ring, place) = r.remove(0);
             let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
+            c.ring_bytes += region_len;
             c.cqs.insert(
                 cq,
                 CqState {
-                    _region: region,
+                    region,
                     ring,
                     channel,
                     generation: 0,
                     ctx,
+                    in_error: false,
                 },
             );
             (
@@ -138,6 +126,7 @@ pub(super) fn create_qp(
     srq: Option<u32>,
     cap: ctl::QpCap,
     sq_sig_all: bool,
+    ring_budget: u64,
 ) -> (Response, Vec<OwnedFd>) {
     let Some(&(epd, _)) = c.pds.get(&pd) else {
         return (errno(libc::EINVAL, "no such PD"), vec![]);
@@ -211,7 +200,7 @@ pub(super) fn create_qp(
     } else {
         vec![sg, rg]
     };
-    match rings("qp", &geometries) {
+    match rings("qp", &geometries, ring_budget) {
         Ok((mut region, mut r)) => {
             let (sq, sq_place) = r.remove(0);
             let (rq, rq_place) = match r.pop() {
@@ -220,18 +209,21 @@ pub(super) fn create_qp(
             };
             let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
+            c.ring_bytes += region_len;
             c.qps.insert(
                 qpn.value(),
                 QpHost {
-                    _region: region,
+                    region,
                     sq,
                     rq,
                     cap: init.cap,
                     send_cq,
+                    recv_cq,
                     sq_sig_all,
                     pending_send: VecDeque::new(),
                     pending_recv: VecDeque::new(),
                     ctx,
+                    corrupt: false,
                 },
             );
             (
@@ -258,6 +250,7 @@ pub(super) fn create_srq(
     max_wr: u32,
     max_sge: u32,
     limit: u32,
+    ring_budget: u64,
 ) -> (Response, Vec<OwnedFd>) {
     let Some(&(epd, pd_ctx)) = c.pds.get(&pd) else {
         return (errno(libc::EINVAL, "no such PD"), vec![]);
@@ -280,21 +273,23 @@ pub(super) fn create_srq(
     if limit > 0 {
         let _ = c.engine.arm_srq_limit(srq, limit);
     }
-    match rings("srq", &[g]) {
+    match rings("srq", &[g], ring_budget) {
         Ok((mut region, mut r)) => {
             let (ring, place) = r.remove(0);
             let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
+            c.ring_bytes += region_len;
             c.srqs.insert(
                 srq,
                 SrqState {
-                    _region: region,
+                    region,
                     ring,
                     max_sge,
                     pending: VecDeque::new(),
                     limit,
                     max_wr: g.slot_count,
                     ctx,
+                    corrupt: false,
                 },
             );
             (
@@ -319,52 +314,8 @@ pub(super) fn modify_qp(c: &mut ClientDev, qpn: u32, a: &ctl::QpAttr, mask: u32)
     if !c.qps.contains_key(&qpn) {
         return errno(libc::EINVAL, "no such QP");
     }
-    let state = |v| to_qp_state(v).ok_or(VerbsError::Invalid("QP state"));
     let m = AttrMask(mask);
-    let attr = (|| -> Result<tp::QpAttr, VerbsError> {
-        Ok(tp::QpAttr {
-            qp_state: if m.contains(AttrMask::STATE) {
-                state(a.qp_state)?
-            } else {
-                QpState::Reset
-            },
-            cur_qp_state: if m.contains(AttrMask::CUR_STATE) {
-                state(a.cur_qp_state)?
-            } else {
-                QpState::Reset
-            },
-            path_mtu: if m.contains(AttrMask::PATH_MTU) {
-                Mtu::from_enum(a.path_mtu).ok_or(VerbsError::Invalid("path MTU"))?
-            } else {
-                Mtu::Mtu1024
-            },
-            qkey: Qkey(a.qkey),
-            rq_psn: Psn::new(a.rq_psn),
-            sq_psn: Psn::new(a.sq_psn),
-            dest_qp_num: Qpn::new(a.dest_qp_num),
-            qp_access_flags: Access(a.qp_access_flags),
-            ah_attr: if m.contains(AttrMask::AV) {
-                if !a.ah_attr.is_global {
-                    // RoCE needs a GRH: the GID is the IP address (IBTA A17.4).
-                    return Err(VerbsError::Invalid(
-                        "RoCE address vectors need a GRH (is_global)",
-                    ));
-                }
-                Some(address_vector(&a.ah_attr))
-            } else {
-                None
-            },
-            pkey_index: a.pkey_index,
-            en_sqd_async_notify: a.en_sqd_async_notify != 0,
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port_num: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-        })
-    })();
+    let attr = a.engine_attr(m);
     match attr.and_then(|attr| c.engine.modify_qp(Qpn::new(qpn), &attr, m)) {
         Ok(()) => Response::Done,
         Err(e) => err(e),

@@ -17,31 +17,36 @@ impl DeviceThread {
     /// Takes what the link received, waiting up to `wait`. Returns whether anything came.
     pub(super) fn receive(&mut self, wait: Duration, broken: &mut Vec<u64>) -> bool {
         let now = self.now();
-        let (clients, blocks, gsi, index) = (
+        let (clients, blocks, gsi, index, drops) = (
             &mut self.clients,
             &self.blocks,
             &self.gsi,
             self.index as usize,
+            &mut self.drops,
         );
         let delivered = self.link.poll(wait, &mut |p: &RxPacket<'_>| {
             let Some(dqpn) = p.dest_qpn() else {
+                drops.no_bth += 1;
                 return;
             };
             if dqpn == proto::cm::GSI_QPN {
                 // QP1 is the GSI: CM MADs go to the CM thread.
-                if let (Some(sink), Some(mad)) = (gsi, gsi_payload(p.transport())) {
-                    let mad = GsiMad {
-                        device: index,
-                        src: p.src,
-                        dst: p.dst,
-                        mad: mad.to_vec(),
-                    };
-                    if !deliver_gsi(sink, mad) {
-                        debug!(src = %p.src, "CM MAD dropped: the CM thread's queue is full");
-                    }
+                let Some((sink, mad)) = gsi.as_ref().zip(gsi_payload(p.transport())) else {
+                    drops.gsi_dropped += 1;
+                    return;
+                };
+                let mad = GsiMad {
+                    device: index,
+                    src: p.src,
+                    dst: p.dst,
+                    mad: mad.to_vec(),
+                };
+                if !deliver_gsi(sink, mad) {
+                    drops.gsi_dropped += 1;
+                    debug!(src = %p.src, "CM MAD dropped: the CM thread's queue is full");
                 }
-            } else {
-                deliver_packet(clients, blocks, now, dqpn, p.packet, broken);
+            } else if !deliver_packet(clients, blocks, now, dqpn, p.packet, broken) {
+                drops.unknown_qp += 1;
             }
         });
         delivered > 0
@@ -60,6 +65,7 @@ impl DeviceThread {
 /// Hands a verified packet (IP header onward) to the engine that owns its destination QP or,
 /// for the multicast QPN, to every engine (each delivers to its own QPs attached to the
 /// group, as rxe_rcv_mcast_pkt). Clients whose engine panicked are added to `broken`.
+/// Returns false when no client owns the destination QPN.
 pub(super) fn deliver_packet(
     clients: &mut BTreeMap<u64, ClientDev>,
     blocks: &HashMap<u32, u64>,
@@ -67,8 +73,11 @@ pub(super) fn deliver_packet(
     dqpn: u32,
     packet: &[u8],
     broken: &mut Vec<u64>,
-) {
+) -> bool {
     let mut handle = |id: u64, c: &mut ClientDev| {
+        // What the engine places for this packet is the destination QP's (the multicast
+        // QPN names no one QP).
+        c.engine.memory_mut().placing_for(dqpn);
         if contained(|| c.engine.handle_verified_packet(now, packet)).is_none() {
             broken.push(id);
         }
@@ -84,5 +93,7 @@ pub(super) fn deliver_packet(
         handle(id, c);
     } else {
         debug!(qpn = dqpn, "packet for an unknown QP dropped");
+        return false;
     }
+    true
 }

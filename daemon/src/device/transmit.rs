@@ -46,7 +46,7 @@ impl DeviceThread {
                         c.engine.handle_timeout(now);
                         busy = true;
                     }
-                    c.engine.memory_mut().settle(true);
+                    c.settle(true);
                     // Work that waited for room in the engine.
                     busy |= retry_pending(c);
                     // Frames are written straight into the local queue; the ones for other
@@ -72,7 +72,7 @@ impl DeviceThread {
                             link.send(room, &t);
                         }
                     }
-                    c.engine.memory_mut().settle(false);
+                    c.settle(false);
                     busy | deliver_completions(c, index)
                 });
                 match outcome {

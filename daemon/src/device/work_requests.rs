@@ -5,11 +5,9 @@
 
 use super::clients::ClientDev;
 use super::DeviceThread;
-use proto::ring::wqe::{self, Cqe, RecvWqe, SendData, SendWqe, WrOpcode};
-use proto::transport::{
-    self as tp, Access, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, UdDest, VerbsError,
-};
-use proto::{Qpn, Rkey};
+use proto::ring::wqe::{self, RecvWqe, SendWqe};
+use proto::transport::{self as tp, RecvWr, SendWr, VerbsError, WorkCompletion};
+use proto::Qpn;
 use tracing::debug;
 
 impl DeviceThread {
@@ -27,88 +25,53 @@ impl DeviceThread {
     }
 }
 
-/// Converts a decoded send WQE into the engine's work request.
+/// Converts a decoded send WQE into the engine's work request (`SendWqe::work_request`, which
+/// the ring fuzz target drives too), the AH named by the engine's handle.
 fn send_wr(w: &SendWqe<'_>) -> Result<SendWr, &'static str> {
-    let remote = RemoteAddr {
-        va: w.remote_addr,
-        rkey: w.rkey,
-    };
-    let op = match w.opcode {
-        WrOpcode::Send => SendOp::Send,
-        // `ibv_send_wr.imm_data` is __be32: the slot holds the bytes the application stored,
-        // which go on the wire as they are; the engine's immediate is the ImmDt field's
-        // big-endian value. (Softroce to softroce the two swaps cancelled out; kernel rxe read
-        // udaddy's QPN from the immediate swapped and answered the wrong QP.)
-        WrOpcode::SendWithImm => SendOp::SendWithImm(u32::from_be(w.imm_or_inv)),
-        WrOpcode::SendWithInv => SendOp::SendWithInv(Rkey(w.imm_or_inv)),
-        WrOpcode::RdmaWrite => SendOp::Write(remote),
-        WrOpcode::RdmaWriteWithImm => SendOp::WriteWithImm(remote, u32::from_be(w.imm_or_inv)),
-        WrOpcode::RdmaRead => SendOp::Read(remote),
-        WrOpcode::AtomicCmpAndSwp => SendOp::CompareSwap {
-            remote,
-            compare: w.compare_add,
-            swap: w.swap,
-        },
-        WrOpcode::AtomicFetchAndAdd => SendOp::FetchAdd {
-            remote,
-            add: w.compare_add,
-        },
-        WrOpcode::AtomicWrite => SendOp::AtomicWrite {
-            remote,
-            value: w.compare_add,
-        },
-        WrOpcode::Flush => SendOp::Flush {
-            remote,
-            len: w.compare_add as u32,
-            placement: w.swap as u8,
-        },
-        WrOpcode::LocalInv => SendOp::LocalInv(Rkey(w.imm_or_inv)),
-        WrOpcode::BindMw => {
-            let b = w.bind.ok_or("bind without its arguments")?;
-            SendOp::BindMw {
-                mw_rkey: b.mw_rkey,
-                mr_lkey: b.mr_lkey,
-                addr: b.addr,
-                length: b.length,
-                access: Access(b.access),
-                // The low byte of the new R_Key is the consumer's key (ibv_inc_rkey).
-                key: b.new_rkey.0 as u8,
-            }
-        }
-    };
-    let (sg_list, inline_data) = match w.data {
-        SendData::Sges(s) => (s.to_vec(), Vec::new()),
-        SendData::Inline(d) => (Vec::new(), d.to_vec()),
-    };
-    Ok(SendWr {
-        wr_id: w.wr_id,
-        op,
-        sg_list,
-        inline_data,
-        flags: SendFlags(w.flags & wqe::send_flags::ALL),
-        ud: w.ud.map(|u| UdDest {
-            // The shim names the AH by the handle it was given, which carries the device index.
-            ah: u.ah & super::handles::HANDLE_MASK,
-            ..u
-        }),
-    })
-}
-
-fn recv_wr(w: &RecvWqe<'_>) -> RecvWr {
-    RecvWr {
-        wr_id: w.wr_id,
-        sg_list: w.sges.to_vec(),
+    let mut wr = w.work_request()?;
+    if let Some(u) = wr.ud.as_mut() {
+        // The shim names the AH by the handle it was given, which carries the device index.
+        u.ah &= super::handles::HANDLE_MASK;
     }
+    Ok(wr)
 }
 
-/// A completion with an error status for a work request the engine refused at post time.
-fn refused(wr_id: u64, qpn: u32, opcode: u32) -> Cqe {
-    Cqe {
-        wr_id,
-        status: tp::WcStatus::LocQpOpErr as u32,
-        opcode,
-        qp_num: qpn,
-        ..Cqe::default()
+pub(super) fn recv_wr(w: &RecvWqe<'_>) -> RecvWr {
+    w.work_request()
+}
+
+/// A completion with an error status for a work request the engine refused at post time, or
+/// that could not be decoded (IBV_WC_LOC_QP_OP_ERR: "an internal QP consistency error was
+/// detected while processing this work request").
+fn refused(wr_id: u64, qpn: u32, opcode: tp::WcOpcode) -> WorkCompletion {
+    WorkCompletion::new(wr_id, tp::WcStatus::LocQpOpErr, opcode, Qpn::new(qpn))
+}
+
+/// The `wr_id` a slot's first 8 bytes hold, whatever the rest says.
+fn slot_wr_id(slot: &[u8]) -> u64 {
+    u64::from_ne_bytes(
+        slot.get(..8)
+            .and_then(|b| b.try_into().ok())
+            .unwrap_or([0; 8]),
+    )
+}
+
+/// What to do once the rings of one client are read: error completions to push, and QPs
+/// whose work queue held a WQE that could not be decoded (a corrupt queue: the QP goes to
+/// ERR with IBV_EVENT_QP_FATAL, as an adapter does on a malformed WQE), and SRQs likewise.
+#[derive(Default)]
+struct Outcome {
+    refusals: Vec<(u32, WorkCompletion)>,
+    corrupt_qps: Vec<u32>,
+    corrupt_srqs: Vec<u32>,
+}
+
+impl Outcome {
+    /// A WQE that could not be decoded: completed in error, and its QP to ERR.
+    fn malformed(&mut self, cq: u32, qpn: u32, slot: &[u8], opcode: tp::WcOpcode) {
+        self.refusals
+            .push((cq, refused(slot_wr_id(slot), qpn, opcode)));
+        self.corrupt_qps.push(qpn);
     }
 }
 
@@ -116,13 +79,24 @@ fn refused(wr_id: u64, qpn: u32, opcode: u32) -> Cqe {
 fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
     let mut busy = false;
     let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
-    let mut refusals: Vec<(u32, Cqe)> = Vec::new();
+    let mut out = Outcome::default();
     for (&qpn, q) in c.qps.iter_mut() {
+        // A queue that held garbage is not read again: the QP is in ERR.
+        if q.corrupt {
+            continue;
+        }
         // Stop taking from the ring while earlier work still waits for the engine.
         while q.pending_send.is_empty() {
             match q.sq.pop(slot) {
                 Ok(true) => {}
-                _ => break,
+                Ok(false) => break,
+                // Indices that make no sense: the client wrote into the ring's header.
+                Err(e) => {
+                    debug!(qpn, "send ring corrupt ({e:?}): QP to ERR");
+                    out.corrupt_qps.push(qpn);
+                    q.corrupt = true;
+                    break;
+                }
             }
             busy = true;
             let decoded = SendWqe::decode(
@@ -131,56 +105,94 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
                 q.cap.max_inline_data as usize,
                 &mut sges,
             );
-            match decoded
-                .map_err(|_| "malformed")
-                .and_then(|w| send_wr(&w).map_err(|_| "unsupported"))
-            {
-                // The engine keeps the request itself (no copy) unless its queue is full.
-                Ok(wr) if c.engine.sq_room(Qpn::new(qpn)) == Some(0) => {
-                    q.pending_send.push_back(wr)
-                }
-                Ok(wr) => {
-                    let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode() as u32);
-                    if let Err(e) = c.engine.post_send(Qpn::new(qpn), wr) {
-                        debug!(qpn, "send refused: {e}");
-                        refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
+            match decoded {
+                Ok(w) => match send_wr(&w) {
+                    // The engine keeps the request itself (no copy) unless its queue is full.
+                    Ok(wr) if c.engine.sq_room(Qpn::new(qpn)) == Some(0) => {
+                        q.pending_send.push_back(wr)
                     }
-                }
-                Err(why) => {
-                    let wr_id = u64::from_ne_bytes(slot[..8].try_into().unwrap_or([0; 8]));
-                    debug!(qpn, "send WQE {why}");
-                    refusals.push((q.send_cq, refused(wr_id, qpn, 0)));
+                    Ok(wr) => {
+                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                        if let Err(e) = c.engine.post_send(Qpn::new(qpn), wr) {
+                            debug!(qpn, "send refused: {e}");
+                            out.refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
+                        }
+                    }
+                    // A well-formed request the device does not do: refused, as a verb
+                    // would refuse it at post time.
+                    Err(why) => {
+                        debug!(qpn, "send WQE refused: {why}");
+                        out.refusals
+                            .push((q.send_cq, refused(w.wr_id, qpn, tp::WcOpcode::Send)));
+                    }
+                },
+                Err(e) => {
+                    debug!(qpn, "send WQE malformed ({e:?}): QP to ERR");
+                    out.malformed(q.send_cq, qpn, slot, tp::WcOpcode::Send);
+                    q.corrupt = true;
+                    break;
                 }
             }
+        }
+        if q.corrupt {
+            continue;
         }
         if let Some(rq) = &mut q.rq {
             while q.pending_recv.is_empty() {
                 match rq.pop(slot) {
                     Ok(true) => {}
-                    _ => break,
+                    Ok(false) => break,
+                    Err(e) => {
+                        debug!(qpn, "receive ring corrupt ({e:?}): QP to ERR");
+                        out.corrupt_qps.push(qpn);
+                        q.corrupt = true;
+                        break;
+                    }
                 }
                 busy = true;
-                let Ok(w) = RecvWqe::decode(slot, q.cap.max_recv_sge as usize, &mut sges) else {
-                    continue;
+                let w = match RecvWqe::decode(slot, q.cap.max_recv_sge as usize, &mut sges) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        // Never skipped: the program gets a completion for it, in error.
+                        debug!(qpn, "receive WQE malformed ({e:?}): QP to ERR");
+                        out.malformed(q.recv_cq, qpn, slot, tp::WcOpcode::Recv);
+                        q.corrupt = true;
+                        break;
+                    }
                 };
                 let wr = recv_wr(&w);
                 match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {
                     Ok(()) => {}
                     Err(VerbsError::NoResources(_)) => q.pending_recv.push_back(wr),
-                    Err(e) => debug!(qpn, "receive refused: {e}"),
+                    Err(e) => {
+                        debug!(qpn, "receive refused: {e}");
+                        out.refusals
+                            .push((q.recv_cq, refused(wr.wr_id, qpn, tp::WcOpcode::Recv)));
+                    }
                 }
             }
         }
     }
     for (&h, s) in c.srqs.iter_mut() {
-        while s.pending.is_empty() {
+        while s.pending.is_empty() && !s.corrupt {
             match s.ring.pop(slot) {
                 Ok(true) => {}
-                _ => break,
+                Ok(false) => break,
+                Err(e) => {
+                    debug!(srq = h, "SRQ ring corrupt ({e:?}): SRQ in error");
+                    s.corrupt = true;
+                    out.corrupt_srqs.push(h);
+                    break;
+                }
             }
             busy = true;
             let Ok(w) = RecvWqe::decode(slot, s.max_sge as usize, &mut sges) else {
-                continue;
+                // No CQ belongs to an SRQ: the SRQ is in error (IBV_EVENT_SRQ_ERR) and its
+                // ring is not read again.
+                debug!(srq = h, "SRQ receive WQE malformed: SRQ in error");
+                s.corrupt = true;
+                out.corrupt_srqs.push(h);
+                break;
             };
             let wr = recv_wr(&w);
             match c.engine.post_srq_recv(h, wr.clone()) {
@@ -190,24 +202,28 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
             }
         }
     }
-    push_refusals(c, refusals);
+    finish(c, out);
     busy
 }
 
-/// Completes refused send requests with an error in their CQ (`(cq, cqe)` pairs).
-fn push_refusals(c: &mut ClientDev, refusals: Vec<(u32, Cqe)>) {
-    for (cq, cqe) in refusals {
-        if let Some(q) = c.cqs.get_mut(&cq) {
-            let mut b = [0u8; wqe::CQE_SLOT_LEN];
-            cqe.encode(&mut b);
-            let _ = q.ring.push(&b);
-        }
+/// Completes refused work requests with an error in their CQ (through the engine, so that a
+/// full CQ overruns as for any completion), moves QPs whose queue was corrupt to ERR, and
+/// reports SRQs in error.
+fn finish(c: &mut ClientDev, out: Outcome) {
+    for (cq, wc) in out.refusals {
+        c.engine.push_completion(cq, wc);
+    }
+    for qpn in out.corrupt_qps {
+        let _ = c.engine.fail_qp(Qpn::new(qpn), false);
+    }
+    for srq in out.corrupt_srqs {
+        c.srq_error(srq);
     }
 }
 
 pub(super) fn retry_pending(c: &mut ClientDev) -> bool {
     let mut busy = false;
-    let mut refusals: Vec<(u32, Cqe)> = Vec::new();
+    let mut out = Outcome::default();
     for (&qpn, q) in c.qps.iter_mut() {
         while c.engine.sq_room(Qpn::new(qpn)).is_some_and(|r| r > 0) {
             let Some(wr) = q.pending_send.pop_front() else {
@@ -216,16 +232,21 @@ pub(super) fn retry_pending(c: &mut ClientDev) -> bool {
             busy = true;
             // Refused as it would have been had it found room at once (pump_rings): the
             // program must get a completion for it.
-            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode() as u32);
+            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
             if let Err(e) = c.engine.post_send(Qpn::new(qpn), wr) {
                 debug!(qpn, "send refused: {e}");
-                refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
+                out.refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
             }
         }
         while let Some(wr) = q.pending_recv.front() {
             match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {
                 Err(VerbsError::NoResources(_)) => break,
-                _ => {
+                done => {
+                    if let Err(e) = done {
+                        debug!(qpn, "receive refused: {e}");
+                        out.refusals
+                            .push((q.recv_cq, refused(wr.wr_id, qpn, tp::WcOpcode::Recv)));
+                    }
                     q.pending_recv.pop_front();
                     busy = true;
                 }
@@ -243,7 +264,7 @@ pub(super) fn retry_pending(c: &mut ClientDev) -> bool {
             }
         }
     }
-    push_refusals(c, refusals);
+    finish(c, out);
     busy
 }
 
@@ -251,8 +272,8 @@ pub(super) fn retry_pending(c: &mut ClientDev) -> bool {
 mod tests {
     use super::*;
     use crate::device::completions::cqe_of;
-    use proto::ring::wqe::SendData;
-    use proto::transport::{self as tp, WorkCompletion};
+    use proto::ring::wqe::{SendData, WrOpcode};
+    use proto::transport::{self as tp, SendOp, WorkCompletion};
     use proto::{Qpn, Rkey};
 
     /// `imm_data` is __be32 in `ibv_send_wr` and `ibv_wc`: the bytes the application stores
@@ -288,6 +309,7 @@ mod tests {
             src_qp: Qpn::new(2),
             wc_flags: tp::WcFlags::WITH_IMM,
             solicited: false,
+            sl: 0,
         };
         assert_eq!(
             cqe_of(&wc).imm_or_inv.to_ne_bytes(),

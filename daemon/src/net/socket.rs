@@ -125,6 +125,40 @@ pub fn open(addr: SocketAddr, opts: &SocketOptions) -> io::Result<OwnedFd> {
         }
     } else {
         set_int(f, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
+        // As for IPv4: group datagrams come in through the group sockets only.
+        let _ = set_int(f, libc::IPPROTO_IPV6, 29, 0, "IPV6_MULTICAST_ALL");
+        if let std::net::IpAddr::V6(local) = addr.ip() {
+            // UD multicast sends leave on the interface that holds the device's address,
+            // loop back to the other devices of this host, one hop only.
+            let ifindex = (!local.is_unspecified())
+                .then(|| super::multicast::interface_of(addr.ip()).ok())
+                .flatten();
+            if let Some(ifindex) = ifindex {
+                let set = set_int(
+                    f,
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_MULTICAST_IF,
+                    ifindex as libc::c_int,
+                    "IPV6_MULTICAST_IF",
+                );
+                if set.is_ok() {
+                    set_int(
+                        f,
+                        libc::IPPROTO_IPV6,
+                        libc::IPV6_MULTICAST_LOOP,
+                        1,
+                        "IPV6_MULTICAST_LOOP",
+                    )?;
+                    set_int(
+                        f,
+                        libc::IPPROTO_IPV6,
+                        libc::IPV6_MULTICAST_HOPS,
+                        1,
+                        "IPV6_MULTICAST_HOPS",
+                    )?;
+                }
+            }
+        }
         set_int(
             f,
             libc::IPPROTO_IPV6,

@@ -162,6 +162,38 @@ pub struct NetCounters {
     /// Of `tx_errors`: refused because the socket's send buffer was full (io_uring driver;
     /// sends never wait, to stay in order). A sign to send less per poll.
     pub tx_would_block: u64,
+    /// Dropped by the link: verified, but addressed to none of the device's addresses.
+    pub rx_not_our_address: u64,
+    /// Dropped by the link: a multicast group's datagram that failed verification.
+    pub rx_group_refused: u64,
+}
+
+impl NetCounters {
+    /// Every counter as (name, value), prefixed `link_`, for `counters` listings.
+    pub fn named(&self) -> [(&'static str, u64); 17] {
+        [
+            ("link_rx_packets", self.rx_packets),
+            ("link_rx_bytes", self.rx_bytes),
+            ("link_rx_bad_icrc", self.rx_bad_icrc),
+            ("link_rx_malformed", self.rx_malformed),
+            ("link_rx_ident_recovered", self.rx_ident_recovered),
+            ("link_rx_truncated", self.rx_truncated),
+            ("link_rx_gro_batches", self.rx_gro_batches),
+            ("link_rx_no_buffers", self.rx_no_buffers),
+            ("link_rx_errors", self.rx_errors),
+            ("link_rx_not_our_address", self.rx_not_our_address),
+            ("link_rx_group_refused", self.rx_group_refused),
+            ("link_tx_packets", self.tx_packets),
+            ("link_tx_bytes", self.tx_bytes),
+            ("link_tx_errors", self.tx_errors),
+            ("link_tx_gso_sends", self.tx_gso_sends),
+            ("link_tx_would_block", self.tx_would_block),
+            (
+                "link_rx_dropped",
+                self.rx_bad_icrc + self.rx_malformed + self.rx_truncated,
+            ),
+        ]
+    }
 }
 
 /// Why a send could not be queued.

@@ -57,6 +57,9 @@ pub struct UdpLink {
     /// Verifies the datagrams the group sockets receive (the main sockets verify their own).
     group_verifier: RxVerifier,
     rx_buf: Vec<u8>,
+    /// The link's own drops ([`NetCounters::rx_not_our_address`], `rx_group_refused`).
+    not_our_address: u64,
+    group_refused: u64,
 }
 
 impl UdpLink {
@@ -107,6 +110,8 @@ impl UdpLink {
             groups: HashMap::new(),
             group_verifier: RxVerifier::new(),
             rx_buf: vec![0u8; RX_BUF_LEN],
+            not_our_address: 0,
+            group_refused: 0,
         })
     }
 
@@ -140,6 +145,7 @@ impl UdpLink {
                 };
                 let dst = socket.group();
                 let RxVerdict::Good { ipv4 } = self.group_verifier.verify(src, dst, bytes) else {
+                    self.group_refused += 1;
                     debug!(%src, %dst, "multicast datagram refused by verification");
                     continue;
                 };
@@ -162,10 +168,11 @@ impl UdpLink {
 
 impl Link for UdpLink {
     fn poll(&mut self, wait: Duration, deliver: &mut dyn FnMut(&RxPacket<'_>)) -> usize {
-        let (addrs, rx_buf) = (&self.addrs, &mut self.rx_buf);
+        let (addrs, rx_buf, not_ours) = (&self.addrs, &mut self.rx_buf, &mut self.not_our_address);
         let mut delivered = 0;
         let _ = self.net.poll(Some(wait), &mut |d: &RxDatagram<'_>| {
             if !addrs.contains(&d.dst.ip()) && !d.dst.ip().is_multicast() {
+                *not_ours += 1;
                 debug!(dst = %d.dst, "packet for an address that is not one of our GIDs dropped");
                 return;
             }
@@ -237,10 +244,19 @@ impl Link for UdpLink {
     fn join_group(&mut self, group: IpAddr) -> io::Result<()> {
         // Senders address a group at the RoCE v2 port, whatever port this device serves.
         let port = proto::wire::ROCE_V2_PORT;
-        let Some(local) = self.addrs.iter().copied().find(IpAddr::is_ipv4) else {
+        // The device's address of the group's family (for IPv6 one that is not link-local
+        // first: its interface is where the group's traffic comes in).
+        let same_family = |a: &IpAddr| a.is_ipv4() == group.is_ipv4();
+        let Some(local) = self
+            .addrs
+            .iter()
+            .copied()
+            .filter(same_family)
+            .min_by_key(|a| matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local()))
+        else {
             return Err(io::Error::new(
                 io::ErrorKind::AddrNotAvailable,
-                "the device has no IPv4 address to join the group on",
+                "the device has no address of the group's family to join it on",
             ));
         };
         let socket = MulticastGroup::join(group, local, port)?;
@@ -258,7 +274,11 @@ impl Link for UdpLink {
     }
 
     fn counters(&self) -> NetCounters {
-        self.net.counters()
+        NetCounters {
+            rx_not_our_address: self.not_our_address,
+            rx_group_refused: self.group_refused,
+            ..self.net.counters()
+        }
     }
 }
 

@@ -56,6 +56,13 @@ pub fn start_daemon(name: &str, addr: &str) -> Daemon {
 
 /// Starts `[wrapper...] softroce daemon --name srxe0 ARGS --socket <dir>/ctl.sock`.
 pub fn start_daemon_with(name: &str, args: &[&str], wrapper: &[&str]) -> Daemon {
+    let mut all = vec!["--name", "srxe0"];
+    all.extend_from_slice(args);
+    start_daemon_args(name, &all, wrapper)
+}
+
+/// Starts `[wrapper...] softroce daemon ARGS --socket <dir>/ctl.sock`.
+pub fn start_daemon_args(name: &str, args: &[&str], wrapper: &[&str]) -> Daemon {
     // Beside the binary: target/<profile>/softroce-datapath/<name>.
     let dir = softroce_bin()
         .parent()
@@ -74,7 +81,7 @@ pub fn start_daemon_with(name: &str, args: &[&str], wrapper: &[&str]) -> Daemon 
         None => Command::new(softroce_bin()),
     };
     let child = cmd
-        .args(["daemon", "--name", "srxe0"])
+        .arg("daemon")
         .args(args)
         .arg("--socket")
         .arg(&socket)
@@ -126,7 +133,12 @@ pub struct Side {
     pub pd: u32,
     pub client: Client,
     pub doorbell: OwnedFd,
-    _async: (OwnedFd, OwnedFd),
+    /// The context's async event socket: (our end, the end the daemon writes).
+    pub async_events: (OwnedFd, OwnedFd),
+    /// The completion channel's pipe (read end, write end) when the CQ has one.
+    pub channel: Option<(OwnedFd, OwnedFd)>,
+    pub cq_handle: u32,
+    pub ctx: u32,
     pub buf: Vec<u8>,
     pub lkey: u32,
     pub rkey: u32,
@@ -135,6 +147,10 @@ pub struct Side {
     pub rq: MappedRing,
     pub qpn: u32,
     pub slot: Vec<u8>,
+    /// `ctl::qp_type` of the QP (RC unless made `with_type`).
+    pub qp_type: u32,
+    /// The local ACK timeout `connect` gives the QP (IB enum: 4.096 µs · 2^t; 14 ≈ 67 ms).
+    pub ack_timeout: u8,
 }
 
 pub fn ok(r: Response) -> Response {
@@ -150,6 +166,11 @@ impl Side {
     }
 
     pub fn with_type(socket: &Path, len: usize, qp_type: u32) -> Side {
+        Side::with_options(socket, len, qp_type, 64, false)
+    }
+
+    /// A side whose CQ asks for `cqe` entries and, with `channel`, has a completion channel.
+    pub fn with_options(socket: &Path, len: usize, qp_type: u32, cqe: u32, channel: bool) -> Side {
         let mut client = Client::connect(socket, "datapath-test").unwrap();
         let (a0, a1) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
@@ -187,12 +208,24 @@ impl Side {
         else {
             panic!()
         };
+        let (channel, channel_handle) = if channel {
+            let (r, w) = nix::unistd::pipe().unwrap();
+            let (resp, _) = client
+                .request_fds(&Request::CreateCompChannel { ctx }, &[w.as_raw_fd()])
+                .unwrap();
+            let Response::CompChannel { channel } = ok(resp) else {
+                panic!()
+            };
+            (Some((r, w)), Some(channel))
+        } else {
+            (None, None)
+        };
         let (r, mut fds) = client
             .request_fds(
                 &Request::CreateCq {
                     ctx,
-                    cqe: 64,
-                    channel: None,
+                    cqe,
+                    channel: channel_handle,
                     comp_vector: 0,
                 },
                 &[],
@@ -247,7 +280,10 @@ impl Side {
             pd: pd_handle,
             client,
             doorbell,
-            _async: (a0, a1),
+            async_events: (a0, a1),
+            channel,
+            cq_handle: cq,
+            ctx,
             buf,
             lkey,
             rkey,
@@ -256,6 +292,8 @@ impl Side {
             rq,
             qpn,
             slot: vec![0u8; 4096],
+            qp_type,
+            ack_timeout: 14,
         }
     }
 
@@ -298,11 +336,16 @@ impl Side {
             .request(&Request::ModifyQp {
                 qpn,
                 attr: a,
-                mask: 1 | 128 | 256 | 4096 | 1 << 20 | 1 << 17 | 1 << 15,
+                // UC has no RDMA READ/atomic resources and no RNR (IBTA §11.2.4.2 table).
+                mask: if self.qp_type == ctl::qp_type::UC {
+                    1 | 128 | 256 | 4096 | 1 << 20
+                } else {
+                    1 | 128 | 256 | 4096 | 1 << 20 | 1 << 17 | 1 << 15
+                },
             })
             .unwrap());
         a.qp_state = 3;
-        a.timeout = 14;
+        a.timeout = self.ack_timeout;
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.max_rd_atomic = 4;
@@ -311,9 +354,89 @@ impl Side {
             .request(&Request::ModifyQp {
                 qpn,
                 attr: a,
-                mask: 1 | 512 | 1024 | 2048 | 65536 | 8192,
+                mask: if self.qp_type == ctl::qp_type::UC {
+                    1 | 65536
+                } else {
+                    1 | 512 | 1024 | 2048 | 65536 | 8192
+                },
             })
             .unwrap());
+    }
+
+    /// Arms the CQ for its next completion (`ibv_req_notify_cq`).
+    pub fn arm_cq(&self) {
+        self.cq.ring.arm(false);
+    }
+
+    /// The completion-channel records waiting: (CQ handle, generation) each.
+    pub fn channel_records(&self) -> Vec<(u32, u32)> {
+        let fd = &self.channel.as_ref().expect("a CQ with a channel").0;
+        read_available(fd, 8)
+            .iter()
+            .map(|r| {
+                (
+                    u32::from_ne_bytes(r[..4].try_into().unwrap()),
+                    u32::from_ne_bytes(r[4..8].try_into().unwrap()),
+                )
+            })
+            .collect()
+    }
+
+    /// The async events waiting: (element, `enum ibv_event_type`) each.
+    pub fn async_events(&self) -> Vec<(u64, u32)> {
+        read_available(&self.async_events.0, 16)
+            .iter()
+            .map(|r| {
+                (
+                    u64::from_ne_bytes(r[..8].try_into().unwrap()),
+                    u32::from_ne_bytes(r[8..12].try_into().unwrap()),
+                )
+            })
+            .collect()
+    }
+
+    /// The QP's state (`enum ibv_qp_state`).
+    pub fn qp_state(&mut self) -> u32 {
+        match ok(self
+            .client
+            .request(&Request::QueryQp {
+                qpn: self.qpn,
+                mask: 0,
+            })
+            .unwrap())
+        {
+            Response::QpAttr { attr, .. } => attr.qp_state,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// Writes `bytes` into the next send slot as they are (a broken or hostile client).
+    pub fn post_raw_send(&mut self, bytes: &[u8]) {
+        if self.sq.ring.push(bytes).unwrap() {
+            self.ring_doorbell();
+        }
+    }
+
+    /// Writes `bytes` into the next receive slot as they are.
+    pub fn post_raw_recv(&mut self, bytes: &[u8]) {
+        if self.rq.ring.push(bytes).unwrap() {
+            self.ring_doorbell();
+        }
+    }
+
+    /// Polls for a completion for at most `limit`.
+    pub fn poll_for(&mut self, limit: Duration) -> Option<Cqe> {
+        let start = Instant::now();
+        let mut out = [0u8; wqe::CQE_SLOT_LEN];
+        loop {
+            if self.cq.ring.pop(&mut out).unwrap() {
+                return Some(Cqe::decode(&out).unwrap());
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
     }
 
     pub fn ring_doorbell(&self) {
@@ -367,6 +490,29 @@ impl Side {
             length: len,
             lkey: Lkey(self.lkey),
         }]
+    }
+}
+
+/// Every `len`-byte record readable now from a datagram socket or a pipe.
+pub fn read_available(fd: &OwnedFd, len: usize) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no timeout.
+        if unsafe { libc::poll(&mut p, 1, 0) } != 1 {
+            return out;
+        }
+        // SAFETY: reads into a valid buffer of its length.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            return out;
+        }
+        out.extend(buf[..n as usize].chunks(len).map(<[u8]>::to_vec));
     }
 }
 

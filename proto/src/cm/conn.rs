@@ -435,6 +435,20 @@ pub struct CmEndpoint {
     listeners: BTreeSet<u64>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<CmEvent>,
+    counters: CmCounters,
+}
+
+/// What became of the MADs [`CmEndpoint::handle_mad`] was given: each received MAD is either
+/// malformed, or acted on (it changed a connection, or was answered), or ignored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CmCounters {
+    pub mads_rcvd: u64,
+    /// Not a CM MAD this CM takes: truncated, a wrong base or class version or method, an
+    /// unknown attribute, a field out of range (ib_mad drops them).
+    pub mads_malformed: u64,
+    /// Well-formed, and changed nothing: for no connection here, a late duplicate, a message
+    /// the connection's state does not take, LAP/APR (no alternate paths on RoCE).
+    pub mads_ignored: u64,
 }
 
 impl CmEndpoint {
@@ -449,6 +463,7 @@ impl CmEndpoint {
             listeners: BTreeSet::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            counters: CmCounters::default(),
         }
     }
 
@@ -989,6 +1004,38 @@ impl CmEndpoint {
     /// Handles one received CM MAD from `peer` (the source address of its packet).
     /// Malformed MADs are returned as errors and otherwise ignored, as ib_mad drops them.
     pub fn handle_mad(&mut self, now: u64, peer: IpAddr, bytes: &[u8]) -> Result<(), CmError> {
+        self.counters.mads_rcvd += 1;
+        let before = self.footprint();
+        let r = self.handle_mad_counted(now, peer, bytes);
+        if r.is_err() {
+            self.counters.mads_malformed += 1;
+        } else if self.footprint() == before {
+            self.counters.mads_ignored += 1;
+        }
+        r
+    }
+
+    /// What the MADs received so far did.
+    pub fn counters(&self) -> CmCounters {
+        self.counters
+    }
+
+    /// Everything a received MAD can change: queued MADs and events, connections and their
+    /// states, timers.
+    fn footprint(&self) -> (usize, usize, usize, u64) {
+        let states = self.conns.values().fold(0u64, |h, c| {
+            (h ^ u64::from(c.id) ^ (c.state as u64) << 32 ^ c.timer.unwrap_or(0))
+                .wrapping_mul(0x100_0000_01b3)
+        });
+        (
+            self.transmits.len(),
+            self.events.len(),
+            self.conns.len(),
+            states,
+        )
+    }
+
+    fn handle_mad_counted(&mut self, now: u64, peer: IpAddr, bytes: &[u8]) -> Result<(), CmError> {
         let mad = CmMad::parse(bytes)?;
         // ib_cm registers its MAD agent for class version 2 only; ib_mad drops the rest.
         if mad.header.class_version != super::msg::CM_CLASS_VERSION {

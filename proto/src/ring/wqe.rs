@@ -4,6 +4,7 @@
 //! trusted. Completions are laid out exactly as `struct ibv_wc` (48 bytes, rdma-core 44), so
 //! the shim copies them straight into the application's array.
 
+use crate::transport::{Access, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr};
 use crate::types::{Lkey, Qkey, Qpn, Rkey};
 
 /// `enum ibv_wr_opcode` values (verbs.h).
@@ -306,6 +307,76 @@ impl<'a> SendWqe<'a> {
     }
 }
 
+impl SendWqe<'_> {
+    /// The engine's work request for this WQE. A UD destination's `ah` stays the handle the
+    /// client gave (the daemon maps it to its own). Fails only for a bind without its
+    /// arguments, which [`SendWqe::decode`] never produces.
+    pub fn work_request(&self) -> Result<SendWr, &'static str> {
+        let remote = RemoteAddr {
+            va: self.remote_addr,
+            rkey: self.rkey,
+        };
+        let op = match self.opcode {
+            WrOpcode::Send => SendOp::Send,
+            // `ibv_send_wr.imm_data` is __be32: the slot holds the bytes the application
+            // stored, which go on the wire as they are; the engine's immediate is the ImmDt
+            // field's big-endian value. (Softroce to softroce the two swaps cancelled out;
+            // kernel rxe read udaddy's QPN from the immediate swapped and answered the wrong
+            // QP.)
+            WrOpcode::SendWithImm => SendOp::SendWithImm(u32::from_be(self.imm_or_inv)),
+            WrOpcode::SendWithInv => SendOp::SendWithInv(Rkey(self.imm_or_inv)),
+            WrOpcode::RdmaWrite => SendOp::Write(remote),
+            WrOpcode::RdmaWriteWithImm => {
+                SendOp::WriteWithImm(remote, u32::from_be(self.imm_or_inv))
+            }
+            WrOpcode::RdmaRead => SendOp::Read(remote),
+            WrOpcode::AtomicCmpAndSwp => SendOp::CompareSwap {
+                remote,
+                compare: self.compare_add,
+                swap: self.swap,
+            },
+            WrOpcode::AtomicFetchAndAdd => SendOp::FetchAdd {
+                remote,
+                add: self.compare_add,
+            },
+            WrOpcode::AtomicWrite => SendOp::AtomicWrite {
+                remote,
+                value: self.compare_add,
+            },
+            WrOpcode::Flush => SendOp::Flush {
+                remote,
+                len: self.compare_add as u32,
+                placement: self.swap as u8,
+            },
+            WrOpcode::LocalInv => SendOp::LocalInv(Rkey(self.imm_or_inv)),
+            WrOpcode::BindMw => {
+                let b = self.bind.ok_or("bind without its arguments")?;
+                SendOp::BindMw {
+                    mw_rkey: b.mw_rkey,
+                    mr_lkey: b.mr_lkey,
+                    addr: b.addr,
+                    length: b.length,
+                    access: Access(b.access),
+                    // The low byte of the new R_Key is the consumer's key (ibv_inc_rkey).
+                    key: b.new_rkey.0 as u8,
+                }
+            }
+        };
+        let (sg_list, inline_data) = match self.data {
+            SendData::Sges(s) => (s.to_vec(), Vec::new()),
+            SendData::Inline(d) => (Vec::new(), d.to_vec()),
+        };
+        Ok(SendWr {
+            wr_id: self.wr_id,
+            op,
+            sg_list,
+            inline_data,
+            flags: SendFlags(self.flags & send_flags::ALL),
+            ud: self.ud,
+        })
+    }
+}
+
 /// A receive work request (`ibv_post_recv`, `ibv_post_srq_recv`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecvWqe<'a> {
@@ -350,6 +421,16 @@ impl<'a> RecvWqe<'a> {
             wr_id: u64_at(slot, 0),
             sges: &sges[..n],
         })
+    }
+}
+
+impl RecvWqe<'_> {
+    /// The engine's work request for this WQE.
+    pub fn work_request(&self) -> RecvWr {
+        RecvWr {
+            wr_id: self.wr_id,
+            sg_list: self.sges.to_vec(),
+        }
     }
 }
 

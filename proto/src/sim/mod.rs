@@ -8,6 +8,7 @@
 //! seed, which every failure message prints.
 
 mod bottleneck;
+pub mod hostile;
 mod pcap;
 mod rng;
 

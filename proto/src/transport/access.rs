@@ -4,7 +4,7 @@
 use super::engine::Ctx;
 use super::memory::MemoryAccess;
 use super::packet_io::Payload;
-use super::resources::{Mr, MwBinding, MwType, MW_INDEX_BASE};
+use super::resources::{KeyOwner, Mr, MwBinding, MwType};
 use super::verbs::{Access, Sge, WcStatus};
 use crate::types::{Lkey, Qpn, Rkey};
 
@@ -22,9 +22,31 @@ fn sge_at(sges: &[Sge], offset: u64) -> Option<(&Sge, u64)> {
 }
 
 impl<M: MemoryAccess> Ctx<M> {
-    /// The MR an L_Key or R_Key names (the pool index is the key without its random byte).
+    /// A fresh key for `owner`: a random tag that no live key uses (never 0, so that keys
+    /// below 256 name nothing) and a random low byte ([`KeyOwner`]).
+    pub(crate) fn new_key(&mut self, owner: KeyOwner) -> u32 {
+        loop {
+            let key = self.keys.next_u32();
+            let tag = key >> 8;
+            // At most 2^20 live keys among 2^24 tags: a draw succeeds 15 times in 16.
+            if tag != 0 && !self.key_tags.contains_key(&tag) {
+                self.key_tags.insert(tag, owner);
+                return key;
+            }
+        }
+    }
+
+    /// What a key's tag names. The caller still compares the whole key.
+    fn key_owner(&self, key: u32) -> Option<KeyOwner> {
+        self.key_tags.get(&(key >> 8)).copied()
+    }
+
+    /// The MR an L_Key or R_Key names, by its tag (the caller compares the whole key).
     fn mr_by_key(&self, key: u32) -> Option<&Mr> {
-        self.mrs.get(&(key >> 8))
+        match self.key_owner(key)? {
+            KeyOwner::Mr(index) => self.mrs.get(&index),
+            KeyOwner::Mw(_) => None,
+        }
     }
 
     /// An SGE's memory: a valid L_Key of the same PD, in bounds, with `need` access.
@@ -156,8 +178,7 @@ impl<M: MemoryAccess> Ctx<M> {
         len: u64,
         need: Access,
     ) -> Option<u64> {
-        let index = rkey.0 >> 8;
-        if index >= MW_INDEX_BASE {
+        if let KeyOwner::Mw(index) = self.key_owner(rkey.0)? {
             let mw = self.mws.get(&index)?;
             let b = mw.binding?;
             let owner_ok = match mw.mw_type {
@@ -198,8 +219,8 @@ impl<M: MemoryAccess> Ctx<M> {
     /// unknown key, a key of another PD, an MR already invalid, a type 1 window (those are
     /// only unbound by binding again), or a window bound through another QP.
     pub(crate) fn invalidate(&mut self, pd: u32, qpn: Qpn, key: Rkey) -> bool {
-        let index = key.0 >> 8;
-        if index >= MW_INDEX_BASE {
+        let owner = self.key_owner(key.0);
+        if let Some(KeyOwner::Mw(index)) = owner {
             return match self.mws.get_mut(&index) {
                 Some(mw)
                     if mw.rkey == key.0
@@ -214,6 +235,9 @@ impl<M: MemoryAccess> Ctx<M> {
                 _ => false,
             };
         }
+        let Some(KeyOwner::Mr(index)) = owner else {
+            return false;
+        };
         match self.mrs.get_mut(&index) {
             Some(mr) if mr.rkey == key.0 && mr.pd == pd && mr.valid => {
                 mr.valid = false;
@@ -228,7 +252,7 @@ impl<M: MemoryAccess> Ctx<M> {
     /// (IB_MR_TYPE_MEM_REG), which user space cannot create, so the R_Key of an `ibv_reg_mr`
     /// region fails (REM_INV_REQ_ERR at the responder; seen live against kernel rxe).
     pub(crate) fn invalidate_remote(&mut self, pd: u32, qpn: Qpn, key: Rkey) -> bool {
-        key.0 >> 8 >= MW_INDEX_BASE && self.invalidate(pd, qpn, key)
+        matches!(self.key_owner(key.0), Some(KeyOwner::Mw(_))) && self.invalidate(pd, qpn, key)
     }
 
     /// Executes a BIND_MW (IBTA §10.6.7.2, rxe `rxe_bind_mw`): the window must belong to the
@@ -246,7 +270,9 @@ impl<M: MemoryAccess> Ctx<M> {
         key: u8,
     ) -> Result<(), WcStatus> {
         let (addr, length) = range;
-        let mr_index = mr_lkey.0 >> 8;
+        let Some(KeyOwner::Mr(mr_index)) = self.key_owner(mr_lkey.0) else {
+            return Err(WcStatus::MwBindErr);
+        };
         let mr = self.mrs.get(&mr_index).ok_or(WcStatus::MwBindErr)?;
         let needs_lw =
             access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC);
@@ -259,10 +285,10 @@ impl<M: MemoryAccess> Ctx<M> {
         {
             return Err(WcStatus::MwBindErr);
         }
-        let mw = self
-            .mws
-            .get_mut(&(mw_rkey.0 >> 8))
-            .ok_or(WcStatus::MwBindErr)?;
+        let Some(KeyOwner::Mw(mw_index)) = self.key_owner(mw_rkey.0) else {
+            return Err(WcStatus::MwBindErr);
+        };
+        let mw = self.mws.get_mut(&mw_index).ok_or(WcStatus::MwBindErr)?;
         if mw.rkey != mw_rkey.0 || mw.pd != pd {
             return Err(WcStatus::MwBindErr);
         }

@@ -67,8 +67,40 @@ pub(crate) fn on_response<M: MemoryAccess>(
     rx: &RxPacket<'_>,
 ) {
     if qp.ty != QpType::Rc || !qp.state.sends() {
+        ctx.counters.drops.qp_state += 1;
         return;
     }
+    // What a response can change: if none of it moved, the response is counted as ignored.
+    let before = (
+        qp.comp_psn,
+        qp.sq.len(),
+        qp.retry_events,
+        qp.state,
+        qp.rnr_wait_until,
+        ctx.counters.rcvd_rnr_err,
+        ctx.counters.rcvd_seq_err,
+    );
+    on_response_in_state(qp, ctx, now, rx);
+    let after = (
+        qp.comp_psn,
+        qp.sq.len(),
+        qp.retry_events,
+        qp.state,
+        qp.rnr_wait_until,
+        ctx.counters.rcvd_rnr_err,
+        ctx.counters.rcvd_seq_err,
+    );
+    if before == after {
+        ctx.counters.drops.response_ignored += 1;
+    }
+}
+
+fn on_response_in_state<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Nanos,
+    rx: &RxPacket<'_>,
+) {
     let t = &rx.t;
     let psn = t.bth.psn;
     let op = t.bth.opcode;

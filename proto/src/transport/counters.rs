@@ -33,11 +33,111 @@ pub struct Counters {
     /// Congestion control, under mlx5's names (`ethtool -S`, `rdma statistic`): CE-marked
     /// RoCE packets received (counted whatever the algorithm), CNPs sent by the notification
     /// point, CNPs the reaction point acted on, and CNPs it ignored (congestion control off,
-    /// or no such QP).
+    /// a UD QP, or no such QP).
     pub np_ecn_marked_roce_packets: u64,
     pub np_cnp_sent: u64,
     pub rp_cnp_handled: u64,
     pub rp_cnp_ignored: u64,
+    /// Engine-only: why packets were dropped or refused, one counter per reason (issue 16:
+    /// every hostile packet is counted under a reason).
+    pub drops: DropCounters,
+}
+
+/// Why received packets were dropped, ignored or refused.
+///
+/// Every packet the engine is given ends in exactly one of `rcvd_pkts`, `dropped_pkts`,
+/// `icrc_errors`, `rp_cnp_handled`, `rp_cnp_ignored` and `drops.bad_pkey`; every `dropped_pkts` has one of the reasons
+/// of the first group here. The second group says what became of packets counted in
+/// `rcvd_pkts` that did nothing (the rxe counters `duplicate_request`, `out_of_seq_request`,
+/// `send_rnr_err` count the rest).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropCounters {
+    // Dropped before reaching a QP (each also in `dropped_pkts`).
+    /// The headers do not parse: lengths that disagree, a pad count the length cannot hold,
+    /// a wrong transport version, a truncated header, a bad IP or UDP header.
+    pub malformed: u64,
+    /// A RoCE v1 (GRH) packet given to the v2 receive path.
+    pub not_v2: u64,
+    pub unknown_opcode: u64,
+    /// The destination QPN names no QP of this device.
+    pub unknown_qp: u64,
+    /// An opcode of another transport than the QP's (an RC opcode to a UD QP, ...).
+    pub wrong_transport: u64,
+    /// An RC/UC packet from or to other addresses than the QP's path, or for a QP with none.
+    pub wrong_path: u64,
+    // Not counted in `dropped_pkts`.
+    /// A P_Key other than the default partition (also `bad_pkey_cntr`, which saturates).
+    pub bad_pkey: u64,
+    /// A multicast packet for a group no QP of this device joined.
+    pub no_group: u64,
+    // Accepted (in `rcvd_pkts`), then ignored or refused.
+    /// The QP is in a state that does not take it (RESET, INIT, ERR, ...).
+    pub qp_state: u64,
+    /// Requests after a PSN gap, dropped silently once the gap was NAKed (IBTA §9.7.5.1.3).
+    pub psn_gap: u64,
+    /// A duplicate request with nothing to answer (class D, IBTA §9.7.5.1.5).
+    pub duplicate_ignored: u64,
+    /// A response that matched no outstanding request, or repeated one: no effect.
+    pub response_ignored: u64,
+    /// A UC message abandoned (a lost packet or a refused request; UC never NAKs).
+    pub uc_abandoned: u64,
+    /// A UD datagram with a wrong Q_Key (also `qkey_viol_cntr`, which saturates).
+    pub ud_bad_qkey: u64,
+    /// A UD datagram without a DETH, with no receive WQE, or too long for it.
+    pub ud_not_received: u64,
+    /// Requests NAKed with a remote access error (bad R_Key, PD, bounds or access).
+    pub nak_remote_access: u64,
+    /// Requests NAKed as invalid (lengths, opcode sequence, misaligned atomics, ...).
+    pub nak_invalid_request: u64,
+    /// Requests NAKed with a remote operational error.
+    pub nak_remote_operational: u64,
+}
+
+impl DropCounters {
+    /// Every reason as (name, value), for `counters` listings.
+    pub fn named(&self) -> [(&'static str, u64); 18] {
+        [
+            ("drop_malformed", self.malformed),
+            ("drop_not_v2", self.not_v2),
+            ("drop_unknown_opcode", self.unknown_opcode),
+            ("drop_unknown_qp", self.unknown_qp),
+            ("drop_wrong_transport", self.wrong_transport),
+            ("drop_wrong_path", self.wrong_path),
+            ("drop_bad_pkey", self.bad_pkey),
+            ("drop_no_group", self.no_group),
+            ("drop_qp_state", self.qp_state),
+            ("drop_psn_gap", self.psn_gap),
+            ("drop_duplicate_ignored", self.duplicate_ignored),
+            ("drop_response_ignored", self.response_ignored),
+            ("drop_uc_abandoned", self.uc_abandoned),
+            ("drop_ud_bad_qkey", self.ud_bad_qkey),
+            ("drop_ud_not_received", self.ud_not_received),
+            ("nak_remote_access", self.nak_remote_access),
+            ("nak_invalid_request", self.nak_invalid_request),
+            ("nak_remote_operational", self.nak_remote_operational),
+        ]
+    }
+
+    /// The reasons that are also counted in `dropped_pkts`.
+    pub fn dropped_total(&self) -> u64 {
+        self.malformed
+            + self.not_v2
+            + self.unknown_opcode
+            + self.unknown_qp
+            + self.wrong_transport
+            + self.wrong_path
+    }
+}
+
+/// A packet dropped before it reached a QP (counted in `dropped_pkts` and under its reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dropped {
+    Malformed,
+    NotV2,
+    UnknownOpcode,
+    UnknownQp,
+    WrongTransport,
+    WrongPath,
 }
 
 impl Counters {
@@ -77,7 +177,178 @@ impl Counters {
         ]
     }
 
+    /// Every counter as (name, value): rxe's first, then the engine's own and its drop
+    /// reasons (what a `counters` listing prints).
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        let mut out = self.rxe_counters().to_vec();
+        out.extend([
+            ("qkey_viol_cntr", u64::from(self.qkey_viol_cntr)),
+            ("bad_pkey_cntr", u64::from(self.bad_pkey_cntr)),
+            ("icrc_errors", self.icrc_errors),
+            ("dropped_pkts", self.dropped_pkts),
+            (
+                "np_ecn_marked_roce_packets",
+                self.np_ecn_marked_roce_packets,
+            ),
+            ("np_cnp_sent", self.np_cnp_sent),
+            ("rp_cnp_handled", self.rp_cnp_handled),
+            ("rp_cnp_ignored", self.rp_cnp_ignored),
+        ]);
+        out.extend(self.drops.named());
+        out
+    }
+
+    /// Adds `other` to these (a device's total over its clients' engines, live and gone).
+    pub fn accumulate(&mut self, other: &Counters) {
+        let mut sum: Vec<u64> = self.named().iter().map(|(_, v)| *v).collect();
+        for (s, (_, v)) in sum.iter_mut().zip(other.named()) {
+            *s = s.saturating_add(v);
+        }
+        let mut it = sum.into_iter();
+        let mut next = || it.next().unwrap_or(0);
+        let sat16 = |v: u64| v.min(u64::from(u16::MAX)) as u16;
+        *self = Counters {
+            sent_pkts: next(),
+            rcvd_pkts: next(),
+            duplicate_request: next(),
+            out_of_seq_request: next(),
+            rcvd_rnr_err: next(),
+            send_rnr_err: next(),
+            rcvd_seq_err: next(),
+            ack_deferred: next(),
+            retry_exceeded_err: next(),
+            retry_rnr_exceeded_err: next(),
+            completer_retry_err: next(),
+            send_err: next(),
+            link_downed: next(),
+            rdma_sends: next(),
+            rdma_recvs: next(),
+            sent_bytes: next(),
+            rcvd_bytes: next(),
+            qkey_viol_cntr: sat16(next()),
+            bad_pkey_cntr: sat16(next()),
+            icrc_errors: next(),
+            dropped_pkts: next(),
+            np_ecn_marked_roce_packets: next(),
+            np_cnp_sent: next(),
+            rp_cnp_handled: next(),
+            rp_cnp_ignored: next(),
+            drops: DropCounters {
+                malformed: next(),
+                not_v2: next(),
+                unknown_opcode: next(),
+                unknown_qp: next(),
+                wrong_transport: next(),
+                wrong_path: next(),
+                bad_pkey: next(),
+                no_group: next(),
+                qp_state: next(),
+                psn_gap: next(),
+                duplicate_ignored: next(),
+                response_ignored: next(),
+                uc_abandoned: next(),
+                ud_bad_qkey: next(),
+                ud_not_received: next(),
+                nak_remote_access: next(),
+                nak_invalid_request: next(),
+                nak_remote_operational: next(),
+            },
+        };
+    }
+
     pub(crate) fn qkey_violation(&mut self) {
         self.qkey_viol_cntr = self.qkey_viol_cntr.saturating_add(1);
+        self.drops.ud_bad_qkey += 1;
+    }
+
+    pub(crate) fn bad_pkey(&mut self) {
+        self.bad_pkey_cntr = self.bad_pkey_cntr.saturating_add(1);
+        self.drops.bad_pkey += 1;
+    }
+
+    pub(crate) fn dropped(&mut self, why: Dropped) {
+        self.dropped_pkts += 1;
+        let d = &mut self.drops;
+        *match why {
+            Dropped::Malformed => &mut d.malformed,
+            Dropped::NotV2 => &mut d.not_v2,
+            Dropped::UnknownOpcode => &mut d.unknown_opcode,
+            Dropped::UnknownQp => &mut d.unknown_qp,
+            Dropped::WrongTransport => &mut d.wrong_transport,
+            Dropped::WrongPath => &mut d.wrong_path,
+        } += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accumulate_adds_every_named_counter() {
+        // Every field distinct, so that a field `accumulate` maps to the wrong place shows.
+        let mut one = Counters::default();
+        let mut n = 0;
+        let mut v = || {
+            n += 1;
+            n
+        };
+        one.sent_pkts = v();
+        one.rcvd_pkts = v();
+        one.duplicate_request = v();
+        one.out_of_seq_request = v();
+        one.rcvd_rnr_err = v();
+        one.send_rnr_err = v();
+        one.rcvd_seq_err = v();
+        one.ack_deferred = v();
+        one.retry_exceeded_err = v();
+        one.retry_rnr_exceeded_err = v();
+        one.completer_retry_err = v();
+        one.send_err = v();
+        one.link_downed = v();
+        one.rdma_sends = v();
+        one.rdma_recvs = v();
+        one.sent_bytes = v();
+        one.rcvd_bytes = v();
+        one.qkey_viol_cntr = v() as u16;
+        one.bad_pkey_cntr = v() as u16;
+        one.icrc_errors = v();
+        one.dropped_pkts = v();
+        one.np_ecn_marked_roce_packets = v();
+        one.np_cnp_sent = v();
+        one.rp_cnp_handled = v();
+        one.rp_cnp_ignored = v();
+        let d = &mut one.drops;
+        for f in [
+            &mut d.malformed,
+            &mut d.not_v2,
+            &mut d.unknown_opcode,
+            &mut d.unknown_qp,
+            &mut d.wrong_transport,
+            &mut d.wrong_path,
+            &mut d.bad_pkey,
+            &mut d.no_group,
+            &mut d.qp_state,
+            &mut d.psn_gap,
+            &mut d.duplicate_ignored,
+            &mut d.response_ignored,
+            &mut d.uc_abandoned,
+            &mut d.ud_bad_qkey,
+            &mut d.ud_not_received,
+            &mut d.nak_remote_access,
+            &mut d.nak_invalid_request,
+            &mut d.nak_remote_operational,
+        ] {
+            *f = v();
+        }
+        let mut sum = Counters::default();
+        sum.accumulate(&one);
+        assert_eq!(sum, one);
+        sum.accumulate(&one);
+        for ((name, got), (_, want)) in sum.named().into_iter().zip(one.named()) {
+            assert_eq!(got, 2 * want, "{name}");
+        }
+        let names: std::collections::HashSet<_> = one.named().iter().map(|(k, _)| *k).collect();
+        assert_eq!(names.len(), one.named().len(), "names are unique");
     }
 }

@@ -3,12 +3,12 @@
 //! `poll_event`, and the verbs (create/modify/destroy, post, poll CQ).
 
 use super::congestion::{AnyController, CongestionConfig, QpCongestion};
-use super::counters::Counters;
+use super::counters::{Counters, Dropped};
 use super::memory::MemoryAccess;
 use super::packet_io::{PendingIcrc, Route};
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
-use super::resources::{Ah, Cq, KeyGen, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
+use super::resources::{Ah, Cq, KeyGen, KeyOwner, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
 use super::timers::Nanos;
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
@@ -29,6 +29,14 @@ pub struct EngineConfig {
     /// Seed of the random part of keys. The daemon seeds it from the OS; the engine reads no
     /// entropy itself.
     pub key_seed: u64,
+    /// The key of the ChaCha20 stream keys (and random QPNs) are drawn from, with `key_seed`
+    /// folded in ([`super::resources::KeyGen`]). The daemon fills it from `getrandom`; zero
+    /// (the default) leaves `key_seed` as the only secret, which suits tests.
+    pub key_entropy: [u8; 32],
+    /// Hand out QPNs at random in the device's range instead of in order, so that a QPN cannot
+    /// be guessed from another (ReDMArk). Off by default: tests and the simulator number QPs
+    /// from 17 as rxe does.
+    pub random_qpns: bool,
     /// `max_qp_wr`, `max_sge`, `max_cqe` etc. are kept modest; see [`EngineConfig::default`].
     pub max_cqe: usize,
     pub max_qp_wr: u32,
@@ -50,6 +58,8 @@ impl EngineConfig {
         EngineConfig {
             gids: vec![gid],
             key_seed,
+            key_entropy: [0; 32],
+            random_qpns: false,
             max_cqe: 32767,
             max_qp_wr: 1 << 20,
             max_sge: 32,
@@ -115,6 +125,8 @@ pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 pub(crate) struct Ctx<M> {
     pub mem: M,
     pub keys: KeyGen,
+    /// Live keys by tag (the upper 24 bits): what each names ([`KeyOwner`]).
+    pub key_tags: IntMap<u32, KeyOwner>,
     pub config: EngineConfig,
     pub pds: IntMap<u32, Pd>,
     pub mrs: IntMap<u32, Mr>,
@@ -137,6 +149,8 @@ pub struct Engine<M: MemoryAccess> {
     pub(crate) ctx: Ctx<M>,
     pub(crate) qps: IntMap<Qpn, Qp>,
     next_qpn: u32,
+    /// The first QPN of the range (for [`EngineConfig::random_qpns`]).
+    qpn_first: u32,
     /// QPNs this device may hand out are `next_qpn..qpn_end` (a daemon gives each client
     /// process its own block, see [`Engine::set_qpn_range`]).
     qpn_end: u32,
@@ -149,7 +163,8 @@ impl<M: MemoryAccess> Engine<M> {
         Engine {
             ctx: Ctx {
                 mem,
-                keys: KeyGen::new(config.key_seed),
+                keys: KeyGen::new(config.key_seed, config.key_entropy),
+                key_tags: IntMap::default(),
                 config,
                 pds: IntMap::default(),
                 mrs: IntMap::default(),
@@ -167,6 +182,7 @@ impl<M: MemoryAccess> Engine<M> {
             qps: IntMap::default(),
             // rxe numbers QPs from 16 (roce-rxe-facts.md §6.1); 1 is the GSI QP.
             next_qpn: 17,
+            qpn_first: 17,
             qpn_end: Qpn::MULTICAST.value(),
             mcast: HashMap::new(),
         }
@@ -230,6 +246,7 @@ impl<M: MemoryAccess> Engine<M> {
     /// (one per client process in the daemon) can share one QPN space without collisions.
     pub fn set_qpn_range(&mut self, first: u32, end: u32) {
         self.next_qpn = first.max(2);
+        self.qpn_first = self.next_qpn;
         self.qpn_end = end.min(Qpn::MULTICAST.value());
     }
 
@@ -282,15 +299,15 @@ impl<M: MemoryAccess> Engine<M> {
         if addr.checked_add(length).is_none() {
             return Err(VerbsError::Invalid("MR wraps around the address space"));
         }
-        self.pd_use(pd, 1)?;
-        let space = self.ctx.pds.get(&pd).map_or(0, |p| p.space);
         let index = self.ctx.next_mr_index;
         if index >= 1 << 19 {
             return Err(VerbsError::NoResources("MR table full"));
         }
+        self.pd_use(pd, 1)?;
+        let space = self.ctx.pds.get(&pd).map_or(0, |p| p.space);
         self.ctx.next_mr_index += 1;
         // Newer rxe gives rkey == lkey (roce-rxe-facts.md §6.1).
-        let key = self.ctx.keys.key(index);
+        let key = self.ctx.new_key(KeyOwner::Mr(index));
         self.ctx.mrs.insert(
             index,
             Mr {
@@ -326,6 +343,7 @@ impl<M: MemoryAccess> Engine<M> {
             .mrs
             .remove(&handle)
             .ok_or(VerbsError::NotFound("MR"))?;
+        self.ctx.key_tags.remove(&(mr.lkey >> 8));
         self.pd_use(mr.pd, -1)
     }
 
@@ -338,7 +356,7 @@ impl<M: MemoryAccess> Engine<M> {
         }
         self.pd_use(pd, 1)?;
         self.ctx.next_mw_index += 1;
-        let rkey = self.ctx.keys.key(index);
+        let rkey = self.ctx.new_key(KeyOwner::Mw(index));
         self.ctx.mws.insert(
             index,
             Mw {
@@ -359,6 +377,7 @@ impl<M: MemoryAccess> Engine<M> {
             .mws
             .remove(&handle)
             .ok_or(VerbsError::NotFound("MW"))?;
+        self.ctx.key_tags.remove(&(mw.rkey >> 8));
         self.pd_use(mw.pd, -1)
     }
 
@@ -387,6 +406,83 @@ impl<M: MemoryAccess> Engine<M> {
     /// `ibv_poll_cq` for one entry.
     pub fn poll_cq(&mut self, cq: u32) -> Option<WorkCompletion> {
         self.ctx.cqs.get_mut(&cq)?.entries.pop_front()
+    }
+
+    /// `ibv_resize_cq`: the CQ's depth becomes `cqe`; EINVAL when more completions wait
+    /// than that (rxe_cq_chk_attr / rxe_queue_resize).
+    pub fn resize_cq(&mut self, cq: u32, cqe: usize) -> VerbsResult<()> {
+        if cqe == 0 || cqe > self.ctx.config.max_cqe {
+            return Err(VerbsError::Invalid("cqe out of range"));
+        }
+        let c = self
+            .ctx
+            .cqs
+            .get_mut(&cq)
+            .ok_or(VerbsError::NotFound("CQ"))?;
+        if c.entries.len() > cqe {
+            return Err(VerbsError::Invalid("cqe below the completions waiting"));
+        }
+        c.capacity = cqe;
+        Ok(())
+    }
+
+    /// Completions waiting in a CQ (`None`: no such CQ).
+    pub fn cq_len(&self, cq: u32) -> Option<usize> {
+        self.ctx.cqs.get(&cq).map(|c| c.entries.len())
+    }
+
+    /// Adds a completion the engine did not produce (a work request refused before it reached
+    /// the engine) to a CQ, with the engine's own overflow rule: false when the CQ is
+    /// overrun (then it is in error and [`AsyncEvent::CqError`] was raised).
+    pub fn push_completion(&mut self, cq: u32, wc: WorkCompletion) -> bool {
+        complete(&mut self.ctx, cq, wc, wc.status != WcStatus::Success)
+    }
+
+    /// The consumer's view of a CQ overflowed (the host's copy of it is full and more
+    /// completions wait), or the engine's own queue overflowed: CQ overrun. The CQ goes to
+    /// error and takes no more completions, those waiting here are lost (the host's copy
+    /// keeps what it holds), and [`AsyncEvent::CqError`] is raised once (IBTA §11.4.2.1,
+    /// rxe's `rxe_cq_post` on a full queue). The QPs that complete into it go to ERR as they
+    /// try (or at once, by the caller, with [`Engine::fail_qp`]).
+    pub fn cq_overrun(&mut self, cq: u32) -> VerbsResult<()> {
+        let c = self
+            .ctx
+            .cqs
+            .get_mut(&cq)
+            .ok_or(VerbsError::NotFound("CQ"))?;
+        c.entries.clear();
+        if !c.overflowed {
+            c.overflowed = true;
+            self.ctx.events.push_back(AsyncEvent::CqError { cq });
+        }
+        Ok(())
+    }
+
+    /// Whether a CQ is in error (overrun).
+    pub fn cq_in_error(&self, cq: u32) -> bool {
+        self.ctx.cqs.get(&cq).is_some_and(|c| c.overflowed)
+    }
+
+    /// Moves a QP to ERR because of a local error the transport did not see: work it cannot
+    /// decode (a corrupt work queue), or a placement into the host that failed after the
+    /// engine took the packet. Its work requests are flushed, answers it has not sent yet are
+    /// dropped (so nothing it could not do is acknowledged), and an async event is raised:
+    /// [`AsyncEvent::QpAccessError`] with `access_error` (IBV_EVENT_QP_ACCESS_ERR, "local
+    /// access violation"), else [`AsyncEvent::QpFatal`] (IBV_EVENT_QP_FATAL, "local work
+    /// queue catastrophic error"). A QP already in ERR only loses its pending answers.
+    pub fn fail_qp(&mut self, qpn: Qpn, access_error: bool) -> VerbsResult<()> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        if qp.state == QpState::Err {
+            qp.resp_out.clear();
+            return Ok(());
+        }
+        flush_qp(qp, &mut self.ctx, true);
+        self.ctx.events.push_back(if access_error {
+            AsyncEvent::QpAccessError { qpn }
+        } else {
+            AsyncEvent::QpFatal { qpn }
+        });
+        Ok(())
     }
 
     /// `ibv_req_notify_cq`: the next completion (or next solicited one) raises
@@ -421,6 +517,32 @@ impl<M: MemoryAccess> Engine<M> {
             },
         );
         Ok(h)
+    }
+
+    /// `ibv_modify_srq` with IBV_SRQ_MAX_WR: the SRQ holds `max_wr` WQEs from now on. EINVAL
+    /// below the WQEs it holds or below its armed limit (rxe_srq_chk_attr).
+    pub fn resize_srq(&mut self, srq: u32, max_wr: u32) -> VerbsResult<()> {
+        let max_qp_wr = self.ctx.config.max_qp_wr;
+        let s = self
+            .ctx
+            .srqs
+            .get_mut(&srq)
+            .ok_or(VerbsError::NotFound("SRQ"))?;
+        if max_wr == 0 || max_wr > max_qp_wr {
+            return Err(VerbsError::Invalid("SRQ capacity"));
+        }
+        if (max_wr as usize) < s.queue.len() || (s.limit > 0 && max_wr < s.limit) {
+            return Err(VerbsError::Invalid(
+                "max_wr below the WQEs held or the armed limit",
+            ));
+        }
+        s.max_wr = max_wr;
+        Ok(())
+    }
+
+    /// WQEs an SRQ holds (`None`: no such SRQ).
+    pub fn srq_len(&self, srq: u32) -> Option<usize> {
+        self.ctx.srqs.get(&srq).map(|s| s.queue.len())
     }
 
     /// `ibv_modify_srq` with IBV_SRQ_LIMIT: arm the limit event (0 disarms).
@@ -510,13 +632,13 @@ impl<M: MemoryAccess> Engine<M> {
             }
             Qpn::GSI
         } else {
-            if self.next_qpn >= self.qpn_end {
-                self.pd_use(init.pd, -1)?;
-                return Err(VerbsError::NoResources("QP numbers"));
+            match self.fresh_qpn() {
+                Some(q) => q,
+                None => {
+                    self.pd_use(init.pd, -1)?;
+                    return Err(VerbsError::NoResources("QP numbers"));
+                }
             }
-            let q = Qpn::new(self.next_qpn);
-            self.next_qpn += 1;
-            q
         };
         for cq in [init.send_cq, init.recv_cq] {
             if let Some(c) = self.ctx.cqs.get_mut(&cq) {
@@ -530,6 +652,40 @@ impl<M: MemoryAccess> Engine<M> {
         qp.cc = AnyController::new(&self.ctx.config.congestion);
         self.qps.insert(qpn, qp);
         Ok(qpn)
+    }
+
+    /// The QPN for a new QP: the next one in order, or with [`EngineConfig::random_qpns`] one
+    /// drawn at random among the free ones of the range.
+    fn fresh_qpn(&mut self) -> Option<Qpn> {
+        if !self.ctx.config.random_qpns {
+            if self.next_qpn >= self.qpn_end {
+                return None;
+            }
+            self.next_qpn += 1;
+            return Some(Qpn::new(self.next_qpn - 1));
+        }
+        let span = self
+            .qpn_end
+            .checked_sub(self.qpn_first)
+            .filter(|s| *s > 0)?;
+        // Every QP but the GSI lives in the range.
+        let used = self.qps.keys().filter(|q| **q != Qpn::GSI).count();
+        if used >= span as usize {
+            return None;
+        }
+        let mut start = self.qpn_first;
+        for _ in 0..8 {
+            start = self.qpn_first + self.ctx.keys.next_u32() % span;
+            if !self.qps.contains_key(&Qpn::new(start)) {
+                return Some(Qpn::new(start));
+            }
+        }
+        // Crowded: the first free one after a random start.
+        let free = |q: u32| !self.qps.contains_key(&Qpn::new(q));
+        (1..span)
+            .map(|i| self.qpn_first + (start - self.qpn_first + i) % span)
+            .find(|q| free(*q))
+            .map(Qpn::new)
     }
 
     /// `ibv_destroy_qp`: the QP disappears with its queues, without completions.
@@ -744,7 +900,7 @@ impl<M: MemoryAccess> Engine<M> {
         let parsed = match FrameRepr::parse_ip(packet, packet.len()) {
             Ok(p) => p,
             Err(_) => {
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::Malformed);
                 return;
             }
         };
@@ -773,7 +929,7 @@ impl<M: MemoryAccess> Engine<M> {
         {
             Some(Ok(p)) if !matches!(p.icrc, crate::wire::frame::IcrcStatus::Bad { .. }) => p,
             _ => {
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::Malformed);
                 return;
             }
         };
@@ -795,7 +951,7 @@ impl<M: MemoryAccess> Engine<M> {
                 ipv6::HEADER_LEN,
             ),
             NetRepr::Grh(_) => {
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::NotV2);
                 return;
             }
         };
@@ -832,13 +988,13 @@ impl<M: MemoryAccess> Engine<M> {
         let t = &rx.t;
         let Some(info) = t.bth.opcode.info() else {
             verified_or_drop!();
-            self.ctx.counters.dropped_pkts += 1;
+            self.ctx.counters.dropped(Dropped::UnknownOpcode);
             return;
         };
         // rxe: P_Key must match the default 0xFFFF in its low 15 bits.
         if t.bth.pkey & 0x7fff != 0x7fff {
             verified_or_drop!();
-            self.ctx.counters.bad_pkey_cntr = self.ctx.counters.bad_pkey_cntr.saturating_add(1);
+            self.ctx.counters.bad_pkey();
             return;
         }
         let dest = t.bth.dest_qpn;
@@ -848,6 +1004,7 @@ impl<M: MemoryAccess> Engine<M> {
             self.ctx.counters.rcvd_bytes += rx.wire_len as u64;
             // Borrowed field by field rather than cloned: no allocation per datagram.
             let Some(members) = self.mcast.get(&rx.dst) else {
+                self.ctx.counters.drops.no_group += 1;
                 return;
             };
             for q in members {
@@ -862,7 +1019,7 @@ impl<M: MemoryAccess> Engine<M> {
             if info.has(crate::wire::OpInfo::CNP) {
                 self.ctx.counters.rp_cnp_ignored += 1;
             } else {
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::UnknownQp);
             }
             return;
         };
@@ -884,14 +1041,14 @@ impl<M: MemoryAccess> Engine<M> {
         };
         if !transport_ok {
             verified_or_drop!();
-            self.ctx.counters.dropped_pkts += 1;
+            self.ctx.counters.dropped(Dropped::WrongTransport);
             return;
         }
         // rxe checks that RC/UC packets come from and go to the QP's path.
         if !qp.ty.is_ud() {
             let Some(av) = qp.av() else {
                 verified_or_drop!();
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::WrongPath);
                 return;
             };
             let local = self
@@ -902,7 +1059,7 @@ impl<M: MemoryAccess> Engine<M> {
                 .copied();
             if rx.src != av.dgid || Some(rx.dst) != local {
                 verified_or_drop!();
-                self.ctx.counters.dropped_pkts += 1;
+                self.ctx.counters.dropped(Dropped::WrongPath);
                 return;
             }
         }

@@ -62,6 +62,7 @@
 //! ```
 
 pub mod access;
+pub mod chacha;
 pub mod completer;
 pub mod congestion;
 pub mod counters;

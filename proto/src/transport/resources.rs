@@ -1,34 +1,50 @@
 //! The device's resources other than QPs: protection domains, memory regions, completion
 //! queues, shared receive queues and address handles (IBTA Vol. 1 §10.2, §10.6; rxe's pools).
 
+use super::chacha::ChaCha20Rng;
 use super::qp_attr::AddressVector;
 use super::verbs::{Access, RecvWr, WorkCompletion};
 use std::collections::VecDeque;
 
-/// Generates the random part of keys. The device is seeded by its owner (the daemon from the
-/// OS's entropy, tests with a constant), because the engine reads no entropy itself.
+/// The random source of keys and QPNs: ChaCha20 ([`super::chacha`]) keyed by the device's
+/// owner (the daemon with `getrandom`, tests with constants), because the engine reads no
+/// entropy itself.
 #[derive(Debug, Clone)]
-pub struct KeyGen(u64);
+pub struct KeyGen(ChaCha20Rng);
 
 impl KeyGen {
-    pub fn new(seed: u64) -> KeyGen {
-        KeyGen(seed ^ 0x9e37_79b9_7f4a_7c15)
+    /// `entropy` is the ChaCha20 key, with `seed` folded into its first 8 bytes (so tests
+    /// that give only a seed still get distinct streams).
+    pub fn new(seed: u64, entropy: [u8; 32]) -> KeyGen {
+        let mut key = entropy;
+        for (b, s) in key.iter_mut().zip(seed.to_le_bytes()) {
+            *b ^= s;
+        }
+        KeyGen(ChaCha20Rng::from_seed(key))
     }
 
-    /// SplitMix64: small, fast, and with a well-spread output for every seed.
+    pub fn next_u32(&mut self) -> u32 {
+        self.0.next_u32()
+    }
+
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
+}
 
-    /// A key in rxe's format: `(pool index << 8) | random 8 bits` (roce-rxe-facts.md §6.1).
-    /// The random byte makes a stale or guessed key fail with probability 255/256, as in rxe.
-    pub fn key(&mut self, index: u32) -> u32 {
-        (index << 8) | (self.next_u64() as u32 & 0xff)
-    }
+/// What a key's tag (its upper 24 bits) names: an MR or an MW, by handle.
+///
+/// rxe's keys are `pool index << 8 | 8 random bits` (roce-rxe-facts.md §6.1): 24 of their 32
+/// bits are a small counter, so a key is guessed in a few hundred tries and a freed index comes
+/// back with 1 chance in 256 of answering to an old key (ReDMArk, USENIX Security 2021). Here the
+/// tag is drawn at random among the tags no live key uses, so every bit of a fresh key is
+/// random (the low byte stays the consumer's for MWs, IBTA §10.6.7.2.4 `ibv_inc_rkey`), the
+/// handle says nothing about the key, and a freed key names nothing until its tag is drawn
+/// again (1 chance in 2^24 per new key, and then the low byte must match too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOwner {
+    Mr(u32),
+    Mw(u32),
 }
 
 /// A protection domain.
@@ -148,15 +164,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_carry_the_index_and_differ_across_seeds() {
-        let mut a = KeyGen::new(1);
-        let mut b = KeyGen::new(2);
-        let ka: Vec<u32> = (1..50).map(|i| a.key(i)).collect();
-        let kb: Vec<u32> = (1..50).map(|i| b.key(i)).collect();
-        for (i, k) in ka.iter().enumerate() {
-            assert_eq!(k >> 8, i as u32 + 1);
-        }
-        assert_ne!(ka, kb);
+    fn streams_differ_across_seeds_and_entropy() {
+        let draw = |g: &mut KeyGen| (0..50).map(|_| g.next_u32()).collect::<Vec<_>>();
+        let a = draw(&mut KeyGen::new(1, [0; 32]));
+        assert_eq!(
+            a,
+            draw(&mut KeyGen::new(1, [0; 32])),
+            "seeded: reproducible"
+        );
+        assert_ne!(a, draw(&mut KeyGen::new(2, [0; 32])));
+        assert_ne!(a, draw(&mut KeyGen::new(1, [9; 32])));
     }
 
     #[test]

@@ -118,7 +118,11 @@ pub(crate) fn on_request<M: MemoryAccess>(
     placing: Option<&PendingIcrc<'_>>,
 ) -> bool {
     if !qp.state.receives() {
-        return placing.is_none_or(|p| p.verify());
+        let genuine = placing.is_none_or(|p| p.verify());
+        if genuine {
+            ctx.counters.drops.qp_state += 1;
+        }
+        return genuine;
     }
     let psn = rx.t.bth.psn;
     let Some(info) = rx.t.bth.opcode.info() else {
@@ -130,12 +134,14 @@ pub(crate) fn on_request<M: MemoryAccess>(
             // packet that starts one (IBTA §9.7.6.1.1, facts §2.2).
             abandon_message(qp, ctx);
             if !info.has(OpInfo::START) {
+                ctx.counters.drops.uc_abandoned += 1;
                 qp.resp_psn = psn.next();
                 return true;
             }
         }
         qp.resp_psn = psn.next();
         if execute(qp, ctx, rx, info, None).is_err() {
+            ctx.counters.drops.uc_abandoned += 1;
             abandon_message(qp, ctx);
         }
         return true;
@@ -144,7 +150,9 @@ pub(crate) fn on_request<M: MemoryAccess>(
     let d = psn.diff(qp.resp_psn);
     if d > 0 {
         // A gap: NAK once with the expected PSN, then drop silently until it arrives.
-        if !qp.sent_psn_nak {
+        if qp.sent_psn_nak {
+            ctx.counters.drops.psn_gap += 1;
+        } else {
             qp.sent_psn_nak = true;
             ctx.counters.out_of_seq_request += 1;
             let epsn = qp.resp_psn;
@@ -200,6 +208,12 @@ pub(crate) fn on_request<M: MemoryAccess>(
             flush_qp(qp, ctx, false);
         }
         Err(Fail::Nak(code, status)) => {
+            let d = &mut ctx.counters.drops;
+            *match code {
+                NakCode::RemoteAccessError => &mut d.nak_remote_access,
+                NakCode::RemoteOperationalError => &mut d.nak_remote_operational,
+                _ => &mut d.nak_invalid_request,
+            } += 1;
             // Class C/J errors: NAK, report on the receive WQE in use, QP to ERR.
             ack(qp, &mut ctx.ready, AethSyndrome::Nak(code), psn);
             if let Some(m) = qp.in_msg.take() {
@@ -287,6 +301,7 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, 
         return;
     }
     let Some(res) = qp.find_resource(psn) else {
+        ctx.counters.drops.duplicate_ignored += 1;
         return; // class D: silently dropped
     };
     let msn = qp.msn;
@@ -299,6 +314,7 @@ fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, 
                     .checked_add(u64::from(reth.len))
                     .is_some_and(|e| e <= va + u64::from(len));
             if !inside {
+                ctx.counters.drops.duplicate_ignored += 1;
                 return; // rxe drops a duplicate READ with other parameters
             }
             queue(
@@ -645,9 +661,13 @@ fn execute<M: MemoryAccess>(
 /// (IBTA §11.4.1.1, facts §0.19).
 pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>) {
     if !qp.state.receives() {
+        ctx.counters.drops.qp_state += 1;
         return;
     }
-    let Some(deth) = rx.t.deth else { return };
+    let Some(deth) = rx.t.deth else {
+        ctx.counters.drops.ud_not_received += 1;
+        return;
+    };
     if deth.qkey != qp.attr.qkey {
         ctx.counters.qkey_violation();
         return;
@@ -663,11 +683,19 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
         None => qp.rq.front().map(fits),
     };
     match next_fits {
-        None => return, // UD drops when no receive WQE is posted
-        Some(false) if qp.init.srq.is_none() => return,
+        // UD drops when no receive WQE is posted, or (without an SRQ) when it is too small.
+        None => {
+            ctx.counters.drops.ud_not_received += 1;
+            return;
+        }
+        Some(false) if qp.init.srq.is_none() => {
+            ctx.counters.drops.ud_not_received += 1;
+            return;
+        }
         _ => {}
     }
     let Some((recv, _)) = take_recv(qp, ctx) else {
+        ctx.counters.drops.ud_not_received += 1;
         return;
     };
     let mut grh = [0u8; 40];
@@ -694,6 +722,7 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
         wc.byte_len = 40 + rx.payload.len() as u32;
         wc.src_qp = deth.src_qpn;
         wc.wc_flags = WcFlags::GRH;
+        wc.sl = ud_packet_type(rx.net_header);
         if let Some(imm) = rx.t.imm {
             wc.imm_data = imm;
             wc.wc_flags.0 |= WcFlags::WITH_IMM.0;
@@ -702,6 +731,21 @@ pub(crate) fn on_ud_request<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: 
     }
     let solicited = wc.solicited;
     recv_complete(qp, ctx, wc, solicited);
+}
+
+/// The packet type a UD receive reports in `wc.sl`, as mlx5 does (see [`WorkCompletion::sl`]):
+/// RoCE v2 over IPv4 (a 20-byte IP header), over IPv6 (an IPv6 header whose next header is
+/// UDP), else a RoCE v1 GRH (0). UCX 1.13's ud_verbs takes an IPv4 packet's destination GID
+/// from the last 4 bytes of the GRH area only when `sl` says IPv4; with rxe's 0 it reads the
+/// zeros before the IPv4 header, drops every packet and its connection never establishes.
+/// Nothing else reads `sl` on RoCE: it is not on the wire (rxe ignores an AH's SL), so an AH
+/// made from such a completion (`ibv_create_ah_from_wc`) behaves as before.
+fn ud_packet_type(net_header: &[u8]) -> u8 {
+    match net_header.len() {
+        20 => crate::transport::verbs::WC_SL_ROCE_V2_IPV4,
+        40 if net_header[6] == 17 => crate::transport::verbs::WC_SL_ROCE_V2_IPV6,
+        _ => 0,
+    }
 }
 
 /// Builds the next packet the responder owes (or a CNP), if any.
@@ -842,5 +886,23 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 return Some(tx);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ud_packet_type;
+    use crate::transport::{WC_SL_ROCE_V2_IPV4, WC_SL_ROCE_V2_IPV6};
+
+    #[test]
+    fn ud_receives_report_the_roce_packet_type_as_mlx5() {
+        assert_eq!(ud_packet_type(&[0x45; 20]), WC_SL_ROCE_V2_IPV4);
+        let mut ipv6 = [0u8; 40];
+        ipv6[0] = 0x60;
+        ipv6[6] = 17; // next header: UDP
+        assert_eq!(ud_packet_type(&ipv6), WC_SL_ROCE_V2_IPV6);
+        ipv6[6] = 0x1b; // a RoCE v1 GRH: next header BTH
+        assert_eq!(ud_packet_type(&ipv6), 0);
+        assert_eq!(ud_packet_type(&[]), 0);
     }
 }

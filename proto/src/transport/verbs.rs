@@ -306,10 +306,21 @@ pub struct WorkCompletion {
     pub wc_flags: WcFlags,
     /// The request carried the solicited-event bit.
     pub solicited: bool,
+    /// `ibv_wc.sl`. RoCE has no service level on the wire; for UD receives it carries the
+    /// packet type as mlx5 reports it (PRM, responder UD over RoCE: bit 3 set when the frame
+    /// has a UDP header, i.e. RoCE v2; bits 2:0 the L3 header type, 0 GRH, 1 IPv6, 2 IPv4),
+    /// which UCX's ud_verbs reads to find the destination GID of an IPv4 packet. 0 otherwise,
+    /// as rxe.
+    pub sl: u8,
 }
 
+/// `ibv_wc.sl` of a UD receive over RoCE v2 / IPv4 (mlx5's packet type 0x8 | 0x2).
+pub const WC_SL_ROCE_V2_IPV4: u8 = 0xa;
+/// `ibv_wc.sl` of a UD receive over RoCE v2 / IPv6 (0x8 | 0x1).
+pub const WC_SL_ROCE_V2_IPV6: u8 = 0x9;
+
 impl WorkCompletion {
-    pub(crate) fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: Qpn) -> Self {
+    pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: Qpn) -> Self {
         WorkCompletion {
             wr_id,
             status,
@@ -321,6 +332,7 @@ impl WorkCompletion {
             src_qp: Qpn::new(0),
             wc_flags: WcFlags::default(),
             solicited: false,
+            sl: 0,
         }
     }
 }

@@ -3,7 +3,8 @@
 //! `ucma_convert_to_rai` does: the first result only; `RAI_PASSIVE` puts the address in
 //! `ai_src_addr`, otherwise in `ai_dst_addr` (with a hint's source address copied); the QP
 //! type and port space follow the hints, else the socket type (stream: RC / RDMA_PS_TCP,
-//! datagram: UD / RDMA_PS_UDP).
+//! datagram: UD / RDMA_PS_UDP). With neither node nor service the answer is the hints
+//! themselves, addresses included ([`from_hints`]), as in librdmacm.
 
 use std::ffi::{CStr, CString};
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ pub struct Hints {
     pub qp_type: c_int,
     pub port_space: c_int,
     pub src: Option<SocketAddr>,
+    pub dst: Option<SocketAddr>,
 }
 
 /// One resolved entry.
@@ -133,6 +135,22 @@ pub fn resolve(node: Option<&CStr>, service: Option<&CStr>, h: &Hints) -> Result
         dst,
         canonname: canon,
     })
+}
+
+/// `rdma_getaddrinfo(NULL, NULL, hints)`: librdmacm builds the answer from the hints alone
+/// (flags, family, QP type and port space as given, the hints' destination and source
+/// addresses copied), which is how libfabric's verbs provider turns the addresses it already
+/// has into an `rdma_addrinfo` for `rdma_create_ep`.
+pub fn from_hints(h: &Hints) -> Resolved {
+    Resolved {
+        flags: h.flags,
+        family: h.family,
+        qp_type: h.qp_type,
+        port_space: h.port_space,
+        src: h.src,
+        dst: h.dst,
+        canonname: None,
+    }
 }
 
 /// A `malloc`ed copy of a socket address (freed by `rdma_freeaddrinfo`).
@@ -251,22 +269,24 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             h.family = hi.ai_family;
             h.qp_type = hi.ai_qp_type;
             h.port_space = hi.ai_port_space;
-            if !hi.ai_src_addr.is_null() {
+            if !hi.ai_src_addr.is_null() && hi.ai_src_len != 0 {
                 // SAFETY: the hint's source address of ai_src_len bytes.
                 h.src = unsafe { sa::read_sized(hi.ai_src_addr, hi.ai_src_len) }.ok();
+            }
+            if !hi.ai_dst_addr.is_null() && hi.ai_dst_len != 0 {
+                // SAFETY: the hint's destination address of ai_dst_len bytes.
+                h.dst = unsafe { sa::read_sized(hi.ai_dst_addr, hi.ai_dst_len) }.ok();
             }
         }
         // SAFETY: NULL or C strings per the contract.
         let node = (!node.is_null()).then(|| unsafe { CStr::from_ptr(node) });
         // SAFETY: as above.
         let service = (!service.is_null()).then(|| unsafe { CStr::from_ptr(service) });
-        if node.is_none() && h.flags & RAI_PASSIVE == 0 {
-            // A NULL node is only meaningful for a passive side (librdmacm: EINVAL-like).
-            if service.is_none() {
-                return Err(libc::EAI_NONAME);
-            }
-        }
-        let r = resolve(node, service, &h)?;
+        let r = if node.is_none() && service.is_none() {
+            from_hints(&h)
+        } else {
+            resolve(node, service, &h)?
+        };
         to_c(&r).map_err(|_| libc::EAI_MEMORY)
     });
     match r {
@@ -346,6 +366,31 @@ mod tests {
         assert_eq!(r.dst, Some("127.0.0.1:1".parse().unwrap()));
         let r = resolve(Some(c"::1"), None, &Hints::default()).unwrap();
         assert_eq!(r.family, libc::AF_INET6);
+    }
+
+    #[test]
+    fn hints_alone_are_the_answer_addresses_included() {
+        let h = Hints {
+            flags: RAI_PASSIVE,
+            family: libc::AF_INET,
+            qp_type: IBV_QPT_RC,
+            port_space: RDMA_PS_TCP,
+            src: Some("10.0.0.1:0".parse().unwrap()),
+            dst: Some("10.0.0.2:7471".parse().unwrap()),
+        };
+        let r = from_hints(&h);
+        assert_eq!(r.src, h.src);
+        assert_eq!(r.dst, h.dst);
+        assert_eq!(
+            (r.flags, r.family, r.qp_type, r.port_space),
+            (RAI_PASSIVE, libc::AF_INET, IBV_QPT_RC, RDMA_PS_TCP)
+        );
+        let p = to_c(&r).unwrap();
+        // SAFETY: our own list, freed once.
+        unsafe {
+            assert!(!(*p).ai_src_addr.is_null() && !(*p).ai_dst_addr.is_null());
+            free_list(p);
+        }
     }
 
     #[test]

@@ -135,7 +135,7 @@ pub unsafe extern "C" fn rdma_get_request(listen: *mut RdmaCmId, id: *mut *mut R
     ffi::int_or_minus_one(|| {
         let out = ffi::non_null(id)?;
         let l = id_from_ptr(listen)?;
-        if !l.sync {
+        if !l.is_sync() {
             return Err(Errno::INVAL);
         }
         let ev = events::get_event(l.channel()?)?;

@@ -30,7 +30,15 @@ pub fn get_event(ch: &ShimChannel) -> Result<*mut ShimEvent, Errno> {
     let fd = ch.raw_fd();
     let ch_ptr = ch as *const ShimChannel;
     loop {
-        let n = read_record(fd, &mut buf)?;
+        let carried = lock_carried(ch).pop_front();
+        let n = match carried {
+            Some(record) => {
+                let n = record.len().min(buf.len());
+                buf[..n].copy_from_slice(&record[..n]);
+                n
+            }
+            None => read_record(fd, &mut buf)?,
+        };
         if n == 0 {
             if !state::CHANNELS.contains(ch_ptr) {
                 // Another thread destroyed the channel while this one waited in it (rping's
@@ -62,6 +70,38 @@ pub fn get_event(ch: &ShimChannel) -> Result<*mut ShimEvent, Errno> {
             return Ok(ev);
         }
     }
+}
+
+fn lock_carried(
+    ch: &ShimChannel,
+) -> std::sync::MutexGuard<'_, std::collections::VecDeque<Vec<u8>>> {
+    ch.carried.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Moves the event records waiting on channel `from` (read without blocking, and those carried
+/// to it before) to channel `to`, where `rdma_get_cm_event` reads them first: the events in
+/// flight of an id that `rdma_migrate_id` moves off its private channel, which holds only that
+/// id's events. (The kernel moves them between its files; here the daemon has already written
+/// them into the old channel's socket.)
+pub fn carry_events(from: &ShimChannel, to: &ShimChannel) {
+    let mut moved: Vec<Vec<u8>> = lock_carried(from).drain(..).collect();
+    let mut buf = vec![0u8; MAX_EVENT];
+    loop {
+        // SAFETY: our own descriptor and buffer.
+        let n = unsafe {
+            libc::recv(
+                from.raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            break;
+        }
+        moved.push(buf[..n as usize].to_vec());
+    }
+    lock_carried(to).extend(moved);
 }
 
 /// The next `DEVICE_REMOVAL` for an id of channel `ch` not told yet, if any.
@@ -278,13 +318,13 @@ fn new_child<'a>(listen: &ShimCmId, info: &ctl::CmIdInfo) -> Result<&'a ShimCmId
         listen.id.context,
         listen.id.ps,
         listen.id.qp_type,
-        listen.sync,
+        listen.is_sync(),
     );
     // SAFETY: just registered, live.
     let child = unsafe { &*p };
     let setup = (|| {
         child.apply_info(info)?;
-        if listen.sync {
+        if listen.is_sync() {
             let ch = ShimChannel::create()?;
             // SAFETY: just created, live.
             let handle = unsafe { (*ch).handle };
@@ -362,7 +402,7 @@ pub fn status_errno(status: c_int) -> Errno {
 /// librdmacm's `ucma_complete`: a synchronous id waits for the event its operation raises
 /// and keeps it in `id->event` (acknowledged by the next operation or `rdma_destroy_id`).
 pub fn complete(id: &ShimCmId) -> Result<(), Errno> {
-    if !id.sync {
+    if !id.is_sync() {
         return Ok(());
     }
     let p = id.as_id_ptr();

@@ -463,7 +463,7 @@ pub unsafe extern "C" fn rdma_accept(id: *mut RdmaCmId, conn_param: *mut RdmaCon
         }
         // A synchronous id waits for ESTABLISHED (its held request event is acknowledged
         // first, as ucma_complete does).
-        if id.sync && !qp::is_ud(id) {
+        if id.is_sync() && !qp::is_ud(id) {
             return events::complete(id);
         }
         Ok(())
@@ -561,7 +561,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut RdmaCmId) -> c_int {
             private_data: Vec::new(),
         })?;
         // A synchronous id waits for DISCONNECTED, as ucma_complete does.
-        if id.sync {
+        if id.is_sync() {
             return events::complete(id);
         }
         Ok(())
@@ -645,8 +645,12 @@ pub unsafe extern "C" fn rdma_set_option(
     })
 }
 
-/// `rdma_migrate_id`: events of the id go to `channel` (NULL: a new private channel, the id
-/// becomes synchronous in librdmacm; here it keeps its mode and gets the channel).
+/// `rdma_migrate_id`, as librdmacm 44 does it: events of the id go to `channel`; with a NULL
+/// channel the id gets a new private channel and becomes synchronous (a synchronous id cannot
+/// migrate to NULL: EINVAL). Leaving a synchronous mode, the event the id retained
+/// (`id->event`) is acknowledged first and its private channel destroyed, its events in flight
+/// carried to the new channel; then the call waits until every event of the id handed out
+/// was acknowledged, so none is processed on the old channel after it returns.
 ///
 /// # Safety
 /// Pointers are NULL or anything (checked).
@@ -658,6 +662,10 @@ pub unsafe extern "C" fn rdma_migrate_id(
     rc(|| {
         let p = id;
         let id = id_from_ptr(id)?;
+        let was_sync = id.is_sync();
+        if was_sync && channel.is_null() {
+            return Err(Errno::INVAL);
+        }
         let (ch, created) = if channel.is_null() {
             (ShimChannel::create()?, true)
         } else {
@@ -666,12 +674,6 @@ pub unsafe extern "C" fn rdma_migrate_id(
                 false,
             )
         };
-        {
-            let mut st = id.state();
-            while st.events_out > 0 {
-                st = id.acked.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-        }
         // SAFETY: live channel.
         let handle = unsafe { (*ch).handle };
         if let Err(e) = call_done(&Request::CmMigrateId {
@@ -684,15 +686,33 @@ pub unsafe extern "C" fn rdma_migrate_id(
             }
             return Err(e);
         }
-        // SAFETY: live id.
-        unsafe { (*p).channel = ch.cast() };
+        if was_sync {
+            // SAFETY: live id; a synchronous id's retained event is ours to acknowledge.
+            let retained = unsafe { (*p).event };
+            if !retained.is_null() {
+                let _ = events::ack(retained);
+                // SAFETY: as above.
+                unsafe { (*p).event = std::ptr::null_mut() };
+            }
+        }
         let old = std::mem::replace(
             &mut id.state().private_channel,
             if created { ch as usize } else { 0 },
         );
         if old != 0 && CHANNELS.remove(old as *mut ShimChannel) {
-            // SAFETY: the id's previous own channel, unregistered.
-            unsafe { ShimChannel::destroy(old as *mut ShimChannel) };
+            // SAFETY: the id's previous own channel, unregistered: only this id's events
+            // were on it; those in flight move with the id.
+            unsafe {
+                events::carry_events(&*(old as *const ShimChannel), &*ch);
+                ShimChannel::destroy(old as *mut ShimChannel);
+            }
+        }
+        let mut st = id.state();
+        id.sync.store(created, std::sync::atomic::Ordering::Release);
+        // SAFETY: live id.
+        unsafe { (*p).channel = ch.cast() };
+        while st.events_out > 0 {
+            st = id.acked.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         Ok(())
     })

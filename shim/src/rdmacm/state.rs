@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 
 use libc::{c_int, c_void};
@@ -61,6 +62,9 @@ pub struct ShimChannel {
     pub handle: u32,
     /// Our end of the event socketpair; `ch.fd` is its number.
     pub fd: OwnedFd,
+    /// Event records that were in flight on another channel when their id migrated here
+    /// (`rdma_migrate_id`): read before the socket, in order.
+    pub carried: Mutex<std::collections::VecDeque<Vec<u8>>>,
 }
 
 impl ShimChannel {
@@ -76,6 +80,7 @@ impl ShimChannel {
             ch: RdmaEventChannel { fd: fd.as_raw_fd() },
             handle,
             fd,
+            carried: Mutex::new(std::collections::VecDeque::new()),
         }));
         CHANNELS.insert(p);
         Ok(p)
@@ -166,8 +171,9 @@ pub struct ShimCmId {
     pub id: RdmaCmId,
     /// The daemon's handle.
     pub handle: u32,
-    /// Created without a channel: operations wait for their own event (librdmacm's `sync`).
-    pub sync: bool,
+    /// Created without a channel, or migrated to none: operations wait for their own event
+    /// (librdmacm's `sync`).
+    pub sync: AtomicBool,
     pub state: Mutex<IdState>,
     /// Signalled when `events_out` drops.
     pub acked: Condvar,
@@ -198,7 +204,7 @@ impl ShimCmId {
         let p = Box::into_raw(Box::new(ShimCmId {
             id,
             handle,
-            sync,
+            sync: AtomicBool::new(sync),
             state: Mutex::new(IdState::default()),
             acked: Condvar::new(),
         }));
@@ -209,6 +215,11 @@ impl ShimCmId {
 
     pub fn state(&self) -> MutexGuard<'_, IdState> {
         lock(&self.state)
+    }
+
+    /// Whether operations on the id wait for their own event.
+    pub fn is_sync(&self) -> bool {
+        self.sync.load(Ordering::Acquire)
     }
 
     pub fn as_id_ptr(&self) -> *mut RdmaCmId {

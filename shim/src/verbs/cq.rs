@@ -3,6 +3,7 @@
 //! `ibv_cq_ex` (rdma-core 44 providers do the same), so `ibv_cq_ex_to_cq` / the extended
 //! polling API work on every CQ.
 
+use std::collections::VecDeque;
 use std::ptr::{self, addr_of_mut};
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -52,6 +53,21 @@ fn count_poll(empty_polls: &AtomicU32, found: bool, every: u32) -> bool {
     every > 0 && n.is_multiple_of(every)
 }
 
+/// The consumer end of a CQ's completion ring, with the mapping it lives in and, after a
+/// resize, what the old ring still held (taken before the new ring's entries).
+struct CqRing {
+    ring: SharedRing,
+    carried: VecDeque<[u8; MAX_CQ_SLOT]>,
+    /// Declared after `ring`, so the ring handle is gone before the memory is unmapped.
+    _map: Mapping,
+}
+
+impl CqRing {
+    fn arm(&self, solicited_only: bool) {
+        self.ring.arm(solicited_only);
+    }
+}
+
 /// The allocation behind an `ibv_cq *` / `ibv_cq_ex *` (same address).
 #[repr(C)]
 pub struct ShimCq {
@@ -59,7 +75,7 @@ pub struct ShimCq {
     pub handle: u32,
     /// Consumer end of the completion ring; the lock serialises pollers as a provider's CQ
     /// spinlock does.
-    ring: Mutex<SharedRing>,
+    ring: Mutex<CqRing>,
     /// The completion the extended polling API (`ibv_start_poll` ..) currently points at.
     current: Mutex<IbvWc>,
     /// Completion events handed out by `ibv_get_cq_event` (what the kernel reports as
@@ -69,8 +85,6 @@ pub struct ShimCq {
     pub async_events_reported: AtomicU32,
     /// Consecutive polls that found the ring empty (see [`poll_yield_every`]).
     empty_polls: AtomicU32,
-    /// Declared after `ring`, so the ring handle is gone before the memory is unmapped.
-    _map: Mapping,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -103,14 +117,16 @@ impl ShimCq {
     /// Copies the next completion into `out`; false when the ring is empty. `ctx` is this
     /// CQ's context, already looked up (and checked) by the caller once per poll rather than
     /// again for every receive completion.
-    fn pop(
-        &self,
-        ctx: &ShimContext,
-        ring: &mut SharedRing,
-        out: &mut IbvWc,
-    ) -> Result<bool, Errno> {
+    fn pop(&self, ctx: &ShimContext, ring: &mut CqRing, out: &mut IbvWc) -> Result<bool, Errno> {
         let mut slot = [0u8; MAX_CQ_SLOT];
-        match ring.pop(&mut slot) {
+        let popped = match ring.carried.pop_front() {
+            Some(carried) => {
+                slot = carried;
+                Ok(true)
+            }
+            None => ring.ring.pop(&mut slot),
+        };
+        match popped {
             Ok(true) => {
                 // SAFETY: IbvWc is plain data of IBV_WC_LEN bytes; the daemon wrote a
                 // `struct ibv_wc` image (ring::wqe::Cqe) into the slot's first 48 bytes.
@@ -238,12 +254,15 @@ fn create(
             read_completion_wallclock_ns: None,
         },
         handle,
-        ring: Mutex::new(ring),
+        ring: Mutex::new(CqRing {
+            ring,
+            carried: VecDeque::new(),
+            _map: map,
+        }),
         current: Mutex::new(IbvWc::default()),
         comp_events_reported: AtomicU32::new(0),
         async_events_reported: AtomicU32::new(0),
         empty_polls: AtomicU32::new(0),
-        _map: map,
     });
     if !channel.is_null() {
         channel_refcnt(channel).fetch_add(1, Ordering::AcqRel);
@@ -342,10 +361,59 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     })
 }
 
-/// `ibv_resize_cq`: the rings have a fixed size.
+/// `ibv_resize_cq`: 0 or errno (EINVAL below the completions the CQ holds). The daemon
+/// gives the CQ a new ring and writes only there from its answer on; what the old ring still
+/// holds is kept here and polled first. `cq->cqe` becomes the granted depth.
+///
+/// # Safety
+/// `cq` is NULL or any pointer.
 #[no_mangle]
-pub extern "C" fn ibv_resize_cq(_cq: *mut IbvCq, _cqe: c_int) -> c_int {
-    ffi::zero_or_errno(|| Err(Errno::OPNOTSUPP))
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
+    ffi::zero_or_errno(|| {
+        let shim = cq_from_ptr(cq)?;
+        let cqe = u32::try_from(cqe)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or(Errno::INVAL)?;
+        let ctx = runtime::context_from_ptr(shim.cq.context)?;
+        // No poll may run between the daemon's switch and ours.
+        let mut ring = lock(&shim.ring);
+        let (resp, mut fds) = ctx.call(
+            &Request::ResizeCq {
+                cq: shim.handle,
+                cqe,
+            },
+            &[],
+        )?;
+        let Response::Cq {
+            cqe: granted,
+            ring: place,
+            region_len,
+            ..
+        } = resp
+        else {
+            return Err(Errno::PROTO);
+        };
+        let fd = fds.pop().ok_or(Errno::PROTO)?;
+        if place.slot_size as usize > MAX_CQ_SLOT || (place.slot_size as usize) < IBV_WC_LEN {
+            return Err(Errno::PROTO);
+        }
+        let map = Mapping::map(&fd, region_len)?;
+        let new = map.ring(&place, false)?;
+        let mut carried = std::mem::take(&mut ring.carried);
+        let mut slot = [0u8; MAX_CQ_SLOT];
+        while let Ok(true) = ring.ring.pop(&mut slot) {
+            carried.push_back(slot);
+        }
+        *ring = CqRing {
+            ring: new,
+            carried,
+            _map: map,
+        };
+        // SAFETY: live CQ; `cqe` is the public field ibv_resize_cq updates (as providers do).
+        unsafe { (*cq.cast::<ShimCq>()).cq.cqe = granted.min(i32::MAX as u32) as c_int };
+        Ok(())
+    })
 }
 
 /// `ctx->ops.poll_cq`: the number of completions copied, or -1.
@@ -415,12 +483,20 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         let (fd, context) = unsafe { ((*channel).fd, (*channel).context) };
         let ctx = runtime::context_from_ptr(context)?;
         loop {
+            // The device is gone: EIO, as the kernel's event file of a removed device
+            // answers, rather than a wait for events that cannot come.
+            if ctx.data_path_ok().is_err() {
+                return Err(Errno::IO);
+            }
             let mut rec = [0u8; 8];
             let n = runtime::read_record(fd, &mut rec)?;
             if n != rec.len() {
                 return Err(Errno::IO);
             }
             let handle = u32::from_ne_bytes([rec[0], rec[1], rec[2], rec[3]]);
+            if handle == crate::verbs::events::DEVICE_LOST {
+                continue; // checked at the top of the loop
+            }
             let Some(addr) = ctx.objects().cqs.get(&handle).copied() else {
                 continue; // the CQ was destroyed after the event was queued
             };

@@ -96,6 +96,27 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
     })
 }
 
+/// The CQ handle of the record [`wake_for_device_loss`] writes: no CQ has it.
+pub const DEVICE_LOST: u32 = u32::MAX;
+
+/// Writes a [`DEVICE_LOST`] record into the channel registered at `addr`, so that a reader
+/// blocked in `ibv_get_cq_event` wakes (and fails with EIO, as a read of the kernel's
+/// completion event file of a disassociated device does). Never blocks: a full pipe already
+/// wakes its reader.
+pub fn wake_for_device_loss(addr: usize) {
+    // SAFETY: `addr` is a registered channel, the first member of a live ShimCompChannel
+    // (the registry lock held by the caller keeps it from being freed).
+    let shim = unsafe { &*(addr as *const ShimCompChannel) };
+    let mut rec = [0u8; 8];
+    rec[..4].copy_from_slice(&DEVICE_LOST.to_ne_bytes());
+    // SAFETY: the write end is ours (the daemon writes through its own description of the
+    // pipe), so making it non-blocking affects nobody else; the record is a valid buffer.
+    unsafe {
+        libc::fcntl(shim.write_end.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK);
+        libc::write(shim.write_end.as_raw_fd(), rec.as_ptr().cast(), rec.len());
+    }
+}
+
 /// Whether an async event type names a port (or the device) rather than a CQ/QP/SRQ/WQ; the
 /// same split libibverbs' `ibv_get_async_event` makes when it decodes `element`.
 fn is_port_event(event_type: c_int) -> bool {

@@ -190,8 +190,9 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
 /// `ibv_read_sysfs_file(dir, file, buf, size)`: reads "dir/file" into `buf`, strips one
 /// trailing newline and NUL-terminates; returns the length, or -1 with errno. Implemented here
 /// rather than forwarded, so it also works when this library *is* libibverbs.so.1 (librdmacm
-/// reads `/sys/class/misc/rdma_cm/abi_version` with it). For the shim's own devices the paths
-/// do not exist, so `ibv_devinfo` prints no `board_id`, like for kernel rxe.
+/// reads `/sys/class/misc/rdma_cm/abi_version` with it). The shim's own devices' files come
+/// from its view (`fsview`), which has no `board_id`, so `ibv_devinfo` prints none, as for
+/// kernel rxe.
 ///
 /// # Safety
 /// `dir` and `file` are NULL or NUL-terminated; `buf` is NULL or valid for `size` bytes.
@@ -211,6 +212,16 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
         let mut path = dir.to_bytes().to_vec();
         path.push(b'/');
         path.extend_from_slice(file.to_bytes());
+        // The shim's own devices' files come from its view of sysfs, also when no libc call
+        // is interposed (the shim loaded through a replacement library).
+        if let Some(text) = crate::fsview::interpose::read_view_file(&path) {
+            let text = text.map_err(Errno)?;
+            let len = text.len().min(size);
+            // SAFETY: len <= size bytes of the caller's buffer.
+            unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf.as_ptr().cast(), len) };
+            // SAFETY: the caller's buffer of `size` bytes, `len` of them read.
+            return unsafe { terminate_sysfs_read(buf.as_ptr(), len, size) };
+        }
         let path = CString::new(path).map_err(|_| Errno::INVAL)?;
         // SAFETY: path is NUL-terminated.
         let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
@@ -225,25 +236,37 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
         if len < 0 {
             return Err(read_errno);
         }
-        let mut len = len as usize;
-        if len > 0 {
-            // SAFETY: 0 < len <= size, all within the caller's buffer.
-            unsafe {
-                let p = buf.as_ptr();
-                if *p.add(len - 1) == b'\n' as c_char {
-                    len -= 1;
-                    *p.add(len) = 0;
-                } else if len < size {
-                    *p.add(len) = 0;
-                } else {
-                    // No room for the terminator: fail now rather than hand out an
-                    // unterminated string (rdma-core does the same).
-                    return Err(Errno::INVAL);
-                }
+        // SAFETY: the caller's buffer of `size` bytes, `len` of them read.
+        unsafe { terminate_sysfs_read(buf.as_ptr(), len as usize, size) }
+    })
+}
+
+/// Strips one trailing newline from the `len` bytes read into `buf` (of `size` bytes) and
+/// NUL-terminates them, as `ibv_read_sysfs_file` does; returns the length.
+///
+/// # Safety
+/// `buf` is writable for `size` bytes and `len <= size`.
+unsafe fn terminate_sysfs_read(
+    buf: *mut c_char,
+    mut len: usize,
+    size: usize,
+) -> Result<c_int, Errno> {
+    if len > 0 {
+        // SAFETY: 0 < len <= size, all within the caller's buffer.
+        unsafe {
+            if *buf.add(len - 1) == b'\n' as c_char {
+                len -= 1;
+                *buf.add(len) = 0;
+            } else if len < size {
+                *buf.add(len) = 0;
+            } else {
+                // No room for the terminator: fail now rather than hand out an
+                // unterminated string (rdma-core does the same).
+                return Err(Errno::INVAL);
             }
         }
-        c_int::try_from(len).map_err(|_| Errno::INVAL)
-    })
+    }
+    c_int::try_from(len).map_err(|_| Errno::INVAL)
 }
 
 /// A work request in a caller's list linked through `next` (`ibv_send_wr`, `ibv_recv_wr`).

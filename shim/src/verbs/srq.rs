@@ -14,15 +14,21 @@ use crate::shm::Mapping;
 use crate::verbs::qp::{ack_events, lock, wait_async_events_acked, Producer};
 use crate::verbs::{helpers, pd};
 
+/// The SRQ's receive ring and the mapping it lives in (replaced together by a resize).
+struct SrqRing {
+    producer: Producer,
+    /// Declared after `producer`, so the ring handle is gone before the memory is unmapped.
+    _map: Mapping,
+}
+
 /// The allocation behind an `ibv_srq *`.
 #[repr(C)]
 pub struct ShimSrq {
     pub srq: IbvSrq,
     max_sge: u32,
-    ring: Mutex<Producer>,
+    ring: Mutex<SrqRing>,
     /// Async events (limit reached, errors) handed out; destroy waits for their acks.
     pub events_reported: AtomicU32,
-    _map: Mapping,
 }
 
 /// Maps an `ibv_srq *` from a caller to our SRQ.
@@ -96,9 +102,11 @@ fn create(
             events_completed: 0,
         },
         max_sge,
-        ring: Mutex::new(Producer::new(ring)),
+        ring: Mutex::new(SrqRing {
+            producer: Producer::new(ring),
+            _map: map,
+        }),
         events_reported: AtomicU32::new(0),
-        _map: map,
     }));
     SRQS.insert(p);
     ctx.objects().srqs.insert(handle, p as usize);
@@ -151,7 +159,11 @@ pub unsafe extern "C" fn create_srq_ex(
     })
 }
 
-/// `ibv_modify_srq`: resize (`IBV_SRQ_MAX_WR`, refused: the ring is fixed) or arm the limit.
+/// `IBV_SRQ_MAX_WR` of `enum ibv_srq_attr_mask`.
+const SRQ_MAX_WR: c_int = 1;
+
+/// `ibv_modify_srq`: resize (`IBV_SRQ_MAX_WR`: the SRQ gets a new ring from the daemon, which
+/// took every WQE of the old one) and/or arm the limit. 0 or errno.
 ///
 /// # Safety
 /// `attr` is NULL or readable.
@@ -167,12 +179,38 @@ pub unsafe extern "C" fn ibv_modify_srq(
         // SAFETY: non-null, the caller's attributes.
         let a = unsafe { a.as_ref() };
         let ctx = runtime::context_from_ptr(shim.srq.context)?;
-        ctx.call_done(&Request::ModifySrq {
+        let request = Request::ModifySrq {
             srq: shim.srq.handle,
             max_wr: a.max_wr,
             srq_limit: a.srq_limit,
             mask: mask as u32,
-        })
+        };
+        if mask & SRQ_MAX_WR == 0 {
+            return ctx.call_done(&request);
+        }
+        if a.max_wr == 0 {
+            return Err(Errno::INVAL);
+        }
+        // No post may reach the old ring once the daemon has emptied it: the ring's lock is
+        // held until the new one is in place.
+        let mut ring = lock(&shim.ring);
+        let (resp, mut fds) = ctx.call(&request, &[])?;
+        let Response::Srq {
+            ring: place,
+            region_len,
+            ..
+        } = resp
+        else {
+            return Err(Errno::PROTO);
+        };
+        let fd = fds.pop().ok_or(Errno::PROTO)?;
+        let map = Mapping::map(&fd, region_len)?;
+        let new = map.ring(&place, true)?;
+        *ring = SrqRing {
+            producer: Producer::new(new),
+            _map: map,
+        };
+        Ok(())
     })
 }
 
@@ -283,7 +321,7 @@ pub unsafe extern "C" fn post_srq_recv(
         let (ring_bell, result) = {
             let mut ring = lock(&shim.ring);
             // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
-            unsafe { helpers::post_each(wr, |w| ring.post_recv(w, shim.max_sge)) }
+            unsafe { helpers::post_each(wr, |w| ring.producer.post_recv(w, shim.max_sge)) }
         };
         if ring_bell {
             ctx.ring_doorbell();

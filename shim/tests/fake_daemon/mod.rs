@@ -60,6 +60,8 @@ pub fn srxe0() -> DeviceInfo {
             entry(2, gid_of("::1".parse().unwrap())),
         ],
         netdevs: vec![],
+        max_cqe: 32767,
+        limits: Default::default(),
     }
 }
 

@@ -124,12 +124,20 @@ pub struct Daemon {
     child: Option<Child>,
     pub socket: PathBuf,
     log: PathBuf,
+    /// The network namespace the daemon (and the programs of [`Daemon::command`]) run in.
+    netns: Option<String>,
 }
 
 impl Daemon {
     /// Starts `softroce daemon --socket <scratch>/<name>/ctl.sock ARGS` and returns once the
     /// socket accepts connections.
     pub fn start(name: &str, args: &[&str]) -> Daemon {
+        Daemon::start_in(name, None, args)
+    }
+
+    /// [`Daemon::start`] inside network namespace `netns` (`ip netns exec`), whose programs
+    /// run there too.
+    pub fn start_in(name: &str, netns: Option<&str>, args: &[&str]) -> Daemon {
         let dir = scratch_root().join("daemons").join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("daemon scratch dir");
@@ -142,7 +150,15 @@ impl Daemon {
         } else {
             &["--port", "0"]
         };
-        let child = Command::new(softroce_bin())
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(softroce_bin());
+                c
+            }
+            None => Command::new(softroce_bin()),
+        };
+        let child = cmd
             .arg("daemon")
             .arg("--socket")
             .arg(&socket)
@@ -157,6 +173,7 @@ impl Daemon {
             child: Some(child),
             socket,
             log,
+            netns: netns.map(str::to_owned),
         };
         d.wait_until_serving();
         d
@@ -235,7 +252,14 @@ impl Daemon {
 
     /// A command for `program` with the shim preloaded and pointed at this daemon.
     pub fn command(&self, program: &Path) -> Command {
-        let mut cmd = Command::new(program);
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(program);
+                c
+            }
+            None => Command::new(program),
+        };
         cmd.env("LD_PRELOAD", &shim_libs().preload)
             .env("SOFTROCE_SOCKET", &self.socket);
         cmd

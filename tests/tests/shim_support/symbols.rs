@@ -47,13 +47,23 @@ pub fn readelf(args: &[&str], lib: &Path) -> String {
 }
 
 /// A replacement library (`replacement/<soname>`) names itself `soname`, defines every node of
-/// `version_nodes`, and exports every name of the list `exports` unversioned (or at the
-/// SONAME's base version, which `--version-script` adds), so it wins every `name@NODE`.
+/// `version_nodes` (ld.so refuses a binary whose required version is missing), and has no code
+/// of its own: it needs `libsoftroce.so` (found through `$ORIGIN/..`), which exports every name
+/// of the list `exports` unversioned, so one copy of the shim serves a process whichever
+/// library the loader meets first.
 pub fn assert_replacement_library(lib: &Path, soname: &str, version_nodes: &[&str], exports: &str) {
     let dynamic = readelf(&["-d"], lib);
     assert!(
         dynamic.contains(&format!("Library soname: [{soname}]")),
         "{dynamic}"
+    );
+    assert!(
+        dynamic.contains("Shared library: [libsoftroce.so]"),
+        "{soname} does not need libsoftroce.so:\n{dynamic}"
+    );
+    assert!(
+        dynamic.contains("Library runpath: [$ORIGIN/..]"),
+        "{soname} does not look for libsoftroce.so beside replacement/:\n{dynamic}"
     );
     let versions = readelf(&["-V", "--wide"], lib);
     for node in version_nodes {
@@ -63,16 +73,19 @@ pub fn assert_replacement_library(lib: &Path, soname: &str, version_nodes: &[&st
             "version node {node} not defined:\n{versions}"
         );
     }
-    let syms = defined_symbols(lib);
-    let base = format!("@@{soname}");
+    let own = defined_symbols(lib);
+    let shim = defined_symbols(&lib.parent().unwrap().join("../libsoftroce.so"));
     for name in export_list(exports) {
-        let found = syms.iter().find(|(n, _)| *n == name);
-        let Some((_, version)) = found else {
-            panic!("{name} missing from the replacement {soname}");
+        assert!(
+            !own.iter().any(|(n, _)| *n == name),
+            "{name} is defined in the replacement {soname} itself: a second copy of the shim"
+        );
+        let Some((_, version)) = shim.iter().find(|(n, _)| *n == name) else {
+            panic!("{name} missing from the libsoftroce.so the replacement {soname} needs");
         };
         assert!(
-            version.is_empty() || *version == base,
-            "{name} is versioned {version} in the replacement"
+            version.is_empty(),
+            "{name} is versioned {version} in libsoftroce.so"
         );
     }
 }

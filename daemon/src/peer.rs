@@ -1,0 +1,276 @@
+//! Who is at the other end of a control connection, pinned to the process itself rather than
+//! to a pid.
+//!
+//! The daemon (often root) reads and writes a client's registered memory with
+//! `process_vm_readv`/`writev`, which take a pid. A pid names a process only while that
+//! process exists: once it exits and is reaped, the kernel hands the number to the next
+//! process (cyclically; `kernel.pid_max` is 32768 on many machines, so a loop of forks gets
+//! there in seconds), and the connection's descriptor can outlive the process that opened it
+//! (fd passing, a fork child that keeps it). So at accept the daemon takes:
+//!
+//! - a **pidfd** of the peer: `SO_PEERPIDFD` (Linux 6.5), which the kernel takes for the
+//!   process that called `connect`, so no pid is ever looked up; on older kernels
+//!   `pidfd_open(SO_PEERCRED.pid)`, accepted only if that process still exists afterwards and
+//!   runs as the socket's uid (the pid cannot have been recycled while the pidfd's process is
+//!   alive, so a live, matching process after the open is the one that connected, short of a
+//!   same-user process that exited and was replaced within the microseconds between the two
+//!   calls);
+//! - the peer's **address space**: `/proc/PID/mem` opened while the pidfd proves the process
+//!   alive. That file refers to the memory descriptor (mm) itself, not to the pid: once the
+//!   process exits, or execs another program (a set-uid one, say), reading it returns 0
+//!   bytes instead of `EIO`, which is what [`ClientProcess::address_space_alive`] asks. The
+//!   memory layer asks it before it uses the pid ([`crate::memory::ProcessMemory`]), so a
+//!   `process_vm_*` call never reaches a process that merely inherited the number.
+//!
+//! A connection whose process is already gone is refused, and the connection's thread closes
+//! the connection when the pidfd reports the exit ([`ClientProcess::pidfd`] polls readable).
+
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::FileExt;
+
+/// `SO_PEERPIDFD` (asm-generic/socket.h, Linux 6.5).
+const SO_PEERPIDFD: libc::c_int = 77;
+/// `SO_PEERGROUPS` (Linux 4.13): the peer's supplementary groups at connect time.
+const SO_PEERGROUPS: libc::c_int = 59;
+
+/// Why a peer process cannot be pinned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeerError {
+    #[error("the process that connected (pid {pid}) is gone")]
+    Gone { pid: i32 },
+    #[error("cannot identify the process that connected: {0}")]
+    Unknown(String),
+}
+
+/// A client process, pinned (see the module documentation).
+#[derive(Debug)]
+pub struct ClientProcess {
+    pid: i32,
+    pidfd: OwnedFd,
+    /// `/proc/PID/mem`, when the daemon may open it (the same right `process_vm_*` needs:
+    /// same user or CAP_SYS_PTRACE). Without it liveness falls back to the pidfd alone.
+    address_space: Option<File>,
+}
+
+impl ClientProcess {
+    /// Pins the process at the other end of a connected Unix socket whose credentials
+    /// (`SO_PEERCRED`) name `pid` and `uid`.
+    pub fn of_peer(socket: BorrowedFd<'_>, pid: i32, uid: u32) -> Result<ClientProcess, PeerError> {
+        let pidfd = match peer_pidfd(socket) {
+            Some(fd) => fd,
+            None => {
+                // Older kernel: open by pid, then check that the pid still names a live
+                // process of the socket's user (see the module documentation).
+                let fd = pidfd_open(pid).ok_or(PeerError::Gone { pid })?;
+                if process_uid(pid) != Some(uid) {
+                    return Err(PeerError::Gone { pid });
+                }
+                fd
+            }
+        };
+        let process = ClientProcess::pin(pid, pidfd);
+        if process.exited() {
+            return Err(PeerError::Gone { pid });
+        }
+        Ok(process)
+    }
+
+    /// Pins process `pid` as it is now (the device thread's fallback, and tests).
+    pub fn open(pid: i32) -> Result<ClientProcess, PeerError> {
+        let pidfd = pidfd_open(pid).ok_or(PeerError::Gone { pid })?;
+        let process = ClientProcess::pin(pid, pidfd);
+        if process.exited() {
+            return Err(PeerError::Gone { pid });
+        }
+        Ok(process)
+    }
+
+    fn pin(pid: i32, pidfd: OwnedFd) -> ClientProcess {
+        let address_space = File::open(format!("/proc/{pid}/mem")).ok();
+        let process = ClientProcess {
+            pid,
+            pidfd,
+            address_space,
+        };
+        // Opened by pid: it is the pidfd's process's only if that one is still alive now.
+        if process.exited() {
+            return ClientProcess {
+                address_space: None,
+                ..process
+            };
+        }
+        process
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The pidfd: it polls readable once the process has exited.
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// Whether the process has exited (its pidfd is readable).
+    pub fn exited(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no timeout.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n != 0
+    }
+
+    /// Whether the address space the process had when it connected still exists: false
+    /// after exit and after an exec. One system call (a read of address 0 from
+    /// `/proc/PID/mem`, which fails with EIO while the address space lives and reads
+    /// nothing once it is gone).
+    pub fn address_space_alive(&self) -> bool {
+        match &self.address_space {
+            Some(mem) => {
+                let mut byte = [0u8; 1];
+                match mem.read_at(&mut byte, 0) {
+                    Ok(0) => false,
+                    // Address 0 is never mapped for a client we serve (mmap_min_addr); were
+                    // it, the address space is still alive.
+                    Ok(_) => true,
+                    Err(e) => e.raw_os_error() == Some(libc::EIO),
+                }
+            }
+            None => !self.exited(),
+        }
+    }
+}
+
+/// `SO_PEERPIDFD`, or `None` where the kernel lacks it.
+fn peer_pidfd(socket: BorrowedFd<'_>) -> Option<OwnedFd> {
+    let mut fd: libc::c_int = -1;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `fd`.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_PEERPIDFD,
+            (&mut fd as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    // SAFETY: on success the kernel installed a new descriptor for us.
+    (r == 0 && fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn pidfd_open(pid: i32) -> Option<OwnedFd> {
+    // SAFETY: a plain system call; it returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a new descriptor nothing else owns.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The real uid of process `pid` (`/proc/PID/status`).
+fn process_uid(pid: i32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The peer's supplementary groups at connect time (`SO_PEERGROUPS`); empty if unknown.
+pub fn peer_groups(socket: BorrowedFd<'_>) -> Vec<u32> {
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into the buffer.
+        let r = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if r == 0 {
+            groups.truncate(n);
+            return groups;
+        }
+        // ERANGE: `len` says how much room is needed.
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ERANGE)
+            && n > groups.len()
+            && n <= 1 << 16
+        {
+            groups.resize(n, 0);
+            continue;
+        }
+        return Vec::new();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+    use std::process::Command;
+
+    #[test]
+    fn the_peer_of_a_socket_is_pinned_with_its_groups() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        let me = std::process::id() as i32;
+        // SAFETY: getuid cannot fail.
+        let uid = unsafe { libc::getuid() };
+        let p = ClientProcess::of_peer(a.as_fd(), me, uid).unwrap();
+        assert_eq!(p.pid(), me);
+        assert!(!p.exited());
+        assert!(p.address_space_alive());
+        let mut mine = nix::unistd::getgroups()
+            .unwrap()
+            .into_iter()
+            .map(|g| g.as_raw())
+            .collect::<Vec<_>>();
+        let mut theirs = peer_groups(a.as_fd());
+        mine.sort_unstable();
+        theirs.sort_unstable();
+        assert_eq!(theirs, mine);
+    }
+
+    #[test]
+    fn an_exited_process_is_seen_gone_and_an_exec_ends_the_address_space() {
+        let mut child = Command::new("sleep").arg("0.3").spawn().unwrap();
+        let p = ClientProcess::open(child.id() as i32).unwrap();
+        assert!(!p.exited() && p.address_space_alive());
+        child.wait().unwrap();
+        assert!(p.exited());
+        assert!(!p.address_space_alive());
+        assert!(matches!(
+            ClientProcess::open(child.id() as i32),
+            Err(PeerError::Gone { .. })
+        ));
+
+        // The same pid after exec is another address space: a shell that execs sleep.
+        let mut child = Command::new("sh")
+            .args(["-c", "read x; exec sleep 5"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let p = ClientProcess::open(child.id() as i32).unwrap();
+        assert!(p.address_space_alive());
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while p.address_space_alive() {
+            assert!(std::time::Instant::now() < deadline, "exec not seen");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(!p.exited(), "the process lives on under another program");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}

@@ -1,0 +1,174 @@
+//! Keys and QPNs are unpredictable (issue 16, ReDMArk): every bit of a fresh R_Key/L_Key is
+//! random, a key says nothing about its handle or the keys before it, a freed key names nothing
+//! afterwards (even when its handle's slot is reused), and with `random_qpns` QPNs are spread
+//! over the device's range.
+
+use proto::sim::{LinkModel, QpOptions, Sim};
+use proto::transport::*;
+use std::collections::HashSet;
+
+fn engine(seed: u64, entropy: [u8; 32]) -> Engine<VecMemory> {
+    let mut cfg = EngineConfig::new("10.0.0.1".parse().unwrap(), seed);
+    cfg.key_entropy = entropy;
+    Engine::new(cfg, VecMemory::new())
+}
+
+#[test]
+fn every_bit_of_a_key_is_random_and_keys_are_not_sequential() {
+    let mut e = engine(1, [7; 32]);
+    let pd = e.alloc_pd();
+    let addr = e.memory_mut().alloc(4096);
+    let n = 4096;
+    let keys: Vec<u32> = (0..n)
+        .map(|_| {
+            e.reg_mr(pd, addr, 4096, Access::LOCAL_WRITE)
+                .unwrap()
+                .rkey
+                .0
+        })
+        .collect();
+    assert_eq!(keys.iter().collect::<HashSet<_>>().len(), n, "unique");
+    for bit in 0..32 {
+        let ones = keys.iter().filter(|k| *k >> bit & 1 == 1).count();
+        // Binomial(4096, 1/2): 6 standard deviations is 192.
+        assert!(
+            (1856..=2240).contains(&ones),
+            "bit {bit} set in {ones} of {n} keys"
+        );
+    }
+    // rxe's keys differ by 0x100 from one MR to the next: here the tags are spread.
+    let close = keys
+        .windows(2)
+        .filter(|w| (w[1] >> 8).abs_diff(w[0] >> 8) < 1 << 16)
+        .count();
+    assert!(
+        close < 64,
+        "{close} consecutive keys with tags close together"
+    );
+    let tops: HashSet<u32> = keys.iter().map(|k| k >> 24).collect();
+    assert!(tops.len() > 240, "top bytes: {}", tops.len());
+    assert!(keys.iter().all(|k| k >> 8 != 0), "no key below 256");
+}
+
+#[test]
+fn a_freed_key_names_nothing_even_when_its_handle_is_reused() {
+    let mut sim = Sim::pair(2, LinkModel::default());
+    let o = QpOptions::default();
+    let (qa, _qb) = sim.connect(0, 1, &o);
+    let all = Access::ALL_REMOTE.union(Access::LOCAL_WRITE);
+    let (src, src_mr) = sim.alloc_mr(0, 64, all);
+    let (old_dst, old) = sim.alloc_mr(1, 64, all);
+    sim.dev(1).dereg_mr(old.handle).unwrap();
+    // The MR that takes its place: rxe would give it the freed pool index, and the old key
+    // would name it with probability 1/256.
+    let (dst, new) = sim.alloc_mr(1, 64, all);
+    let _ = old_dst;
+    assert_ne!(
+        old.rkey.0 >> 8,
+        new.rkey.0 >> 8,
+        "a new tag, not the old index"
+    );
+    sim.write_mem(0, src, &[0xab; 64]);
+    let write = |rkey| {
+        SendWr::new(
+            7,
+            SendOp::Write(RemoteAddr { va: dst, rkey }),
+            Some(Sge {
+                addr: src,
+                length: 64,
+                lkey: src_mr.lkey,
+            }),
+        )
+    };
+    sim.post_send(0, qa, write(new.rkey)).unwrap();
+    sim.run(1_000_000_000);
+    assert_eq!(
+        sim.read_mem(1, dst, 64),
+        vec![0xab; 64],
+        "the new key writes"
+    );
+    sim.write_mem(0, src, &[0xcd; 64]);
+    sim.post_send(0, qa, write(old.rkey)).unwrap();
+    sim.run(2_000_000_000);
+    let last = sim.completions_of(0, qa).last().copied().unwrap();
+    assert_eq!(
+        last.status,
+        WcStatus::RemAccessErr,
+        "the old key is refused"
+    );
+    assert_eq!(
+        sim.read_mem(1, dst, 64),
+        vec![0xab; 64],
+        "and writes nothing"
+    );
+}
+
+#[test]
+fn keys_differ_across_devices_seeded_alike_but_with_other_entropy() {
+    let mut a = engine(3, [1; 32]);
+    let mut b = engine(3, [2; 32]);
+    let ka: Vec<u32> = {
+        let pd = a.alloc_pd();
+        let addr = a.memory_mut().alloc(64);
+        (0..16)
+            .map(|_| a.reg_mr(pd, addr, 64, Access::NONE).unwrap().lkey.0)
+            .collect()
+    };
+    let kb: Vec<u32> = {
+        let pd = b.alloc_pd();
+        let addr = b.memory_mut().alloc(64);
+        (0..16)
+            .map(|_| b.reg_mr(pd, addr, 64, Access::NONE).unwrap().lkey.0)
+            .collect()
+    };
+    assert!(ka.iter().all(|k| !kb.contains(k)));
+}
+
+#[test]
+fn random_qpns_are_spread_over_the_range_and_unique() {
+    let mut cfg = EngineConfig::new("10.0.0.1".parse().unwrap(), 4);
+    cfg.key_entropy = [5; 32];
+    cfg.random_qpns = true;
+    let mut e = Engine::new(cfg, VecMemory::new());
+    e.set_qpn_range(0x3_0000, 0x4_0000);
+    let pd = e.alloc_pd();
+    let cq = e.create_cq(16).unwrap();
+    let init = QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    };
+    let qpns: Vec<u32> = (0..1000)
+        .map(|_| e.create_qp(init).unwrap().value())
+        .collect();
+    assert_eq!(qpns.iter().collect::<HashSet<_>>().len(), 1000);
+    assert!(qpns.iter().all(|q| (0x3_0000..0x4_0000).contains(q)));
+    let sequential = qpns.windows(2).filter(|w| w[1] == w[0] + 1).count();
+    assert!(sequential < 5, "{sequential} QPNs follow their predecessor");
+    // A small range fills up completely, then refuses.
+    let mut small = Engine::new(
+        EngineConfig {
+            random_qpns: true,
+            ..EngineConfig::new("10.0.0.1".parse().unwrap(), 5)
+        },
+        VecMemory::new(),
+    );
+    small.set_qpn_range(0x100, 0x140);
+    let pd = small.alloc_pd();
+    let cq = small.create_cq(16).unwrap();
+    let init = QpInit {
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        ..init
+    };
+    let got: HashSet<u32> = (0..0x40)
+        .map(|_| small.create_qp(init).unwrap().value())
+        .collect();
+    assert_eq!(got, (0x100..0x140).collect());
+    assert!(small.create_qp(init).is_err());
+}
