@@ -28,6 +28,7 @@ use proto::ctl::{
     self, cm_option, cm_ps, qp_type, AhAttr, CmConnParam, CmEventMsg, CmIdInfo, CmPathInfo,
     CmUdParam, DeviceInfo, QpAttr, Request, Response, RoceVersion,
 };
+use proto::transport::GidType;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -138,29 +139,55 @@ struct CmDevice {
     /// The GSI QP's next PSN.
     psn: u32,
     send: GsiSender,
+    /// The RoCE version of the MADs exchanged with each peer: what its last MAD came in (a
+    /// passive side answers in the REQ's version, facts §7.2), or what our own connection to
+    /// it uses (the id's GID type). Kept per peer address, so one peer's rdma_cm connections
+    /// to this device share one version at a time.
+    peer_types: HashMap<IpAddr, RoceVersion>,
 }
 
 impl CmDevice {
     /// The device's address to use toward `peer`: the peer itself when it is ours (the device
-    /// talks to itself), else the first address of the peer's family.
+    /// talks to itself), else the first address of the peer's family and scope (a link-local
+    /// `fe80::` address only toward a link-local peer, as the kernel's source selection),
+    /// else of its family.
     fn local_for(&self, peer: IpAddr) -> Option<IpAddr> {
         if self.addrs.contains(&peer) {
             return Some(peer);
         }
+        let link_local = |a: &IpAddr| matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local());
+        let family = |a: &&IpAddr| a.is_ipv4() == peer.is_ipv4();
         self.addrs
             .iter()
+            .filter(family)
+            .find(|a| link_local(a) == link_local(&peer))
+            .or_else(|| self.addrs.iter().find(family))
             .copied()
-            .find(|a| a.is_ipv4() == peer.is_ipv4())
     }
 
+    #[cfg(test)]
     fn gid_index(&self, ip: IpAddr) -> u32 {
+        self.gid_index_of(ip, self.setup.default_roce_mode)
+    }
+
+    /// The index of `ip`'s GID of type `roce` (a `--roce both` device lists every address
+    /// once per type), else of any type.
+    fn gid_index_of(&self, ip: IpAddr, roce: RoceVersion) -> u32 {
         let gid = ctl::gid_of(ip);
         let entries = &self.setup.info.gids;
         entries
             .iter()
-            .find(|g| g.gid == gid && g.roce == self.setup.default_roce_mode)
+            .find(|g| g.gid == gid && g.roce == roce)
             .or_else(|| entries.iter().find(|g| g.gid == gid))
             .map_or(0, |g| g.index)
+    }
+
+    /// The version MADs to `peer` go in.
+    fn mad_version(&self, peer: IpAddr) -> RoceVersion {
+        self.peer_types
+            .get(&peer)
+            .copied()
+            .unwrap_or(self.setup.default_roce_mode)
     }
 }
 
@@ -235,6 +262,9 @@ struct Id {
     pending_on: Option<u32>,
     /// The passive side's own address on the wire: the REQ path's remote GID.
     wire_local: Option<IpAddr>,
+    /// The GID type of the connection: the REQ's version on the passive side; `None`, the
+    /// device's `default_roce_mode` (an active id).
+    gid_type: Option<RoceVersion>,
 }
 
 impl Id {
@@ -264,6 +294,7 @@ impl Id {
             min_rnr_timer: None,
             pending_on: None,
             wire_local: None,
+            gid_type: None,
         }
     }
 
@@ -361,6 +392,7 @@ impl CmService {
                     endpoint: CmEndpoint::new(cfg),
                     psn: 0,
                     send,
+                    peer_types: HashMap::new(),
                 }
             })
             .collect();
@@ -417,6 +449,11 @@ impl CmService {
                 recv(mads) -> m => if let Ok(m) = m {
                     let now = self.now();
                     if let Some(d) = self.devices.get_mut(m.device) {
+                        let version = match m.gid_type {
+                            GidType::RoceV1 => RoceVersion::V1,
+                            GidType::RoceV2 => RoceVersion::V2,
+                        };
+                        d.peer_types.insert(m.src, version);
                         if let Err(e) = d.endpoint.handle_mad(now, m.src, &m.mad) {
                             debug!(src = %m.src, "CM MAD dropped: {e}");
                         }
@@ -457,11 +494,16 @@ impl CmService {
                 let psn = d.psn;
                 d.psn = (d.psn + 1) & 0xff_ffff;
                 if let Some(packet) = gsi_packet(psn, &t.mad) {
-                    debug!(?t, "CM MAD out");
+                    let gid_type = match d.mad_version(t.peer) {
+                        RoceVersion::V1 => GidType::RoceV1,
+                        RoceVersion::V2 => GidType::RoceV2,
+                    };
+                    debug!(?t, ?gid_type, "CM MAD out");
                     (d.send)(GsiOut {
                         src,
                         dst: t.peer,
                         packet,
+                        gid_type,
                     });
                 }
             }
@@ -704,6 +746,8 @@ impl CmService {
         };
         let mut child = Id::new(l.client, l.channel, l.ps, l.qp_type);
         child.device = Some(device);
+        // Answered, and connected, in the version the request came in.
+        child.gid_type = Some(d.mad_version(peer));
         child.pending_on = Some(lh);
         child.src = Some(SocketAddr::new(hdr.dst_addr, l.port.unwrap_or(0)));
         child.dst = Some(SocketAddr::new(hdr.src_addr, hdr.src_port));
@@ -986,6 +1030,16 @@ impl CmService {
         self.devices
             .iter()
             .position(|d| d.addrs.iter().any(|a| a.is_ipv4() == ip.is_ipv4()))
+    }
+
+    /// The GID type of an id's connection: the REQ's on the passive side, else its device's
+    /// `default_roce_mode`.
+    fn id_version(&self, x: &Id) -> RoceVersion {
+        x.gid_type.unwrap_or_else(|| {
+            x.device
+                .and_then(|d| self.devices.get(d))
+                .map_or(RoceVersion::V2, |d| d.setup.default_roce_mode)
+        })
     }
 
     /// The device address an id's traffic leaves from: its bound address when the device owns
@@ -1279,6 +1333,8 @@ impl CmService {
                 timeout_ms: proto::cm::conn::cm_convert_to_ms(timeout),
                 max_cm_retries: retries,
             };
+            let version = self.id_version(x);
+            self.devices[d].peer_types.insert(peer, version);
             return match self.devices[d].endpoint.sidr_resolve(now, p) {
                 Ok(c) => {
                     self.conns.insert((d, c), h);
@@ -1337,6 +1393,8 @@ impl CmService {
         p.remote_cm_response_timeout = timeout;
         p.local_cm_response_timeout = timeout;
         p.max_cm_retries = retries;
+        let version = self.id_version(x);
+        self.devices[d].peer_types.insert(peer, version);
         match self.devices[d].endpoint.connect(now, p.clone()) {
             Ok(c) => {
                 self.conns.insert((d, c), h);
@@ -1460,7 +1518,7 @@ impl CmService {
         };
         let path = x.path.unwrap_or_default();
         let gid_index = match (x.device, self.local_ip(x)) {
-            (Some(d), Some(l)) => self.devices[d].gid_index(l),
+            (Some(d), Some(l)) => self.devices[d].gid_index_of(l, self.id_version(x)),
             _ => 0,
         };
         AhAttr {
@@ -1638,10 +1696,10 @@ impl CmService {
             device: dev.map(|d| d.setup.info.name.clone()),
             port_num: u8::from(dev.is_some()),
             gid_index: match (dev, local) {
-                (Some(d), Some(l)) => d.gid_index(l),
+                (Some(d), Some(l)) => d.gid_index_of(l, self.id_version(x)),
                 _ => 0,
             },
-            gid_type: dev.map(|d| d.setup.default_roce_mode),
+            gid_type: dev.map(|_| self.id_version(x)),
             src_addr: x.src,
             dst_addr: x.dst,
             src_gid: local.map(ctl::gid_of).unwrap_or_default(),

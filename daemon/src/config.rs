@@ -1,14 +1,99 @@
 //! What the daemon serves: devices, their addresses, RoCE version and MTU, and where the control
 //! socket lives. From flags, a TOML file (`--config`), or the embedded default: one device,
 //! `srxe0`, RoCE v2 on 127.0.0.1 and ::1.
+//!
+//! A device is either on the kernel's UDP sockets (`--addr`, `--netdev`: RoCE v2 only, as
+//! rxe), or an L2 device of its own on the Ethernet behind a TAP interface (`--tap`), which
+//! speaks RoCE v1, v2 or both (`--roce v1|v2|both`).
 
 use anyhow::{bail, Context, Result};
 use proto::ctl::{self, DeviceInfo, GidEntry, RoceVersion};
 use proto::transport::{Algorithm, CcParams, CongestionConfig};
+use proto::iface::IpCidr;
+use proto::wire::EthernetAddress;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+
+/// The RoCE versions a device speaks (`--roce`, `roce = "..."`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum RoceMode {
+    /// Ethertype 0x8915 only (a `--tap` device).
+    #[serde(alias = "v1")]
+    V1,
+    /// UDP port 4791 only (the default; rxe's only mode).
+    #[serde(alias = "v2")]
+    V2,
+    /// Both, each address listed twice in the GID table, once per type (as mlx5 does; a
+    /// `--tap` device).
+    #[serde(alias = "both")]
+    Both,
+}
+
+impl RoceMode {
+    /// Whether the device has GIDs of type `v`.
+    pub fn offers(self, v: RoceVersion) -> bool {
+        matches!(
+            (self, v),
+            (RoceMode::Both, _) | (RoceMode::V1, RoceVersion::V1) | (RoceMode::V2, RoceVersion::V2)
+        )
+    }
+
+    /// The GID types of each address, in GID table order.
+    pub fn gid_types(self) -> &'static [RoceVersion] {
+        match self {
+            RoceMode::V1 => &[RoceVersion::V1],
+            RoceMode::V2 => &[RoceVersion::V2],
+            RoceMode::Both => &[RoceVersion::V1, RoceVersion::V2],
+        }
+    }
+}
+
+impl core::fmt::Display for RoceMode {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            RoceMode::V1 => "v1",
+            RoceMode::V2 => "v2",
+            RoceMode::Both => "both",
+        })
+    }
+}
+
+impl core::str::FromStr for RoceMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "both" | "v1,v2" | "v1+v2" => Ok(RoceMode::Both),
+            other => match other.parse::<RoceVersion>() {
+                Ok(RoceVersion::V1) => Ok(RoceMode::V1),
+                Ok(RoceVersion::V2) => Ok(RoceMode::V2),
+                Err(_) => Err(format!(
+                    "unknown RoCE mode {other:?} (expected v1, v2 or both)"
+                )),
+            },
+        }
+    }
+}
+
+/// An Ethernet address from `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<EthernetAddress> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        let part = parts.next().unwrap_or("");
+        *b = u8::from_str_radix(part, 16)
+            .with_context(|| format!("MAC address {s:?}: expected six hex bytes a:b:c:d:e:f"))?;
+    }
+    if parts.next().is_some() {
+        bail!("MAC address {s:?}: expected six hex bytes a:b:c:d:e:f");
+    }
+    let mac = EthernetAddress(mac);
+    if mac.is_multicast() || mac == EthernetAddress::default() {
+        bail!("MAC address {s:?} is not a unicast address");
+    }
+    Ok(mac)
+}
 
 pub const DEFAULT_DEVICE: &str = "srxe0";
 /// Loopback's link MTU is 65536, so the path MTU is the largest IB MTU.
@@ -19,14 +104,24 @@ pub const DEFAULT_MTU: u32 = 4096;
 #[serde(deny_unknown_fields)]
 pub struct DeviceConfig {
     pub name: String,
-    /// Addresses served (IPv4 and IPv6), besides those of `netdev`.
+    /// Addresses served (IPv4 and IPv6), besides those of `netdev`; `ADDR/PREFIX` on a
+    /// `tap` device (the prefix says which peers are on its link; a bare address is a host
+    /// route, /32 or /128).
     #[serde(default)]
-    pub addr: Vec<IpAddr>,
+    pub addr: Vec<IpCidr>,
     /// A network interface whose addresses are served, followed as they change.
     #[serde(default)]
     pub netdev: Option<String>,
-    #[serde(default = "default_roce")]
-    pub roce: RoceVersion,
+    /// A TAP interface to create (or open) and be a host of its own behind: the L2 device,
+    /// which frames packets itself and speaks RoCE v1 as well as v2.
+    #[serde(default)]
+    pub tap: Option<String>,
+    /// The L2 device's Ethernet address (default: a locally administered one derived from
+    /// the device name, stable across restarts).
+    #[serde(default)]
+    pub mac: Option<String>,
+    #[serde(default = "default_mode")]
+    pub roce: RoceMode,
     /// Largest path MTU in bytes (256 .. 4096).
     #[serde(default = "default_mtu")]
     pub mtu: u32,
@@ -47,9 +142,11 @@ pub struct DeviceConfig {
     /// Reaching one fails the verb with ENOMEM.
     #[serde(default)]
     pub limits: ResourceLimits,
-    /// The GID type rdma_cm uses on this device (configfs `default_roce_mode`).
-    #[serde(default = "default_roce")]
-    pub default_roce_mode: RoceVersion,
+    /// The GID type rdma_cm uses on this device (configfs `default_roce_mode`); unset, RoCE
+    /// v2 where the device offers it, else v1 (the kernel's rule). See
+    /// [`DeviceConfig::cm_roce_mode`].
+    #[serde(default)]
+    pub default_roce_mode: Option<RoceVersion>,
     /// `CMA_CM_RESPONSE_TIMEOUT` (4.096 µs · 2^t) and `CMA_MAX_CM_RETRIES` of the REQs the
     /// device's rdma_cm sends: the kernel's 20 and 15 unless tests want a dead address to be
     /// found unreachable sooner.
@@ -114,6 +211,10 @@ fn default_cc() -> Algorithm {
 
 fn default_true() -> bool {
     true
+}
+
+fn default_mode() -> RoceMode {
+    RoceMode::V2
 }
 
 /// Resource caps of one device, besides `max_qp` and `max_mr` (device-wide). Every value is a
@@ -250,9 +351,6 @@ impl UserOrId {
     }
 }
 
-fn default_roce() -> RoceVersion {
-    RoceVersion::V2
-}
 fn default_cm_response_timeout() -> u8 {
     proto::cm::rdma_cm::CMA_CM_RESPONSE_TIMEOUT
 }
@@ -280,13 +378,15 @@ impl DeviceConfig {
             name: name.to_string(),
             addr: Vec::new(),
             netdev: None,
-            roce: default_roce(),
+            tap: None,
+            mac: None,
+            roce: default_mode(),
             mtu: default_mtu(),
             max_qp: default_max_qp(),
             max_mr: default_max_mr(),
             max_cqe: default_max_cqe(),
             limits: ResourceLimits::default(),
-            default_roce_mode: default_roce(),
+            default_roce_mode: None,
             cm_response_timeout: default_cm_response_timeout(),
             cm_max_retries: default_cm_max_retries(),
             local_via_socket: false,
@@ -334,6 +434,17 @@ impl DeviceConfig {
         }
     }
 
+    /// The GID type rdma_cm uses: `default_roce_mode`, else v2 if offered (the kernel's
+    /// CMA_PREFERRED_ROCE_GID_TYPE), else v1.
+    pub fn cm_roce_mode(&self) -> RoceVersion {
+        self.default_roce_mode
+            .unwrap_or(if self.roce.offers(RoceVersion::V2) {
+                RoceVersion::V2
+            } else {
+                RoceVersion::V1
+            })
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.name.is_empty() || self.name.len() > 63 || self.name.contains('/') {
             bail!(
@@ -361,25 +472,47 @@ impl DeviceConfig {
                 default_max_cqe()
             );
         }
-        if self.addr.is_empty() && self.netdev.is_none() {
-            bail!(
-                "device {} has no address: give --addr or --netdev",
-                self.name
-            );
+        if let Some(tap) = &self.tap {
+            if self.netdev.is_some() {
+                bail!(
+                    "device {}: --tap {tap} and --netdev exclude each other (a TAP device has its own addresses: --addr ADDR/PREFIX)",
+                    self.name
+                );
+            }
+            if tap.is_empty() || tap.len() > 15 || tap.contains('/') {
+                bail!(
+                    "device {}: TAP interface name {tap:?} must be 1 to 15 characters without '/'",
+                    self.name
+                );
+            }
+            if let Some(m) = &self.mac {
+                parse_mac(m).with_context(|| format!("device {}", self.name))?;
+            }
+        } else {
+            if self.addr.is_empty() && self.netdev.is_none() {
+                bail!(
+                    "device {} has no address: give --addr, --netdev or --tap",
+                    self.name
+                );
+            }
+            if self.roce != RoceMode::V2 {
+                // Refused rather than half-served: RoCE v1 is Ethernet frames of type 0x8915,
+                // which a device on the kernel's UDP sockets can neither send nor receive.
+                bail!(
+                    "device {}: RoCE {} needs a device of its own on the Ethernet: add --tap TAP (a TAP interface the daemon creates or opens; see the README); --addr/--netdev devices speak RoCE v2 only",
+                    self.name,
+                    self.roce
+                );
+            }
+            if self.mac.is_some() {
+                bail!("device {}: --mac is for a --tap device", self.name);
+            }
         }
-        if self.roce == RoceVersion::V1 {
-            // Refused rather than half-served: a v1 device that sent v2 packets would fail in
-            // ways a user could not diagnose.
-            bail!(
-                "device {}: RoCE v1 (Ethertype 0x8915 on a TAP device) is not implemented yet; use --roce v2",
-                self.name
-            );
-        }
-        if self.default_roce_mode != self.roce {
+        if !self.roce.offers(self.cm_roce_mode()) {
             bail!(
                 "device {}: default_roce_mode {} is not offered: the device speaks RoCE {} only",
                 self.name,
-                self.default_roce_mode,
+                self.cm_roce_mode(),
                 self.roce
             );
         }
@@ -523,22 +656,46 @@ fn netdev_mac(name: &str) -> Option<[u8; 6]> {
 
 /// EUI-64 from a MAC: insert ff:fe and flip the universal/local bit (as rxe's node GUID).
 fn eui64(mac: [u8; 6]) -> [u8; 8] {
-    [
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ]
+    EthernetAddress(mac).eui64()
+}
+
+/// A locally administered MAC derived from the device name, stable across restarts.
+fn derived_mac(name: &str) -> [u8; 6] {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let b = h.to_be_bytes();
+    [0x02, b[3], b[4], b[5], b[6], b[7]]
+}
+
+/// The Ethernet address of a `--tap` device: `--mac`, else derived from its name.
+pub fn tap_mac(d: &DeviceConfig) -> EthernetAddress {
+    d.mac
+        .as_deref()
+        .and_then(|m| parse_mac(m).ok())
+        .unwrap_or(EthernetAddress(derived_mac(&d.name)))
+}
+
+/// The addresses of a `--tap` device with their prefixes: its link-local `fe80::` address
+/// (EUI-64 of its MAC, rxe's GID 0) first, then `--addr`.
+pub fn tap_addrs(d: &DeviceConfig) -> Vec<IpCidr> {
+    let ll = IpCidr::new(IpAddr::V6(tap_mac(d).link_local()), 64);
+    let mut out = vec![ll];
+    for a in &d.addr {
+        if !out.iter().any(|o| o.addr == a.addr) {
+            out.push(*a);
+        }
+    }
+    out
 }
 
 /// A device as presented to clients: its GID table and port attributes, with the addresses of
 /// its netdev read now.
 pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
-    let mut addrs = d.addr.clone();
+    if d.tap.is_some() {
+        return Ok(tap_device_info(d));
+    }
+    let mut addrs: Vec<IpAddr> = d.addr.iter().map(|c| c.addr).collect();
     if let Some(n) = &d.netdev {
         for a in netdev_addrs(n)? {
             if !addrs.contains(&a) {
@@ -548,13 +705,11 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
     }
     // A MAC for the GUID and the default GID: the netdev's, or a locally administered one
     // derived from the device name, stable across restarts.
-    let mac = d.netdev.as_deref().and_then(netdev_mac).unwrap_or_else(|| {
-        let h = d.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-        });
-        let b = h.to_be_bytes();
-        [0x02, b[3], b[4], b[5], b[6], b[7]]
-    });
+    let mac = d
+        .netdev
+        .as_deref()
+        .and_then(netdev_mac)
+        .unwrap_or_else(|| derived_mac(&d.name));
     let guid = eui64(mac);
     // One RoCE GID per address. Link-local IPv6 addresses come first, so a device on a real
     // NIC looks like rxe's (index 0 = fe80::EUI-64, then the IPv4 and other addresses); on
@@ -566,7 +721,7 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
         .map(|(i, a)| GidEntry {
             index: i as u32,
             gid: ctl::gid_of(*a),
-            roce: d.roce,
+            roce: RoceVersion::V2,
         })
         .collect();
     // As rxe: the active MTU is the largest IB MTU the netdev's link MTU carries with the
@@ -582,20 +737,77 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
     Ok(DeviceInfo {
         name: d.name.clone(),
         node_guid: u64::from_be_bytes(guid),
-        roce: d.roce,
+        roce: RoceVersion::V2,
         max_mtu: 5,
         active_mtu: mtu,
         port_active: !addrs.is_empty(),
         gids,
         netdevs: d.netdev.iter().cloned().collect(),
         max_cqe: d.max_cqe,
-        limits: ctl::DeviceLimits {
-            max_qp: d.max_qp,
-            max_cq: d.limits.max_cq,
-            max_mr: d.max_mr,
-            max_srq: d.limits.max_srq,
-        },
+        limits: device_limits(d),
     })
+}
+
+/// The device-wide caps a client is told (`ibv_query_device`).
+fn device_limits(d: &DeviceConfig) -> ctl::DeviceLimits {
+    ctl::DeviceLimits {
+        max_qp: d.max_qp,
+        max_cq: d.limits.max_cq,
+        max_mr: d.max_mr,
+        max_srq: d.limits.max_srq,
+    }
+}
+
+/// A `--tap` device as presented to clients: GID 0 is its `fe80::` address, then `--addr`;
+/// with `--roce both` each address twice, RoCE v1 then v2, as mlx5 lists them. The port's
+/// active MTU is what the TAP interface's MTU carries (rxe's rule; 1500, a new TAP's, gives
+/// 1024), at most the configured one.
+pub fn tap_device_info(d: &DeviceConfig) -> DeviceInfo {
+    let link_mtu = d
+        .tap
+        .as_deref()
+        .and_then(|t| crate::net::tap::interface_mtu(t).ok())
+        .unwrap_or(1500);
+    let active_mtu = ctl::mtu_enum(d.mtu)
+        .unwrap_or(5)
+        .min(ib_mtu_for_link(link_mtu));
+    let mac = tap_mac(d);
+    let mut gids = Vec::new();
+    for a in tap_addrs(d) {
+        for &roce in d.roce.gid_types() {
+            gids.push(GidEntry {
+                index: gids.len() as u32,
+                gid: ctl::gid_of(a.addr),
+                roce,
+            });
+        }
+    }
+    DeviceInfo {
+        name: d.name.clone(),
+        node_guid: u64::from_be_bytes(mac.eui64()),
+        roce: if d.roce == RoceMode::V1 {
+            RoceVersion::V1
+        } else {
+            RoceVersion::V2
+        },
+        max_mtu: 5,
+        active_mtu,
+        port_active: true,
+        gids,
+        netdevs: Vec::new(),
+        max_cqe: d.max_cqe,
+        limits: device_limits(d),
+    }
+}
+
+/// The largest IB MTU enum (1 = 256 .. 5 = 4096) a link of `link_mtu` bytes carries: rxe's
+/// rule, the link MTU less 80 bytes of headers (roce-rxe-facts.md §0.15): 1500 gives 1024.
+pub fn ib_mtu_for_link(link_mtu: usize) -> u8 {
+    let room = link_mtu.saturating_sub(80);
+    (1..=5u8)
+        .rev()
+        .find(|e| (128usize << e) <= room)
+        .unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -619,7 +831,7 @@ mod tests {
         .unwrap();
         c.validate().unwrap();
         assert_eq!(c.devices[1].mtu, 1024);
-        assert_eq!(c.devices[0].roce, RoceVersion::V2);
+        assert_eq!(c.devices[0].roce, RoceMode::V2);
         assert!(Config::from_toml("[[device]]\nname = \"a\"\nbogus = 1").is_err());
         let dup = Config::from_toml(
             "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\n[[device]]\nname=\"a\"\naddr=[\"127.0.0.2\"]",
@@ -630,9 +842,11 @@ mod tests {
         bad.mtu = 1500;
         assert!(bad.validate().is_err());
         bad.mtu = 1024;
-        bad.roce = RoceVersion::V1;
+        bad.roce = RoceMode::V1;
         let why = bad.validate().unwrap_err().to_string();
-        assert!(why.contains("RoCE v1"), "{why}");
+        assert!(why.contains("RoCE v1") && why.contains("--tap"), "{why}");
+        bad.roce = RoceMode::Both;
+        assert!(bad.validate().unwrap_err().to_string().contains("--tap"));
     }
 
     #[test]
@@ -644,13 +858,13 @@ mod tests {
         c.validate().unwrap();
         let d = &c.devices[0];
         assert_eq!(
-            (d.default_roce_mode, d.cm_response_timeout, d.cm_max_retries),
+            (d.cm_roce_mode(), d.cm_response_timeout, d.cm_max_retries),
             (RoceVersion::V2, 12, 3)
         );
         let plain = DeviceConfig::loopback_default();
         assert_eq!((plain.cm_response_timeout, plain.cm_max_retries), (20, 15));
         let mut v1 = plain.clone();
-        v1.default_roce_mode = RoceVersion::V1;
+        v1.default_roce_mode = Some(RoceVersion::V1);
         let why = v1.validate().unwrap_err().to_string();
         assert!(why.contains("default_roce_mode v1 is not offered"), "{why}");
         let mut fast = plain;
@@ -737,6 +951,98 @@ mod tests {
         assert_eq!(info.gids[1].gid, std::net::Ipv6Addr::LOCALHOST.octets());
         assert_eq!(info.active_mtu, 5);
         assert_eq!(info.node_guid.to_be_bytes()[3..5], [0xff, 0xfe]);
+    }
+
+    #[test]
+    fn a_tap_device_lists_each_address_once_per_type_in_mlx5_order() {
+        let c = Config::from_toml(
+            r#"
+            [[device]]
+            name = "srxe1"
+            tap = "srtap1"
+            addr = ["10.0.0.1/24", "fd00::1/64"]
+            roce = "both"
+            mac = "02:00:00:00:00:01"
+            default_roce_mode = "v1"
+            "#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let d = &c.devices[0];
+        assert_eq!(d.roce, RoceMode::Both);
+        let info = device_info(d).unwrap();
+        let table: Vec<(std::net::Ipv6Addr, RoceVersion)> = info
+            .gids
+            .iter()
+            .map(|g| (std::net::Ipv6Addr::from(g.gid), g.roce))
+            .collect();
+        let ll: std::net::Ipv6Addr = "fe80::ff:fe00:1".parse().unwrap();
+        let v4: std::net::Ipv6Addr = "::ffff:10.0.0.1".parse().unwrap();
+        let v6: std::net::Ipv6Addr = "fd00::1".parse().unwrap();
+        use RoceVersion::{V1, V2};
+        assert_eq!(
+            table,
+            [(ll, V1), (ll, V2), (v4, V1), (v4, V2), (v6, V1), (v6, V2)]
+        );
+        assert!(info
+            .gids
+            .iter()
+            .enumerate()
+            .all(|(i, g)| g.index == i as u32));
+        // The node GUID is the EUI-64 of the device's MAC, as rxe's of its netdev's.
+        assert_eq!(info.node_guid, 0x0000_00ff_fe00_0001);
+        let prefixes = tap_addrs(d);
+        assert_eq!(prefixes[1].prefix_len, 24);
+        // v1 only: one entry per address.
+        let mut v1 = d.clone();
+        v1.roce = RoceMode::V1;
+        let info = device_info(&v1).unwrap();
+        assert_eq!(info.gids.len(), 3);
+        assert!(info.gids.iter().all(|g| g.roce == V1));
+        assert_eq!(info.roce, V1);
+        // A v1-only device cannot default rdma_cm to v2.
+        assert_eq!(v1.cm_roce_mode(), V1);
+        v1.default_roce_mode = Some(V2);
+        assert!(v1
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("not offered"));
+    }
+
+    #[test]
+    fn tap_settings_are_checked() {
+        let mut d = DeviceConfig::new("srxe2");
+        d.tap = Some("srtap2".into());
+        // No --addr: the link-local GID alone is enough for RoCE v1 with -g 0.
+        d.roce = RoceMode::V1;
+        d.validate().unwrap();
+        assert_eq!(d.cm_roce_mode(), RoceVersion::V1);
+        assert_eq!(device_info(&d).unwrap().gids.len(), 1);
+        d.netdev = Some("lo".into());
+        assert!(d.validate().unwrap_err().to_string().contains("exclude"));
+        d.netdev = None;
+        for bad in [
+            "01:00:00:00:00:01",
+            "02:00:00:00:00",
+            "zz:00:00:00:00:01",
+            "0:0:0:0:0:0",
+        ] {
+            d.mac = Some(bad.into());
+            assert!(d.validate().is_err(), "{bad}");
+        }
+        d.mac = Some("02:aa:bb:cc:dd:ee".into());
+        d.validate().unwrap();
+        assert_eq!(tap_mac(&d).0, [2, 0xaa, 0xbb, 0xcc, 0xdd, 0xee]);
+        let mut udp = DeviceConfig::loopback_default();
+        udp.mac = Some("02:aa:bb:cc:dd:ee".into());
+        assert!(udp.validate().is_err());
+        assert_eq!("BOTH".parse::<RoceMode>(), Ok(RoceMode::Both));
+        assert!("v3".parse::<RoceMode>().is_err());
+        assert_eq!(ib_mtu_for_link(1500), 3);
+        assert_eq!(ib_mtu_for_link(9000), 5);
+        assert_eq!(ib_mtu_for_link(600), 2);
+        assert_eq!(ib_mtu_for_link(100), 1);
     }
 
     #[test]

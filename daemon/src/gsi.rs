@@ -6,6 +6,7 @@
 
 use crossbeam_channel::{Receiver, Sender};
 use proto::cm::{GSI_QKEY, GSI_QPN};
+use proto::transport::GidType;
 use proto::wire::{BthRepr, DethRepr, Opcode, RocePacket, TransportRepr};
 use proto::{Psn, Qkey, Qpn};
 use std::net::IpAddr;
@@ -17,6 +18,8 @@ pub struct GsiMad {
     pub src: IpAddr,
     pub dst: IpAddr,
     pub mad: Vec<u8>,
+    /// The framing it came in (RoCE v1 or v2): the passive side answers in the REQ's.
+    pub gid_type: GidType,
 }
 
 /// MADs received and not yet taken by the CM thread: the kernel's GSI QP has as many receive
@@ -43,6 +46,8 @@ pub struct GsiOut {
     pub src: IpAddr,
     pub dst: IpAddr,
     pub packet: Vec<u8>,
+    /// The framing to send it in.
+    pub gid_type: GidType,
 }
 
 /// Hands a MAD to one device thread (and wakes it); false when the device is gone.
@@ -106,6 +111,7 @@ mod tests {
             src: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9)),
             dst: IpAddr::V4(Ipv4Addr::LOCALHOST),
             mad: vec![i as u8; proto::wire::mad::MAD_LEN],
+            gid_type: GidType::RoceV2,
         };
         // Nobody reads: the device thread must neither block nor queue without limit.
         let taken = (0..GSI_RECV_QUEUE + 10)

@@ -4,9 +4,9 @@ use softroce_daemon::{config, ctl, pcap, server};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use config::{Config, DeviceConfig};
+use config::{Config, DeviceConfig, RoceMode};
 use proto::ctl::{Request, Response, RoceVersion};
-use std::net::IpAddr;
+use proto::iface::IpCidr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -27,7 +27,7 @@ struct Cli {
 enum Command {
     /// Run the device in the foreground (logs to stderr; stops on SIGINT or SIGTERM). With no
     /// arguments it serves srxe0, RoCE v2 on 127.0.0.1 and ::1.
-    Daemon(DaemonArgs),
+    Daemon(Box<DaemonArgs>),
     /// Run a program with the softroce shim preloaded, so that its libibverbs and librdmacm
     /// calls reach the daemon: `softroce run -- ibv_devinfo -v`, `softroce run -- rping -s`.
     Run {
@@ -66,16 +66,26 @@ struct DaemonArgs {
     /// Device name.
     #[arg(long)]
     name: Option<String>,
-    /// An address to serve, IPv4 or IPv6 (repeatable).
+    /// An address to serve, IPv4 or IPv6 (repeatable); ADDR/PREFIX on a --tap device (the
+    /// peers in the prefix are on its link).
     #[arg(long = "addr")]
-    addrs: Vec<IpAddr>,
+    addrs: Vec<IpCidr>,
     /// Serve all addresses of this network interface, following them as they change.
     #[arg(long)]
     netdev: Option<String>,
-    /// RoCE version: v2 (UDP 4791, the default). v1 (Ethertype 0x8915 on a TAP device) is
-    /// refused until its transport exists.
+    /// Be a host of its own on the Ethernet behind this TAP interface (created, or opened if
+    /// it exists, e.g. made by `ip tuntap add mode tap`): the L2 device, which sends and
+    /// receives whole frames and speaks RoCE v1 (Ethertype 0x8915) as well as v2.
     #[arg(long)]
-    roce: Option<RoceVersion>,
+    tap: Option<String>,
+    /// The --tap device's Ethernet address (default: derived from the device name).
+    #[arg(long)]
+    mac: Option<String>,
+    /// RoCE versions: v2 (UDP 4791, the default), v1 (Ethertype 0x8915) or both (each
+    /// address listed once as a RoCE v1 and once as a RoCE v2 GID, as mlx5). v1 and both
+    /// need --tap.
+    #[arg(long)]
+    roce: Option<RoceMode>,
     /// Largest path MTU: 256, 512, 1024, 2048 or 4096.
     #[arg(long)]
     mtu: Option<u32>,
@@ -89,8 +99,8 @@ struct DaemonArgs {
     /// 262,144 entries, more than rxe's 32,767).
     #[arg(long)]
     max_cqe: Option<u32>,
-    /// The GID type rdma_cm uses (configfs default_roce_mode): v2 (the default) or v1; a
-    /// mode the device does not offer is refused at start.
+    /// The GID type rdma_cm uses (configfs default_roce_mode): v1 or v2; by default v2 where
+    /// the device offers it, else v1. A mode the device does not offer is refused at start.
     #[arg(long)]
     default_roce_mode: Option<RoceVersion>,
     /// rdma_cm's CM response timeout exponent (4.096 µs · 2^t, default 20 as the kernel).
@@ -171,7 +181,7 @@ fn main() -> ExitCode {
         Command::Pcap {
             command: PcapCommand::Check { verbose, files },
         } => return pcap_check(&files, verbose),
-        Command::Daemon(args) => daemon(args),
+        Command::Daemon(args) => daemon(*args),
         Command::Run {
             socket,
             verbose,
@@ -207,6 +217,8 @@ fn daemon(args: DaemonArgs) -> Result<()> {
     let from_flags = args.name.is_some()
         || !args.addrs.is_empty()
         || args.netdev.is_some()
+        || args.tap.is_some()
+        || args.mac.is_some()
         || args.roce.is_some()
         || args.mtu.is_some()
         || args.max_qp.is_some()
@@ -220,7 +232,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.cc.is_some()
         || !args.cc_params.is_empty();
     if from_flags || config.devices.is_empty() {
-        let mut d = if args.addrs.is_empty() && args.netdev.is_none() {
+        let mut d = if args.addrs.is_empty() && args.netdev.is_none() && args.tap.is_none() {
             DeviceConfig::loopback_default()
         } else {
             DeviceConfig::new(config::DEFAULT_DEVICE)
@@ -230,6 +242,8 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         d.addr.extend(args.addrs);
         d.netdev = args.netdev;
+        d.tap = args.tap;
+        d.mac = args.mac;
         if let Some(r) = args.roce {
             d.roce = r;
         }
@@ -246,7 +260,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
             d.max_cqe = m;
         }
         if let Some(m) = args.default_roce_mode {
-            d.default_roce_mode = m;
+            d.default_roce_mode = Some(m);
         }
         if let Some(t) = args.cm_response_timeout {
             d.cm_response_timeout = t;

@@ -521,6 +521,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
             mtu = d.mtu,
             addrs = ?d.addr,
             netdev = ?d.netdev,
+            tap = ?d.tap,
             "device ready"
         );
         device_threads.push(
@@ -547,7 +548,7 @@ pub fn run(config: Config, socket: PathBuf, port: u16) -> Result<()> {
             (
                 CmDeviceSetup {
                     info: d.info.clone(),
-                    default_roce_mode: d.config.default_roce_mode,
+                    default_roce_mode: d.config.cm_roce_mode(),
                     cm_response_timeout: d.config.cm_response_timeout,
                     cm_max_retries: d.config.cm_max_retries,
                 },

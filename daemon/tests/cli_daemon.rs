@@ -157,8 +157,18 @@ fn config_file_and_bad_flags() {
     let sock = dir.join("bad.sock");
     for (args, why) in [
         (vec!["--mtu", "1500"], "MTU 1500"),
-        (vec!["--roce", "v3"], "unknown RoCE version"),
-        (vec!["--roce", "v1", "--addr", "127.0.0.1"], "RoCE v1"),
+        (vec!["--roce", "v3"], "unknown RoCE mode"),
+        // v1 on a UDP-socket device is refused, pointing to --tap.
+        (vec!["--roce", "v1", "--addr", "127.0.0.1"], "add --tap TAP"),
+        (vec!["--roce", "both", "--netdev", "lo"], "add --tap TAP"),
+        (
+            vec!["--tap", "srt0", "--netdev", "lo"],
+            "exclude each other",
+        ),
+        (
+            vec!["--tap", "srt0", "--mac", "01:00:5e:00:00:01"],
+            "not a unicast address",
+        ),
         (vec!["--netdev", "no-such-if0"], "no network interface"),
     ] {
         let mut all = vec!["daemon", "--port", "0", "--socket", sock.to_str().unwrap()];

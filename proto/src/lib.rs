@@ -15,6 +15,7 @@
 
 pub mod cm;
 pub mod ctl;
+pub mod iface;
 pub mod ring;
 #[cfg(any(test, feature = "testing"))]
 pub mod sim;

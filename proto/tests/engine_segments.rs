@@ -1,8 +1,9 @@
 //! The requester builds the MIDDLE packets of a long message from the headers of the first
 //! one (`packet_io::SegmentTemplate`). Every frame it sends must still be exactly what the
 //! general wire layer writes for the same headers and payload: checked here by parsing each
-//! frame with `FrameRepr::parse_ip` (ICRC verified) and emitting it again, for RC and UC,
-//! IPv4 and IPv6, SEND and WRITE, payloads lent from one SGE or gathered across several.
+//! frame with `FrameRepr::parse_network` (ICRC verified) and emitting it again, for RC and
+//! UC, RoCE v2 over IPv4 and IPv6 and RoCE v1, SEND and WRITE, payloads lent from one SGE
+//! or gathered across several.
 
 use proto::sim::{LinkModel, QpOptions, Sim};
 use proto::transport::*;
@@ -11,13 +12,32 @@ use proto::wire::{FrameRepr, Opcode};
 
 const MTU: usize = 1024;
 
+/// The framing of the pair's packets.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Net {
+    V4,
+    V6,
+    V1,
+}
+
+impl Net {
+    /// Where the BTH starts.
+    fn transport_offset(self) -> usize {
+        match self {
+            Net::V4 => 28,
+            Net::V6 => 48,
+            Net::V1 => 40,
+        }
+    }
+}
+
 /// Sends one `len`-byte message from node 0 (split over SGEs of `sge_lens`) and returns
 /// the frames it emitted, and the payload bytes.
-fn frames(v6: bool, qp_type: QpType, write: bool, sge_lens: &[u32]) -> (Vec<Vec<u8>>, Vec<u8>) {
-    let mut sim = if v6 {
-        Sim::pair_v6(3, LinkModel::default())
-    } else {
-        Sim::pair(3, LinkModel::default())
+fn frames(net: Net, qp_type: QpType, write: bool, sge_lens: &[u32]) -> (Vec<Vec<u8>>, Vec<u8>) {
+    let mut sim = match net {
+        Net::V6 => Sim::pair_v6(3, LinkModel::default()),
+        Net::V4 => Sim::pair(3, LinkModel::default()),
+        Net::V1 => Sim::pair_v1(3, LinkModel::default()),
     };
     let o = QpOptions {
         qp_type,
@@ -73,16 +93,17 @@ fn frames(v6: bool, qp_type: QpType, write: bool, sge_lens: &[u32]) -> (Vec<Vec<
     (out, data)
 }
 
-fn check(v6: bool, qp_type: QpType, write: bool, sge_lens: &[u32]) {
-    let what = format!("v6 {v6} {qp_type:?} write {write} sges {sge_lens:?}");
-    let (frames, data) = frames(v6, qp_type, write, sge_lens);
+fn check(net: Net, qp_type: QpType, write: bool, sge_lens: &[u32]) {
+    let what = format!("{net:?} {qp_type:?} write {write} sges {sge_lens:?}");
+    let (frames, data) = frames(net, qp_type, write, sge_lens);
     let n = data.len().div_ceil(MTU);
     assert!(n >= 4, "{what}: long enough to have several MIDDLE packets");
     assert_eq!(frames.len(), n, "{what}");
     let mut payload = Vec::new();
     let mut first_psn = None;
     for (i, f) in frames.iter().enumerate() {
-        let parsed = FrameRepr::parse_ip(f, f.len()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let parsed = FrameRepr::parse_network(f, f.len()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(parsed.repr.net.is_v1(), net == Net::V1, "{what}");
         parsed
             .verified()
             .unwrap_or_else(|e| panic!("{what} frame {i}: {e}"));
@@ -118,19 +139,20 @@ fn check(v6: bool, qp_type: QpType, write: bool, sge_lens: &[u32]) {
         Opcode::UC_RDMA_WRITE_MIDDLE,
         Opcode::UC_SEND_MIDDLE,
     ];
-    let offset = if v6 { 48 } else { 28 };
-    assert!(middle.iter().any(|o| o.0 == frames[2][offset]));
+    assert!(middle
+        .iter()
+        .any(|o| o.0 == frames[2][net.transport_offset()]));
 }
 
 #[test]
 fn every_segment_is_what_the_wire_layer_writes() {
-    for v6 in [false, true] {
+    for net in [Net::V4, Net::V6, Net::V1] {
         for qp_type in [QpType::Rc, QpType::Uc] {
             for write in [false, true] {
                 // One SGE (the payload is lent and copied while hashed), then SGEs that
                 // packets straddle (gathered by copies, then hashed).
-                check(v6, qp_type, write, &[7 * MTU as u32 + 100]);
-                check(v6, qp_type, write, &[1000, 3000, 2500, 444]);
+                check(net, qp_type, write, &[7 * MTU as u32 + 100]);
+                check(net, qp_type, write, &[1000, 3000, 2500, 444]);
             }
         }
     }

@@ -319,11 +319,11 @@ pub fn run_seed(seed: u64) -> u64 {
         corrupt: if r.chance(0.3) { 0.02 } else { 0.0 },
         ..Default::default()
     };
-    // A quarter of the runs over IPv6.
-    let mut sim = if r.chance(0.25) {
-        Sim::pair_v6(seed, link)
-    } else {
-        Sim::pair(seed, link)
+    // A quarter of the runs over IPv6, an eighth over RoCE v1.
+    let mut sim = match r.below(8) {
+        0 | 1 => Sim::pair_v6(seed, link),
+        2 => Sim::pair_v1(seed, link),
+        _ => Sim::pair(seed, link),
     };
     let mtu = [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024][r.below(3) as usize];
     let o = QpOptions {

@@ -39,10 +39,11 @@ fn lossy(r: &mut SimRng) -> LinkModel {
 fn run(seed: u64, ty: QpType) {
     let mut r = SimRng::new(seed ^ 0x0c0d);
     let link = lossy(&mut r);
-    let mut sim = if r.chance(0.25) {
-        Sim::pair_v6(seed, link)
-    } else {
-        Sim::pair(seed, link)
+    // A quarter of the runs over IPv6, an eighth over RoCE v1.
+    let mut sim = match r.below(8) {
+        0 | 1 => Sim::pair_v6(seed, link),
+        2 => Sim::pair_v1(seed, link),
+        _ => Sim::pair(seed, link),
     };
     let o = QpOptions {
         qp_type: ty,

@@ -8,7 +8,7 @@ use super::DeviceThread;
 use crate::memory::ProcessMemory;
 use crate::peer::ClientProcess;
 use crate::shm::SharedRegion;
-use proto::ctl::ClientResources;
+use proto::ctl::{ClientResources, RoceVersion};
 use proto::ring::SharedRing;
 use proto::transport::{self as tp, MemoryAccess, MemoryError, Mtu, QpCap, RecvWr, SendWr};
 use proto::Qpn;
@@ -228,6 +228,16 @@ impl DeviceThread {
             // The device's configured CQ depth (`DeviceConfig::max_cqe`), which the shim
             // reports as `max_cqe`.
             config.max_cqe = self.info.max_cqe as usize;
+            // The framing of each GID's packets (`--roce both` lists an address twice).
+            config.gid_types = self
+                .info
+                .gids
+                .iter()
+                .map(|g| match g.roce {
+                    RoceVersion::V1 => tp::GidType::RoceV1,
+                    RoceVersion::V2 => tp::GidType::RoceV2,
+                })
+                .collect();
             config.port_mtu =
                 Mtu::from_enum(u32::from(self.info.active_mtu)).unwrap_or(Mtu::Mtu1024);
             // The ICRC is computed once per packet: by the link for the headers it sends,

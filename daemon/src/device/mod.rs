@@ -42,6 +42,8 @@ mod work_requests;
 pub use handles::{handle_device, HANDLE_DEVICE_SHIFT};
 
 use crate::gsi::{GsiMad, GsiOut};
+use crate::net::l2::{L2Config, L2Link, Versions};
+use crate::net::tap::TapConfig;
 use crate::net::{AdaptiveSpin, Link, LocalFrames, UdpLink, UdpLinkConfig};
 use crate::peer::ClientProcess;
 use clients::ClientDev;
@@ -171,15 +173,18 @@ impl DeviceThread {
         let congestion = cfg.congestion()?;
         let wake =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
-        let link = UdpLink::open(&UdpLinkConfig {
-            name: &info.name,
-            addrs: &gids,
-            follow_netdev: !info.netdevs.is_empty(),
-            port,
-            gso: cfg.gso && std::env::var_os("SOFTROCE_NO_GSO").is_none(),
-            gro: std::env::var_os("SOFTROCE_NO_GRO").is_none(),
-            wake_fd: wake.as_raw_fd(),
-        })?;
+        let link: Box<dyn Link + Send> = match &cfg.tap {
+            Some(tap) => Box::new(open_tap(cfg, tap, &info, wake.as_raw_fd())?),
+            None => Box::new(UdpLink::open(&UdpLinkConfig {
+                name: &info.name,
+                addrs: &gids,
+                follow_netdev: !info.netdevs.is_empty(),
+                port,
+                gso: cfg.gso && std::env::var_os("SOFTROCE_NO_GSO").is_none(),
+                gro: std::env::var_os("SOFTROCE_NO_GRO").is_none(),
+                wake_fd: wake.as_raw_fd(),
+            })?),
+        };
         Ok(DeviceThread {
             max_qp: cfg.max_qp as usize,
             max_mr: cfg.max_mr as usize,
@@ -188,7 +193,7 @@ impl DeviceThread {
             devices: devices.max(1) as u32,
             info,
             gids,
-            link: Box::new(link),
+            link,
             wake,
             rx,
             clients: BTreeMap::new(),
@@ -291,7 +296,8 @@ impl DeviceThread {
             }
             DevMsg::ClientGone { client } => self.client_gone(client),
             DevMsg::SendGsi(mut mad) => {
-                self.link.send_gsi(mad.src, mad.dst, &mut mad.packet);
+                self.link
+                    .send_gsi_as(mad.gid_type, mad.src, mad.dst, &mut mad.packet);
                 self.link.flush();
             }
             DevMsg::UpdateInfo(info) => {
@@ -447,4 +453,41 @@ fn idle_yield() {
     unsafe {
         libc::sched_yield();
     }
+}
+
+/// The L2 device's link: the TAP interface `tap`, the device's own MAC and addresses, the
+/// RoCE versions of `--roce`.
+fn open_tap(
+    cfg: &crate::config::DeviceConfig,
+    tap: &str,
+    info: &DeviceInfo,
+    wake_fd: std::os::fd::RawFd,
+) -> anyhow::Result<L2Link> {
+    use crate::config::RoceMode;
+    let l2 = L2Config {
+        device: info.name.clone(),
+        tap: TapConfig::new(tap),
+        mac: crate::config::tap_mac(cfg),
+        addrs: crate::config::tap_addrs(cfg),
+        versions: Versions {
+            v1: cfg.roce != RoceMode::V2,
+            v2: cfg.roce != RoceMode::V1,
+        },
+    };
+    let (mut link, why) = L2Link::open(&l2, crate::entropy::u64())
+        .map_err(|e| anyhow::anyhow!("device {}: {e}", info.name))?;
+    if let Some(why) = why {
+        tracing::warn!(device = %info.name, "io_uring unavailable for the TAP, using system calls: {why}");
+    }
+    link.set_wake_fd(wake_fd);
+    info!(
+        device = %info.name,
+        tap = link.tap_name(),
+        mac = %link.mac(),
+        mtu = link.mtu(),
+        backend = ?link.backend(),
+        roce = %cfg.roce,
+        "L2 device ready"
+    );
+    Ok(link)
 }

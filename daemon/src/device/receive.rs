@@ -40,6 +40,7 @@ impl DeviceThread {
                     src: p.src,
                     dst: p.dst,
                     mad: mad.to_vec(),
+                    gid_type: p.gid_type,
                 };
                 if !deliver_gsi(sink, mad) {
                     drops.gsi_dropped += 1;

@@ -7,13 +7,15 @@
 //! device, so the device loop never knows which link it has.
 //!
 //! What crosses the seam is what the engine speaks: network-layer packets, the IP (or RoCE v1
-//! GRH) header first, BTH..ICRC after. On receive the link has already verified the ICRC
+//! GRH) header first, BTH..ICRC after. A link of the L2 device ([`super::l2::L2Link`]) carries
+//! both RoCE versions; the framing of a packet sent is the type of its source GID
+//! ([`proto::transport::GidType`]), which the engine's [`Transmit`] names. On receive the link has already verified the ICRC
 //! (it is the one that knows the headers the wire really carried), so the device hands the
 //! packet to [`proto::transport::Engine::handle_verified_packet`]; on send the link seals the
 //! ICRC for exactly the headers it will send.
 
 use super::NetCounters;
-use proto::transport::Transmit;
+use proto::transport::{GidType, Transmit};
 use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
@@ -23,11 +25,13 @@ use std::time::Duration;
 pub struct RxPacket<'a> {
     pub src: IpAddr,
     pub dst: IpAddr,
-    /// The packet from its network header on (IPv4 or IPv6 with UDP, as on the wire), ICRC
-    /// verified: what the engine takes.
+    /// The packet from its network header on (IPv4 or IPv6 with UDP, as on the wire, or
+    /// the RoCE v1 GRH), ICRC verified: what the engine takes.
     pub packet: &'a [u8],
     /// Where the BTH starts in `packet`.
     pub bth: usize,
+    /// How it was framed: RoCE v1 (a GRH) or v2 (IP/UDP). A CM MAD is answered in kind.
+    pub gid_type: GidType,
 }
 
 impl RxPacket<'_> {
@@ -62,6 +66,18 @@ pub trait Link {
     /// Queues a MAD for the GSI QP: `packet` is BTH..ICRC of a UD SEND_ONLY from QP1, its
     /// ICRC sealed here.
     fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]);
+
+    /// [`Link::send_gsi`] in the framing of `gid_type`: a link that carries RoCE v1 (the L2
+    /// device) overrides it; the default sends v2 MADs and refuses v1 ones (a UDP link
+    /// cannot frame them). Layers that wrap a link forward it.
+    fn send_gsi_as(&mut self, gid_type: GidType, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        match gid_type {
+            GidType::RoceV2 => self.send_gsi(src, dst, packet),
+            GidType::RoceV1 => {
+                tracing::debug!(%src, %dst, "a RoCE v1 MAD on a link without RoCE v1 dropped")
+            }
+        }
+    }
 
     /// Submits what is queued.
     fn flush(&mut self);

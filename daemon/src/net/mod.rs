@@ -18,6 +18,9 @@
 //!   the engine wrote and coalesces runs of equal ones into GSO sends (what the daemon uses).
 //! - [`LocalFrames`] carries packets between QPs of one device from engine to engine, and
 //!   [`AdaptiveSpin`] decides how long the device loop polls before it sleeps.
+//! - [`l2::L2Link`] is the other link: the L2 device (`--tap`), whole Ethernet frames through
+//!   a TAP interface ([`tap::TapIo`], io_uring), RoCE v1 and v2 framed, sealed and checked in
+//!   full by the daemon itself, ARP and neighbour discovery by [`proto::iface`].
 //!
 //! The daemon's network thread would run it like this:
 //!
@@ -43,12 +46,14 @@
 
 mod build;
 mod cmsg;
+pub mod l2;
 pub mod link;
 mod loopback;
 mod multicast;
 mod socket;
 mod spin;
 mod syscall;
+pub mod tap;
 mod transport;
 mod udp_link;
 mod uring;

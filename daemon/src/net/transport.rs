@@ -166,11 +166,19 @@ pub struct NetCounters {
     pub rx_not_our_address: u64,
     /// Dropped by the link: a multicast group's datagram that failed verification.
     pub rx_group_refused: u64,
+    /// L2 device: RoCE v2 packets refused by a RoCE v1-only device, and v1 frames by a
+    /// v2-only one (`--roce`); each logged once per peer and minute.
+    pub rx_v2_refused: u64,
+    pub rx_v1_refused: u64,
+    /// L2 device: packets for a destination outside every prefix of the device (no route),
+    /// and packets held while their destination was being resolved.
+    pub tx_no_route: u64,
+    pub tx_held: u64,
 }
 
 impl NetCounters {
     /// Every counter as (name, value), prefixed `link_`, for `counters` listings.
-    pub fn named(&self) -> [(&'static str, u64); 17] {
+    pub fn named(&self) -> [(&'static str, u64); 21] {
         [
             ("link_rx_packets", self.rx_packets),
             ("link_rx_bytes", self.rx_bytes),
@@ -188,6 +196,10 @@ impl NetCounters {
             ("link_tx_errors", self.tx_errors),
             ("link_tx_gso_sends", self.tx_gso_sends),
             ("link_tx_would_block", self.tx_would_block),
+            ("link_rx_v2_refused", self.rx_v2_refused),
+            ("link_rx_v1_refused", self.rx_v1_refused),
+            ("link_tx_no_route", self.tx_no_route),
+            ("link_tx_held", self.tx_held),
             (
                 "link_rx_dropped",
                 self.rx_bad_icrc + self.rx_malformed + self.rx_truncated,

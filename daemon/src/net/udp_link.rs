@@ -334,6 +334,7 @@ fn rebuild_ip<'a>(d: &RxDatagram<'_>, out: &'a mut [u8]) -> Option<RxPacket<'a>>
     udp.emit(&mut out[hl..hl + 8]);
     out[hl + 8..total].copy_from_slice(d.bytes);
     Some(RxPacket {
+        gid_type: proto::transport::GidType::RoceV2,
         src: d.src.ip(),
         dst: d.dst.ip(),
         packet: &out[..total],

@@ -29,18 +29,18 @@ const BGID: u16 = 0x5152;
 const RECVMSG_OUT_LEN: usize = 16;
 
 /// The provided-buffer ring: `entries` descriptors the kernel consumes, and the buffers they
-/// describe, both in anonymous mappings owned here.
-struct BufRing {
-    ring: MmapMut,
+/// describe, both in anonymous mappings owned here. (Also the TAP driver's, `net::tap`.)
+pub(super) struct BufRing {
+    pub(super) ring: MmapMut,
     data: MmapMut,
-    entries: u16,
+    pub(super) entries: u16,
     buf_len: usize,
     /// Our copy of the tail; published to the kernel by [`BufRing::publish`].
     tail: u16,
 }
 
 impl BufRing {
-    fn new(entries: u16, buf_len: usize) -> io::Result<BufRing> {
+    pub(super) fn new(entries: u16, buf_len: usize) -> io::Result<BufRing> {
         let ring =
             MmapMut::map_anon(entries as usize * std::mem::size_of::<types::BufRingEntry>())?;
         let data = MmapMut::map_anon(entries as usize * buf_len)?;
@@ -65,7 +65,7 @@ impl BufRing {
     }
 
     /// Hands buffer `bid` back to the kernel (visible after the next `publish`).
-    fn push(&mut self, bid: u16) {
+    pub(super) fn push(&mut self, bid: u16) {
         let addr = self.data.as_mut_ptr() as u64 + bid as u64 * self.buf_len as u64;
         let len = self.buf_len as u32;
         let e = self.entry_ptr(self.tail);
@@ -81,7 +81,7 @@ impl BufRing {
     }
 
     /// Publishes the tail with release ordering, so the kernel sees the entries first.
-    fn publish(&mut self) {
+    pub(super) fn publish(&mut self) {
         let base = self.ring.as_ptr().cast::<types::BufRingEntry>();
         // SAFETY: the tail is a naturally aligned u16 inside the mapping that only we write
         // and the kernel reads: an atomic store is the documented protocol.
@@ -92,7 +92,7 @@ impl BufRing {
     }
 
     /// The first `len` bytes of buffer `bid`, which the kernel has filled and handed to us.
-    fn buffer(&self, bid: u16, len: usize) -> Option<&[u8]> {
+    pub(super) fn buffer(&self, bid: u16, len: usize) -> Option<&[u8]> {
         if bid >= self.entries {
             return None;
         }

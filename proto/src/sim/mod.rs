@@ -20,7 +20,7 @@ use bottleneck::Bottleneck;
 
 use crate::transport::*;
 use crate::types::{Psn, Qpn};
-use crate::wire::{FrameRepr, NetRepr, OpInfo, Opcode};
+use crate::wire::{FrameRepr, OpInfo, Opcode};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
@@ -90,6 +90,8 @@ pub struct PacketInfo {
     pub time: Nanos,
     /// The IPv4 TOS / IPv6 traffic class it was sent with (ECN in the low two bits).
     pub traffic_class: u8,
+    /// Framed as RoCE v1 (a GRH) rather than v2 (IP/UDP).
+    pub roce_v1: bool,
 }
 
 /// What a scenario rule does to the packet it matches.
@@ -133,6 +135,8 @@ pub struct QpOptions {
     pub rq_psn: u32,
     pub traffic_class: u8,
     pub srq: Option<u32>,
+    /// The local GID the QP's path leaves from (its type sets the framing).
+    pub sgid_index: u8,
 }
 
 impl Default for QpOptions {
@@ -150,6 +154,7 @@ impl Default for QpOptions {
             rq_psn: 0,
             traffic_class: 0,
             srq: None,
+            sgid_index: 0,
         }
     }
 }
@@ -231,13 +236,26 @@ impl Sim {
         }
     }
 
-    /// Adds a node with address `ip` (its GID 0); every link to and from it gets `link`.
+    /// Adds a node with address `ip` (its GID 0, RoCE v2); every link to and from it gets
+    /// `link`.
     pub fn add_node(&mut self, ip: IpAddr, link: LinkModel) -> usize {
+        self.add_node_of(ip, GidType::RoceV2, link)
+    }
+
+    /// [`Sim::add_node`] with a GID 0 of type `gid_type`: a RoCE v1 node sends and receives
+    /// GRH-framed packets (the links carry them as they carry IP packets).
+    pub fn add_node_of(&mut self, ip: IpAddr, gid_type: GidType, link: LinkModel) -> usize {
+        self.add_node_with_gids(ip, &[gid_type], link)
+    }
+
+    /// [`Sim::add_node`] with the GID table `ip` once per entry of `types` (as a device of
+    /// `--roce both` lists each address once as RoCE v1 and once as v2).
+    pub fn add_node_with_gids(&mut self, ip: IpAddr, types: &[GidType], link: LinkModel) -> usize {
         let idx = self.nodes.len();
-        let mut dev = Engine::new(
-            EngineConfig::new(ip, self.seed ^ ((idx as u64 + 1) * 0x1234_5678)),
-            VecMemory::new(),
-        );
+        let mut config = EngineConfig::new(ip, self.seed ^ ((idx as u64 + 1) * 0x1234_5678));
+        config.gids = vec![ip; types.len().max(1)];
+        config.gid_types = types.to_vec();
+        let mut dev = Engine::new(config, VecMemory::new());
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(4096).expect("create CQ");
         self.nodes.push(Node { dev, pd, cq, ip });
@@ -258,6 +276,14 @@ impl Sim {
         let mut s = Sim::new(seed);
         s.add_node("10.0.0.1".parse().expect("ip"), link);
         s.add_node("10.0.0.2".parse().expect("ip"), link);
+        s
+    }
+
+    /// Two RoCE v1 nodes with GIDs ::ffff:10.0.0.1 and ::ffff:10.0.0.2 joined by `link`.
+    pub fn pair_v1(seed: u64, link: LinkModel) -> Sim {
+        let mut s = Sim::new(seed);
+        s.add_node_of("10.0.0.1".parse().expect("ip"), GidType::RoceV1, link);
+        s.add_node_of("10.0.0.2".parse().expect("ip"), GidType::RoceV1, link);
         s
     }
 
@@ -395,6 +421,7 @@ impl Sim {
         a.min_rnr_timer = o.min_rnr_timer;
         let mut av = AddressVector::new(ip);
         av.traffic_class = o.traffic_class;
+        av.sgid_index = o.sgid_index;
         a.ah_attr = Some(av);
         let rtr = match o.qp_type {
             QpType::Ud | QpType::Gsi => AttrMask::STATE,
@@ -568,17 +595,14 @@ impl Sim {
 
     /// Carries one packet sent by `from` onto the link towards its destination.
     fn carry(&mut self, from: usize, bytes: &[u8]) {
-        let Ok(parsed) = FrameRepr::parse_ip(bytes, bytes.len()) else {
+        let Ok(parsed) = FrameRepr::parse_network(bytes, bytes.len()) else {
             self.violation(format!("node {from} sent an unparsable packet"));
             return;
         };
         if parsed.verified().is_err() {
             self.violation(format!("node {from} sent a packet with a bad ICRC"));
         }
-        let dst = match parsed.repr.net {
-            NetRepr::Ipv4(ip) => IpAddr::V4(ip.dst),
-            NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => IpAddr::V6(ip.dst),
-        };
+        let dst = parsed.repr.net.dst_addr();
         let t = parsed.repr.transport;
         if let Some(p) = &mut self.pcap {
             p.record(self.now, from, bytes);
@@ -628,6 +652,7 @@ impl Sim {
                 index: self.carried,
                 time: self.now,
                 traffic_class: parsed.repr.net.traffic_class(),
+                roce_v1: parsed.repr.net.is_v1(),
             };
             self.carried += 1;
             self.trace.push(pi);
@@ -806,9 +831,11 @@ impl Sim {
 /// Flips one bit the ICRC covers: somewhere in the transport packet, except BTH byte 4
 /// (FECN/BECN/reserved, masked).
 fn corrupt_covered_bit(b: &mut [u8], rng: &mut SimRng) {
-    let start = match b.first().map(|v| v >> 4) {
-        Some(4) => 28,
-        Some(6) => 48,
+    // The transport's start: after IPv4 + UDP, the GRH (RoCE v1), or IPv6 + UDP.
+    let start = match (b.first().map(|v| v >> 4), b.get(6)) {
+        (Some(4), _) => 28,
+        (Some(6), Some(&crate::wire::GRH_NEXT_HEADER_IBA)) => 40,
+        (Some(6), _) => 48,
         _ => return,
     };
     if b.len() <= start + 12 {

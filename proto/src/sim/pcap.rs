@@ -1,5 +1,5 @@
 //! A classic pcap (libpcap 2.4, microsecond timestamps, LINKTYPE_ETHERNET) of the packets the
-//! simulator carries, with an Ethernet header in front of each IP packet.
+//! simulator carries, with an Ethernet header in front of each IP packet (or RoCE v1 GRH).
 
 /// Writes classic pcap into memory.
 #[derive(Debug, Clone)]
@@ -28,10 +28,12 @@ impl PcapWriter {
 
     /// Appends `ip_packet`, sent by node `from` at virtual time `now_ns`.
     pub fn record(&mut self, now_ns: u64, from: usize, ip_packet: &[u8]) {
-        let ethertype: u16 = if ip_packet.first().map(|b| b >> 4) == Some(6) {
-            0x86dd
-        } else {
-            0x0800
+        // RoCE v1 is a GRH (version 6, next header 0x1b) right after an Ethernet header
+        // of Ethertype 0x8915.
+        let ethertype: u16 = match (ip_packet.first().map(|b| b >> 4), ip_packet.get(6)) {
+            (Some(6), Some(&crate::wire::GRH_NEXT_HEADER_IBA)) => crate::wire::ETHERTYPE_ROCE_V1,
+            (Some(6), _) => 0x86dd,
+            _ => 0x0800,
         };
         let len = (14 + ip_packet.len()) as u32;
         self.buf

@@ -56,8 +56,6 @@ pub struct DropCounters {
     /// The headers do not parse: lengths that disagree, a pad count the length cannot hold,
     /// a wrong transport version, a truncated header, a bad IP or UDP header.
     pub malformed: u64,
-    /// A RoCE v1 (GRH) packet given to the v2 receive path.
-    pub not_v2: u64,
     pub unknown_opcode: u64,
     /// The destination QPN names no QP of this device.
     pub unknown_qp: u64,
@@ -95,10 +93,9 @@ pub struct DropCounters {
 
 impl DropCounters {
     /// Every reason as (name, value), for `counters` listings.
-    pub fn named(&self) -> [(&'static str, u64); 18] {
+    pub fn named(&self) -> [(&'static str, u64); 17] {
         [
             ("drop_malformed", self.malformed),
-            ("drop_not_v2", self.not_v2),
             ("drop_unknown_opcode", self.unknown_opcode),
             ("drop_unknown_qp", self.unknown_qp),
             ("drop_wrong_transport", self.wrong_transport),
@@ -121,7 +118,6 @@ impl DropCounters {
     /// The reasons that are also counted in `dropped_pkts`.
     pub fn dropped_total(&self) -> u64 {
         self.malformed
-            + self.not_v2
             + self.unknown_opcode
             + self.unknown_qp
             + self.wrong_transport
@@ -133,7 +129,6 @@ impl DropCounters {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dropped {
     Malformed,
-    NotV2,
     UnknownOpcode,
     UnknownQp,
     WrongTransport,
@@ -235,7 +230,6 @@ impl Counters {
             rp_cnp_ignored: next(),
             drops: DropCounters {
                 malformed: next(),
-                not_v2: next(),
                 unknown_opcode: next(),
                 unknown_qp: next(),
                 wrong_transport: next(),
@@ -271,7 +265,6 @@ impl Counters {
         let d = &mut self.drops;
         *match why {
             Dropped::Malformed => &mut d.malformed,
-            Dropped::NotV2 => &mut d.not_v2,
             Dropped::UnknownOpcode => &mut d.unknown_opcode,
             Dropped::UnknownQp => &mut d.unknown_qp,
             Dropped::WrongTransport => &mut d.wrong_transport,
@@ -321,7 +314,6 @@ mod tests {
         let d = &mut one.drops;
         for f in [
             &mut d.malformed,
-            &mut d.not_v2,
             &mut d.unknown_opcode,
             &mut d.unknown_qp,
             &mut d.wrong_transport,

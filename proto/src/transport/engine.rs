@@ -21,11 +21,26 @@ use std::net::IpAddr;
 /// bytes of payload + ICRC. Give it a buffer at least this long.
 pub const MAX_FRAME_LEN: usize = 40 + 8 + 12 + 32 + 4096 + 4 + 4;
 
+/// The type of a GID table entry (`enum ibv_gid_type`): the framing of every packet sent
+/// from it (roce-rxe-facts.md §7.2: a device with both picks it by the SGID's type).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum GidType {
+    /// RoCE v1 (IBTA Annex A16): a GRH (next header 0x1b) and the transport, for an
+    /// Ethernet frame of Ethertype 0x8915.
+    RoceV1,
+    /// RoCE v2 (Annex A17): IPv4 or IPv6, UDP to port 4791, the transport.
+    #[default]
+    RoceV2,
+}
+
 /// Static configuration of a device.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// The GID table: index 0 is the default source address of every AV.
     pub gids: Vec<IpAddr>,
+    /// The type of each entry of `gids`, by index; an entry without one is RoCE v2 (as
+    /// every GID of rxe). With `--roce both` an address is listed twice, once per type.
+    pub gid_types: Vec<GidType>,
     /// Seed of the random part of keys. The daemon seeds it from the OS; the engine reads no
     /// entropy itself.
     pub key_seed: u64,
@@ -57,6 +72,7 @@ impl EngineConfig {
     pub fn new(gid: IpAddr, key_seed: u64) -> EngineConfig {
         EngineConfig {
             gids: vec![gid],
+            gid_types: Vec::new(),
             key_seed,
             key_entropy: [0; 32],
             random_qpns: false,
@@ -69,10 +85,20 @@ impl EngineConfig {
             congestion: CongestionConfig::default(),
         }
     }
+
+    /// The type of GID `index` ([`EngineConfig::gid_types`]).
+    pub fn gid_type(&self, index: u8) -> GidType {
+        self.gid_types
+            .get(usize::from(index))
+            .copied()
+            .unwrap_or_default()
+    }
 }
 
 /// A packet `poll_transmit` wrote: `buf[..len]` is a whole IPv4 or IPv6 packet (UDP to port
-/// 4791, the transport packet, the ICRC computed over these very headers).
+/// 4791, the transport packet, the ICRC computed over these very headers), or for a RoCE v1
+/// SGID ([`GidType::RoceV1`]) a GRH and the transport packet, for an Ethernet frame of
+/// Ethertype 0x8915 (`src_port` is then 0).
 ///
 /// A daemon that sends through a UDP socket sends `buf[transport_offset..len]` to
 /// `(dst, 4791)` from `src_port`; the kernel then builds its own IP header, and because the
@@ -85,6 +111,8 @@ pub struct Transmit {
     pub dst: IpAddr,
     pub src_port: u16,
     pub transport_offset: usize,
+    /// The framing, from the type of the source GID.
+    pub gid_type: GidType,
 }
 
 /// Keys and handle of a registered MR.
@@ -877,8 +905,9 @@ impl<M: MemoryAccess> Engine<M> {
 
     // ----- the sans-I/O engine ------------------------------------------------------------
 
-    /// Feeds one received RoCE v2 packet: a whole IPv4 or IPv6 packet (UDP, BTH .. ICRC).
-    /// Headers are checked, then the ICRC; a bad packet is counted and dropped.
+    /// Feeds one received RoCE packet: a whole IPv4 or IPv6 packet (UDP, BTH .. ICRC: RoCE
+    /// v2), or a GRH and BTH .. ICRC (RoCE v1, the Ethernet header removed). Headers are
+    /// checked, then the ICRC; a bad packet is counted and dropped.
     pub fn handle_packet(&mut self, now: Nanos, packet: &[u8]) {
         // The next packet of a long WRITE, predicted from the QP's state (as TCP's header
         // prediction does); anything unexpected takes the general path below.
@@ -897,7 +926,7 @@ impl<M: MemoryAccess> Engine<M> {
             self.dispatch(now, &rx, pending.as_ref());
             return;
         }
-        let parsed = match FrameRepr::parse_ip(packet, packet.len()) {
+        let parsed = match FrameRepr::parse_network(packet, packet.len()) {
             Ok(p) => p,
             Err(_) => {
                 self.ctx.counters.dropped(Dropped::Malformed);
@@ -925,7 +954,7 @@ impl<M: MemoryAccess> Engine<M> {
         let parsed = match packet
             .len()
             .checked_sub(crate::wire::ICRC_LEN)
-            .map(|covered| FrameRepr::parse_ip(&packet[..covered], packet.len()))
+            .map(|covered| FrameRepr::parse_network(&packet[..covered], packet.len()))
         {
             Some(Ok(p)) if !matches!(p.icrc, crate::wire::frame::IcrcStatus::Bad { .. }) => p,
             _ => {
@@ -937,32 +966,21 @@ impl<M: MemoryAccess> Engine<M> {
     }
 
     fn handle_parsed(&mut self, now: Nanos, parsed: crate::wire::ParsedFrame<'_>, packet: &[u8]) {
-        let (src, dst, ecn, net_len) = match parsed.repr.net {
-            NetRepr::Ipv4(ip) => (
-                IpAddr::V4(ip.src),
-                IpAddr::V4(ip.dst),
-                ip.tos & 3,
-                ipv4::HEADER_LEN,
-            ),
-            NetRepr::Ipv6(ip) => (
-                IpAddr::V6(ip.src),
-                IpAddr::V6(ip.dst),
-                ip.traffic_class & 3,
-                ipv6::HEADER_LEN,
-            ),
-            NetRepr::Grh(_) => {
-                self.ctx.counters.dropped(Dropped::NotV2);
-                return;
-            }
+        let net = parsed.repr.net;
+        let (ecn, net_len) = match net {
+            NetRepr::Ipv4(ip) => (ip.tos & 3, ipv4::HEADER_LEN),
+            // The GRH's TClass carries ECN as the IPv6 traffic class does.
+            NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => (ip.traffic_class & 3, ipv6::HEADER_LEN),
         };
         let rx = RxPacket {
             t: parsed.repr.transport,
             payload: parsed.payload,
-            src,
-            dst,
+            src: net.src_addr(),
+            dst: net.dst_addr(),
             ecn_ce: ecn == 3,
             net_header: &packet[..net_len],
             wire_len: packet.len(),
+            v1: net.is_v1(),
         };
         self.dispatch(now, &rx, None);
     }
@@ -1057,7 +1075,10 @@ impl<M: MemoryAccess> Engine<M> {
                 .gids
                 .get(usize::from(av.sgid_index))
                 .copied();
-            if rx.src != av.dgid || Some(rx.dst) != local {
+            // ... and in the framing of its source GID's type (a v2 packet to a QP on a v1
+            // GID is not on its path, as for a dual-mode NIC).
+            let v1_path = self.ctx.config.gid_type(av.sgid_index) == GidType::RoceV1;
+            if rx.src != av.dgid || Some(rx.dst) != local || rx.v1 != v1_path {
                 verified_or_drop!();
                 self.ctx.counters.dropped(Dropped::WrongPath);
                 return;
@@ -1222,9 +1243,12 @@ pub(crate) struct RxPacket<'a> {
     pub src: IpAddr,
     pub dst: IpAddr,
     pub ecn_ce: bool,
-    /// The IP header as received: UD receive buffers get it in their GRH area.
+    /// The IP header (or the v1 GRH) as received: UD receive buffers get it in their GRH
+    /// area.
     pub net_header: &'a [u8],
     pub wire_len: usize,
+    /// RoCE v1: it came with a GRH, not IP/UDP.
+    pub v1: bool,
 }
 
 pub(crate) fn schedule(qp: &mut Qp, ready: &mut VecDeque<Qpn>) {
@@ -1339,6 +1363,20 @@ pub(crate) fn route_for<M>(
 fn new_route<M>(ctx: &Ctx<M>, av: &AddressVector, src_port: u16) -> Option<Route> {
     let src = *ctx.config.gids.get(usize::from(av.sgid_index))?;
     let tos = av.traffic_class;
+    if ctx.config.gid_type(av.sgid_index) == GidType::RoceV1 {
+        // IBTA §8.3: the GRH carries the GIDs themselves, the AV's traffic class (the one
+        // place the congestion controller's ECN bits go, as for IP) and flow label.
+        let net = NetRepr::Grh(Ipv6Repr {
+            src: crate::wire::frame::addr_gid(src),
+            dst: crate::wire::frame::addr_gid(av.dgid),
+            traffic_class: tos,
+            flow_label: av.flow_label & 0xf_ffff,
+            next_header: crate::wire::GRH_NEXT_HEADER_IBA,
+            hop_limit: av.hop_limit,
+            payload_len: 0,
+        });
+        return Some(Route { net, src_port: 0 });
+    }
     let net = match (src, av.dgid) {
         (IpAddr::V4(s), IpAddr::V4(d)) => NetRepr::Ipv4(Ipv4Repr {
             src: s,

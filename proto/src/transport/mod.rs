@@ -79,7 +79,7 @@ pub mod verbs;
 
 pub use congestion::{Algorithm, CongestionConfig, Params as CcParams, QpCongestion};
 pub use counters::Counters;
-pub use engine::{Engine, EngineConfig, MrKeys, Transmit, MAX_FRAME_LEN};
+pub use engine::{Engine, EngineConfig, GidType, MrKeys, Transmit, MAX_FRAME_LEN};
 pub use memory::{MemoryAccess, MemoryError, VecMemory};
 pub use qp::{QpCap, QpInit};
 pub use qp_attr::{

@@ -4,12 +4,13 @@
 //! short. Per packet it recomputes the extended-header offsets of the opcode (a walk of the
 //! header order for each of nine headers), and moves whole frame reprs through several
 //! levels of calls; at MTU 1024 that was about as much work as hashing the payload. The
-//! engine only ever sends and receives whole RoCE v2 IPv4/IPv6 packets, so here:
+//! engine only ever sends and receives whole network packets (RoCE v2 IPv4/IPv6, or a v1
+//! GRH and the transport), so here:
 //!
 //! - the header offsets of each opcode are computed once ([`layouts`]) from the wire's own
 //!   opcode table;
-//! - [`emit`] writes a frame straight into the transmit buffer (network and UDP headers,
-//!   BTH, extended headers, payload through a callback, pad, ICRC), byte for byte what
+//! - [`emit`] writes a frame straight into the transmit buffer (network and UDP headers or
+//!   the GRH, BTH, extended headers, payload through a callback, pad, ICRC), byte for byte what
 //!   [`crate::wire::FrameRepr::emit`] writes (tested below for every opcode);
 //! - [`parse_ipv4`] accepts only well-formed IPv4 RoCE v2 packets with a good ICRC, with
 //!   checks at least as strict as the wire parser's. Anything else (IPv6, an anomaly, a bad
@@ -17,10 +18,10 @@
 //!   the fast path never accepts what the wire layer would refuse, and errors are counted
 //!   exactly as before.
 
-use super::engine::{RxPacket, Transmit};
+use super::engine::{GidType, RxPacket, Transmit};
 use crate::types::Rkey;
 use crate::wire::{
-    bth, icrc, ipv4, udp, AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr,
+    bth, icrc, ipv4, ipv6, udp, AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr,
     FethRepr, HeaderSet, Ipv4Packet, NetRepr, OpInfo, Opcode, RethRepr, TransportRepr, UdpRepr,
     ROCE_V2_PORT,
 };
@@ -116,10 +117,21 @@ pub(crate) struct Route {
     pub src_port: u16,
 }
 
+impl Route {
+    /// Length of the network header and, for RoCE v2, the UDP header.
+    #[inline]
+    fn headers_len(&self) -> usize {
+        match self.net {
+            NetRepr::Grh(_) => ipv6::HEADER_LEN,
+            net => net.header_len() + udp::HEADER_LEN,
+        }
+    }
+}
+
 /// The whole packet's length: network header through ICRC, or None for an unknown opcode.
 #[cfg(test)]
 pub(crate) fn frame_len(route: &Route, t: &TransportRepr) -> Option<usize> {
-    Some(route.net.header_len() + udp::HEADER_LEN + transport_len(t)?)
+    Some(route.headers_len() + transport_len(t)?)
 }
 
 /// [`TransportRepr::check`] by the table: the headers present are exactly the opcode's, and
@@ -194,7 +206,7 @@ pub(crate) enum Payload<'a> {
 
 /// The headers of a full-MTU MIDDLE packet of the message a QP is sending, kept from the
 /// first such packet to build the next ones: they differ only in the PSN and the AckReq bit
-/// (the IPv4 Identification is 0, the lengths are equal). Copying 40-60 bytes and patching 4
+/// (the IPv4 Identification is 0, the lengths are equal; RoCE v1 has a GRH and no UDP). Copying 40-60 bytes and patching 4
 /// replaces the per-packet work of building, checking and writing the headers field by
 /// field, which was about a third of the requester's time per packet at MTU 4096.
 #[derive(Debug, Clone)]
@@ -268,17 +280,26 @@ impl SegmentTemplate {
         let bth_at = self.tx.transport_offset;
         head[bth_at + 8] = if ack_req { 0x80 } else { 0 };
         head[bth_at + 9..bth_at + 12].copy_from_slice(&psn.value().to_be_bytes()[1..]);
-        let net_len = bth_at - udp::HEADER_LEN;
+        let v1 = self.tx.gid_type == GidType::RoceV1;
+        let net_len = if v1 { bth_at } else { bth_at - udp::HEADER_LEN };
         let crc = match (seal, lent) {
             (false, Some(bytes)) => {
                 payload_out.copy_from_slice(bytes);
                 0
             }
             (false, None) => 0,
+            (true, Some(bytes)) if v1 => {
+                let (grh, bth_bytes) = head.split_at(net_len);
+                icrc::v1_copying_payload(grh, bth_bytes, bytes, payload_out)
+            }
             (true, Some(bytes)) => {
                 let (net, udp_and_bth) = head.split_at(net_len);
                 let (udp_hdr, bth_bytes) = udp_and_bth.split_at(udp::HEADER_LEN);
                 icrc::v2_copying_payload(net, udp_hdr, bth_bytes, bytes, payload_out)
+            }
+            (true, None) if v1 => {
+                let (grh, transport) = buf.split_at(net_len);
+                icrc::v1(grh, &transport[..transport.len() - crate::wire::ICRC_LEN])
             }
             (true, None) => {
                 let (net, rest) = buf.split_at(net_len);
@@ -321,7 +342,7 @@ pub(crate) fn emit<'a, E>(
         return None;
     }
     let net_len = route.net.header_len();
-    let transport_at = net_len + udp::HEADER_LEN;
+    let transport_at = route.headers_len();
     let transport_len = transport_len(t)?;
     let len = transport_at + transport_len;
     if buf.len() < len {
@@ -336,26 +357,37 @@ pub(crate) fn emit<'a, E>(
         Ok(Payload::Lent(_)) => return None,
     };
     let (net, rest) = buf.split_at_mut(net_len);
-    let (src, dst) = match route.net {
+    let (src, dst) = (route.net.src_addr(), route.net.dst_addr());
+    let gid_type = match route.net {
         NetRepr::Ipv4(ip) => {
             emit_ipv4(&ip, (len) as u16, net);
-            (IpAddr::V4(ip.src), IpAddr::V4(ip.dst))
+            GidType::RoceV2
         }
         NetRepr::Ipv6(mut ip) => {
             ip.payload_len = udp::HEADER_LEN + transport_len;
             ip.emit(net);
-            (IpAddr::V6(ip.src), IpAddr::V6(ip.dst))
+            GidType::RoceV2
         }
-        NetRepr::Grh(_) => return None,
+        NetRepr::Grh(mut grh) => {
+            // PayLen: everything after the GRH, ICRC included (roce-rxe-facts.md §1.1).
+            grh.payload_len = transport_len;
+            grh.emit(net);
+            GidType::RoceV1
+        }
     };
-    let (udp_hdr, transport) = rest.split_at_mut(udp::HEADER_LEN);
-    let u = UdpRepr {
-        src_port: route.src_port,
-        dst_port: ROCE_V2_PORT,
-        checksum: 0,
-        payload_len: transport_len,
+    let (udp_hdr, transport) = rest.split_at_mut(transport_at - net_len);
+    let src_port = if gid_type == GidType::RoceV2 {
+        let u = UdpRepr {
+            src_port: route.src_port,
+            dst_port: ROCE_V2_PORT,
+            checksum: 0,
+            payload_len: transport_len,
+        };
+        u.emit(udp_hdr);
+        u.src_port
+    } else {
+        0
     };
-    u.emit(udp_hdr);
     emit_headers(t, l, transport);
     let pad_at = l.header_len + t.payload_len;
     let covered = transport_len - crate::wire::ICRC_LEN;
@@ -371,15 +403,24 @@ pub(crate) fn emit<'a, E>(
             len,
             src,
             dst,
-            src_port: u.src_port,
+            src_port,
             transport_offset: transport_at,
+            gid_type,
         }));
     }
     let crc = match (lent, route.net) {
+        (Some(payload), NetRepr::Grh(_)) => {
+            let (headers, out) = body.split_at_mut(l.header_len);
+            icrc::v1_copying_payload(net, headers, payload, out)
+        }
         (Some(payload), _) => {
             // Copy and hash in one pass; it writes the pad too.
             let (headers, out) = body.split_at_mut(l.header_len);
             icrc::v2_copying_payload(net, udp_hdr, headers, payload, out)
+        }
+        (None, NetRepr::Grh(_)) => {
+            body[pad_at..].fill(0);
+            icrc::v1(net, body)
         }
         (None, NetRepr::Ipv4(_)) => {
             body[pad_at..].fill(0);
@@ -395,8 +436,9 @@ pub(crate) fn emit<'a, E>(
         len,
         src,
         dst,
-        src_port: u.src_port,
+        src_port,
         transport_offset: transport_at,
+        gid_type,
     }))
 }
 
@@ -639,6 +681,7 @@ pub(crate) fn parse_ipv4_with(
         ecn_ce: p.tos() & 3 == 3,
         net_header: net,
         wire_len: total,
+        v1: false,
     };
     Some((rx, pending))
 }
@@ -691,7 +734,7 @@ mod tests {
     fn route(f: &FrameRepr) -> Route {
         Route {
             net: f.net,
-            src_port: f.udp.unwrap().src_port,
+            src_port: f.udp.map_or(0, |u| u.src_port),
         }
     }
 
@@ -747,8 +790,30 @@ mod tests {
         t
     }
 
+    /// The framings: RoCE v2 over IPv4, over IPv6, and RoCE v1.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Net {
+        V4,
+        V6,
+        V1,
+    }
+
     fn frame(t: TransportRepr, v6: bool) -> FrameRepr {
-        let net = if v6 {
+        frame_of(t, if v6 { Net::V6 } else { Net::V4 })
+    }
+
+    fn frame_of(t: TransportRepr, kind: Net) -> FrameRepr {
+        let net = if kind == Net::V1 {
+            NetRepr::Grh(Ipv6Repr {
+                src: "::ffff:10.0.0.1".parse().unwrap(),
+                dst: "fe80::2".parse().unwrap(),
+                traffic_class: 2,
+                flow_label: 0x12345,
+                next_header: crate::wire::GRH_NEXT_HEADER_IBA,
+                hop_limit: 64,
+                payload_len: 0,
+            })
+        } else if kind == Net::V6 {
             NetRepr::Ipv6(Ipv6Repr {
                 src: "fe80::1".parse().unwrap(),
                 dst: "fe80::2".parse().unwrap(),
@@ -773,7 +838,7 @@ mod tests {
         let mut f = FrameRepr {
             link: LinkRepr::None,
             net,
-            udp: Some(UdpRepr {
+            udp: (kind != Net::V1).then_some(UdpRepr {
                 src_port: 0xc000,
                 dst_port: ROCE_V2_PORT,
                 checksum: 0,
@@ -800,8 +865,8 @@ mod tests {
                 continue;
             }
             for (seed, plen) in [(0u32, 0usize), (5, 1), (11, 7), (15, 256), (3, 1021)] {
-                for v6 in [false, true] {
-                    let f = frame(repr(Opcode(code), seed, plen), v6);
+                for kind in [Net::V4, Net::V6, Net::V1] {
+                    let f = frame_of(repr(Opcode(code), seed, plen), kind);
                     let data = payload(f.transport.payload_len, seed);
                     let mut want = vec![0xeeu8; 1200];
                     f.emit(&mut want, &data).unwrap();
@@ -823,8 +888,19 @@ mod tests {
                     assert_eq!(&lent[..tx.len], &want[..tx.len], "lent, opcode {code:#x}");
                     assert_eq!(tx.len, f.buffer_len(), "opcode {code:#x}");
                     assert_eq!(frame_len(&route(&f), &f.transport), Some(f.buffer_len()));
-                    assert_eq!(&got[..tx.len], &want[..tx.len], "opcode {code:#x} v6 {v6}");
-                    assert_eq!(tx.transport_offset, f.net.header_len() + 8);
+                    assert_eq!(&got[..tx.len], &want[..tx.len], "opcode {code:#x} {kind:?}");
+                    let udp_len = if kind == Net::V1 { 0 } else { 8 };
+                    assert_eq!(tx.transport_offset, f.net.header_len() + udp_len);
+                    let gid_type = if kind == Net::V1 {
+                        GidType::RoceV1
+                    } else {
+                        GidType::RoceV2
+                    };
+                    assert_eq!(tx.gid_type, gid_type);
+                    // What was written parses as the same packet, with a good ICRC.
+                    let back = FrameRepr::parse_network(&got[..tx.len], tx.len).unwrap();
+                    assert_eq!(back.repr.net.is_v1(), kind == Net::V1);
+                    back.verified().unwrap();
                     checked += 1;
                 }
             }

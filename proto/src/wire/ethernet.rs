@@ -2,9 +2,53 @@
 
 use super::{be, check_len, Result};
 use core::fmt;
+use core::net::Ipv6Addr;
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct EthernetAddress(pub [u8; 6]);
+
+impl EthernetAddress {
+    pub const BROADCAST: EthernetAddress = EthernetAddress([0xff; 6]);
+
+    /// Group addresses have the I/G bit (the first byte's lowest) set.
+    pub const fn is_multicast(&self) -> bool {
+        self.0[0] & 1 != 0
+    }
+
+    pub const fn is_unicast(&self) -> bool {
+        !self.is_multicast()
+    }
+
+    /// The modified EUI-64 interface identifier of this MAC (RFC 4291 appendix A): `ff:fe`
+    /// in the middle and the universal/local bit flipped. rxe's node GUID is this too.
+    pub const fn eui64(&self) -> [u8; 8] {
+        let m = self.0;
+        [m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]
+    }
+
+    /// `fe80::` + [`EthernetAddress::eui64`]: the link-local address (and RoCE default GID)
+    /// of an interface with this MAC.
+    pub fn link_local(&self) -> Ipv6Addr {
+        let mut a = [0u8; 16];
+        a[0] = 0xfe;
+        a[1] = 0x80;
+        a[8..].copy_from_slice(&self.eui64());
+        Ipv6Addr::from(a)
+    }
+
+    /// The MAC inside a link-local address formed by EUI-64, if `addr` is one (remove the
+    /// `ff:fe`, flip the U/L bit back): how a RoCE v1 peer at a `fe80::` GID is found
+    /// without neighbour discovery (roce-rxe-facts.md §1.1).
+    pub fn from_link_local(addr: &Ipv6Addr) -> Option<EthernetAddress> {
+        let o = addr.octets();
+        let link_local = o[..8] == [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
+        if !link_local || o[11] != 0xff || o[12] != 0xfe {
+            return None;
+        }
+        let mac = EthernetAddress([o[8] ^ 2, o[9], o[10], o[13], o[14], o[15]]);
+        mac.is_unicast().then_some(mac)
+    }
+}
 
 impl fmt::Debug for EthernetAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -30,6 +74,7 @@ pub struct EtherType;
 impl EtherType {
     pub const IPV4: u16 = 0x0800;
     pub const IPV6: u16 = 0x86dd;
+    pub const ARP: u16 = 0x0806;
     pub const VLAN: u16 = 0x8100;
     pub const QINQ: u16 = 0x88a8;
     pub const ROCE_V1: u16 = super::ETHERTYPE_ROCE_V1;
@@ -182,5 +227,21 @@ mod tests {
         assert_eq!(EthernetRepr::parse(&frame).unwrap(), repr);
         assert!(EthernetFrame::new_checked(&buf[..17]).is_err());
         assert!(EthernetFrame::new_checked(&buf[..3]).is_err());
+    }
+
+    #[test]
+    fn link_local_by_eui64_round_trips() {
+        let mac = EthernetAddress([0x52, 0x54, 0x00, 0x4c, 0xab, 0x01]);
+        let ll = mac.link_local();
+        assert_eq!(ll, "fe80::5054:ff:fe4c:ab01".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(EthernetAddress::from_link_local(&ll), Some(mac));
+        // Not formed by EUI-64, or not link-local: no MAC to recover.
+        assert_eq!(
+            EthernetAddress::from_link_local(&"fe80::1".parse().unwrap()),
+            None
+        );
+        let global = "fd00::5054:ff:fe4c:ab01".parse().unwrap();
+        assert_eq!(EthernetAddress::from_link_local(&global), None);
+        assert!(EthernetAddress::BROADCAST.is_multicast() && mac.is_unicast());
     }
 }

@@ -8,6 +8,7 @@ use super::ipv6::{self, Ipv6Packet, Ipv6Repr};
 use super::packet::{Layout, TransportRepr};
 use super::udp::{self, UdpPacket, UdpRepr};
 use super::{icrc, Error, Result, GRH_NEXT_HEADER_IBA, ICRC_LEN, ROCE_V2_PORT};
+use core::net::{IpAddr, Ipv6Addr};
 
 /// What carries the network header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +47,41 @@ impl NetRepr {
     }
     pub fn is_v1(&self) -> bool {
         matches!(self, NetRepr::Grh(_))
+    }
+
+    /// The source address as softroce names GIDs: a v4-mapped GRH address (`::ffff:a.b.c.d`)
+    /// is the IPv4 address.
+    pub fn src_addr(&self) -> IpAddr {
+        match self {
+            NetRepr::Ipv4(ip) => IpAddr::V4(ip.src),
+            NetRepr::Ipv6(ip) => IpAddr::V6(ip.src),
+            NetRepr::Grh(grh) => gid_addr(grh.src),
+        }
+    }
+
+    /// The destination address, as [`NetRepr::src_addr`].
+    pub fn dst_addr(&self) -> IpAddr {
+        match self {
+            NetRepr::Ipv4(ip) => IpAddr::V4(ip.dst),
+            NetRepr::Ipv6(ip) => IpAddr::V6(ip.dst),
+            NetRepr::Grh(grh) => gid_addr(grh.dst),
+        }
+    }
+}
+
+/// A GID as an address: IPv4 for a v4-mapped GID (roce-rxe-facts.md §7.1), else IPv6.
+pub fn gid_addr(gid: Ipv6Addr) -> IpAddr {
+    match gid.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(gid),
+    }
+}
+
+/// An address as a GID: `::ffff:a.b.c.d` for IPv4.
+pub fn addr_gid(addr: IpAddr) -> Ipv6Addr {
+    match addr {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
     }
 }
 
@@ -141,6 +177,16 @@ impl FrameRepr {
                 need: 1,
                 have: 0,
             }),
+        }
+    }
+
+    /// Parses a network-layer RoCE packet without a link header: IPv4 or IPv6 (RoCE v2), or
+    /// a GRH (RoCE v1), told apart by the version nibble and, for version 6, the next
+    /// header (UDP 17 or IBA transport 0x1b). What the engine sends and receives.
+    pub fn parse_network(packet: &[u8], wire_len: usize) -> Result<ParsedFrame<'_>> {
+        match (packet.first().map(|b| b >> 4), packet.get(6)) {
+            (Some(6), Some(&GRH_NEXT_HEADER_IBA)) => parse_grh(LinkRepr::None, packet, wire_len),
+            _ => Self::parse_ip(packet, wire_len),
         }
     }
 

@@ -170,14 +170,30 @@ pub fn v2_copying_payload(
     payload: &[u8],
     out: &mut [u8],
 ) -> u32 {
+    copying_payload(Net::of_v2_header(ip), ip, Some(udp), headers, payload, out)
+}
+
+/// [`v2_copying_payload`] for a RoCE v1 packet: `grh` is the 40-byte GRH, and there is no
+/// UDP header.
+pub fn v1_copying_payload(grh: &[u8], headers: &[u8], payload: &[u8], out: &mut [u8]) -> u32 {
+    copying_payload(Net::V6, grh, None, headers, payload, out)
+}
+
+fn copying_payload(
+    net: Net,
+    ip: &[u8],
+    udp: Option<&[u8]>,
+    headers: &[u8],
+    payload: &[u8],
+    out: &mut [u8],
+) -> u32 {
     check_headers(headers);
     assert!(
         out.len() >= payload.len(),
         "ICRC: payload longer than its place"
     );
-    let net = Net::of_v2_header(ip);
     #[cfg(target_arch = "x86_64")]
-    if let Some(crc) = fold::icrc::<true>(net, ip, Some(udp), headers, payload, out.len(), out) {
+    if let Some(crc) = fold::icrc::<true>(net, ip, udp, headers, payload, out.len(), out) {
         return crc;
     }
     portable_copying_payload(net, ip, udp, headers, payload, out)
@@ -187,12 +203,12 @@ pub fn v2_copying_payload(
 fn portable_copying_payload(
     net: Net,
     ip: &[u8],
-    udp: &[u8],
+    udp: Option<&[u8]>,
     headers: &[u8],
     payload: &[u8],
     out: &mut [u8],
 ) -> u32 {
-    let (prefix, len) = masked_prefix(net, ip, Some(udp), headers);
+    let (prefix, len) = masked_prefix(net, ip, udp, headers);
     let (data, pad) = out.split_at_mut(payload.len());
     data.copy_from_slice(payload);
     pad.fill(0);
@@ -1442,7 +1458,7 @@ mod tests {
                     let got = portable_copying_payload(
                         net,
                         ip,
-                        udp_h,
+                        Some(udp_h),
                         headers,
                         &payload_and_pad[..len],
                         &mut out,
@@ -1452,6 +1468,31 @@ mod tests {
                     assert_eq!(got, reference(ip, Some(udp_h), &transport));
                     assert_eq!(out, &transport[headers.len()..]);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn v1_copying_payload_is_v1_over_the_copied_packet() {
+        let bytes = noise(6000, 23);
+        let grh = &bytes[..40];
+        for len in (0..200usize).chain([1020, 1024, 4093, 4096]) {
+            for ext in [0usize, 4, 16, 28] {
+                let headers = &bytes[100..112 + ext];
+                let pad = len.wrapping_neg() & 3;
+                let payload = &bytes[300..300 + len];
+                let mut out = vec![0x5au8; len + pad];
+                let got = v1_copying_payload(grh, headers, payload, &mut out);
+                let mut transport = headers.to_vec();
+                transport.extend_from_slice(payload);
+                transport.resize(headers.len() + len + pad, 0);
+                assert_eq!(got, v1(grh, &transport), "len {len} ext {ext}");
+                assert_eq!(got, reference(grh, None, &transport));
+                assert_eq!(out, &transport[headers.len()..]);
+                let mut portable = vec![0x5au8; len + pad];
+                let got =
+                    portable_copying_payload(Net::V6, grh, None, headers, payload, &mut portable);
+                assert_eq!(got, v1(grh, &transport));
             }
         }
     }

@@ -91,6 +91,29 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
     }
 }
 
+/// The checksum of an upper-layer message (UDP, ICMPv6) over the IPv6 pseudo-header of `src`
+/// → `dst` (RFC 8200 §8.1): 0 when `message` carries a right one. A UDP sender that gets 0
+/// sends 0xffff (0 means "no checksum", which IPv6 does not allow).
+pub fn pseudo_header_checksum(
+    src: &Ipv6Addr,
+    dst: &Ipv6Addr,
+    next_header: u8,
+    message: &[u8],
+) -> u16 {
+    let mut pseudo = [0u8; 40];
+    pseudo[..16].copy_from_slice(&src.octets());
+    pseudo[16..32].copy_from_slice(&dst.octets());
+    pseudo[32..36].copy_from_slice(&(message.len() as u32).to_be_bytes());
+    pseudo[39] = next_header;
+    // The one's-complement sum of the two parts is the complement of the sum of their
+    // complements (the pseudo-header has an even length).
+    let a = !super::ipv4::header_checksum(&pseudo);
+    let b = !super::ipv4::header_checksum(message);
+    let mut sum = u32::from(a) + u32::from(b);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
 /// An IPv6 header without extension headers, or a GRH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ipv6Repr {

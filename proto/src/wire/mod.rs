@@ -12,6 +12,7 @@
 //! Parsing never panics on any input: every failure is an [`Error`].
 
 pub mod aeth;
+pub mod arp;
 pub mod bth;
 pub mod ecn;
 pub mod ethernet;
@@ -21,11 +22,13 @@ pub mod icrc;
 pub mod ipv4;
 pub mod ipv6;
 pub mod mad;
+pub mod ndisc;
 pub mod opcode;
 pub mod packet;
 pub mod udp;
 
 pub use aeth::{AethRepr, AethSyndrome, NakCode};
+pub use arp::{ArpOperation, ArpPacket, ArpRepr};
 pub use bth::{Bth, BthRepr};
 pub use ecn::Ecn;
 pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr};
@@ -33,6 +36,7 @@ pub use ext::{AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, RethRepr};
 pub use frame::{FrameRepr, LinkRepr, NetRepr, ParsedFrame};
 pub use ipv4::{Ipv4Packet, Ipv4Repr};
 pub use ipv6::{Ipv6Packet, Ipv6Repr};
+pub use ndisc::{NdiscPacket, NdiscRepr};
 pub use opcode::{HeaderSet, OpInfo, Opcode, Transport};
 pub use packet::{RocePacket, TransportRepr};
 pub use udp::{UdpPacket, UdpRepr};

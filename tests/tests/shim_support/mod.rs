@@ -8,11 +8,14 @@
 
 #![allow(dead_code)]
 
+pub mod captures;
+pub mod netns;
 pub mod programs;
 pub mod rdmacm;
 pub mod symbols;
 
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -125,7 +128,24 @@ pub struct Daemon {
     pub socket: PathBuf,
     log: PathBuf,
     /// The network namespace the daemon (and the programs of [`Daemon::command`]) run in.
-    netns: Option<String>,
+    netns: Option<OwnedFd>,
+}
+
+/// Makes `cmd` run in the network namespace `ns` (setns in the child, before exec: no
+/// wrapper process between the test and the program, and nothing else preloaded).
+fn enter_netns(cmd: &mut Command, ns: Option<&OwnedFd>) {
+    if let Some(ns) = ns {
+        let fd = ns.as_raw_fd();
+        // SAFETY: setns(2) only, between fork and exec; the descriptor outlives the spawn.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
 }
 
 impl Daemon {
@@ -135,8 +155,8 @@ impl Daemon {
         Daemon::start_in(name, None, args)
     }
 
-    /// [`Daemon::start`] inside network namespace `netns` (`ip netns exec`), whose programs
-    /// run there too.
+    /// [`Daemon::start`] inside the named network namespace `netns` (`ip netns add`), whose
+    /// programs run there too.
     pub fn start_in(name: &str, netns: Option<&str>, args: &[&str]) -> Daemon {
         let dir = scratch_root().join("daemons").join(name);
         let _ = std::fs::remove_dir_all(&dir);
@@ -150,14 +170,14 @@ impl Daemon {
         } else {
             &["--port", "0"]
         };
-        let mut cmd = match netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(softroce_bin());
-                c
-            }
-            None => Command::new(softroce_bin()),
-        };
+        let netns = netns.map(|n| {
+            OwnedFd::from(
+                std::fs::File::open(format!("/run/netns/{n}"))
+                    .unwrap_or_else(|e| panic!("network namespace {n}: {e}")),
+            )
+        });
+        let mut cmd = Command::new(softroce_bin());
+        enter_netns(&mut cmd, netns.as_ref());
         let child = cmd
             .arg("daemon")
             .arg("--socket")
@@ -173,7 +193,7 @@ impl Daemon {
             child: Some(child),
             socket,
             log,
-            netns: netns.map(str::to_owned),
+            netns,
         };
         d.wait_until_serving();
         d
@@ -252,14 +272,8 @@ impl Daemon {
 
     /// A command for `program` with the shim preloaded and pointed at this daemon.
     pub fn command(&self, program: &Path) -> Command {
-        let mut cmd = match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns]).arg(program);
-                c
-            }
-            None => Command::new(program),
-        };
+        let mut cmd = Command::new(program);
+        enter_netns(&mut cmd, self.netns.as_ref());
         cmd.env("LD_PRELOAD", &shim_libs().preload)
             .env("SOFTROCE_SOCKET", &self.socket);
         cmd
