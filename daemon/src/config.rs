@@ -8,8 +8,8 @@
 
 use anyhow::{bail, Context, Result};
 use proto::ctl::{self, DeviceInfo, GidEntry, RoceVersion};
-use proto::transport::{Algorithm, CcParams, CongestionConfig};
 use proto::iface::IpCidr;
+use proto::transport::{Algorithm, CcParams, CongestionConfig};
 use proto::wire::EthernetAddress;
 use serde::Deserialize;
 use std::collections::BTreeMap;

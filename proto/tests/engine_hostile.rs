@@ -136,7 +136,11 @@ fn every_hostile_packet_is_counted_under_a_reason_and_changes_nothing() {
         );
         // Exactly one of the top-level fates.
         let fates = |c: &Counters| {
-            c.rcvd_pkts + c.dropped_pkts + c.icrc_errors + (c.rp_cnp_handled + c.rp_cnp_ignored) + c.drops.bad_pkey
+            c.rcvd_pkts
+                + c.dropped_pkts
+                + c.icrc_errors
+                + (c.rp_cnp_handled + c.rp_cnp_ignored)
+                + c.drops.bad_pkey
         };
         assert_eq!(fates(&c), fates(&before) + 1, "{why}");
         assert_eq!(c.dropped_pkts, c.drops.dropped_total(), "{why}");
