@@ -360,3 +360,57 @@ fn pacing_holds_a_qp_within_5_percent_of_its_rate_from_10_mbits_to_line_rate() {
         assert!(err.abs() < 0.05, "set {want}, sent {got}");
     }
 }
+
+#[test]
+fn roce_v1_carries_ecn_in_the_grh_and_answers_a_ce_mark_with_a_v1_cnp() {
+    // Both devices on RoCE v1 GIDs (the L2 device's `--roce v1`): the GRH's traffic class
+    // is the IP TOS of v2 (IBTA Annex A16), ECN bits included.
+    let mut sim = Sim::pair_v1(3, LinkModel::default());
+    sim.dev(0).set_congestion_control(CongestionConfig::dcqcn());
+    sim.dev(1).set_congestion_control(CongestionConfig::dcqcn());
+    let (qa, qb) = sim.connect(0, 1, &QpOptions::default());
+    let acc = Access::ALL_REMOTE.union(Access::LOCAL_WRITE);
+    let a = sim.alloc_mr(0, 65536, acc);
+    let b = sim.alloc_mr(1, 65536, acc);
+    let mut s = Setup { sim, qa, qb, a, b };
+    s.write(1, 4096);
+    let v1 = |p: &[u8]| {
+        let f = FrameRepr::parse_network(p, p.len()).expect("a RoCE v1 packet");
+        assert!(f.repr.net.is_v1() && f.repr.udp.is_none());
+        assert!(f.verified().is_ok(), "v1 ICRC");
+        (
+            f.repr.net.ecn(),
+            f.repr.net.traffic_class(),
+            f.repr.transport,
+        )
+    };
+    let packets = s.transmit(0, 0);
+    assert_eq!(packets.len(), 4);
+    for mut p in packets {
+        assert_eq!(v1(&p).0, Ecn::Ect0, "data packets are ECN-capable");
+        assert!(
+            wire::ecn::mark_ce(&mut p),
+            "the GRH's traffic class takes CE"
+        );
+        // The ICRC masks the traffic class: the marked packet still verifies.
+        assert_eq!(v1(&p).0, Ecn::Ce);
+        s.sim.dev(1).handle_packet(0, &p);
+    }
+    let out = s.transmit(1, 0);
+    let (_, tclass, t) = v1(&out[0]);
+    assert_eq!(t.bth.opcode, Opcode::CNP);
+    assert!(t.bth.becn);
+    assert_eq!(t.bth.dest_qpn, s.qa);
+    assert_eq!(tclass, 0xc2, "DSCP 48, ECT(0), in the GRH");
+    assert_eq!(
+        out[0].len(),
+        40 + 12 + 16 + 4,
+        "GRH + BTH + 16 reserved + ICRC"
+    );
+    let c = *s.sim.nodes[1].dev.counters();
+    assert_eq!((c.np_ecn_marked_roce_packets, c.np_cnp_sent), (4, 1));
+    s.sim.dev(0).handle_packet(US, &out[0]);
+    let c = *s.sim.nodes[0].dev.counters();
+    assert_eq!((c.rp_cnp_handled, c.rp_cnp_ignored), (1, 0));
+    assert!(s.sim.dev(0).qp_congestion(s.qa).unwrap().limited);
+}
