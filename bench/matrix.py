@@ -8,7 +8,9 @@ Measures, in one run on this machine:
   * Debian's unmodified perftest through libsoftroce.so, on one daemon and across two daemons
     over loopback: ib_write_bw, ib_read_bw, ib_send_bw over message sizes, ib_write_bw -s 8
     -q 16 (messages/s), ib_send_lat -s 2 and ib_write_lat -s 2 (percentiles);
-  * the scale goal (bench/scale.c): 10,000 RC QPs and 100,000 MRs in one daemon;
+  * the scale goals (bench/scale.c): 100,000 RC QPs (each one's create + RTS timed at the 100th,
+    1,000th, ... 100,000th) and 100,000 MRs in one daemon, its CPU while they sit idle, and an MR
+    register/deregister loop past 2^19 registrations in one process (issues 5 and 17);
 and writes a Markdown report (every softroce figure beside its baseline and the ratio, the
 issue's goals met / not met) plus PNG plots (gnuplot) under bench/results/.
 
@@ -255,8 +257,11 @@ class Bench:
     # --- scale -------------------------------------------------------------------------------
 
     def run_scale(self):
-        qps, mrs = (2000, 20000) if self.quick else (10000, 100000)
-        log(f"scale: {qps} RC QPs, {mrs} MRs in one daemon")
+        # Issue 17: 100,000 QPs, each one's create + RTS timed at checkpoints (the 100th, ...,
+        # the 100,000th), then an MR register/deregister loop that takes the process past 2^19
+        # registrations in its life (100,000 + 450,000 + 2 > 524,288).
+        qps, mrs, churn = (2000, 20000, 20000) if self.quick else (100000, 100000, 450000)
+        log(f"scale: {qps} RC QPs, {mrs} MRs in one daemon, {churn} MR re-registrations")
         # The daemon's default limits (131,072 QPs, 524,288 MRs) already allow the goal.
         self.start_daemon("scale", "127.0.0.214")
         proc, sock, _ = self.daemons["scale"]
@@ -279,14 +284,14 @@ class Bench:
 
         time.sleep(0.5)
         daemon_before = rss_kib(proc.pid)
-        # MRs first: each control request costs the daemon a pass over every ring it polls (see
-        # the report), so registering 100,000 MRs after 10,000 QPs would take many minutes.
-        client = subprocess.Popen([self.args.scale, str(qps), str(mrs), "--mrs-first"], env=env,
+        # QPs first: a control request no longer costs a pass over every ring (doorbells), so
+        # the MRs and the churn are timed with all the QPs in place.
+        client = subprocess.Popen([self.args.scale, str(qps), str(mrs), "--churn", str(churn)], env=env,
                                   stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        result = {"qps": qps, "mrs": mrs}
-        created = {}
-        deadline = time.monotonic() + 300
+        result = {"qps": qps, "mrs": mrs, "churn": churn}
+        created = {"qp_cost": {}, "mr_cost": {}}
+        deadline = time.monotonic() + 900
         ok = False
         while time.monotonic() < deadline:
             line = client.stdout.readline()
@@ -296,7 +301,10 @@ class Bench:
             if line.startswith("scale="):
                 kv = parse_kv(line)
                 kv["daemon_rss_kib"] = rss_kib(proc.pid)
-                created[kv["scale"]] = kv
+                if kv["scale"] in ("qp_cost", "mr_cost"):
+                    created[kv["scale"]][int(kv["at"])] = float(kv["us"])
+                else:
+                    created[kv["scale"]] = kv
             if line.startswith("scale=ready"):
                 ok = True
                 break
@@ -420,7 +428,19 @@ class Bench:
                 c = sc["created"]
                 w("| figure | value |\n|---|---|")
                 w(f"| QPs created (RC, moved to RTS) | {sc['qps']} in {c.get('qps', {}).get('seconds', '?')} s |")
-                w(f"| MRs registered first (4 KiB each) | {sc['mrs']} in {c.get('mrs', {}).get('seconds', '?')} s |")
+                w(f"| MRs registered after them (4 KiB each) | {sc['mrs']} in {c.get('mrs', {}).get('seconds', '?')} s |")
+                for at, us in sorted(c.get("qp_cost", {}).items()):
+                    w(f"| create + INIT + RTR + RTS of the QPs up to the {at:,}th (median of 64) | {us} µs |")
+                for at, us in sorted(c.get("mr_cost", {}).items()):
+                    w(f"| `ibv_reg_mr` of the MRs up to the {at:,}th (median of 64) | {us} µs |")
+                ch = c.get("churn")
+                if ch:
+                    w(f"| MR churn: dereg + reg {ch['count']} times, {ch['registrations']} registrations in the "
+                      f"process's life | {ch['seconds']} s; first 1,000 {ch['first_us']} µs, last 1,000 "
+                      f"{ch['last_us']} µs each; a deregistered MR's R_Key: {ch['stale_key']} |")
+                one = c.get("single")
+                if one:
+                    w(f"| one RDMA WRITE on one QP after the idle phase (wakes the device) | {one['us']} µs |")
                 v = c.get("verify", {})
                 w(f"| all proven to work: RDMA WRITEs through every QP and every MR | {v.get('writes', '?')} "
                   f"writes in {v.get('seconds', '?')} s, {v.get('bytes_checked', '?')} bytes compared |")
@@ -428,9 +448,10 @@ class Bench:
                 try:
                     after_mrs = c["mrs"]["daemon_rss_kib"]
                     after_qps = c["qps"]["daemon_rss_kib"]
-                    w(f"| daemon memory per MR / per QP (RSS growth while creating them) | "
-                      f"{(after_mrs - sc['daemon_rss_before_kib']) / sc['mrs']:.2f} KiB / "
-                      f"{(after_qps - after_mrs) / sc['qps']:.2f} KiB |")
+                    # QPs first, then MRs (run_scale).
+                    w(f"| daemon memory per QP / per MR (RSS growth while creating them) | "
+                      f"{(after_qps - sc['daemon_rss_before_kib']) / sc['qps']:.2f} KiB / "
+                      f"{(after_mrs - after_qps) / sc['mrs']:.2f} KiB |")
                 except KeyError:
                     pass
                 w(f"| client RSS | {sc['client_rss_kib'] / 1024:.1f} MiB |")
@@ -482,6 +503,22 @@ class Bench:
                         if sc else "failed")
             goal("10,000 RC QPs and 100,000 MRs in one daemon, no CPU on idle QPs", measured,
                  "", "", ok if sc and not self.quick else (False if not sc else None))
+            # Issue 17: flat. The 100,000th QP's create + RTS against the 100th's, in the same
+            # run (issue 17's "today": 10,000 QPs in 21 s, 2.1 ms each on average, growing).
+            cost = sc["created"].get("qp_cost", {}) if sc else {}
+            first, last = cost.get(100), cost.get(max(cost) if cost else None)
+            q = ratio(last, first)
+            flat = (None if q is None else last <= 100 and q <= 1.25 and sc["idle_ticks"] <= 2)
+            nth = f"{max(cost):,}" if cost else "?"
+            goal(f"QP create + RTS flat: the {nth}th ≤ 100 µs and ≤ 1.25 × the 100th; "
+                 "no CPU when idle", f"{fmt(last)} µs, {sc['idle_ticks'] if sc else '?'} idle ticks",
+                 f"{fmt(first)} µs (100th)", fmt(q, 2), flat if sc and not self.quick else (False if not sc else None))
+            ch = sc["created"].get("churn") if sc else None
+            regs = int(ch["registrations"]) if ch else 0
+            goal("MR register/deregister past 2^19 registrations in one process, stale key refused",
+                 f"{regs:,} registrations" if ch else "failed", "524,288", fmt(ratio(regs, 1 << 19), 2),
+                 (regs > 1 << 19 and ch["stale_key"] == "refused") if ch and not self.quick else
+                 (False if not ch else None))
         w("")
         if self.failures:
             w("### Runs that failed\n")

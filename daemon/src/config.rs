@@ -264,8 +264,10 @@ fn default_max_ring_bytes() -> u64 {
     8 << 30
 }
 fn default_client_max_qp() -> u32 {
-    // A client's QPN block holds 65536 numbers.
-    1 << 16
+    // A client gets another QPN block of 65536 numbers each time its QPs fill those it has
+    // (device::DeviceThread::grow_qpns); 131072 lets one process hold the 100,000 QPs of the
+    // scale goal (issue 17), its rings still capped by client_max_ring_bytes.
+    1 << 17
 }
 fn default_client_max_cq() -> u32 {
     1 << 16

@@ -65,9 +65,23 @@ impl SharedRegion {
         self.file.as_ref().map(std::os::fd::AsFd::as_fd)
     }
 
+    /// A duplicate of the descriptor (for a region sent to the client more than once), while
+    /// the region still has it.
+    pub fn dup_fd(&self) -> Option<OwnedFd> {
+        self.file
+            .as_ref()
+            .and_then(|f| f.try_clone().ok())
+            .map(OwnedFd::from)
+    }
+
     /// Gives the descriptor away (to be sent to the client); the mapping stays.
     pub fn take_fd(&mut self) -> Option<OwnedFd> {
         self.file.take().map(OwnedFd::from)
+    }
+
+    /// The mapping's first byte (page aligned), for tables laid out by the caller.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
     }
 
     /// Initialises a ring at `offset` and returns the daemon's handle on it.

@@ -363,7 +363,7 @@ fn pd_and_cq(c: &mut Client) -> (u32, u32, std::os::fd::OwnedFd) {
             &[a1.as_raw_fd()],
         )
         .unwrap();
-    let Response::Context { ctx } = ok(r) else {
+    let Response::Context { ctx, .. } = ok(r) else {
         panic!()
     };
     let Response::Pd { pd } = ok(c.request(&Request::AllocPd { ctx }).unwrap()) else {
@@ -525,4 +525,48 @@ fn a_refused_request_that_waited_for_room_still_completes() {
             .all(|c| c.status != proto::transport::WcStatus::Success as u32),
         "the sends to nobody failed: {completions:?}"
     );
+}
+
+/// The device reads the rings whose doorbell rang and no others (issue 17: a pass costs what
+/// was posted, not what exists). A WRITE published in the send ring without its doorbell stays
+/// there, however long the device runs (the other client's traffic keeps it busy meanwhile);
+/// the doorbell makes it go.
+#[test]
+fn a_ring_is_read_only_after_its_doorbell_rings() {
+    let addr = "127.0.0.66";
+    let d = start_daemon("doorbell", addr);
+    let gid = ctl::gid_of(addr.parse().unwrap());
+    let mut a = Side::new(&d.socket, 4096);
+    let mut b = Side::new(&d.socket, 4096);
+    let mut c = Side::new(&d.socket, 4096);
+    a.connect(b.qpn, gid);
+    b.connect(a.qpn, gid);
+    c.connect(c.qpn, gid);
+    a.buf[..8].copy_from_slice(b"rung-now");
+    let sge = a.sge(0, 8);
+    let w = send_wqe(5, WrOpcode::RdmaWrite, &sge, b.buf.as_ptr() as u64, b.rkey);
+    let n = w.encode(&mut a.slot).unwrap();
+    a.sq.ring.push(&a.slot[..n]).unwrap();
+    // Meanwhile another client's QP (connected to itself) works, through its doorbell: the
+    // device makes passes, and none of them reads a's ring.
+    let csge = c.sge(0, 8);
+    for i in 0..20 {
+        c.post_send(&send_wqe(
+            100 + i,
+            WrOpcode::RdmaWrite,
+            &csge,
+            c.buf.as_ptr() as u64 + 64,
+            c.rkey,
+        ));
+        assert_eq!(c.poll().status, 0);
+    }
+    assert!(
+        a.poll_for(Duration::from_millis(300)).is_none(),
+        "a ring whose doorbell did not ring was read"
+    );
+    assert_eq!(&b.buf[..8], &[0; 8]);
+    a.ring_doorbell();
+    let done = a.poll();
+    assert_eq!((done.wr_id, done.status), (5, 0), "{done:?}");
+    assert_eq!(&b.buf[..8], b"rung-now");
 }

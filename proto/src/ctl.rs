@@ -527,8 +527,11 @@ pub enum Response {
     },
     /// The request succeeded and has nothing to return.
     Done,
+    /// Two fds beside it: the device thread's wake-up eventfd, then the client's doorbell
+    /// table ([`crate::ring::doorbell`], `doorbells_len` bytes to map).
     Context {
         ctx: u32,
+        doorbells_len: u64,
     },
     Pd {
         pd: u32,
@@ -555,6 +558,14 @@ pub enum Response {
         sq: RingPlace,
         rq: Option<RingPlace>,
         region_len: u64,
+        /// The QP's doorbell in the context's doorbell table ([`crate::ring::doorbell`]),
+        /// rung after posting to either of its queues.
+        doorbell: u32,
+        /// Which memory the fd is: 0 for a region of the QP's own, else one of the client's
+        /// ring chunks on this device (the same number, the same memory: a client maps each
+        /// once and keeps it while any QP lives in it). `region_len` is what to map, `sq`/`rq`
+        /// offsets are inside it.
+        region: u32,
     },
     QpAttr {
         attr: QpAttr,
@@ -568,6 +579,8 @@ pub enum Response {
         max_sge: u32,
         ring: RingPlace,
         region_len: u64,
+        /// The SRQ's doorbell, as a QP's.
+        doorbell: u32,
     },
     SrqAttr {
         max_wr: u32,

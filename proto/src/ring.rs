@@ -23,6 +23,7 @@
 
 #![allow(unsafe_code)]
 
+pub mod doorbell;
 pub mod wqe;
 
 use core::sync::atomic::{fence, AtomicU32, Ordering};

@@ -63,6 +63,7 @@ fn a_freed_key_names_nothing_even_when_its_handle_is_reused() {
     // would name it with probability 1/256.
     let (dst, new) = sim.alloc_mr(1, 64, all);
     let _ = old_dst;
+    assert_eq!(new.handle, old.handle, "the handle is used again");
     assert_ne!(
         old.rkey.0 >> 8,
         new.rkey.0 >> 8,
@@ -171,4 +172,34 @@ fn random_qpns_are_spread_over_the_range_and_unique() {
         .collect();
     assert_eq!(got, (0x100..0x140).collect());
     assert!(small.create_qp(init).is_err());
+}
+
+/// Issue 17: MR handles come from a slab, so a process that registers and deregisters in a loop
+/// never runs out (rxe's limit is 2^19 live MRs, not 2^19 in a life), and every key drawn is
+/// new although the handles are used again at once (the test above proves the old key of a
+/// reused handle is refused on the wire).
+#[test]
+fn a_register_deregister_loop_past_two_to_the_nineteen_reuses_handles_with_fresh_keys() {
+    let mut e = engine(11, [3; 32]);
+    let pd = e.alloc_pd();
+    let addr = e.memory_mut().alloc(4096);
+    let held = e.reg_mr(pd, addr, 4096, Access::LOCAL_WRITE).unwrap();
+    let mut keys = HashSet::from([held.lkey.0]);
+    let mut handles = HashSet::new();
+    let mut repeated = 0;
+    for i in 0..(1u32 << 19) + 1000 {
+        let mr = e
+            .reg_mr(pd, addr, 64, Access::LOCAL_WRITE)
+            .unwrap_or_else(|err| panic!("registration {i}: {err}"));
+        handles.insert(mr.handle);
+        repeated += usize::from(!keys.insert(mr.lkey.0));
+        e.dereg_mr(mr.handle).unwrap();
+    }
+    assert_eq!(handles.len(), 1, "the freed handle is used again");
+    assert!(!handles.contains(&held.handle));
+    // 2^19 draws of 32-bit keys whose tag is new among the live ones: a repeat of a dead key
+    // needs its tag and its low byte to come up again (about 2^19 * 2^19 / 2^32 = 64 times).
+    assert!(repeated < 200, "{repeated} keys repeated");
+    assert!(e.dereg_mr(held.handle).is_ok());
+    assert!(e.dereg_mr(held.handle).is_err(), "freed once");
 }

@@ -8,7 +8,7 @@ use std::ffi::c_char;
 use std::mem::offset_of;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use libc::c_int;
 
@@ -16,7 +16,9 @@ use crate::abi::*;
 use crate::daemon::ControlConnection;
 use crate::discovery::{source_from_env, DeviceDescription, DeviceSource};
 use crate::ffi::Errno;
+use crate::shm::Mapping;
 use proto::ctl::{Request, Response};
+use proto::ring::doorbell::Doorbells;
 
 /// `struct ibv_device` plus the description it was built from. `dev` is first, so the
 /// `ibv_device *` handed out is the address of the whole `ShimDevice`.
@@ -218,6 +220,12 @@ pub struct ShimContext {
     /// The device thread's doorbell eventfd: written (8 bytes) after posting to a ring whose
     /// consumer said it sleeps.
     pub doorbell: OwnedFd,
+    /// The client's doorbell table on this device ([`proto::ring::doorbell`]): a QP's or
+    /// SRQ's doorbell is rung after every post, so the daemon reads only rings with work.
+    /// The handle is declared before its mapping, which outlives it.
+    pub bells: Option<(Doorbells, Mapping)>,
+    /// The client's ring chunks on this device, mapped once each (`Response::Qp::region`).
+    pub ring_chunks: Mutex<HashMap<u32, Arc<Mapping>>>,
     /// CQs, QPs and SRQs of this context by daemon handle / QPN.
     pub objects: Mutex<ObjectTable>,
 }
@@ -365,6 +373,30 @@ impl ShimContext {
             Err(Errno(libc::ENODEV))
         } else {
             Ok(())
+        }
+    }
+
+    /// The memory a new QP's rings are in: region 0 is the QP's own (`fd`, `len` bytes);
+    /// another is one of the client's ring chunks, mapped the first time it is named and kept.
+    pub fn ring_chunk(&self, region: u32, fd: &OwnedFd, len: u64) -> Result<Arc<Mapping>, Errno> {
+        if region == 0 {
+            return Mapping::map(fd, len).map(Arc::new);
+        }
+        let mut chunks = crate::verbs::qp::lock(&self.ring_chunks);
+        if let Some(m) = chunks.get(&region) {
+            return Ok(Arc::clone(m));
+        }
+        let m = Arc::new(Mapping::map(fd, len)?);
+        chunks.insert(region, Arc::clone(&m));
+        Ok(m)
+    }
+
+    /// Rings doorbell `index` after posting to its rings, and wakes the device thread if it
+    /// said it sleeps (in the doorbell table, or in the ring: `ring_sleeping`).
+    pub fn rang(&self, index: u32, ring_sleeping: bool) {
+        let asleep = self.bells.as_ref().is_some_and(|(b, _)| b.ring(index));
+        if asleep || ring_sleeping {
+            self.ring_doorbell();
         }
     }
 

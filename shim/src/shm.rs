@@ -3,6 +3,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use proto::ctl::RingPlace;
+use proto::ring::doorbell::Doorbells;
 use proto::ring::SharedRing;
 
 use crate::ffi::Errno;
@@ -46,6 +47,14 @@ impl Mapping {
             base: base.cast(),
             len,
         })
+    }
+
+    /// Attaches to the doorbell table the daemon wrote at the start of the mapping, checking
+    /// its header.
+    pub fn doorbells(&self) -> Result<Doorbells, Errno> {
+        // SAFETY: `base` is page aligned and `len` bytes are mapped for as long as `self`
+        // lives; the caller keeps the mapping beside the handle and drops the handle first.
+        unsafe { Doorbells::attach(self.base, self.len) }.map_err(|_| Errno::PROTO)
     }
 
     /// Attaches to the ring the daemon placed at `place`, checking that it lies inside the

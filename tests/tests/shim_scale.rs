@@ -4,7 +4,10 @@
 //! MRs in one daemon. The program itself proves that every QP and every MR works (an RDMA
 //! WRITE through each, every completion successful, the last 8,192 writes' bytes compared);
 //! this test checks that it did, that `softroce res show` counts exactly what it holds, and
-//! that everything is freed when it exits.
+//! that everything is freed when it exits. With `--churn` it also deregisters and registers
+//! again 5,000 times (the table reuses what a deregistration frees, issue 17), and proves that
+//! a deregistered MR's R_Key is refused by the responder afterwards; after the idle phase one
+//! WRITE on one QP among the idle ones must complete (its doorbell wakes the device).
 
 mod shim_support;
 
@@ -17,6 +20,7 @@ use shim_support::{check_output, compile_c, softroce_bin, Daemon};
 
 const QPS: usize = 2_000;
 const MRS: usize = 20_000;
+const CHURN: usize = 5_000;
 
 /// The client's row of `softroce res show` for `program`: its pd, mr, cq, qp, srq, ah, mw
 /// counts, or None when no client of that name is listed.
@@ -44,7 +48,13 @@ fn two_thousand_qps_and_twenty_thousand_mrs_all_work_and_are_counted_and_freed()
     let daemon = loopback_daemon("scale", 140);
     let mut child = daemon
         .command(&exe)
-        .args([QPS.to_string(), MRS.to_string(), "--mrs-first".into()])
+        .args([
+            QPS.to_string(),
+            MRS.to_string(),
+            "--mrs-first".into(),
+            "--churn".into(),
+            CHURN.to_string(),
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -77,6 +87,14 @@ fn two_thousand_qps_and_twenty_thousand_mrs_all_work_and_are_counted_and_freed()
     let text = seen.join("");
     assert!(text.contains(&format!("scale=qps count={QPS} ")), "{text}");
     assert!(text.contains(&format!("scale=mrs count={MRS} ")), "{text}");
+    // The source MR, the MRS, the CHURN re-registrations and the stale-key test's one.
+    assert!(
+        text.contains(&format!(
+            "scale=churn count={CHURN} registrations={} ",
+            MRS + 2 + CHURN
+        )) && text.contains("stale_key=refused"),
+        "{text}"
+    );
     // One write per MR (there are more MRs than QP pairs), 8,192 of them compared byte for byte.
     assert!(
         text.contains(&format!("scale=verify writes={MRS} bytes_checked=65536 ")),
@@ -92,6 +110,7 @@ fn two_thousand_qps_and_twenty_thousand_mrs_all_work_and_are_counted_and_freed()
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut lines, &mut rest);
     assert!(status.success(), "scale program failed ({status}): {rest}");
+    assert!(rest.contains("scale=single qp="), "{rest}");
     assert!(rest.contains("scale=destroyed"), "{rest}");
 
     // The client is gone and forgotten once it exits.

@@ -3,6 +3,8 @@
 //! A client's engine is created on its first request and dropped, with everything in it, when
 //! the client goes (or when its engine panicked: see [`contained`]).
 
+use super::arena::{RingArena, RingMemory};
+use super::doorbells::{Bell, DoorbellTable};
 use super::events::EventSink;
 use super::DeviceThread;
 use crate::memory::ProcessMemory;
@@ -84,7 +86,8 @@ pub(super) struct CqState {
 }
 
 pub(super) struct QpHost {
-    pub region: SharedRegion,
+    /// Where its rings are: a region of one of the client's ring chunks ([`super::arena`]).
+    pub memory: RingMemory,
     pub sq: SharedRing,
     pub rq: Option<SharedRing>,
     pub cap: QpCap,
@@ -98,6 +101,8 @@ pub(super) struct QpHost {
     /// A ring held a WQE that could not be decoded: the QP is in ERR and its rings are not
     /// read again.
     pub corrupt: bool,
+    /// Its doorbell in the client's table (both queues share it).
+    pub doorbell: u32,
 }
 
 pub(super) struct SrqState {
@@ -110,6 +115,7 @@ pub(super) struct SrqState {
     pub ctx: u32,
     /// Its ring held a WQE that could not be decoded: the SRQ is in error.
     pub corrupt: bool,
+    pub doorbell: u32,
 }
 
 /// A client's presence on this device.
@@ -118,7 +124,8 @@ pub(super) struct ClientDev {
     /// The device's index (in the handles the client is given).
     pub device: u32,
     pub engine: Engine,
-    pub block: u32,
+    /// Its QPN blocks (one more each time the QPs fill those it has: [`DeviceThread::grow_qpns`]).
+    pub blocks: Vec<u32>,
     /// Context handle -> its async event socket (write end).
     pub contexts: HashMap<u32, EventSink>,
     /// Completion channel handle -> its pipe (write end).
@@ -137,11 +144,48 @@ pub(super) struct ClientDev {
     pub ahs: HashMap<u32, u32>,
     pub mws: HashSet<u32>,
     pub next_handle: u32,
+    /// Which of the rings were posted to ([`super::doorbells`]), made at the first
+    /// `OpenContext`: the device reads those rings and no others.
+    pub bells: Option<DoorbellTable>,
+    /// Rings to read on the next pass without a doorbell: work that waited for room in the
+    /// engine went in, and the ring may hold more behind it.
+    pub revisit: Vec<Bell>,
+    /// QPs and SRQs with work waiting for room in the engine (`pending_*`).
+    pub waiting: HashSet<Bell>,
+    /// Scratch: the CQs with completions this pass (`Engine::take_touched_cqs`).
+    pub touched_cqs: Vec<u32>,
+    /// The memory of the QPs' rings: a few shared chunks instead of a memfd (and a mapping
+    /// on each side) per QP.
+    pub arena: RingArena,
 }
 
 impl ClientDev {
+    /// A doorbell for `bell` (the table is made with the first context, before any QP).
+    pub fn add_bell(&mut self, bell: Bell) -> Option<u32> {
+        self.bells.as_mut()?.add(bell)
+    }
+
+    /// Forgets the doorbell of a QP or SRQ that is gone.
+    pub fn remove_bell(&mut self, index: u32, bell: Bell) {
+        if let Some(t) = self.bells.as_mut() {
+            t.remove(index);
+        }
+        self.waiting.remove(&bell);
+        self.revisit.retain(|b| *b != bell);
+    }
+
+    /// A handle for a new context, PD, MR or completion channel: cyclic over the 2^24 a
+    /// device's handles have (as rxe's `xa_alloc_cyclic`), skipping live ones, so that a
+    /// process creating and destroying in a loop never runs out and a freed handle comes back
+    /// only after 2^24 others.
     pub fn handle(&mut self) -> u32 {
-        self.next_handle += 1;
+        let (contexts, pds, mrs, channels) = (&self.contexts, &self.pds, &self.mrs, &self.channels);
+        self.next_handle = next_free_handle(self.next_handle, |h| {
+            contexts.contains_key(&h)
+                || pds.contains_key(&h)
+                || mrs.contains_key(&h)
+                || channels.contains_key(&h)
+        });
         self.next_handle
     }
 
@@ -210,15 +254,9 @@ impl DeviceThread {
             let Some(&first) = self.gids.first() else {
                 return Err((libc::ENETDOWN, "the device has no address (port down)"));
             };
-            let last = Qpn::MASK / QPN_BLOCK;
-            let Some(block) = (1..last)
-                .map(|i| (self.last_block + i - 1) % (last - 1) + 1)
-                .filter(|b| b % self.devices == self.index)
-                .find(|b| !self.blocks.contains_key(b))
-            else {
+            let Some(block) = self.free_block() else {
                 return Err((libc::ENOMEM, "no QP number block left"));
             };
-            self.last_block = block;
             // Keys and QPNs from a ChaCha20 stream keyed by the kernel's CSPRNG: nothing
             // about them can be guessed from another client's, or this client's own.
             let mut config = tp::EngineConfig::new(first, crate::entropy::u64());
@@ -255,7 +293,7 @@ impl DeviceThread {
                     pid: process.pid(),
                     device: self.index,
                     engine,
-                    block,
+                    blocks: vec![block],
                     contexts: HashMap::new(),
                     channels: HashMap::new(),
                     pds: HashMap::new(),
@@ -268,6 +306,11 @@ impl DeviceThread {
                     ahs: HashMap::new(),
                     mws: HashSet::new(),
                     next_handle: 0,
+                    bells: None,
+                    revisit: Vec::new(),
+                    waiting: HashSet::new(),
+                    touched_cqs: Vec::new(),
+                    arena: RingArena::default(),
                 },
             );
         }
@@ -276,17 +319,63 @@ impl DeviceThread {
             .ok_or((libc::EIO, "client state lost"))
     }
 
+    /// The next free QPN block of this device (round-robin, see `last_block`).
+    fn free_block(&mut self) -> Option<u32> {
+        let last = Qpn::MASK / QPN_BLOCK;
+        let block = (1..last)
+            .map(|i| (self.last_block + i - 1) % (last - 1) + 1)
+            .filter(|b| b % self.devices == self.index)
+            .find(|b| !self.blocks.contains_key(b))?;
+        self.last_block = block;
+        Some(block)
+    }
+
+    /// Gives a client about to create a QP another QPN block when its QPs fill the ones it
+    /// has (65,536 QPNs each), so that one process may hold up to the device's `max_qp`.
+    pub(super) fn grow_qpns(&mut self, client: u64) {
+        let full = self.clients.get(&client).is_some_and(|c| {
+            // A margin for the reserved and multicast QPNs a block may hold.
+            c.qps.len() + 16 >= c.blocks.len() * QPN_BLOCK as usize
+        });
+        if !full {
+            return;
+        }
+        let Some(block) = self.free_block() else {
+            return;
+        };
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.engine
+                .add_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);
+            c.blocks.push(block);
+            self.blocks.insert(block, client);
+        }
+    }
+
     /// Forgets a client (it disconnected, or its engine broke): its multicast attachments,
     /// its QPN block and its engine, with everything in it.
     pub(super) fn client_gone(&mut self, client: u64) {
         self.group_detach(|(c, _)| c == client, None);
         if let Some(c) = self.clients.remove(&client) {
-            self.blocks.remove(&c.block);
+            for b in &c.blocks {
+                self.blocks.remove(b);
+            }
             self.departed.accumulate(c.engine.counters());
             info!(device = %self.info.name, client, qps = c.qps.len(), mrs = c.mrs.len(),
                   "client's engine destroyed");
             debug!(client, counters = ?c.engine.counters(), memory = ?c.engine.memory().0.borrow().stats(),
                    "engine counters");
+        }
+    }
+}
+
+/// The handle after `last` in `1..=HANDLE_MASK`, cyclically, that `live` does not hold (the
+/// caps keep far fewer than 2^24 objects live, so one is always found).
+fn next_free_handle(last: u32, live: impl Fn(u32) -> bool) -> u32 {
+    let mut h = last;
+    loop {
+        h = h % super::handles::HANDLE_MASK + 1;
+        if !live(h) {
+            return h;
         }
     }
 }
@@ -301,4 +390,20 @@ pub(super) fn contained<T>(f: impl FnOnce() -> T) -> Option<T> {
         tracing::error!("the engine panicked; that client's resources are dropped");
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handles_wrap_around_and_skip_live_ones() {
+        let mask = crate::device::handles::HANDLE_MASK;
+        assert_eq!(next_free_handle(0, |_| false), 1);
+        assert_eq!(next_free_handle(41, |h| h == 42 || h == 43), 44);
+        // Past the last handle: back to 1 (0 is never given), skipping live ones.
+        assert_eq!(next_free_handle(mask - 1, |_| false), mask);
+        assert_eq!(next_free_handle(mask, |_| false), 1);
+        assert_eq!(next_free_handle(mask, |h| h <= 3), 4);
+    }
 }

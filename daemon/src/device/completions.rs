@@ -46,7 +46,13 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
         }
     }
     let mut overrun: Vec<u32> = Vec::new();
-    for (&h, q) in c.cqs.iter_mut() {
+    // Only the CQs that got completions since the last pass: an idle CQ costs nothing.
+    let mut touched = std::mem::take(&mut c.touched_cqs);
+    c.engine.take_touched_cqs(&mut touched);
+    for &h in &touched {
+        let Some(q) = c.cqs.get_mut(&h) else {
+            continue;
+        };
         let mut fire = false;
         // The ring has one slot more than the CQ's depth (`cqe`, what the client was
         // granted): the CQ holds `cqe` completions the client has not polled. A consumer
@@ -79,6 +85,8 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32) -> bool {
             }
         }
     }
+    touched.clear();
+    c.touched_cqs = touched;
     // An overrun CQ takes its QPs to ERR (IBTA §11.4.2.1: the QPs associated with it can no
     // longer report their work): each with IBV_EVENT_QP_FATAL, after the CQ's CQ_ERR.
     for h in overrun {

@@ -2,6 +2,9 @@
 //! the data path (contexts, PDs, MRs, completion channels, CQs, QPs, SRQs, AHs, MWs, multicast
 //! attachments). Object creation, with its rings, is in [`super::objects`].
 
+use super::arena::RingArena;
+use super::clients::QpHost;
+use super::doorbells::{Bell, DoorbellTable};
 use super::events::EventSink;
 use super::objects;
 use super::resize;
@@ -40,6 +43,9 @@ impl DeviceThread {
             return (refused, vec![]);
         }
         let ring_budget = self.ring_budget(client);
+        if matches!(request, Request::CreateQp { .. }) {
+            self.grow_qpns(client);
+        }
         let c = match self.client(client, process) {
             Ok(c) => c,
             Err((code, why)) => return (errno(code, why), vec![]),
@@ -60,15 +66,33 @@ impl DeviceThread {
                     Ok(s) => s,
                     Err(why) => return (errno(libc::EINVAL, why), none),
                 };
+                // The client's doorbell table, made with its first context on the device and
+                // shared by all of them.
+                if c.bells.is_none() {
+                    match DoorbellTable::new() {
+                        Ok(t) => c.bells = Some(t),
+                        Err(e) => return (errno(libc::ENOMEM, &format!("{e:#}")), none),
+                    }
+                }
+                let Some((table, doorbells_len)) = c.bells.as_ref().and_then(DoorbellTable::share)
+                else {
+                    return (errno(libc::EMFILE, "doorbell table descriptor"), none);
+                };
                 let h = c.handle();
                 c.contexts.insert(h, sink);
-                // The context's doorbell: the shim writes it after posting to a ring whose
-                // consumer (this thread) said it sleeps.
-                let doorbell = self.wake.as_fd().try_clone_to_owned();
-                return match doorbell {
-                    Ok(d) => (Response::Context { ctx: h }, vec![d]),
-                    Err(e) => (errno(libc::EMFILE, &e.to_string()), none),
+                // The eventfd the shim writes after ringing a doorbell while the device
+                // thread said it sleeps.
+                let wake = match self.wake.as_fd().try_clone_to_owned() {
+                    Ok(d) => d,
+                    Err(e) => return (errno(libc::EMFILE, &e.to_string()), none),
                 };
+                return (
+                    Response::Context {
+                        ctx: h,
+                        doorbells_len,
+                    },
+                    vec![wake, table],
+                );
             }
             Request::CloseContext { ctx } => match c.contexts.remove(&ctx) {
                 Some(_) => Response::Done,
@@ -235,7 +259,11 @@ impl DeviceThread {
                 match c.engine.destroy_qp(Qpn::new(qpn)) {
                     Ok(()) => {
                         if let Some(q) = c.qps.remove(&qpn) {
-                            c.ring_bytes -= q.region.len() as u64;
+                            c.ring_bytes -= RingArena::charged(&q.memory);
+                            c.remove_bell(q.doorbell, Bell::Qp(qpn));
+                            // The rings' handles go first; their region is used again.
+                            let QpHost { memory, .. } = q;
+                            c.arena.free(memory);
                         }
                         // A destroyed QP leaves its groups (rxe detaches it in rxe_qp_destroy).
                         self.group_detach(|m| m == (client, qpn), None);
@@ -308,6 +336,7 @@ impl DeviceThread {
                 Ok(()) => {
                     if let Some(s) = c.srqs.remove(&srq) {
                         c.ring_bytes -= s.region.len() as u64;
+                        c.remove_bell(s.doorbell, Bell::Srq(srq));
                     }
                     Response::Done
                 }

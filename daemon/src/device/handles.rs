@@ -110,7 +110,10 @@ pub(super) fn untag(r: Request) -> Request {
 pub(super) fn tag(r: Response, index: u32) -> Response {
     let t = |h: u32| tag_handle(index, h);
     match r {
-        Response::Context { ctx } => Response::Context { ctx: t(ctx) },
+        Response::Context { ctx, doorbells_len } => Response::Context {
+            ctx: t(ctx),
+            doorbells_len,
+        },
         Response::Pd { pd } => Response::Pd { pd: t(pd) },
         Response::Mr { mr, lkey, rkey } => Response::Mr {
             mr: t(mr),
@@ -137,12 +140,14 @@ pub(super) fn tag(r: Response, index: u32) -> Response {
             max_sge,
             ring,
             region_len,
+            doorbell,
         } => Response::Srq {
             srq: t(srq),
             max_wr,
             max_sge,
             ring,
             region_len,
+            doorbell,
         },
         Response::Ah { ah } => Response::Ah { ah: t(ah) },
         Response::Mw { mw, rkey } => Response::Mw { mw: t(mw), rkey },

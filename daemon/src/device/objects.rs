@@ -2,8 +2,10 @@
 //! memfd holding its rings, whose descriptor goes to the client), and the QP attribute verbs,
 //! translated between the control protocol's ibverbs-level values and the engine's.
 
+use super::arena::{RingArena, RingMemory};
 use super::clients::{ClientDev, CqState, QpHost, SrqState};
 use super::control::{err, errno};
+use super::doorbells::Bell;
 use crate::shm::SharedRegion;
 use proto::ctl::{self, Response, RingPlace};
 use proto::ring::wqe;
@@ -195,25 +197,30 @@ pub(super) fn create_qp(
         Ok(q) => q,
         Err(e) => return (err(e), vec![]),
     };
+    let Some(doorbell) = c.add_bell(Bell::Qp(qpn.value())) else {
+        let _ = c.engine.destroy_qp(qpn);
+        return (errno(libc::ENOMEM, "no doorbell left"), vec![]);
+    };
     let geometries: Vec<RingGeometry> = if srq.is_some() {
         vec![sg]
     } else {
         vec![sg, rg]
     };
-    match rings("qp", &geometries, ring_budget) {
-        Ok((mut region, mut r)) => {
+    match qp_rings(c, &geometries, ring_budget) {
+        Ok((mut memory, mut r)) => {
             let (sq, sq_place) = r.remove(0);
             let (rq, rq_place) = match r.pop() {
                 Some((ring, place)) => (Some(ring), Some(place)),
                 None => (None, None),
             };
-            let fds = give_fd(&mut region);
-            let region_len = region.len() as u64;
-            c.ring_bytes += region_len;
+            let fds = c.arena.fd_for(&mut memory);
+            let (region_len, _) = c.arena.placement(&memory);
+            let region = RingArena::region_id(&memory);
+            c.ring_bytes += RingArena::charged(&memory);
             c.qps.insert(
                 qpn.value(),
                 QpHost {
-                    region,
+                    memory,
                     sq,
                     rq,
                     cap: init.cap,
@@ -224,6 +231,7 @@ pub(super) fn create_qp(
                     pending_recv: VecDeque::new(),
                     ctx,
                     corrupt: false,
+                    doorbell,
                 },
             );
             (
@@ -233,15 +241,63 @@ pub(super) fn create_qp(
                     sq: sq_place,
                     rq: rq_place,
                     region_len,
+                    doorbell,
+                    region,
                 },
                 fds,
             )
         }
         Err(e) => {
+            c.remove_bell(doorbell, Bell::Qp(qpn.value()));
             let _ = c.engine.destroy_qp(qpn);
             (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
         }
     }
+}
+
+/// A QP's rings, back to back (64-byte aligned) in a region of the client's ring arena; where
+/// each is, as offsets in what the client maps (the chunk, or the region of its own).
+fn qp_rings(
+    c: &mut ClientDev,
+    geometries: &[RingGeometry],
+    budget: u64,
+) -> anyhow::Result<(RingMemory, Vec<(SharedRing, RingPlace)>)> {
+    let mut offsets = Vec::new();
+    let mut at = 0usize;
+    for g in geometries {
+        offsets.push(at);
+        at += g.byte_len().next_multiple_of(64);
+    }
+    let memory = c.arena.alloc("qp", at)?;
+    // Checked before the region is used (device::limits).
+    if RingArena::charged(&memory) > budget {
+        let need = RingArena::charged(&memory);
+        c.arena.free(memory);
+        anyhow::bail!(
+            "the rings need {need} bytes, past the ring memory limit (max_ring_bytes or \
+             client_max_ring_bytes)"
+        );
+    }
+    let (_, base) = c.arena.placement(&memory);
+    let mut out = Vec::new();
+    for (g, off) in geometries.iter().zip(offsets) {
+        match c.arena.init_ring(&memory, off, *g) {
+            Ok(ring) => out.push((
+                ring,
+                RingPlace {
+                    offset: (base + off) as u64,
+                    slot_size: g.slot_size,
+                    slot_count: g.slot_count,
+                },
+            )),
+            Err(e) => {
+                drop(out);
+                c.arena.free(memory);
+                return Err(e);
+            }
+        }
+    }
+    Ok((memory, out))
 }
 
 pub(super) fn create_srq(
@@ -270,6 +326,10 @@ pub(super) fn create_srq(
         Ok(s) => s,
         Err(e) => return (err(e), vec![]),
     };
+    let Some(doorbell) = c.add_bell(Bell::Srq(srq)) else {
+        let _ = c.engine.destroy_srq(srq);
+        return (errno(libc::ENOMEM, "no doorbell left"), vec![]);
+    };
     if limit > 0 {
         let _ = c.engine.arm_srq_limit(srq, limit);
     }
@@ -290,6 +350,7 @@ pub(super) fn create_srq(
                     max_wr: g.slot_count,
                     ctx,
                     corrupt: false,
+                    doorbell,
                 },
             );
             (
@@ -299,11 +360,13 @@ pub(super) fn create_srq(
                     max_sge,
                     ring: place,
                     region_len,
+                    doorbell,
                 },
                 fds,
             )
         }
         Err(e) => {
+            c.remove_bell(doorbell, Bell::Srq(srq));
             let _ = c.engine.destroy_srq(srq);
             (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
         }

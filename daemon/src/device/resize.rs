@@ -12,6 +12,7 @@
 
 use super::clients::ClientDev;
 use super::control::{err, errno};
+use super::doorbells::Bell;
 use super::objects::{give_fd, rings};
 use super::work_requests::recv_wr;
 use proto::ctl::Response;
@@ -141,6 +142,11 @@ pub(super) fn resize_srq(
     s.ring = ring;
     s.region = region;
     s.max_wr = g.slot_count;
+    let doorbell = s.doorbell;
+    // What was taken from the old ring waits for the engine ([`ClientDev::waiting`]).
+    if !s.pending.is_empty() {
+        c.waiting.insert(Bell::Srq(srq));
+    }
     (
         Response::Srq {
             srq,
@@ -148,6 +154,7 @@ pub(super) fn resize_srq(
             max_sge: s.max_sge,
             ring: place,
             region_len,
+            doorbell,
         },
         fds,
     )

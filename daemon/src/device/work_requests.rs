@@ -4,6 +4,7 @@
 //! as the program must get a completion for every signaled request it posted.
 
 use super::clients::ClientDev;
+use super::doorbells::Bell;
 use super::DeviceThread;
 use proto::ring::wqe::{self, RecvWqe, SendWqe};
 use proto::transport::{self as tp, RecvWr, SendWr, VerbsError, WorkCompletion};
@@ -11,7 +12,7 @@ use proto::Qpn;
 use tracing::debug;
 
 impl DeviceThread {
-    /// Moves posted work from every client's rings into its engine. Returns whether any was
+    /// Moves posted work from the rings of every client that rang into its engine. Returns whether any was
     /// found; clients whose engine panicked are added to `broken`.
     pub(super) fn take_posted_work(&mut self, broken: &mut Vec<u64>) -> bool {
         let mut busy = false;
@@ -75,134 +76,190 @@ impl Outcome {
     }
 }
 
-/// Moves posted work from the rings into the engine. Returns whether any was found.
+/// Moves posted work from the rings whose doorbell rang (and the ones to read again) into
+/// the engine. Returns whether any was found. Rings nobody posted to are not looked at.
 fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
+    let mut rung = std::mem::take(&mut c.revisit);
+    if let Some(t) = &c.bells {
+        t.take(&mut rung);
+    }
+    if rung.is_empty() {
+        c.revisit = rung;
+        return false;
+    }
+    // A QP rung twice (its two queues, or posted to again after a revisit) is read once.
+    rung.sort_unstable();
+    rung.dedup();
     let mut busy = false;
     let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
     let mut out = Outcome::default();
-    for (&qpn, q) in c.qps.iter_mut() {
-        // A queue that held garbage is not read again: the QP is in ERR.
-        if q.corrupt {
-            continue;
+    for &bell in &rung {
+        match bell {
+            Bell::Qp(qpn) => {
+                let Some(q) = c.qps.get_mut(&qpn) else {
+                    continue;
+                };
+                busy |= pump_qp(&mut c.engine, qpn, q, slot, &mut sges, &mut out);
+                if !q.pending_send.is_empty() || !q.pending_recv.is_empty() {
+                    c.waiting.insert(bell);
+                }
+            }
+            Bell::Srq(h) => {
+                let Some(s) = c.srqs.get_mut(&h) else {
+                    continue;
+                };
+                busy |= pump_srq(&mut c.engine, h, s, slot, &mut sges, &mut out);
+                if !s.pending.is_empty() {
+                    c.waiting.insert(bell);
+                }
+            }
         }
-        // Stop taking from the ring while earlier work still waits for the engine.
-        while q.pending_send.is_empty() {
-            match q.sq.pop(slot) {
+    }
+    rung.clear();
+    c.revisit = rung;
+    finish(c, out);
+    busy
+}
+
+/// Reads one QP's send and receive rings.
+fn pump_qp(
+    engine: &mut super::clients::Engine,
+    qpn: u32,
+    q: &mut super::clients::QpHost,
+    slot: &mut [u8],
+    sges: &mut [wqe::Sge; wqe::MAX_SGE],
+    out: &mut Outcome,
+) -> bool {
+    let mut busy = false;
+    // A queue that held garbage is not read again: the QP is in ERR.
+    if q.corrupt {
+        return false;
+    }
+    // Stop taking from the ring while earlier work still waits for the engine.
+    while q.pending_send.is_empty() {
+        match q.sq.pop(slot) {
+            Ok(true) => {}
+            Ok(false) => break,
+            // Indices that make no sense: the client wrote into the ring's header.
+            Err(e) => {
+                debug!(qpn, "send ring corrupt ({e:?}): QP to ERR");
+                out.corrupt_qps.push(qpn);
+                q.corrupt = true;
+                break;
+            }
+        }
+        busy = true;
+        let decoded = SendWqe::decode(
+            slot,
+            q.cap.max_send_sge as usize,
+            q.cap.max_inline_data as usize,
+            sges,
+        );
+        match decoded {
+            Ok(w) => match send_wr(&w) {
+                // The engine keeps the request itself (no copy) unless its queue is full.
+                Ok(wr) if engine.sq_room(Qpn::new(qpn)) == Some(0) => q.pending_send.push_back(wr),
+                Ok(wr) => {
+                    let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+                    if let Err(e) = engine.post_send(Qpn::new(qpn), wr) {
+                        debug!(qpn, "send refused: {e}");
+                        out.refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
+                    }
+                }
+                // A well-formed request the device does not do: refused, as a verb
+                // would refuse it at post time.
+                Err(why) => {
+                    debug!(qpn, "send WQE refused: {why}");
+                    out.refusals
+                        .push((q.send_cq, refused(w.wr_id, qpn, tp::WcOpcode::Send)));
+                }
+            },
+            Err(e) => {
+                debug!(qpn, "send WQE malformed ({e:?}): QP to ERR");
+                out.malformed(q.send_cq, qpn, slot, tp::WcOpcode::Send);
+                q.corrupt = true;
+                break;
+            }
+        }
+    }
+    if q.corrupt {
+        return busy;
+    }
+    if let Some(rq) = &mut q.rq {
+        while q.pending_recv.is_empty() {
+            match rq.pop(slot) {
                 Ok(true) => {}
                 Ok(false) => break,
-                // Indices that make no sense: the client wrote into the ring's header.
                 Err(e) => {
-                    debug!(qpn, "send ring corrupt ({e:?}): QP to ERR");
+                    debug!(qpn, "receive ring corrupt ({e:?}): QP to ERR");
                     out.corrupt_qps.push(qpn);
                     q.corrupt = true;
                     break;
                 }
             }
             busy = true;
-            let decoded = SendWqe::decode(
-                slot,
-                q.cap.max_send_sge as usize,
-                q.cap.max_inline_data as usize,
-                &mut sges,
-            );
-            match decoded {
-                Ok(w) => match send_wr(&w) {
-                    // The engine keeps the request itself (no copy) unless its queue is full.
-                    Ok(wr) if c.engine.sq_room(Qpn::new(qpn)) == Some(0) => {
-                        q.pending_send.push_back(wr)
-                    }
-                    Ok(wr) => {
-                        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-                        if let Err(e) = c.engine.post_send(Qpn::new(qpn), wr) {
-                            debug!(qpn, "send refused: {e}");
-                            out.refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
-                        }
-                    }
-                    // A well-formed request the device does not do: refused, as a verb
-                    // would refuse it at post time.
-                    Err(why) => {
-                        debug!(qpn, "send WQE refused: {why}");
-                        out.refusals
-                            .push((q.send_cq, refused(w.wr_id, qpn, tp::WcOpcode::Send)));
-                    }
-                },
+            let w = match RecvWqe::decode(slot, q.cap.max_recv_sge as usize, sges) {
+                Ok(w) => w,
                 Err(e) => {
-                    debug!(qpn, "send WQE malformed ({e:?}): QP to ERR");
-                    out.malformed(q.send_cq, qpn, slot, tp::WcOpcode::Send);
+                    // Never skipped: the program gets a completion for it, in error.
+                    debug!(qpn, "receive WQE malformed ({e:?}): QP to ERR");
+                    out.malformed(q.recv_cq, qpn, slot, tp::WcOpcode::Recv);
                     q.corrupt = true;
                     break;
                 }
-            }
-        }
-        if q.corrupt {
-            continue;
-        }
-        if let Some(rq) = &mut q.rq {
-            while q.pending_recv.is_empty() {
-                match rq.pop(slot) {
-                    Ok(true) => {}
-                    Ok(false) => break,
-                    Err(e) => {
-                        debug!(qpn, "receive ring corrupt ({e:?}): QP to ERR");
-                        out.corrupt_qps.push(qpn);
-                        q.corrupt = true;
-                        break;
-                    }
-                }
-                busy = true;
-                let w = match RecvWqe::decode(slot, q.cap.max_recv_sge as usize, &mut sges) {
-                    Ok(w) => w,
-                    Err(e) => {
-                        // Never skipped: the program gets a completion for it, in error.
-                        debug!(qpn, "receive WQE malformed ({e:?}): QP to ERR");
-                        out.malformed(q.recv_cq, qpn, slot, tp::WcOpcode::Recv);
-                        q.corrupt = true;
-                        break;
-                    }
-                };
-                let wr = recv_wr(&w);
-                match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {
-                    Ok(()) => {}
-                    Err(VerbsError::NoResources(_)) => q.pending_recv.push_back(wr),
-                    Err(e) => {
-                        debug!(qpn, "receive refused: {e}");
-                        out.refusals
-                            .push((q.recv_cq, refused(wr.wr_id, qpn, tp::WcOpcode::Recv)));
-                    }
+            };
+            let wr = recv_wr(&w);
+            match engine.post_recv(Qpn::new(qpn), wr.clone()) {
+                Ok(()) => {}
+                Err(VerbsError::NoResources(_)) => q.pending_recv.push_back(wr),
+                Err(e) => {
+                    debug!(qpn, "receive refused: {e}");
+                    out.refusals
+                        .push((q.recv_cq, refused(wr.wr_id, qpn, tp::WcOpcode::Recv)));
                 }
             }
         }
     }
-    for (&h, s) in c.srqs.iter_mut() {
-        while s.pending.is_empty() && !s.corrupt {
-            match s.ring.pop(slot) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(e) => {
-                    debug!(srq = h, "SRQ ring corrupt ({e:?}): SRQ in error");
-                    s.corrupt = true;
-                    out.corrupt_srqs.push(h);
-                    break;
-                }
-            }
-            busy = true;
-            let Ok(w) = RecvWqe::decode(slot, s.max_sge as usize, &mut sges) else {
-                // No CQ belongs to an SRQ: the SRQ is in error (IBV_EVENT_SRQ_ERR) and its
-                // ring is not read again.
-                debug!(srq = h, "SRQ receive WQE malformed: SRQ in error");
+    busy
+}
+
+/// Reads one SRQ's ring.
+fn pump_srq(
+    engine: &mut super::clients::Engine,
+    h: u32,
+    s: &mut super::clients::SrqState,
+    slot: &mut [u8],
+    sges: &mut [wqe::Sge; wqe::MAX_SGE],
+    out: &mut Outcome,
+) -> bool {
+    let mut busy = false;
+    while s.pending.is_empty() && !s.corrupt {
+        match s.ring.pop(slot) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                debug!(srq = h, "SRQ ring corrupt ({e:?}): SRQ in error");
                 s.corrupt = true;
                 out.corrupt_srqs.push(h);
                 break;
-            };
-            let wr = recv_wr(&w);
-            match c.engine.post_srq_recv(h, wr.clone()) {
-                Ok(()) => {}
-                Err(VerbsError::NoResources(_)) => s.pending.push_back(wr),
-                Err(e) => debug!(srq = h, "SRQ receive refused: {e}"),
             }
         }
+        busy = true;
+        let Ok(w) = RecvWqe::decode(slot, s.max_sge as usize, sges) else {
+            // No CQ belongs to an SRQ: the SRQ is in error (IBV_EVENT_SRQ_ERR) and its
+            // ring is not read again.
+            debug!(srq = h, "SRQ receive WQE malformed: SRQ in error");
+            s.corrupt = true;
+            out.corrupt_srqs.push(h);
+            break;
+        };
+        let wr = recv_wr(&w);
+        match engine.post_srq_recv(h, wr.clone()) {
+            Ok(()) => {}
+            Err(VerbsError::NoResources(_)) => s.pending.push_back(wr),
+            Err(e) => debug!(srq = h, "SRQ receive refused: {e}"),
+        }
     }
-    finish(c, out);
     busy
 }
 
@@ -221,50 +278,83 @@ fn finish(c: &mut ClientDev, out: Outcome) {
     }
 }
 
+/// Gives the engine the work that waited for room in it, for the QPs and SRQs that have
+/// some (`ClientDev::waiting`): one whose wait is over has its ring read again on the next pass.
 pub(super) fn retry_pending(c: &mut ClientDev) -> bool {
+    if c.waiting.is_empty() {
+        return false;
+    }
     let mut busy = false;
     let mut out = Outcome::default();
-    for (&qpn, q) in c.qps.iter_mut() {
-        while c.engine.sq_room(Qpn::new(qpn)).is_some_and(|r| r > 0) {
-            let Some(wr) = q.pending_send.pop_front() else {
-                break;
-            };
-            busy = true;
-            // Refused as it would have been had it found room at once (pump_rings): the
-            // program must get a completion for it.
-            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-            if let Err(e) = c.engine.post_send(Qpn::new(qpn), wr) {
-                debug!(qpn, "send refused: {e}");
-                out.refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
-            }
-        }
-        while let Some(wr) = q.pending_recv.front() {
-            match c.engine.post_recv(Qpn::new(qpn), wr.clone()) {
-                Err(VerbsError::NoResources(_)) => break,
-                done => {
-                    if let Err(e) = done {
-                        debug!(qpn, "receive refused: {e}");
-                        out.refusals
-                            .push((q.recv_cq, refused(wr.wr_id, qpn, tp::WcOpcode::Recv)));
+    let waiting: Vec<Bell> = c.waiting.iter().copied().collect();
+    for bell in waiting {
+        let drained = match bell {
+            Bell::Qp(qpn) => match c.qps.get_mut(&qpn) {
+                Some(q) => {
+                    busy |= retry_qp(&mut c.engine, qpn, q, &mut out);
+                    q.pending_send.is_empty() && q.pending_recv.is_empty()
+                }
+                None => true,
+            },
+            Bell::Srq(h) => match c.srqs.get_mut(&h) {
+                Some(s) => {
+                    while let Some(wr) = s.pending.front() {
+                        match c.engine.post_srq_recv(h, wr.clone()) {
+                            Err(VerbsError::NoResources(_)) => break,
+                            _ => {
+                                s.pending.pop_front();
+                                busy = true;
+                            }
+                        }
                     }
-                    q.pending_recv.pop_front();
-                    busy = true;
+                    s.pending.is_empty()
                 }
-            }
-        }
-    }
-    for (&h, s) in c.srqs.iter_mut() {
-        while let Some(wr) = s.pending.front() {
-            match c.engine.post_srq_recv(h, wr.clone()) {
-                Err(VerbsError::NoResources(_)) => break,
-                _ => {
-                    s.pending.pop_front();
-                    busy = true;
-                }
-            }
+                None => true,
+            },
+        };
+        if drained {
+            c.waiting.remove(&bell);
+            c.revisit.push(bell);
         }
     }
     finish(c, out);
+    busy
+}
+
+fn retry_qp(
+    engine: &mut super::clients::Engine,
+    qpn: u32,
+    q: &mut super::clients::QpHost,
+    out: &mut Outcome,
+) -> bool {
+    let mut busy = false;
+    while engine.sq_room(Qpn::new(qpn)).is_some_and(|r| r > 0) {
+        let Some(wr) = q.pending_send.pop_front() else {
+            break;
+        };
+        busy = true;
+        // Refused as it would have been had it found room at once (pump_qp): the program
+        // must get a completion for it.
+        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+        if let Err(e) = engine.post_send(Qpn::new(qpn), wr) {
+            debug!(qpn, "send refused: {e}");
+            out.refusals.push((q.send_cq, refused(wr_id, qpn, opcode)));
+        }
+    }
+    while let Some(wr) = q.pending_recv.front() {
+        match engine.post_recv(Qpn::new(qpn), wr.clone()) {
+            Err(VerbsError::NoResources(_)) => break,
+            done => {
+                if let Err(e) = done {
+                    debug!(qpn, "receive refused: {e}");
+                    out.refusals
+                        .push((q.recv_cq, refused(wr.wr_id, qpn, tp::WcOpcode::Recv)));
+                }
+                q.pending_recv.pop_front();
+                busy = true;
+            }
+        }
+    }
     busy
 }
 

@@ -62,6 +62,9 @@ pub struct UdpLink {
     group_refused: u64,
 }
 
+/// How long a device waits for its UDP port to be released before giving up (see `open`).
+const ADDR_IN_USE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl UdpLink {
     pub fn open(cfg: &UdpLinkConfig<'_>) -> anyhow::Result<UdpLink> {
         // A device that follows a network interface binds the wildcard addresses, so that
@@ -86,7 +89,7 @@ impl UdpLink {
             })
         };
         let port = cfg.port;
-        let mut net = UdpTransport::open(&NetConfig {
+        let net_cfg = NetConfig {
             ipv4,
             ipv6,
             port,
@@ -97,7 +100,23 @@ impl UdpLink {
             gro: cfg.gro,
             rx_buffers: 256,
             ..NetConfig::default()
-        })
+        };
+        // A daemon that was just killed still holds its port for a moment: the kernel tears a
+        // dead process's io_uring (and the sockets its requests reference) down asynchronously.
+        // A restart (systemd's, an operator's) waits that out instead of failing; another
+        // program that really holds the port still fails, after the grace period.
+        let grace = std::time::Instant::now() + ADDR_IN_USE_GRACE;
+        let mut net = loop {
+            match UdpTransport::open(&net_cfg) {
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < grace =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                r => break r,
+            }
+        }
         .map_err(|e| anyhow::anyhow!("device {}: opening UDP port {port}: {e}", cfg.name))?;
         if let Some(reason) = net.fallback_reason() {
             warn!(device = %cfg.name, "io_uring unavailable, using system calls: {reason}");

@@ -7,6 +7,7 @@ use memmap2::MmapRaw;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use proto::ctl::{self, AhAttr, QpAttr, QpCap, Request, Response, RingPlace};
+use proto::ring::doorbell::Doorbells;
 use proto::ring::wqe::{self, Cqe, RecvWqe, SendData, SendWqe, Sge, WrOpcode};
 use proto::ring::SharedRing;
 use proto::{Lkey, Rkey};
@@ -110,6 +111,19 @@ pub struct MappedRing {
     pub ring: SharedRing,
 }
 
+/// The client's doorbell table (proto::ring::doorbell), as the shim maps it.
+pub struct MappedBells {
+    pub bells: Doorbells,
+    _map: MmapRaw,
+}
+
+pub fn map_bells(fd: OwnedFd, len: u64) -> MappedBells {
+    let map = MmapRaw::map_raw(&File::from(fd)).unwrap();
+    assert!(map.len() as u64 >= len);
+    let bells = unsafe { Doorbells::attach(map.as_mut_ptr(), map.len()) }.unwrap();
+    MappedBells { bells, _map: map }
+}
+
 pub fn map_ring(fd: OwnedFd, len: u64, place: RingPlace, producer: bool) -> MappedRing {
     let file = File::from(fd);
     let map = MmapRaw::map_raw(&file).unwrap();
@@ -133,6 +147,9 @@ pub struct Side {
     pub pd: u32,
     pub client: Client,
     pub doorbell: OwnedFd,
+    /// The doorbell table, and the QP's doorbell in it.
+    pub bells: MappedBells,
+    pub qp_doorbell: u32,
     /// The context's async event socket: (our end, the end the daemon writes).
     pub async_events: (OwnedFd, OwnedFd),
     /// The completion channel's pipe (read end, write end) when the CQ has one.
@@ -187,9 +204,10 @@ impl Side {
                 &[a1.as_raw_fd()],
             )
             .unwrap();
-        let Response::Context { ctx } = ok(r) else {
+        let Response::Context { ctx, doorbells_len } = ok(r) else {
             panic!()
         };
+        let bells = map_bells(fds.pop().expect("doorbell table"), doorbells_len);
         let doorbell = fds.pop().expect("doorbell fd");
         let Response::Pd { pd } = ok(client.request(&Request::AllocPd { ctx }).unwrap()) else {
             panic!()
@@ -266,6 +284,7 @@ impl Side {
             sq,
             rq,
             region_len,
+            doorbell: qp_doorbell,
             ..
         } = ok(r)
         else {
@@ -280,6 +299,8 @@ impl Side {
             pd: pd_handle,
             client,
             doorbell,
+            bells,
+            qp_doorbell,
             async_events: (a0, a1),
             channel,
             cq_handle: cq,
@@ -412,16 +433,14 @@ impl Side {
 
     /// Writes `bytes` into the next send slot as they are (a broken or hostile client).
     pub fn post_raw_send(&mut self, bytes: &[u8]) {
-        if self.sq.ring.push(bytes).unwrap() {
-            self.ring_doorbell();
-        }
+        self.sq.ring.push(bytes).unwrap();
+        self.ring_doorbell();
     }
 
     /// Writes `bytes` into the next receive slot as they are.
     pub fn post_raw_recv(&mut self, bytes: &[u8]) {
-        if self.rq.ring.push(bytes).unwrap() {
-            self.ring_doorbell();
-        }
+        self.rq.ring.push(bytes).unwrap();
+        self.ring_doorbell();
     }
 
     /// Polls for a completion for at most `limit`.
@@ -439,15 +458,17 @@ impl Side {
         }
     }
 
+    /// Rings the QP's doorbell, and wakes the device thread if it said it sleeps.
     pub fn ring_doorbell(&self) {
-        nix::unistd::write(&self.doorbell, &1u64.to_ne_bytes()).unwrap();
+        if self.bells.bells.ring(self.qp_doorbell) {
+            nix::unistd::write(&self.doorbell, &1u64.to_ne_bytes()).unwrap();
+        }
     }
 
     pub fn post_send(&mut self, w: &SendWqe<'_>) {
         let n = w.encode(&mut self.slot).unwrap();
-        if self.sq.ring.push(&self.slot[..n]).unwrap() {
-            self.ring_doorbell();
-        }
+        self.sq.ring.push(&self.slot[..n]).unwrap();
+        self.ring_doorbell();
     }
 
     pub fn post_recv(&mut self, wr_id: u64, addr_off: usize, len: u32) {
@@ -458,9 +479,8 @@ impl Side {
         }];
         let r = RecvWqe { wr_id, sges: &sge };
         let n = r.encode(&mut self.slot).unwrap();
-        if self.rq.ring.push(&self.slot[..n]).unwrap() {
-            self.ring_doorbell();
-        }
+        self.rq.ring.push(&self.slot[..n]).unwrap();
+        self.ring_doorbell();
     }
 
     /// Busy-polls the completion ring as an application does (briefly, then with naps).

@@ -228,8 +228,11 @@ impl<M: MemoryAccess> Ctx<M> {
                         && mw.binding.is_some()
                         && (mw.qpn == Some(qpn) || mw.pd == pd) =>
                 {
-                    mw.binding = None;
+                    let was = mw.binding.take();
                     mw.qpn = None;
+                    if let Some(b) = was {
+                        self.unbound(b.mr);
+                    }
                     true
                 }
                 _ => false,
@@ -296,13 +299,26 @@ impl<M: MemoryAccess> Ctx<M> {
             return Err(WcStatus::MwBindErr);
         }
         mw.rkey = (mw.rkey & !0xff) | u32::from(key);
-        mw.binding = Some(MwBinding {
+        let was = mw.binding.replace(MwBinding {
             mr: mr_index,
             addr,
             length,
             access,
         });
         mw.qpn = (mw.mw_type == MwType::Type2).then_some(qpn);
+        if let Some(b) = was {
+            self.unbound(b.mr);
+        }
+        if let Some(m) = self.mrs.get_mut(&mr_index) {
+            m.windows += 1;
+        }
         Ok(())
+    }
+
+    /// A window bound to MR `mr` was unbound (or freed).
+    pub(crate) fn unbound(&mut self, mr: u32) {
+        if let Some(m) = self.mrs.get_mut(&mr) {
+            m.windows = m.windows.saturating_sub(1);
+        }
     }
 }

@@ -8,8 +8,10 @@ use super::memory::MemoryAccess;
 use super::packet_io::{PendingIcrc, Route};
 use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
+use super::qpn_pool::QpnPool;
 use super::resources::{Ah, Cq, KeyGen, KeyOwner, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
-use super::timers::Nanos;
+use super::table::Table;
+use super::timers::{Nanos, TimerQueue};
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
 use crate::wire::{ipv4, ipv6, Ecn, FrameRepr, Ipv4Repr, Ipv6Repr, NetRepr, TransportRepr};
@@ -156,62 +158,76 @@ pub(crate) struct Ctx<M> {
     /// Live keys by tag (the upper 24 bits): what each names ([`KeyOwner`]).
     pub key_tags: IntMap<u32, KeyOwner>,
     pub config: EngineConfig,
-    pub pds: IntMap<u32, Pd>,
-    pub mrs: IntMap<u32, Mr>,
-    pub mws: IntMap<u32, Mw>,
-    pub cqs: IntMap<u32, Cq>,
-    pub srqs: IntMap<u32, Srq>,
-    pub ahs: IntMap<u32, Ah>,
+    pub pds: Table<Pd>,
+    pub mrs: Table<Mr>,
+    pub mws: Table<Mw>,
+    pub cqs: Table<Cq>,
+    pub srqs: Table<Srq>,
+    pub ahs: Table<Ah>,
+    /// CQs that got completions since the owner last asked ([`Engine::take_touched_cqs`]).
+    pub touched_cqs: Vec<u32>,
     pub counters: Counters,
     pub events: VecDeque<AsyncEvent>,
     /// Round-robin of QPs that may have a packet to send.
     pub ready: VecDeque<Qpn>,
-    pub next_handle: u32,
-    pub next_mr_index: u32,
-    pub next_mw_index: u32,
 }
+
+/// The handle spaces of the resource tables ([`Table`]): disjoint, so that a handle names one
+/// kind of object, and all below 2^24 (a daemon puts its device index above). MR and MW
+/// numbers are rxe's (`RXE_MAX_MR`, MW pool indexes from [`MW_INDEX_BASE`]).
+const MR_BASE: u32 = 1;
+const MR_CAPACITY: usize = (1 << 19) - 1;
+const MW_CAPACITY: usize = 524_287;
+const PD_BASE: u32 = 1 << 20;
+const PD_CAPACITY: usize = 1 << 20;
+const CQ_BASE: u32 = 1 << 21;
+const SRQ_BASE: u32 = 1 << 22;
+const AH_BASE: u32 = 3 << 22;
+/// Freed handles of objects a program may still see in late records (a CQ's completion event,
+/// an SRQ's limit event) are held back this many removals before they are used again.
+const HANDLE_HOLD: usize = 256;
 
 /// One softroce device (port 1): its resources and its transport engine.
 #[derive(Debug)]
 pub struct Engine<M: MemoryAccess> {
     pub(crate) ctx: Ctx<M>,
     pub(crate) qps: IntMap<Qpn, Qp>,
-    next_qpn: u32,
-    /// The first QPN of the range (for [`EngineConfig::random_qpns`]).
-    qpn_first: u32,
-    /// QPNs this device may hand out are `next_qpn..qpn_end` (a daemon gives each client
-    /// process its own block, see [`Engine::set_qpn_range`]).
-    qpn_end: u32,
+    /// The QPNs this device hands out (a daemon gives each client process blocks of its own,
+    /// see [`Engine::set_qpn_range`] and [`Engine::add_qpn_range`]).
+    qpns: QpnPool,
+    /// The QPs' deadlines in time order.
+    timers: TimerQueue,
+    /// Scratch list of the QPs whose timer came due (kept for its allocation).
+    due: Vec<Qpn>,
     /// Multicast group (destination IP) -> attached UD QPs.
     mcast: HashMap<IpAddr, Vec<Qpn>>,
 }
 
 impl<M: MemoryAccess> Engine<M> {
     pub fn new(config: EngineConfig, mem: M) -> Engine<M> {
+        let random_qpns = config.random_qpns;
         Engine {
             ctx: Ctx {
                 mem,
                 keys: KeyGen::new(config.key_seed, config.key_entropy),
                 key_tags: IntMap::default(),
-                config,
-                pds: IntMap::default(),
-                mrs: IntMap::default(),
-                mws: IntMap::default(),
-                cqs: IntMap::default(),
-                srqs: IntMap::default(),
-                ahs: IntMap::default(),
+                pds: Table::new(PD_BASE, PD_CAPACITY, 0),
+                mrs: Table::new(MR_BASE, MR_CAPACITY, 0),
+                mws: Table::new(MW_INDEX_BASE, MW_CAPACITY, HANDLE_HOLD),
+                cqs: Table::new(CQ_BASE, 1 << 21, HANDLE_HOLD),
+                srqs: Table::new(SRQ_BASE, 1 << 21, HANDLE_HOLD),
+                ahs: Table::new(AH_BASE, 1 << 22, HANDLE_HOLD),
+                touched_cqs: Vec::new(),
                 counters: Counters::default(),
                 events: VecDeque::new(),
                 ready: VecDeque::new(),
-                next_handle: 1,
-                next_mr_index: 1,
-                next_mw_index: MW_INDEX_BASE,
+                config,
             },
             qps: IntMap::default(),
             // rxe numbers QPs from 16 (roce-rxe-facts.md §6.1); 1 is the GSI QP.
-            next_qpn: 17,
-            qpn_first: 17,
-            qpn_end: Qpn::MULTICAST.value(),
+            qpns: QpnPool::new(17, Qpn::MULTICAST.value(), random_qpns),
+            timers: TimerQueue::default(),
+            due: Vec::new(),
             mcast: HashMap::new(),
         }
     }
@@ -256,12 +272,6 @@ impl<M: MemoryAccess> Engine<M> {
         &self.ctx.config.gids
     }
 
-    fn handle(&mut self) -> u32 {
-        let h = self.ctx.next_handle;
-        self.ctx.next_handle += 1;
-        h
-    }
-
     // ----- protection domains, memory regions -------------------------------------------
 
     /// Whether `poll_transmit` computes the ICRC ([`EngineConfig::seal_icrc`]).
@@ -273,9 +283,17 @@ impl<M: MemoryAccess> Engine<M> {
     /// Restricts the QPNs this device hands out to `first..end`, so that several devices
     /// (one per client process in the daemon) can share one QPN space without collisions.
     pub fn set_qpn_range(&mut self, first: u32, end: u32) {
-        self.next_qpn = first.max(2);
-        self.qpn_first = self.next_qpn;
-        self.qpn_end = end.min(Qpn::MULTICAST.value());
+        self.qpns = QpnPool::new(
+            first.max(2),
+            end.min(Qpn::MULTICAST.value()),
+            self.ctx.config.random_qpns,
+        );
+    }
+
+    /// Adds `first..end` to the QPNs this device may hand out (a range no other device uses,
+    /// not overlapping its own): a daemon's client that used up its block gets another.
+    pub fn add_qpn_range(&mut self, first: u32, end: u32) {
+        self.qpns.add(first.max(2), end.min(Qpn::MULTICAST.value()));
     }
 
     pub fn alloc_pd(&mut self) -> u32 {
@@ -284,10 +302,14 @@ impl<M: MemoryAccess> Engine<M> {
 
     /// `ibv_alloc_pd` for a client whose memory is address space `space`: every memory access
     /// through an MR of this PD passes `space` to [`MemoryAccess`].
+    ///
+    /// # Panics
+    /// When the device holds 2^20 PDs (the daemon's caps stop a client long before).
     pub fn alloc_pd_in(&mut self, space: u64) -> u32 {
-        let h = self.handle();
-        self.ctx.pds.insert(h, Pd { users: 0, space });
-        h
+        self.ctx
+            .pds
+            .insert(Pd { users: 0, space })
+            .expect("PD table full")
     }
 
     pub fn dealloc_pd(&mut self, pd: u32) -> VerbsResult<()> {
@@ -327,28 +349,32 @@ impl<M: MemoryAccess> Engine<M> {
         if addr.checked_add(length).is_none() {
             return Err(VerbsError::Invalid("MR wraps around the address space"));
         }
-        let index = self.ctx.next_mr_index;
-        if index >= 1 << 19 {
+        if self.ctx.mrs.len() >= MR_CAPACITY {
             return Err(VerbsError::NoResources("MR table full"));
         }
         self.pd_use(pd, 1)?;
         let space = self.ctx.pds.get(&pd).map_or(0, |p| p.space);
-        self.ctx.next_mr_index += 1;
-        // Newer rxe gives rkey == lkey (roce-rxe-facts.md §6.1).
+        let mr = Mr {
+            pd,
+            space,
+            addr,
+            length,
+            access,
+            lkey: 0,
+            rkey: 0,
+            valid: true,
+            windows: 0,
+        };
+        let Some(index) = self.ctx.mrs.insert(mr) else {
+            self.pd_use(pd, -1)?;
+            return Err(VerbsError::NoResources("MR table full"));
+        };
+        // Newer rxe gives rkey == lkey (roce-rxe-facts.md §6.1). The key is drawn for this
+        // index now: whatever key an earlier MR at the index had names nothing any more.
         let key = self.ctx.new_key(KeyOwner::Mr(index));
-        self.ctx.mrs.insert(
-            index,
-            Mr {
-                pd,
-                space,
-                addr,
-                length,
-                access,
-                lkey: key,
-                rkey: key,
-                valid: true,
-            },
-        );
+        if let Some(m) = self.ctx.mrs.get_mut(&index) {
+            (m.lkey, m.rkey) = (key, key);
+        }
         Ok(MrKeys {
             handle: index,
             lkey: crate::types::Lkey(key),
@@ -358,12 +384,7 @@ impl<M: MemoryAccess> Engine<M> {
 
     /// `ibv_dereg_mr`; refused while a memory window is bound to the MR.
     pub fn dereg_mr(&mut self, handle: u32) -> VerbsResult<()> {
-        if self
-            .ctx
-            .mws
-            .values()
-            .any(|w| w.binding.is_some_and(|b| b.mr == handle))
-        {
+        if self.ctx.mrs.get(&handle).is_some_and(|m| m.windows > 0) {
             return Err(VerbsError::Busy("a memory window is bound to the MR"));
         }
         let mr = self
@@ -378,23 +399,25 @@ impl<M: MemoryAccess> Engine<M> {
     /// `ibv_alloc_mw`: an unbound window; returns its handle and initial R_Key. Bind it with a
     /// [`SendOp::BindMw`] work request (the shim's `ibv_bind_mw` posts one for type 1).
     pub fn alloc_mw(&mut self, pd: u32, mw_type: MwType) -> VerbsResult<(u32, crate::types::Rkey)> {
-        let index = self.ctx.next_mw_index;
-        if index >= MW_INDEX_BASE + 524_287 {
+        if self.ctx.mws.len() >= MW_CAPACITY {
             return Err(VerbsError::NoResources("MW table full"));
         }
         self.pd_use(pd, 1)?;
-        self.ctx.next_mw_index += 1;
+        let mw = Mw {
+            pd,
+            mw_type,
+            rkey: 0,
+            binding: None,
+            qpn: None,
+        };
+        let Some(index) = self.ctx.mws.insert(mw) else {
+            self.pd_use(pd, -1)?;
+            return Err(VerbsError::NoResources("MW table full"));
+        };
         let rkey = self.ctx.new_key(KeyOwner::Mw(index));
-        self.ctx.mws.insert(
-            index,
-            Mw {
-                pd,
-                mw_type,
-                rkey,
-                binding: None,
-                qpn: None,
-            },
-        );
+        if let Some(w) = self.ctx.mws.get_mut(&index) {
+            w.rkey = rkey;
+        }
         Ok((index, crate::types::Rkey(rkey)))
     }
 
@@ -406,6 +429,9 @@ impl<M: MemoryAccess> Engine<M> {
             .remove(&handle)
             .ok_or(VerbsError::NotFound("MW"))?;
         self.ctx.key_tags.remove(&(mw.rkey >> 8));
+        if let Some(b) = mw.binding {
+            self.ctx.unbound(b.mr);
+        }
         self.pd_use(mw.pd, -1)
     }
 
@@ -415,9 +441,10 @@ impl<M: MemoryAccess> Engine<M> {
         if cqe == 0 || cqe > self.ctx.config.max_cqe {
             return Err(VerbsError::Invalid("cqe out of range"));
         }
-        let h = self.handle();
-        self.ctx.cqs.insert(h, Cq::new(cqe));
-        Ok(h)
+        self.ctx
+            .cqs
+            .insert(Cq::new(cqe))
+            .ok_or(VerbsError::NoResources("CQ table full"))
     }
 
     pub fn destroy_cq(&mut self, cq: u32) -> VerbsResult<()> {
@@ -452,6 +479,17 @@ impl<M: MemoryAccess> Engine<M> {
         }
         c.capacity = cqe;
         Ok(())
+    }
+
+    /// Moves the handles of the CQs that got completions (or overflowed) since the last call
+    /// into `out`, so that an owner copying completions out visits only those.
+    pub fn take_touched_cqs(&mut self, out: &mut Vec<u32>) {
+        for cq in self.ctx.touched_cqs.drain(..) {
+            if let Some(c) = self.ctx.cqs.get_mut(&cq) {
+                c.touched = false;
+                out.push(cq);
+            }
+        }
     }
 
     /// Completions waiting in a CQ (`None`: no such CQ).
@@ -531,20 +569,22 @@ impl<M: MemoryAccess> Engine<M> {
         if max_wr == 0 || max_wr > self.ctx.config.max_qp_wr || max_sge > 27 {
             return Err(VerbsError::Invalid("SRQ capacity"));
         }
+        let srq = Srq {
+            pd,
+            max_wr,
+            max_sge,
+            queue: VecDeque::new(),
+            limit: 0,
+            users: 0,
+        };
         self.pd_use(pd, 1)?;
-        let h = self.handle();
-        self.ctx.srqs.insert(
-            h,
-            Srq {
-                pd,
-                max_wr,
-                max_sge,
-                queue: VecDeque::new(),
-                limit: 0,
-                users: 0,
-            },
-        );
-        Ok(h)
+        match self.ctx.srqs.insert(srq) {
+            Some(h) => Ok(h),
+            None => {
+                self.pd_use(pd, -1)?;
+                Err(VerbsError::NoResources("SRQ table full"))
+            }
+        }
     }
 
     /// `ibv_modify_srq` with IBV_SRQ_MAX_WR: the SRQ holds `max_wr` WQEs from now on. EINVAL
@@ -622,9 +662,13 @@ impl<M: MemoryAccess> Engine<M> {
             return Err(VerbsError::Invalid("sgid_index"));
         }
         self.pd_use(pd, 1)?;
-        let h = self.handle();
-        self.ctx.ahs.insert(h, Ah { pd, av });
-        Ok(h)
+        match self.ctx.ahs.insert(Ah { pd, av }) {
+            Some(h) => Ok(h),
+            None => {
+                self.pd_use(pd, -1)?;
+                Err(VerbsError::NoResources("AH table full"))
+            }
+        }
     }
 
     pub fn destroy_ah(&mut self, ah: u32) -> VerbsResult<()> {
@@ -683,42 +727,25 @@ impl<M: MemoryAccess> Engine<M> {
     }
 
     /// The QPN for a new QP: the next one in order, or with [`EngineConfig::random_qpns`] one
-    /// drawn at random among the free ones of the range.
+    /// drawn at random among the free ones of the ranges (O(1), [`QpnPool`]).
     fn fresh_qpn(&mut self) -> Option<Qpn> {
-        if !self.ctx.config.random_qpns {
-            if self.next_qpn >= self.qpn_end {
-                return None;
-            }
-            self.next_qpn += 1;
-            return Some(Qpn::new(self.next_qpn - 1));
-        }
-        let span = self
-            .qpn_end
-            .checked_sub(self.qpn_first)
-            .filter(|s| *s > 0)?;
-        // Every QP but the GSI lives in the range.
-        let used = self.qps.keys().filter(|q| **q != Qpn::GSI).count();
-        if used >= span as usize {
-            return None;
-        }
-        let mut start = self.qpn_first;
-        for _ in 0..8 {
-            start = self.qpn_first + self.ctx.keys.next_u32() % span;
-            if !self.qps.contains_key(&Qpn::new(start)) {
-                return Some(Qpn::new(start));
+        // A pool replaced under live QPs (set_qpn_range again) may offer a QPN in use.
+        for _ in 0..64 {
+            let keys = &mut self.ctx.keys;
+            let q = Qpn::new(self.qpns.draw(|| keys.next_u64())?);
+            if !self.qps.contains_key(&q) {
+                return Some(q);
             }
         }
-        // Crowded: the first free one after a random start.
-        let free = |q: u32| !self.qps.contains_key(&Qpn::new(q));
-        (1..span)
-            .map(|i| self.qpn_first + (start - self.qpn_first + i) % span)
-            .find(|q| free(*q))
-            .map(Qpn::new)
+        None
     }
 
     /// `ibv_destroy_qp`: the QP disappears with its queues, without completions.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> VerbsResult<()> {
         let qp = self.qps.remove(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        if qpn != Qpn::GSI {
+            self.qpns.release(qpn.value());
+        }
         for cq in [qp.init.send_cq, qp.init.recv_cq] {
             if let Some(c) = self.ctx.cqs.get_mut(&cq) {
                 c.users = c.users.saturating_sub(1);
@@ -1116,6 +1143,8 @@ impl<M: MemoryAccess> Engine<M> {
         }
         if info.has(crate::wire::OpInfo::RESPONSE) {
             super::completer::on_response(qp, &mut self.ctx, now, rx);
+            self.timers
+                .arm(qp.qpn, qp.next_deadline(), &mut qp.timer_at);
         } else if qp.ty.is_ud() {
             super::responder::on_ud_request(qp, &mut self.ctx, rx);
         } else if !super::responder::on_request(qp, &mut self.ctx, now, rx, placing) {
@@ -1126,9 +1155,22 @@ impl<M: MemoryAccess> Engine<M> {
         }
     }
 
-    /// Runs the timers that are due at `now`: retransmission, RNR wait, pacing.
+    /// Runs the timers that are due at `now`: retransmission, RNR wait, pacing. Only the QPs
+    /// whose deadline came are visited ([`TimerQueue`]).
     pub fn handle_timeout(&mut self, now: Nanos) {
-        for qp in self.qps.values_mut() {
+        let mut due = std::mem::take(&mut self.due);
+        let qps = &mut self.qps;
+        self.timers.pop_due(now, |qpn, t| {
+            // Only the QP's live entry counts: older ones were re-armed since.
+            if let Some(qp) = qps.get_mut(&qpn).filter(|q| q.timer_at == Some(t)) {
+                qp.timer_at = None;
+                due.push(qpn);
+            }
+        });
+        for qpn in due.drain(..) {
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
             if qp.paced_until.is_some_and(|t| t <= now) {
                 qp.paced_until = None;
                 schedule(qp, &mut self.ctx.ready);
@@ -1141,16 +1183,16 @@ impl<M: MemoryAccess> Engine<M> {
                 qp.retrans_deadline = None;
                 super::completer::on_retransmit_timeout(qp, &mut self.ctx, now);
             }
+            self.timers
+                .arm(qp.qpn, qp.next_deadline(), &mut qp.timer_at);
         }
+        self.due = due;
     }
 
-    /// The earliest time `handle_timeout` has work to do.
+    /// The earliest time `handle_timeout` has work to do (or may find none: a deadline that
+    /// went away is dropped only when its time comes).
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        self.qps
-            .values()
-            .flat_map(|q| [q.retrans_deadline, q.rnr_wait_until, q.paced_until])
-            .flatten()
-            .min()
+        self.timers.next()
     }
 
     /// Writes the next packet to send into `buf` (at least [`MAX_FRAME_LEN`] bytes). QPs take
@@ -1168,7 +1210,12 @@ impl<M: MemoryAccess> Engine<M> {
             };
             let out = match out {
                 Some(t) => Some(t),
-                None => super::requester::poll_request(qp, &mut self.ctx, now, buf),
+                None => {
+                    let t = super::requester::poll_request(qp, &mut self.ctx, now, buf);
+                    self.timers
+                        .arm(qp.qpn, qp.next_deadline(), &mut qp.timer_at);
+                    t
+                }
             };
             if let Some(t) = out {
                 // It may have more: back of the line.
@@ -1266,6 +1313,10 @@ pub(crate) fn complete<M>(ctx: &mut Ctx<M>, cq: u32, wc: WorkCompletion, solicit
     };
     if c.overflowed {
         return false;
+    }
+    if !c.touched {
+        c.touched = true;
+        ctx.touched_cqs.push(cq);
     }
     if c.entries.len() >= c.capacity {
         c.overflowed = true;

@@ -71,9 +71,11 @@ pub mod memory;
 mod packet_io;
 pub mod qp;
 pub mod qp_attr;
+mod qpn_pool;
 pub mod requester;
 pub mod resources;
 pub mod responder;
+pub mod table;
 pub mod timers;
 pub mod verbs;
 

@@ -190,6 +190,9 @@ pub(crate) struct Qp {
 
     /// Listed in the device's round-robin of QPs that may have something to send.
     pub scheduled: bool,
+    /// The time of this QP's entry in the device's timer queue, if it has one
+    /// ([`super::timers::TimerQueue`]).
+    pub timer_at: Option<Nanos>,
 }
 
 impl Qp {
@@ -229,7 +232,17 @@ impl Qp {
             next_resource: 0,
             resp_out: VecDeque::new(),
             scheduled: false,
+            timer_at: None,
         }
+    }
+
+    /// The earliest of the QP's deadlines (pacing, RNR wait, retransmission).
+    #[inline]
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        [self.paced_until, self.rnr_wait_until, self.retrans_deadline]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     pub fn mtu(&self) -> u32 {

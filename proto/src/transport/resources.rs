@@ -69,6 +69,8 @@ pub struct Mr {
     pub rkey: u32,
     /// Cleared by LOCAL_INV or SEND_WITH_INV; a later access with the key fails.
     pub valid: bool,
+    /// Memory windows bound to it: it cannot be deregistered while any is.
+    pub windows: u32,
 }
 
 impl Mr {
@@ -112,8 +114,8 @@ pub struct Mw {
     pub qpn: Option<crate::types::Qpn>,
 }
 
-/// Pool indexes of MWs start here, so a key's index says whether it names an MR or an MW
-/// (rxe, roce-rxe-facts.md §6.1).
+/// MW handles start here, above every MR's, as rxe's MW pool indexes do (roce-rxe-facts.md
+/// §6.1).
 pub const MW_INDEX_BASE: u32 = (1 << 19) + 1;
 
 /// A completion queue.
@@ -126,6 +128,8 @@ pub struct Cq {
     /// Set on overflow: the CQ is in error and takes no more entries (IBTA §11.4.2.1).
     pub overflowed: bool,
     pub users: u32,
+    /// Listed in the engine's CQs with news ([`super::Engine::take_touched_cqs`]).
+    pub touched: bool,
 }
 
 impl Cq {
@@ -136,6 +140,7 @@ impl Cq {
             armed: None,
             overflowed: false,
             users: 0,
+            touched: false,
         }
     }
 }
@@ -187,6 +192,7 @@ mod tests {
             lkey: 0x101,
             rkey: 0x101,
             valid: true,
+            windows: 0,
         };
         assert!(mr.contains(0x1000, 0x100));
         assert!(mr.contains(0x10ff, 1));

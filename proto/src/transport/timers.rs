@@ -1,5 +1,9 @@
 //! Transport timer values (IBTA Vol. 1 §9.7.6.1.3 and table 46), in nanoseconds of the
-//! caller's clock.
+//! caller's clock, and the queue of the QPs' deadlines.
+
+use crate::types::Qpn;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// Nanoseconds. The engine reads no clock: every entry point takes `now` in this unit.
 pub type Nanos = u64;
@@ -26,6 +30,57 @@ pub fn rnr_delay(code: u8) -> Nanos {
     u64::from(RNR_TIMER_US[(code & 0x1f) as usize]) * 1_000
 }
 
+/// The QPs' deadlines (retransmission, RNR wait, pacing) in time order, so that finding the
+/// next one and running the due ones do not visit every QP: an idle device with 100,000 QPs
+/// has nothing to look at.
+///
+/// A QP has at most one live entry, at the time of its earliest deadline when it was armed
+/// (`Qp::timer_at`); its deadlines themselves stay in the QP, where the requester and the
+/// completer set and clear them. Arming again only adds an entry when a deadline moved
+/// earlier, so the retransmission timer restarted by every ACK costs nothing here: its old
+/// entry comes due, finds the deadline later, and is re-armed once. Entries of QPs whose
+/// deadline went away (or that were destroyed) are dropped when they come due.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TimerQueue {
+    heap: BinaryHeap<Reverse<(Nanos, Qpn)>>,
+}
+
+impl TimerQueue {
+    /// Makes sure the QP's earliest deadline `next` has an entry; `armed` is the QP's
+    /// `timer_at`, updated.
+    #[inline]
+    pub fn arm(&mut self, qpn: Qpn, next: Option<Nanos>, armed: &mut Option<Nanos>) {
+        if let Some(t) = next {
+            if armed.is_none_or(|a| t < a) {
+                self.heap.push(Reverse((t, qpn)));
+                *armed = Some(t);
+            }
+        }
+    }
+
+    /// The earliest entry's time (it may find nothing due when it comes).
+    pub fn next(&self) -> Option<Nanos> {
+        self.heap.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Takes the entries due at `now`, calling `due(qpn, time)` for each.
+    pub fn pop_due(&mut self, now: Nanos, mut due: impl FnMut(Qpn, Nanos)) {
+        while let Some(&Reverse((t, qpn))) = self.heap.peek() {
+            if t > now {
+                break;
+            }
+            self.heap.pop();
+            due(qpn, t);
+        }
+    }
+
+    /// Entries queued (live and stale).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.heap.len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -40,5 +95,23 @@ mod tests {
         assert_eq!(rnr_delay(1), 10_000);
         assert_eq!(rnr_delay(25), 61_410_000);
         assert_eq!(rnr_delay(31), 491_520_000);
+    }
+
+    #[test]
+    fn a_later_deadline_adds_nothing_an_earlier_one_an_entry() {
+        let mut q = TimerQueue::default();
+        let (a, b) = (Qpn::new(20), Qpn::new(21));
+        let (mut at_a, mut at_b) = (None, None);
+        q.arm(a, Some(100), &mut at_a);
+        // Restarted later (an ACK): nothing new.
+        q.arm(a, Some(150), &mut at_a);
+        q.arm(b, Some(50), &mut at_b);
+        q.arm(b, Some(40), &mut at_b);
+        assert_eq!((q.len(), at_a, at_b), (3, Some(100), Some(40)));
+        assert_eq!(q.next(), Some(40));
+        let mut seen = Vec::new();
+        q.pop_due(100, |qpn, t| seen.push((qpn, t)));
+        assert_eq!(seen, [(b, 40), (b, 50), (a, 100)]);
+        assert_eq!(q.next(), None);
     }
 }

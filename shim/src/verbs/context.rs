@@ -13,6 +13,7 @@ use crate::abi::*;
 use crate::daemon;
 use crate::ffi::{self, Errno};
 use crate::runtime::{self, ObjectTable, ShimContext, CONTEXTS};
+use crate::shm::Mapping;
 use crate::verbs::{cq, ops, qp, query, srq};
 
 /// `ibv_get_device_list`: a NULL-terminated, `malloc`ed array; free with `ibv_free_device_list`.
@@ -106,13 +107,19 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
         let (async_rx, async_tx) = runtime::seqpacket_pair()?;
         // The daemon gets a duplicate of the event socket's write end for this context's
         // async events, and answers with the device thread's doorbell.
-        let (handle, doorbell) = match control.request(
+        // It answers with the device thread's doorbell eventfd and the client's doorbell table.
+        let (handle, doorbell, bells) = match control.request(
             &Request::OpenContext {
                 device: dev.desc.name.clone(),
             },
             &[async_tx.as_raw_fd()],
         )? {
-            (Response::Context { ctx }, mut fds) if fds.len() == 1 => (ctx, fds.remove(0)),
+            (Response::Context { ctx, doorbells_len }, mut fds) if fds.len() == 2 => {
+                let table = fds.pop().ok_or(Errno::PROTO)?;
+                let map = Mapping::map(&table, doorbells_len)?;
+                let bells = map.doorbells()?;
+                (ctx, fds.remove(0), Some((bells, map)))
+            }
             (Response::Error { errno, .. }, _) => return Err(Errno(errno)),
             _ => return Err(Errno::PROTO),
         };
@@ -178,6 +185,8 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut IbvDevice) -> *mut IbvCont
             fatal_posted: AtomicBool::new(false),
             handle,
             doorbell,
+            bells,
+            ring_chunks: Mutex::new(Default::default()),
             objects: Mutex::new(ObjectTable::default()),
         });
         let raw = Box::into_raw(shim);

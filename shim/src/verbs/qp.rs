@@ -4,7 +4,7 @@
 
 use std::ptr::{self, addr_of_mut};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use libc::{c_int, c_void};
 use proto::ctl::{self, Request, Response};
@@ -108,8 +108,11 @@ pub struct ShimQp {
     pub send_ops: u64,
     /// The `ibv_wr_*` batch being built.
     pub batch: Mutex<WrBatch>,
-    /// After the rings, so they are dropped before the memory is unmapped.
-    _map: Mapping,
+    /// Its doorbell in the context's table (both queues share it).
+    doorbell: u32,
+    /// After the rings, so they are dropped before the memory is unmapped (a chunk shared
+    /// with the context's other QPs, or a region of its own).
+    _map: Arc<Mapping>,
 }
 
 /// Maps an `ibv_qp *` from a caller to our QP.
@@ -168,9 +171,7 @@ impl ShimQp {
             }
             ring_bell
         };
-        if ring_bell {
-            ctx.ring_doorbell();
-        }
+        ctx.rang(self.doorbell, ring_bell);
         Ok(())
     }
 
@@ -342,9 +343,7 @@ pub unsafe extern "C" fn post_send(
             // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
             unsafe { helpers::post_each(wr, |w| shim.post_send_one(&mut sq, w)) }
         };
-        if ring_bell {
-            ctx.ring_doorbell();
-        }
+        ctx.rang(shim.doorbell, ring_bell);
         result.map_err(|(e, at)| {
             failed = at;
             e
@@ -396,9 +395,7 @@ pub unsafe extern "C" fn post_recv(
                 })
             }
         };
-        if ring_bell {
-            ctx.ring_doorbell();
-        }
+        ctx.rang(shim.doorbell, ring_bell);
         result.map_err(|(e, at)| {
             failed = at;
             e
@@ -469,13 +466,15 @@ fn create(
         sq,
         rq,
         region_len,
+        doorbell,
+        region,
     } = resp
     else {
         return Err(Errno::PROTO);
     };
     let attached = (|| {
         let fd = fds.pop().ok_or(Errno::PROTO)?;
-        let map = Mapping::map(&fd, region_len)?;
+        let map = ctx.ring_chunk(region, &fd, region_len)?;
         let sq = map.ring(&sq, true)?;
         let rq = match (&rq, srq_handle) {
             (Some(place), None) => Some(map.ring(place, true)?),
@@ -550,6 +549,7 @@ fn create(
         rq_outstanding: AtomicU32::new(0),
         send_ops,
         batch: Mutex::new(WrBatch::default()),
+        doorbell,
         _map: map,
     });
     let mut shim = shim;
@@ -1004,7 +1004,8 @@ mod tests {
             rq_outstanding: AtomicU32::new(0),
             send_ops: 0,
             batch: Mutex::new(WrBatch::default()),
-            _map: map,
+            doorbell: 0,
+            _map: Arc::new(map),
         };
         (shim, consumer)
     }

@@ -29,6 +29,8 @@ pub struct ShimSrq {
     ring: Mutex<SrqRing>,
     /// Async events (limit reached, errors) handed out; destroy waits for their acks.
     pub events_reported: AtomicU32,
+    /// Its doorbell in the context's table (kept by a resize).
+    doorbell: u32,
 }
 
 /// Maps an `ibv_srq *` from a caller to our SRQ.
@@ -72,6 +74,7 @@ fn create(
         max_sge,
         ring,
         region_len,
+        doorbell,
     } = resp
     else {
         return Err(Errno::PROTO);
@@ -107,6 +110,7 @@ fn create(
             _map: map,
         }),
         events_reported: AtomicU32::new(0),
+        doorbell,
     }));
     SRQS.insert(p);
     ctx.objects().srqs.insert(handle, p as usize);
@@ -323,9 +327,7 @@ pub unsafe extern "C" fn post_srq_recv(
             // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
             unsafe { helpers::post_each(wr, |w| ring.producer.post_recv(w, shim.max_sge)) }
         };
-        if ring_bell {
-            ctx.ring_doorbell();
-        }
+        ctx.rang(shim.doorbell, ring_bell);
         result.map_err(|(e, at)| {
             failed = at;
             e

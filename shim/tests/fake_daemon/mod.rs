@@ -174,7 +174,12 @@ fn serve(fd: RawFd, hellos: &AtomicU64, cm: &Mutex<CmState>) {
                 assert!(efd >= 0, "eventfd");
                 // SAFETY: as above.
                 fds.push(unsafe { OwnedFd::from_raw_fd(efd) });
-                Response::Context { ctx: handle() }
+                let (table, doorbells_len) = doorbell_table();
+                fds.push(table);
+                Response::Context {
+                    ctx: handle(),
+                    doorbells_len,
+                }
             }
             Ok(Request::AllocPd { .. }) => Response::Pd { pd: handle() },
             Ok(Request::CreateCompChannel { .. }) => Response::CompChannel { channel: handle() },
@@ -270,4 +275,31 @@ pub fn cm_info(id: u32, addr: std::net::SocketAddr) -> ctl::CmIdInfo {
         src_gid: gid_of(addr.ip()),
         ..ctl::CmIdInfo::default()
     }
+}
+
+/// A doorbell table as the daemon makes one (proto::ring::doorbell), in a memfd of its own.
+fn doorbell_table() -> (OwnedFd, u64) {
+    use proto::ring::doorbell::{table_len, Doorbells};
+    let len = table_len(64);
+    // SAFETY: memfd_create with a NUL-terminated name; checked below.
+    let fd = unsafe { libc::memfd_create(c"doorbells".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create");
+    // SAFETY: a fresh descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: our own memfd; a fresh shared mapping of it, checked, unmapped below.
+    unsafe {
+        assert_eq!(libc::ftruncate(fd.as_raw_fd(), len as i64), 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        let _ = Doorbells::init(p.cast(), 64);
+        libc::munmap(p, len);
+    }
+    (fd, len as u64)
 }
