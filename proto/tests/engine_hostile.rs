@@ -2,7 +2,7 @@
 //! fresh device with an RC QP in RTS, a UD QP and registered memory: every packet ends under
 //! a counted reason (dropped, NAKed, ignored), no registered memory changes, no receive
 //! completes, and the counters add up (every packet in exactly one of rcvd_pkts, dropped_pkts,
-//! icrc_errors, cnp_rcvd, drops.bad_pkey; every dropped_pkts under a reason).
+//! icrc_errors, rp_cnp_handled, rp_cnp_ignored, drops.bad_pkey; every dropped_pkts under a reason).
 //! Then: a flood of guessed R_Keys against a live MR writes nothing and is counted.
 
 use proto::sim::hostile::{self, ipv4_udp, Icrc, Victim};
@@ -92,7 +92,7 @@ fn outcomes(c: &Counters) -> u64 {
     let d = &c.drops;
     c.dropped_pkts
         + c.icrc_errors
-        + c.cnp_rcvd
+        + (c.rp_cnp_handled + c.rp_cnp_ignored)
         + c.duplicate_request
         + c.out_of_seq_request
         + c.send_rnr_err
@@ -154,7 +154,11 @@ fn hostile_corpus_against(loss_recovery: LossRecovery) {
         );
         // Exactly one of the top-level fates.
         let fates = |c: &Counters| {
-            c.rcvd_pkts + c.dropped_pkts + c.icrc_errors + c.cnp_rcvd + c.drops.bad_pkey
+            c.rcvd_pkts
+                + c.dropped_pkts
+                + c.icrc_errors
+                + (c.rp_cnp_handled + c.rp_cnp_ignored)
+                + c.drops.bad_pkey
         };
         assert_eq!(fates(&c), fates(&before) + 1, "{why}");
         assert_eq!(c.dropped_pkts, c.drops.dropped_total(), "{why}");

@@ -317,6 +317,7 @@ impl DeviceThread {
             // and never for packets between local QPs, which the receiving engine takes with
             // handle_verified_packet.
             config.seal_icrc = false;
+            config.congestion = self.congestion;
             let memory = ProcessMemory::of(Arc::clone(process));
             let mut engine = tp::Engine::new(config, ProcMem(RefCell::new(memory)));
             engine.set_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);

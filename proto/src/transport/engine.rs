@@ -2,7 +2,7 @@
 //! it (quinn-proto style): `handle_packet`, `handle_timeout`, `poll_transmit`, `poll_timeout`,
 //! `poll_event`, and the verbs (create/modify/destroy, post, poll CQ).
 
-use super::cc::{CongestionControl, NoCongestionControl};
+use super::congestion::{AnyController, CongestionConfig, QpCongestion};
 use super::counters::{Counters, Dropped};
 use super::memory::MemoryAccess;
 use super::packet_io::{PendingIcrc, Route};
@@ -15,7 +15,7 @@ use super::table::Table;
 use super::timers::{Nanos, TimerQueue};
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
-use crate::wire::{ipv4, ipv6, FrameRepr, Ipv4Repr, Ipv6Repr, NetRepr, TransportRepr};
+use crate::wire::{ipv4, ipv6, Ecn, FrameRepr, Ipv4Repr, Ipv6Repr, NetRepr, TransportRepr};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
@@ -67,6 +67,8 @@ pub struct EngineConfig {
     /// seals each packet itself for the headers its socket writes, or delivers it to an
     /// engine of its own with `handle_verified_packet`, turns it off to compute it once.
     pub seal_icrc: bool,
+    /// Congestion control (none by default, as rxe; the daemon turns DCQCN on).
+    pub congestion: CongestionConfig,
 }
 
 impl EngineConfig {
@@ -83,6 +85,7 @@ impl EngineConfig {
             max_inline_data: 512,
             port_mtu: Mtu::Mtu4096,
             seal_icrc: true,
+            congestion: CongestionConfig::default(),
         }
     }
 
@@ -169,10 +172,6 @@ pub(crate) struct Ctx<M> {
     /// (set and cleared around one packet by [`Engine::handle_verified_packet_forcing`]).
     pub forced_nak: Option<ForcedNak>,
     pub events: VecDeque<AsyncEvent>,
-    pub cc: Box<dyn CongestionControl + Send>,
-    /// True while `cc` is the default [`NoCongestionControl`], whose hooks do nothing: the
-    /// per-packet hooks are then not called at all (three indirect calls per packet).
-    pub cc_none: bool,
     /// Round-robin of QPs that may have a packet to send.
     pub ready: VecDeque<Qpn>,
 }
@@ -253,8 +252,6 @@ impl<M: MemoryAccess> Engine<M> {
                 counters: Counters::default(),
                 forced_nak: None,
                 events: VecDeque::new(),
-                cc: Box::new(NoCongestionControl),
-                cc_none: true,
                 ready: VecDeque::new(),
                 config,
             },
@@ -267,10 +264,31 @@ impl<M: MemoryAccess> Engine<M> {
         }
     }
 
-    /// Plugs in a congestion controller (the default behaves like rxe: none).
-    pub fn set_congestion_control(&mut self, cc: Box<dyn CongestionControl + Send>) {
-        self.ctx.cc = cc;
-        self.ctx.cc_none = false;
+    /// Sets the congestion control of the device ([`EngineConfig::congestion`]). Every QP
+    /// starts over with a fresh controller (at the maximum rate) and unpaced.
+    pub fn set_congestion_control(&mut self, config: CongestionConfig) {
+        self.ctx.config.congestion = config;
+        for qp in self.qps.values_mut() {
+            qp.cc = AnyController::new(&config);
+            qp.pacer.reset();
+            // The ECN bits of the kept headers change.
+            qp.route_cache = None;
+            qp.next_segment = None;
+            if qp.paced_until.take().is_some() {
+                schedule(qp, &mut self.ctx.ready);
+            }
+        }
+    }
+
+    pub fn congestion_control(&self) -> &CongestionConfig {
+        &self.ctx.config.congestion
+    }
+
+    /// The congestion state of a QP: its current and target rate, DCQCN's alpha (as last
+    /// evaluated, at the QP's last packet or CNP).
+    pub fn qp_congestion(&self, qpn: Qpn) -> Option<QpCongestion> {
+        let q = self.qps.get(&qpn)?;
+        Some(q.cc.inner().state(&self.ctx.config.congestion.params))
     }
 
     pub fn memory(&self) -> &M {
@@ -734,7 +752,9 @@ impl<M: MemoryAccess> Engine<M> {
         if let Some(s) = init.srq.and_then(|s| self.ctx.srqs.get_mut(&s)) {
             s.users += 1;
         }
-        self.qps.insert(qpn, Qp::new(qpn, init));
+        let mut qp = Qp::new(qpn, init);
+        qp.cc = AnyController::new(&self.ctx.config.congestion);
+        self.qps.insert(qpn, qp);
         Ok(qpn)
     }
 
@@ -865,7 +885,10 @@ impl<M: MemoryAccess> Engine<M> {
         }
         let prev = qp.state;
         match next {
-            QpState::Reset => qp.reset(),
+            QpState::Reset => {
+                qp.reset();
+                qp.cc = AnyController::new(&self.ctx.config.congestion);
+            }
             QpState::Err if prev != QpState::Err => {
                 qp.state = QpState::Err;
                 flush_qp(qp, &mut self.ctx, true);
@@ -1147,13 +1170,22 @@ impl<M: MemoryAccess> Engine<M> {
         }
         let Some(qp) = self.qps.get_mut(&dest) else {
             verified_or_drop!();
-            self.ctx.counters.dropped(Dropped::UnknownQp);
+            if info.has(crate::wire::OpInfo::CNP) {
+                self.ctx.counters.rp_cnp_ignored += 1;
+            } else {
+                self.ctx.counters.dropped(Dropped::UnknownQp);
+            }
             return;
         };
         if info.has(crate::wire::OpInfo::CNP) {
+            // A CNP (RoCE v2 Annex A17.9.2) throttles the QP it names: the reaction point.
             verified_or_drop!();
-            self.ctx.counters.cnp_rcvd += 1;
-            self.ctx.cc.on_cnp(dest, now);
+            let params = &self.ctx.config.congestion.params;
+            if !qp.ty.is_ud() && qp.cc.inner_mut().on_cnp(now, params) {
+                self.ctx.counters.rp_cnp_handled += 1;
+            } else {
+                self.ctx.counters.rp_cnp_ignored += 1;
+            }
             return;
         }
         let transport_ok = match qp.ty {
@@ -1206,12 +1238,19 @@ impl<M: MemoryAccess> Engine<M> {
         qp.counters.rcvd_pkts += 1;
         qp.counters.rcvd_bytes += rx.wire_len as u64;
         if rx.ecn_ce {
-            self.ctx.counters.ecn_marked_pkts += 1;
-            if info.has(crate::wire::OpInfo::REQUEST)
+            // The notification point: a CE-marked request, or a READ response carrying data,
+            // asks the peer QP to slow down (at most one CNP per QP per
+            // min_time_between_cnps). The CNP goes before anything else the QP owes.
+            self.ctx.counters.np_ecn_marked_roce_packets += 1;
+            let data = info.has(crate::wire::OpInfo::REQUEST) || !rx.payload.is_empty();
+            if data
                 && !qp.ty.is_ud()
-                && self.ctx.cc.on_ecn_marked(dest, now)
+                && qp
+                    .cc
+                    .inner_mut()
+                    .on_ce(now, &self.ctx.config.congestion.params)
             {
-                qp.resp_out.push_back(super::qp::RespOut::Cnp);
+                qp.resp_out.push_front(super::qp::RespOut::Cnp);
                 schedule(qp, &mut self.ctx.ready);
             }
         }
@@ -1479,14 +1518,13 @@ pub(crate) fn check_sq_drained<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
 }
 
 /// The route of a packet from `src_port` to `av`, or None if the AV's source GID does not
-/// exist or the address families differ. `data` packets carry the congestion controller's
-/// ECN codepoint. The route is kept in `cache` for the next packet to the same place: built
+/// exist or the address families differ. `data` packets carry ECT(0) when congestion control
+/// is on (the AV's traffic class otherwise, verbatim, as rxe). The route is kept in `cache` for the next packet to the same place: built
 /// afresh each time, copying it out of the function stalled on store forwarding (its fields
 /// are written one by one, then read back as whole blocks).
 #[inline(always)]
 pub(crate) fn route_for<M>(
-    ctx: &mut Ctx<M>,
-    qpn: Qpn,
+    ctx: &Ctx<M>,
     av: &AddressVector,
     src_port: u16,
     data: bool,
@@ -1500,15 +1538,8 @@ pub(crate) fn route_for<M>(
             r
         }
     };
-    if data {
-        if let Some(ecn) = (!ctx.cc_none).then(|| ctx.cc.ecn_codepoint(qpn)).flatten() {
-            match &mut route.net {
-                NetRepr::Ipv4(ip) => ip.tos = (ip.tos & !3) | (ecn & 3),
-                NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => {
-                    ip.traffic_class = (ip.traffic_class & !3) | (ecn & 3)
-                }
-            }
-        }
+    if data && ctx.config.congestion.marks_ect() {
+        route.net.set_ecn(Ecn::Ect0);
     }
     Some(route)
 }

@@ -62,9 +62,9 @@
 //! ```
 
 pub mod access;
-pub mod cc;
 pub mod chacha;
 pub mod completer;
+pub mod congestion;
 pub mod counters;
 pub mod engine;
 pub mod inventory;
@@ -81,7 +81,7 @@ pub mod table;
 pub mod timers;
 pub mod verbs;
 
-pub use cc::{CongestionControl, NoCongestionControl};
+pub use congestion::{Algorithm, CongestionConfig, Params as CcParams, QpCongestion};
 pub use counters::Counters;
 pub use engine::{Engine, EngineConfig, ForcedNak, GidType, MrKeys, Transmit, MAX_FRAME_LEN};
 pub use inventory::{CqSummary, MrSummary, PdSummary, QpSummary, SrqSummary};

@@ -1,6 +1,7 @@
 //! A queue pair's state: the send queue with per-WQE progress, the requester/completer
 //! variables (rxe's `qp->req` and `qp->comp`), and the responder's (`qp->resp`).
 
+use super::congestion::{AnyController, NoControl, Pacer};
 use super::packet_io::Route;
 use super::qp_attr::{AddressVector, Mtu, QpAttr, QpState, QpType};
 use super::timers::Nanos;
@@ -201,7 +202,12 @@ pub(crate) struct Qp {
     /// Go-back-N retries this QP started (timeouts, sequence NAKs, implied NAKs, RNR NAKs).
     pub retry_events: u64,
     pub rnr_wait_until: Option<Nanos>,
+    /// The pacer holds the next request packet until then.
     pub paced_until: Option<Nanos>,
+    /// Congestion control: the QP's controller (reaction point of what it sends,
+    /// notification point of what it receives) and its rate limiter.
+    pub cc: AnyController,
+    pub pacer: Pacer,
 
     // Completer (rxe `qp->comp`).
     pub comp_psn: Psn,
@@ -258,6 +264,8 @@ impl Qp {
             retry_events: 0,
             rnr_wait_until: None,
             paced_until: None,
+            cc: AnyController::None(NoControl),
+            pacer: Pacer::default(),
             comp_psn: Psn::new(0),
             retry_left: 0,
             rnr_retry_left: 0,

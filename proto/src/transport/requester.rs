@@ -286,6 +286,11 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         break;
     }
+    // The rate limiter: a QP below the line rate sends its next request only when its pacer
+    // lets it; the device serves other QPs meanwhile. At the line rate this is one test.
+    if qp.cc.limited() && held_by_pacer(qp, ctx, now) {
+        return None;
+    }
     let idx = qp.req_index;
     let ty = qp.ty;
     // UD messages are one packet of at most the port MTU; RC and UC segment by the path MTU.
@@ -371,7 +376,7 @@ pub(crate) fn emit_request<M: MemoryAccess>(
                 SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..)
             )
             && !w.wr.flags.contains(SendFlags::INLINE);
-        if middle && tpl.first_psn == w.first_psn && ctx.cc_none && !ty.is_ud() {
+        if middle && tpl.first_psn == w.first_psn && !ty.is_ud() {
             let ack_req = ty == QpType::Rc && qp.noack_pkts + 1 > MAX_PKT_PER_ACK;
             let pd = qp.init.pd;
             let sges = &w.wr.sg_list;
@@ -552,26 +557,11 @@ pub(crate) fn emit_request<M: MemoryAccess>(
         }
         _ => {}
     }
-    let Some(route) = route_for(ctx, qpn, &av, qp.src_port, true, &mut qp.route_cache) else {
+    let Some(route) = route_for(ctx, &av, qp.src_port, true, &mut qp.route_cache) else {
         let w = qp.sq.get_mut(idx)?;
         w.error = Some(WcStatus::LocQpOpErr);
         return poll_request(qp, ctx, now, buf);
     };
-    let pace = if ctx.cc_none {
-        None
-    } else {
-        let len = super::packet_io::frame_len(&route, &t).unwrap_or(0);
-        ctx.cc.pacing(qpn, now, len)
-    };
-    if let Some(at) = pace {
-        if at > now {
-            qp.paced_until = Some(at);
-            if !retransmit {
-                qp.noack_pkts = qp.noack_pkts.saturating_sub(1);
-            }
-            return None;
-        }
-    }
     let pd = qp.init.pd;
     let w = qp.sq.get(idx)?;
     let res = super::packet_io::emit(&route, &t, buf, ctx.config.seal_icrc, |out| {
@@ -603,15 +593,13 @@ pub(crate) fn emit_request<M: MemoryAccess>(
         super::selective::resent(qp, ctx, now, psn, tx.len);
         return Some(tx);
     }
-    if ctx.cc_none
-        && matches!(
-            opcode,
-            Opcode::RC_SEND_MIDDLE
-                | Opcode::RC_RDMA_WRITE_MIDDLE
-                | Opcode::UC_SEND_MIDDLE
-                | Opcode::UC_RDMA_WRITE_MIDDLE
-        )
-    {
+    if matches!(
+        opcode,
+        Opcode::RC_SEND_MIDDLE
+            | Opcode::RC_RDMA_WRITE_MIDDLE
+            | Opcode::UC_SEND_MIDDLE
+            | Opcode::UC_RDMA_WRITE_MIDDLE
+    ) {
         let first_psn = qp.sq.get(idx)?.first_psn;
         qp.next_segment = SegmentTemplate::capture(&buf[..tx.len], &tx, first_psn);
     }
@@ -627,6 +615,33 @@ pub(crate) fn emit_request<M: MemoryAccess>(
         tx.len,
     )?;
     Some(tx)
+}
+
+/// IPv6 + UDP + BTH + RETH + ICRC: what a full packet carries besides its payload, at most.
+const PACKET_OVERHEAD: u32 = 40 + 8 + 12 + 16 + 4;
+
+/// Whether the pacer holds the QP's next packet at `now`; if so the QP waits in
+/// `paced_until` for the packet's time, or for the controller's next change of rate if that
+/// comes first (a rate that recovers is used at once, not after an interval computed at the
+/// old rate).
+fn held_by_pacer<M>(qp: &mut Qp, ctx: &Ctx<M>, now: Nanos) -> bool {
+    let p = &ctx.config.congestion.params;
+    let rate = qp.cc.inner_mut().rate(now, p);
+    if !qp.cc.limited() {
+        return false;
+    }
+    // Lateness the pacer forgives: the configured time, and at least one full packet's time,
+    // so that at low rates a wake-up late by a fraction of a packet time costs no rate (the
+    // burst after an idle moment is then two packets).
+    let packet_bits = u64::from(qp.mtu() + PACKET_OVERHEAD) * 8;
+    let one_packet = (packet_bits * 1_000_000_000).checked_div(rate).unwrap_or(0);
+    let tolerance = (u64::from(p.pacing_tolerance) * 1_000).max(one_packet);
+    let Some(at) = qp.pacer.release_time(now, rate, tolerance) else {
+        return false;
+    };
+    let wake = qp.cc.inner().next_change(p).map_or(at, |c| c.min(at));
+    qp.paced_until = Some(wake.max(now + 1));
+    true
 }
 
 /// The requester's state after packet `psn` of WQE `idx` went out, `len` bytes long.
@@ -647,8 +662,12 @@ fn sent<M>(
     if ack_req {
         qp.noack_pkts = 0;
     }
-    if !ctx.cc_none {
-        ctx.cc.on_sent(qp.qpn, now, len);
+    if qp.cc.limited() {
+        // The byte counter of the rate increase, and the pacer's charge for this packet.
+        qp.cc
+            .inner_mut()
+            .on_sent(now, len, &ctx.config.congestion.params);
+        qp.pacer.on_sent(now, len);
     }
     let w = qp.sq.get_mut(idx)?;
     let next = if matches!(w.wr.op, SendOp::Read(_)) {

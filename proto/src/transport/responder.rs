@@ -886,14 +886,15 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 (t, Some((va, rkey, plen, last)))
             }
         };
-        let route = route_for(
-            ctx,
-            qp.qpn,
-            &av,
-            qp.src_port,
-            read.is_some(),
-            &mut qp.route_cache,
-        )?;
+        let mut route = route_for(ctx, &av, qp.src_port, read.is_some(), &mut qp.route_cache)?;
+        if matches!(item, RespOut::Cnp) {
+            // CNPs go out with their own DSCP (and ECT(0), as ConnectX NICs send them: TOS
+            // 0xC2 for DSCP 48, roce-rxe-facts.md §1.2).
+            let dscp = ctx.config.congestion.params.cnp_dscp;
+            route
+                .net
+                .set_traffic_class(crate::wire::ecn::tos_of_dscp(dscp, crate::wire::Ecn::Ect0));
+        }
         let (pd, qpn) = (qp.init.pd, qp.qpn);
         let res = super::packet_io::emit(&route, &t, buf, ctx.config.seal_icrc, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
@@ -936,7 +937,7 @@ pub(crate) fn poll_response<M: MemoryAccess>(
             }
             Some(Ok(tx)) => {
                 match item {
-                    RespOut::Cnp => ctx.counters.cnp_sent += 1,
+                    RespOut::Cnp => ctx.counters.np_cnp_sent += 1,
                     RespOut::Sack { .. } => ctx.counters.sack_sent += 1,
                     _ => {}
                 }

@@ -615,8 +615,13 @@ pub(crate) fn poll_retransmit<M: MemoryAccess>(
 
 /// Packet `psn` was sent again.
 pub(crate) fn resent<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos, psn: Psn, len: usize) {
-    if !ctx.cc_none {
-        ctx.cc.on_sent(qp.qpn, now, len);
+    // Not held by the pacer (what the peer lacks goes first), but charged to it and to the
+    // rate increase's byte counter, as every packet sent.
+    if qp.cc.limited() {
+        qp.cc
+            .inner_mut()
+            .on_sent(now, len, &ctx.config.congestion.params);
+        qp.pacer.on_sent(now, len);
     }
     ctx.counters.sel_retransmits += 1;
     // Each one deliberately moves the PSN sent backward (the simulator's invariant).

@@ -14,6 +14,7 @@
 pub mod aeth;
 pub mod arp;
 pub mod bth;
+pub mod ecn;
 pub mod ethernet;
 pub mod ext;
 pub mod frame;
@@ -30,6 +31,7 @@ pub mod udp;
 pub use aeth::{AethRepr, AethSyndrome, NakCode};
 pub use arp::{ArpOperation, ArpPacket, ArpRepr};
 pub use bth::{Bth, BthRepr};
+pub use ecn::Ecn;
 pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr};
 pub use ext::{AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, RethRepr};
 pub use frame::{FrameRepr, LinkRepr, NetRepr, ParsedFrame};
