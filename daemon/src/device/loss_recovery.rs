@@ -194,6 +194,9 @@ impl DeviceThread {
             self.negotiation.gsi_psn = psn.wrapping_add(1) & 0xff_ffff;
             if let Some(mut packet) = gsi_packet(psn, &t.mad) {
                 self.link.send_gsi_as(ty, src, t.peer, &mut packet);
+                // QP1 traffic counts in the device's packets, as rxe counts its MADs (and
+                // as a capture shows them).
+                self.gsi_sent += 1;
             }
         }
         self.link.flush();

@@ -827,6 +827,7 @@ pub(crate) fn on_response<M: MemoryAccess>(
             }
             Some(AethSyndrome::RnrNak { timer }) => {
                 ctx.counters.rcvd_rnr_err += 1;
+                qp.counters.rcvd_rnr_err += 1;
                 if qp
                     .selective
                     .as_ref()
@@ -837,6 +838,7 @@ pub(crate) fn on_response<M: MemoryAccess>(
                 let head_has_it = qp.sq.front().is_some_and(|w| contains(w, psn));
                 if qp.rnr_retry_left == 0 {
                     ctx.counters.retry_rnr_exceeded_err += 1;
+                    qp.counters.retry_rnr_exceeded_err += 1;
                     if head_has_it {
                         fail_head(qp, ctx, WcStatus::RnrRetryExcErr);
                         return;
@@ -869,6 +871,7 @@ pub(crate) fn on_response<M: MemoryAccess>(
                 // A plain sequence NAK: this responder keeps nothing out of order (go-back-N
                 // on its side, or switching): go back N from it.
                 ctx.counters.rcvd_seq_err += 1;
+                qp.counters.rcvd_seq_err += 1;
                 if let Some(sel) = qp.selective.as_mut() {
                     // Everything before it arrived: progress, as for go-back-N's comp_psn.
                     news |= sel.advance_cum(psn);
@@ -880,8 +883,16 @@ pub(crate) fn on_response<M: MemoryAccess>(
             }
             Some(AethSyndrome::Nak(code)) => {
                 let status = match code {
-                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    NakCode::InvalidRequest => {
+                        ctx.counters.req_remote_invalid_request += 1;
+                        qp.counters.req_remote_invalid_request += 1;
+                        WcStatus::RemInvReqErr
+                    }
+                    NakCode::RemoteAccessError => {
+                        ctx.counters.req_remote_access_errors += 1;
+                        qp.counters.req_remote_access_errors += 1;
+                        WcStatus::RemAccessErr
+                    }
                     _ => WcStatus::RemOpErr,
                 };
                 if qp.sq.front().is_some_and(|w| contains(w, psn)) {
@@ -1106,6 +1117,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
     }
     if d < 0 {
         ctx.counters.duplicate_request += 1;
+        qp.counters.duplicate_request += 1;
         super::responder::duplicate(qp, ctx, rx, info);
         finish(qp, ctx, ack_req);
         return true;
@@ -1122,11 +1134,13 @@ pub(crate) fn on_request<M: MemoryAccess>(
     if d >= sel.params.window(mtu) as usize {
         // Past the window: the requester does not send there; drop.
         ctx.counters.out_of_seq_request += 1;
+        qp.counters.out_of_seq_request += 1;
         finish(qp, ctx, ack_req);
         return true;
     }
     if r.slots.get(d).is_some_and(Option::is_some) {
         ctx.counters.duplicate_request += 1;
+        qp.counters.duplicate_request += 1;
         finish(qp, ctx, ack_req);
         return true;
     }
@@ -1151,6 +1165,7 @@ pub(crate) fn on_request<M: MemoryAccess>(
     let due = new_gap || ack_req || r.since_report >= SACK_EVERY;
     if new_gap {
         ctx.counters.out_of_seq_request += 1;
+        qp.counters.out_of_seq_request += 1;
     }
     finish(qp, ctx, due);
     true
