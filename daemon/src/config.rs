@@ -12,8 +12,10 @@ use proto::ctl::{
     RoceVersion,
 };
 use proto::iface::IpCidr;
+use proto::transport::{Algorithm, CcParams, CongestionConfig};
 use proto::wire::EthernetAddress;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -169,6 +171,22 @@ pub struct DeviceConfig {
     /// `softroce fault` adds them on a running daemon.
     #[serde(default)]
     pub fault: Vec<FaultConfig>,
+    /// How RC QPs recover lost packets (`--loss-recovery`): go-back-N as rxe, selective
+    /// retransmission, or selective only with peers that are softroce too (the default).
+    #[serde(default)]
+    pub loss_recovery: LossRecoveryMode,
+    /// The bandwidth-delay product (bytes) selective retransmission's window is capped at
+    /// (`--selective-bdp`).
+    #[serde(default = "default_selective_bdp")]
+    pub selective_bdp: u32,
+    /// Congestion control: `dcqcn` (the default: ECN, CNPs, per-QP pacing) or `none`
+    /// (kernel rxe's behaviour on the wire).
+    #[serde(default = "default_cc")]
+    pub cc: Algorithm,
+    /// Congestion-control parameters by name (NVIDIA's DOCA names, or mlx5's `rp_`/`np_`
+    /// ones), as `--cc-param NAME=VALUE`; docs/congestion.md lists them.
+    #[serde(default)]
+    pub cc_params: BTreeMap<String, CcParamValue>,
 }
 
 /// One `[[device.fault]]` table: `kind` (drop, duplicate, delay, reorder, corrupt, rnr,
@@ -232,6 +250,83 @@ impl FaultConfig {
             direction,
         })
     }
+}
+
+/// `--loss-recovery`: how a device's RC QPs recover lost packets (docs/loss-recovery.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LossRecoveryMode {
+    /// Go-back-N, exactly as kernel rxe, toward every peer; probes from softroce peers are
+    /// answered "not offered".
+    Gbn,
+    /// Selective retransmission on every RC QP at once, without asking the peer: for
+    /// networks of softroce devices only (a kernel rxe peer would see SACK packets).
+    Selective,
+    /// Selective retransmission with peers that answer softroce's capability probe (a
+    /// vendor MAD on QP1), go-back-N with everyone else.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for LossRecoveryMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "gbn" => Ok(LossRecoveryMode::Gbn),
+            "selective" => Ok(LossRecoveryMode::Selective),
+            "auto" => Ok(LossRecoveryMode::Auto),
+            _ => Err(format!("{s:?} is not one of gbn, selective, auto")),
+        }
+    }
+}
+
+/// A congestion-control parameter's value in the TOML config: a number, a boolean, or the
+/// text `--cc-param` would take.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum CcParamValue {
+    Number(u64),
+    Flag(bool),
+    Text(String),
+}
+
+impl CcParamValue {
+    fn text(&self) -> String {
+        match self {
+            CcParamValue::Number(n) => n.to_string(),
+            CcParamValue::Flag(b) => u8::from(*b).to_string(),
+            CcParamValue::Text(t) => t.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for LossRecoveryMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LossRecoveryMode::Gbn => "gbn",
+            LossRecoveryMode::Selective => "selective",
+            LossRecoveryMode::Auto => "auto",
+        })
+    }
+}
+
+fn default_selective_bdp() -> u32 {
+    proto::transport::selective::DEFAULT_BDP_BYTES
+}
+
+/// The lateness a paced QP of the daemon may make up at once, µs (`pacing_tolerance`). The
+/// engine's default, 20 µs, is a NIC's; the daemon's device thread wakes for a paced packet
+/// through the kernel's timers and scheduler, on a VM tens to hundreds of µs late when the
+/// machine is busy and now and then 2-30 ms late (the thread not scheduled at all), and every
+/// µs of lateness not made up is rate lost (measured on a loaded two-CPU VM, load average
+/// 8-20: a QP paced at 1 Gbit/s sent 0.55-0.7 Gbit/s with 20 µs, 0.84 with 1 ms, 0.98 with
+/// 5 ms; at 300 Mbit/s 0.70-0.92 with 1 ms, 1.00 with 5 ms). The price is a burst of up to
+/// 5 ms of the QP's rate after such a stall, which keeps the rate the QP was given over the
+/// stall (a QP below the line rate only: one at the line rate is not paced).
+pub const DAEMON_PACING_TOLERANCE_US: u32 = 5000;
+
+fn default_cc() -> Algorithm {
+    Algorithm::Dcqcn
 }
 
 fn default_true() -> bool {
@@ -419,6 +514,10 @@ impl DeviceConfig {
             local_via_socket: false,
             gso: true,
             fault: Vec::new(),
+            loss_recovery: LossRecoveryMode::default(),
+            selective_bdp: default_selective_bdp(),
+            cc: default_cc(),
+            cc_params: BTreeMap::new(),
         }
     }
 
@@ -439,6 +538,36 @@ impl DeviceConfig {
         }
         d.validate()?;
         Ok(d)
+    }
+
+    /// Adds one `--cc-param NAME=VALUE`.
+    pub fn add_cc_param(&mut self, assignment: &str) -> Result<()> {
+        let Some((name, value)) = assignment.split_once('=') else {
+            bail!("--cc-param {assignment:?}: expected NAME=VALUE");
+        };
+        self.cc_params.insert(
+            name.trim().to_string(),
+            CcParamValue::Text(value.trim().to_string()),
+        );
+        Ok(())
+    }
+
+    /// The device's congestion control: the algorithm with its parameters applied to the
+    /// defaults (NVIDIA's, and [`DAEMON_PACING_TOLERANCE_US`]).
+    pub fn congestion(&self) -> Result<CongestionConfig> {
+        let mut params = CcParams {
+            pacing_tolerance: DAEMON_PACING_TOLERANCE_US,
+            ..CcParams::default()
+        };
+        for (name, value) in &self.cc_params {
+            params
+                .set(name, &value.text())
+                .with_context(|| format!("device {}", self.name))?;
+        }
+        Ok(CongestionConfig {
+            algorithm: self.cc,
+            params,
+        })
     }
 
     /// The embedded default: RoCE v2 on 127.0.0.1 and ::1.
@@ -531,6 +660,14 @@ impl DeviceConfig {
                 self.roce
             );
         }
+        if self.selective_bdp < 4096 {
+            bail!(
+                "device {}: selective_bdp {} is below 4096 bytes",
+                self.name,
+                self.selective_bdp
+            );
+        }
+        self.congestion()?;
         if !(8..=31).contains(&self.cm_response_timeout) || self.cm_max_retries > 15 {
             bail!(
                 "device {}: cm_response_timeout must be 8..31 and cm_max_retries 0..15",
@@ -1037,6 +1174,59 @@ mod tests {
         assert!(save_removed(&path, "srxe7").is_err());
         assert_eq!(Config::load(&path).unwrap().devices.len(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn loss_recovery_settings_parse_with_auto_the_default() {
+        let c = Config::from_toml(
+            "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\nloss_recovery=\"gbn\"\n[[device]]\nname=\"b\"\naddr=[\"127.0.0.2\"]\nselective_bdp=65536",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.devices[0].loss_recovery, LossRecoveryMode::Gbn);
+        assert_eq!(c.devices[1].loss_recovery, LossRecoveryMode::Auto);
+        assert_eq!(c.devices[1].selective_bdp, 65536);
+        assert_eq!(DeviceConfig::loopback_default().selective_bdp, 128 * 1024);
+        assert!(Config::from_toml("[[device]]\nname=\"a\"\nloss_recovery=\"irn\"").is_err());
+        assert_eq!("selective".parse(), Ok(LossRecoveryMode::Selective));
+        assert!("sack".parse::<LossRecoveryMode>().is_err());
+        assert_eq!(LossRecoveryMode::Auto.to_string(), "auto");
+        let mut small = DeviceConfig::loopback_default();
+        small.selective_bdp = 100;
+        assert!(small.validate().is_err());
+    }
+
+    #[test]
+    fn congestion_control_is_dcqcn_by_default_and_takes_named_parameters() {
+        let plain = DeviceConfig::loopback_default();
+        let cc = plain.congestion().unwrap();
+        assert_eq!(cc.algorithm, Algorithm::Dcqcn);
+        assert_eq!(
+            cc.params,
+            CcParams {
+                pacing_tolerance: DAEMON_PACING_TOLERANCE_US,
+                ..CcParams::default()
+            }
+        );
+        let c = Config::from_toml(
+            "[[device]]\nname=\"a\"\naddr=[\"127.0.0.1\"]\ncc=\"none\"\n\
+             cc_params = { rpg_time_reset = 55, clamp_tgt_rate = true, np_cnp_dscp = \"46\" }",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let cc = c.devices[0].congestion().unwrap();
+        assert_eq!(cc.algorithm, Algorithm::None);
+        assert_eq!(cc.params.rpg_time_reset, 55);
+        assert!(cc.params.clamp_tgt_rate);
+        assert_eq!(cc.params.cnp_dscp, 46);
+        let mut d = DeviceConfig::loopback_default();
+        d.add_cc_param("rpg_ai_rate=10").unwrap();
+        assert_eq!(d.congestion().unwrap().params.rpg_ai_rate, 10);
+        assert!(d.add_cc_param("rpg_ai_rate").is_err());
+        d.add_cc_param("no_such_param=1").unwrap();
+        let why = format!("{:#}", d.validate().unwrap_err());
+        assert!(why.contains("no_such_param"), "{why}");
+        assert!(Config::from_toml("[[device]]\nname=\"a\"\ncc=\"reno\"").is_err());
     }
 
     #[test]

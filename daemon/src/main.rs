@@ -159,6 +159,23 @@ struct DaemonArgs {
     /// capture of one daemon's traffic that both pcap checkers accept).
     #[arg(long)]
     no_gso: bool,
+    /// How RC QPs recover lost packets: gbn (go-back-N, as kernel rxe), selective
+    /// (selective retransmission on every RC QP, for networks of softroce devices only) or
+    /// auto (the default: selective with peers that are softroce, go-back-N otherwise).
+    #[arg(long)]
+    loss_recovery: Option<config::LossRecoveryMode>,
+    /// The bandwidth-delay product, in bytes, that selective retransmission's window is
+    /// capped at (default 131072: 128 packets at MTU 1024).
+    #[arg(long)]
+    selective_bdp: Option<u32>,
+    /// Congestion control: dcqcn (the default: data packets ECT(0), CNPs for CE marks,
+    /// DCQCN rate control and per-QP pacing) or none (kernel rxe's behaviour on the wire).
+    #[arg(long)]
+    cc: Option<proto::transport::Algorithm>,
+    /// A congestion-control parameter, NAME=VALUE (repeatable): NVIDIA's DOCA names or mlx5's
+    /// (rpg_time_reset=300, np_min_time_between_cnps=4, ...; docs/congestion.md lists them).
+    #[arg(long = "cc-param", value_name = "NAME=VALUE")]
+    cc_params: Vec<String>,
     /// Let this user (uid or name) use the daemon besides the daemon's own user (repeatable).
     /// The control socket is then mode 0666; the daemon checks every client's uid.
     #[arg(long = "allow-uid")]
@@ -273,7 +290,11 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.cm_response_timeout.is_some()
         || args.cm_max_retries.is_some()
         || args.local_via_socket
-        || args.no_gso;
+        || args.no_gso
+        || args.loss_recovery.is_some()
+        || args.selective_bdp.is_some()
+        || args.cc.is_some()
+        || !args.cc_params.is_empty();
     if from_flags || config.devices.is_empty() {
         let mut d = if args.addrs.is_empty() && args.netdev.is_none() && args.tap.is_none() {
             DeviceConfig::loopback_default()
@@ -311,8 +332,20 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         if let Some(r) = args.cm_max_retries {
             d.cm_max_retries = r;
         }
+        if let Some(m) = args.loss_recovery {
+            d.loss_recovery = m;
+        }
+        if let Some(b) = args.selective_bdp {
+            d.selective_bdp = b;
+        }
         d.local_via_socket |= args.local_via_socket;
         d.gso &= !args.no_gso;
+        if let Some(cc) = args.cc {
+            d.cc = cc;
+        }
+        for p in &args.cc_params {
+            d.add_cc_param(p)?;
+        }
         config.devices.push(d);
     }
     config.allow_uid.extend(args.allow_uid);

@@ -206,6 +206,25 @@ impl Registry {
                     clients: clients.into_values().collect(),
                 }
             }
+            Request::CongestionShow => {
+                let links: Vec<DeviceLink> = self
+                    .links
+                    .read()
+                    .map(|l| l.iter().flatten().cloned().collect())
+                    .unwrap_or_default();
+                Response::Congestion(
+                    links
+                        .iter()
+                        .filter_map(|link| {
+                            let (tx, rx) = bounded(1);
+                            if !link.send(DevMsg::Congestion { reply: tx }) {
+                                return None;
+                            }
+                            rx.recv_timeout(Duration::from_secs(2)).ok()
+                        })
+                        .collect(),
+                )
+            }
             r if operator::is_operator_request(&r) => self.operator(client, r, fds),
             _ => Response::Error {
                 errno: libc::EINVAL,
@@ -282,9 +301,11 @@ impl Registry {
 fn route(request: &Request, links: &Links, qpns: &HashMap<u32, usize>) -> Option<usize> {
     let h = device::handle_device;
     Some(match request {
-        Request::Hello { .. } | Request::QueryDevices | Request::ResShow | Request::Counters => {
-            return None
-        }
+        Request::Hello { .. }
+        | Request::QueryDevices
+        | Request::ResShow
+        | Request::Counters
+        | Request::CongestionShow => return None,
         Request::OpenContext { device } => links
             .read()
             .ok()?
@@ -490,6 +511,7 @@ fn serve_client(
                         | Request::QueryDevices
                         | Request::ResShow
                         | Request::Counters
+                        | Request::CongestionShow
                 ) || operator::is_operator_request(&request) =>
                 {
                     let reply = ask(|reply| {

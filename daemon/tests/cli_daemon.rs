@@ -190,6 +190,76 @@ fn config_file_and_bad_flags() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown field"));
 }
 
+#[test]
+fn congestion_control_flags_and_what_res_show_reports() {
+    let dir = scratch("cc");
+    // The default: DCQCN with NVIDIA's parameters, the four mlx5 counters at 0.
+    let d = Daemon::start(&dir.join("a.sock"), &["--addr", "127.0.0.1"]);
+    let shown = d.res_show();
+    assert!(
+        shown.contains(
+            "congestion control on srxe0: dcqcn; np_ecn_marked_roce_packets 0, np_cnp_sent 0, \
+             rp_cnp_handled 0, rp_cnp_ignored 0"
+        ),
+        "{shown}"
+    );
+    d.stop(Signal::SIGTERM);
+    let d = Daemon::start(
+        &dir.join("b.sock"),
+        &[
+            "--addr",
+            "127.0.0.1",
+            "--cc",
+            "none",
+            "--cc-param",
+            "rpg_time_reset=55",
+            "--cc-param",
+            "np_cnp_dscp=46",
+        ],
+    );
+    assert!(d.res_show().contains("congestion control on srxe0: none;"));
+    use proto::ctl::{self, Request, Response, PROTOCOL_VERSION};
+    let c = raw_client(&d.socket);
+    let hello = Request::Hello {
+        version: PROTOCOL_VERSION,
+        program: "cc-test".into(),
+    };
+    send(&c, &ctl::encode(&hello).unwrap());
+    assert!(matches!(
+        ctl::decode(&recv(&c)).unwrap(),
+        Response::Hello { .. }
+    ));
+    send(&c, &ctl::encode(&Request::CongestionShow).unwrap());
+    let Response::Congestion(devices) = ctl::decode(&recv(&c)).unwrap() else {
+        panic!("not a congestion report");
+    };
+    assert_eq!((devices.len(), devices[0].algorithm.as_str()), (1, "none"));
+    let p = |name: &str| devices[0].params.iter().find(|(n, _)| n == name).unwrap().1;
+    assert_eq!(
+        (p("rpg_time_reset"), p("cnp_dscp"), p("rpg_ai_rate")),
+        (55, 46, 5)
+    );
+    d.stop(Signal::SIGTERM);
+
+    let sock = dir.join("bad.sock");
+    for (args, why) in [
+        (vec!["--cc", "reno"], "unknown congestion control algorithm"),
+        (
+            vec!["--cc-param", "rpg_bogus=1"],
+            "unknown congestion control parameter",
+        ),
+        (vec!["--cc-param", "cnp_dscp=99"], "is not a DSCP"),
+        (vec!["--cc-param", "rpg_gd"], "NAME=VALUE"),
+    ] {
+        let mut all = vec!["daemon", "--port", "0", "--socket", sock.to_str().unwrap()];
+        all.extend(args);
+        let out = run(&all);
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "expected {why:?} in {err}");
+    }
+}
+
 /// A client speaking the control protocol directly, as the shim does.
 fn raw_client(path: &Path) -> std::os::fd::OwnedFd {
     use nix::sys::socket::*;

@@ -56,7 +56,8 @@ fn accounted(c: &DeviceCounters) -> u64 {
                     "icrc_errors",
                     "duplicate_request",
                     "out_of_seq_request",
-                    "cnp_rcvd",
+                    "rp_cnp_handled",
+                    "rp_cnp_ignored",
                     "send_rnr_err",
                 ]
                 .contains(&n.as_str())

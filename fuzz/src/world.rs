@@ -345,7 +345,7 @@ impl World {
         for n in [A, B] {
             let c = *self.sim.dev(n).counters();
             let fates =
-                c.rcvd_pkts + c.dropped_pkts + c.icrc_errors + c.cnp_rcvd + c.drops.bad_pkey;
+                c.rcvd_pkts + c.dropped_pkts + c.icrc_errors + (c.rp_cnp_handled + c.rp_cnp_ignored) + c.drops.bad_pkey;
             assert_eq!(
                 fates, self.fed[n],
                 "every packet has exactly one fate: {c:#?}"

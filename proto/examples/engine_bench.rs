@@ -2,7 +2,7 @@
 //! 4096 and 1024, printing bytes/s, packets/s, and the ratio to what memcpy plus crc32fast
 //! alone achieve on the same bytes on this machine.
 //!
-//! Run: `cargo run --release -p softroce-proto --example engine_bench [MiB [trials]]`
+//! Run: `cargo run --release -p softroce-proto --example engine_bench [MiB [trials [none|dcqcn]]]`
 //!
 //! Each trial runs the engine, then the baseline, on the same bytes; the figures printed are
 //! medians over the trials (default 5), so that a noisy, shared machine skews both sides of
@@ -58,8 +58,23 @@ use std::time::Instant;
 
 const MSG: u32 = 1 << 20;
 
+/// The congestion control the engines run: the third argument (`none`, the default, or
+/// `dcqcn`: an uncongested QP at the line rate, which must cost nothing measurable).
+fn congestion() -> CongestionConfig {
+    let algorithm = std::env::args()
+        .nth(3)
+        .map(|a| a.parse().expect("none or dcqcn"))
+        .unwrap_or(Algorithm::None);
+    CongestionConfig {
+        algorithm,
+        params: CcParams::default(),
+    }
+}
+
 fn device(ip: &str) -> Engine<VecMemory> {
-    Engine::new(EngineConfig::new(ip.parse().unwrap(), 1), VecMemory::new())
+    let mut config = EngineConfig::new(ip.parse().unwrap(), 1);
+    config.congestion = congestion();
+    Engine::new(config, VecMemory::new())
 }
 
 struct Side {
@@ -271,8 +286,9 @@ fn main() {
     println!(
         "RDMA WRITE, {mib} MiB in 1 MiB messages, two engines in one thread; \
          median of {trials} trials, each the engine then the baseline on the same bytes; \
-         ICRC by the {}",
-        proto::wire::icrc::implementation()
+         ICRC by the {}; congestion control {}",
+        proto::wire::icrc::implementation(),
+        congestion().algorithm
     );
     for mtu in [Mtu::Mtu4096, Mtu::Mtu1024] {
         // Each trial measures the engine and the baseline back to back, so that a ratio

@@ -549,6 +549,9 @@ pub enum Request {
         cq: u32,
         known: Vec<u64>,
     },
+    /// Congestion control of every device (algorithm, parameters, mlx5's counters, the rate
+    /// of every QP), for `softroce res show`. Response [`Response::Congestion`].
+    CongestionShow,
 }
 
 /// One device's counters by name: its link's (`link_*`), the device's own drops (`device_*`),
@@ -707,6 +710,7 @@ pub enum Response {
         rings: Vec<FastRing>,
         more: bool,
     },
+    Congestion(Vec<DeviceCongestion>),
 }
 
 // ---- the operator's commands ----
@@ -982,6 +986,40 @@ pub struct FaultStatus {
 pub struct DeviceFaults {
     pub device: String,
     pub rules: Vec<FaultStatus>,
+}
+
+/// A device's congestion control as it runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceCongestion {
+    pub device: String,
+    /// `dcqcn` or `none`.
+    pub algorithm: String,
+    /// Every parameter's name and value (`transport::congestion::PARAMS` order and units).
+    pub params: Vec<(String, u64)>,
+    /// mlx5's counters (`np_ecn_marked_roce_packets`, `np_cnp_sent`, `rp_cnp_handled`,
+    /// `rp_cnp_ignored`), over every client the device served since it started.
+    pub counters: Vec<(String, u64)>,
+    /// The device's QPs, paced ones first, at most [`MAX_QP_RATES`] (a message is at most
+    /// [`MAX_MESSAGE`] bytes); `qps_not_shown` counts the rest.
+    pub qps: Vec<QpRate>,
+    pub qps_not_shown: u32,
+}
+
+/// Most QPs a [`DeviceCongestion`] lists.
+pub const MAX_QP_RATES: usize = 1024;
+
+/// The congestion state of one QP.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpRate {
+    pub client: u64,
+    pub qpn: u32,
+    /// The rate it sends at (DCQCN's RC) and recovers towards (RT), bits per second.
+    pub rate_bps: u64,
+    pub target_bps: u64,
+    /// DCQCN's alpha in 1/1024 (the firmware's unit).
+    pub alpha_1024: u32,
+    /// Its packets are paced (its rate is below the line rate).
+    pub paced: bool,
 }
 
 // ---- rdma_cm ----
@@ -1419,6 +1457,22 @@ mod tests {
         }]);
         let bytes = encode(&resp).unwrap();
         assert_eq!(decode::<Response>(&bytes).unwrap(), resp);
+        let cc = Response::Congestion(vec![DeviceCongestion {
+            device: "srxe0".into(),
+            algorithm: "dcqcn".into(),
+            params: vec![("rpg_time_reset".into(), 300)],
+            counters: vec![("np_cnp_sent".into(), 3)],
+            qps: vec![QpRate {
+                client: 2,
+                qpn: 0x10011,
+                rate_bps: 5_000_000_000,
+                target_bps: 10_000_000_000,
+                alpha_1024: 1023,
+                paced: true,
+            }],
+            qps_not_shown: 7,
+        }]);
+        assert_eq!(decode::<Response>(&encode(&cc).unwrap()).unwrap(), cc);
         for cut in 0..bytes.len() {
             assert!(decode::<Response>(&bytes[..cut]).is_err());
         }

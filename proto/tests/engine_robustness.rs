@@ -1,6 +1,7 @@
 //! The engine never panics on what the network sends: random, well-framed (good ICRC)
 //! packets of every opcode with random header fields and PSNs near the expected ones are fed
-//! to devices with RC, UC and UD QPs in every state that receives, with receives posted.
+//! to devices with RC, UC and UD QPs in every state that receives, with receives posted;
+//! RC QPs with either loss recovery (go-back-N, selective), SACKs well-formed or not.
 
 use proptest::prelude::*;
 use proto::sim::{LinkModel, QpOptions, Sim};
@@ -26,7 +27,7 @@ fn packet() -> impl Strategy<Value = RandomPacket> {
     (
         prop::sample::select(Opcode::all().map(|o| o.0).collect::<Vec<_>>()),
         0u8..4,
-        -3i32..4,
+        prop_oneof![-3i32..4, -3i32..40],
         any::<bool>(),
         prop_oneof![Just(0u64), any::<u64>(), 0x1000_0000u64..0x1001_0000],
         any::<u32>(),
@@ -144,8 +145,21 @@ fn build(p: &RandomPacket, dest: Qpn, psn: Psn, rkey: Rkey) -> Option<Vec<u8>> {
         transport: t,
     };
     f.fill_lengths();
+    let mut payload = vec![0xabu8; f.transport.payload_len];
+    if opcode == Opcode::SOFTROCE_SACK && p.len & 1 == 0 {
+        // A well-formed SACK bitmap half the time, with bits from the VA.
+        let mut sack = wire::SackRepr::with_len((p.len as usize >> 1) % 2100);
+        for k in 0..64 {
+            if p.va >> k & 1 == 1 {
+                sack.set(k * sack.len() / 64);
+            }
+        }
+        payload = vec![0; sack.buffer_len()];
+        sack.emit(&mut payload);
+        f.transport.payload_len = payload.len();
+        f.fill_lengths();
+    }
     let mut buf = vec![0u8; f.buffer_len()];
-    let payload = vec![0xabu8; f.transport.payload_len];
     f.emit(&mut buf, &payload).ok()?;
     Some(buf)
 }
@@ -158,9 +172,16 @@ proptest! {
         packets in prop::collection::vec(packet(), 1..24),
         ty in prop::sample::select(vec![QpType::Rc, QpType::Uc, QpType::Ud]),
         post_send in any::<bool>(),
+        selective in any::<bool>(),
     ) {
         let mut sim = Sim::pair(1, LinkModel::default());
-        let o = QpOptions { qp_type: ty, mtu: Mtu::Mtu256, timeout: 8, ..Default::default() };
+        // RC QPs with selective retransmission too: its reorder buffer, SACKs and repairs.
+        let loss_recovery = if selective {
+            LossRecovery::Selective(SelectiveParams { bdp_bytes: 8192 })
+        } else {
+            LossRecovery::GoBackN
+        };
+        let o = QpOptions { qp_type: ty, mtu: Mtu::Mtu256, timeout: 8, loss_recovery, ..Default::default() };
         let (qa, qb) = if ty == QpType::Ud {
             let qa = sim.create_qp(0, &o);
             let qb = sim.create_qp(1, &o);

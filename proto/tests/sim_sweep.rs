@@ -4,9 +4,15 @@
 //! success; target memory holds exactly the expected bytes (and nothing else); atomics ran
 //! exactly once; PSNs never moved back without a retry behind them (checked by the simulator).
 //!
-//! `SOFTROCE_SEEDS` sets the number of seeds (default 1000), `SOFTROCE_SEED_START` the first;
-//! `scripts/soak` runs 100,000 in release. A failure names its seed: rerun with
-//! `SOFTROCE_SEED_START=<seed> SOFTROCE_SEEDS=1`.
+//! Every sweep runs in three loss-recovery modes: go-back-N (rxe's, 1000 seeds by default),
+//! selective retransmission on both ends with a random window (500), and mixed (200): one end
+//! selective and the other go-back-N, or both switched to selective mid-run, as happens
+//! while the daemons negotiate.
+//!
+//! `SOFTROCE_SEEDS` sets the number of seeds (for every mode), `SOFTROCE_SEED_START` the
+//! first; `scripts/soak` runs 100,000 in release. A failure names its seed and mode: rerun
+//! with `SOFTROCE_SEED_START=<seed> SOFTROCE_SEEDS=1` and the mode's test name
+//! (`SOFTROCE_SWEEP_TRACE=1` also prints every packet of the RC runs).
 
 use proto::sim::{LinkModel, QpOptions, Sim, SimRng};
 use proto::transport::*;
@@ -35,6 +41,69 @@ fn env(name: &str, default: u64) -> u64 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// How the QPs of a run recover losses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recovery {
+    GoBackN,
+    Selective,
+    /// Go-back-N QPs, of which one end (or both, later) switches to selective.
+    Mixed,
+}
+
+fn selective_params(seed: u64) -> LossRecovery {
+    let mut r = SimRng::new(seed ^ 0x5e1e);
+    // Windows from the minimum (16 PSNs) to 2048.
+    let bdp_bytes = [1u32, 8 << 10, 64 << 10, 512 << 10, 4 << 20][r.below(5) as usize];
+    LossRecovery::Selective(SelectiveParams { bdp_bytes })
+}
+
+/// The switches of a mixed run: (node, at virtual time ns) for each end that goes
+/// selective; the first is at once.
+fn mixed_switches(seed: u64) -> Vec<(usize, u64)> {
+    let mut r = SimRng::new(seed ^ 0x313d);
+    match r.below(3) {
+        0 => vec![(0, 0)],
+        1 => vec![(1, 0)],
+        _ => vec![(0, r.below(100_000)), (1, r.below(200_000))],
+    }
+}
+
+fn apply_switch(sim: &mut Sim, flows: &[Flow], node: usize, seed: u64) {
+    for f in flows {
+        let q = if node == 0 { f.qa } else { f.qb };
+        if sim.dev(node).loss_recovery(q) == Some(LossRecovery::GoBackN) {
+            sim.dev(node)
+                .set_loss_recovery(q, selective_params(seed))
+                .expect("switch to selective");
+        }
+    }
+}
+
+/// Runs `sim` for `limit` ns, making the mixed mode's later switches on the way.
+fn run_switching(
+    sim: &mut Sim,
+    limit: u64,
+    pending: &mut Vec<(usize, u64)>,
+    flows: &[Flow],
+    seed: u64,
+) {
+    let end = sim.now + limit;
+    pending.sort_by_key(|p| p.1);
+    while let Some(&(node, at)) = pending.first() {
+        if at > end {
+            break;
+        }
+        if at > sim.now {
+            let d = at - sim.now;
+            sim.run(d);
+        }
+        apply_switch(sim, flows, node, seed);
+        pending.remove(0);
+    }
+    let left = end.saturating_sub(sim.now);
+    sim.run(left);
 }
 
 fn pattern(seed: u64, i: u64, len: u32) -> Vec<u8> {
@@ -308,7 +377,7 @@ fn attempts_of_last_psn(sim: &Sim, qb: Qpn) -> u32 {
 }
 
 /// One random run; returns the virtual time it took.
-pub fn run_seed(seed: u64) -> u64 {
+fn run_seed(seed: u64, mode: Recovery) -> u64 {
     let mut r = SimRng::new(seed ^ 0x5eed);
     let pct = |r: &mut SimRng| r.below(11) as f64 / 100.0;
     let link = LinkModel {
@@ -338,11 +407,26 @@ pub fn run_seed(seed: u64) -> u64 {
         },
         rq_psn: r.below(1 << 24) as u32,
         min_rnr_timer: 1,
+        loss_recovery: if mode == Recovery::Selective {
+            selective_params(seed)
+        } else {
+            LossRecovery::GoBackN
+        },
         ..Default::default()
     };
     let flows: Vec<Flow> = (0..1 + r.below(2))
         .map(|_| build_flow(&mut sim, &mut r, &o))
         .collect();
+    let mut switches = if mode == Recovery::Mixed {
+        mixed_switches(seed)
+    } else {
+        Vec::new()
+    };
+    if let Some(&(node, 0)) = switches.first() {
+        apply_switch(&mut sim, &flows, node, seed);
+        switches.remove(0);
+    }
+    let mixed = format!("{switches:?}");
     for f in &flows {
         if !f.late_recvs {
             post_recvs(&mut sim, f);
@@ -350,17 +434,26 @@ pub fn run_seed(seed: u64) -> u64 {
         post_sends(&mut sim, &mut r, seed, f);
     }
     if flows.iter().any(|f| f.late_recvs) {
-        sim.run(200_000);
+        run_switching(&mut sim, 200_000, &mut switches, &flows, seed);
         for f in &flows {
             if f.late_recvs {
                 post_recvs(&mut sim, f);
             }
         }
     }
-    sim.run(60_000_000_000);
+    run_switching(&mut sim, 60_000_000_000, &mut switches, &flows, seed);
+    if std::env::var_os("SOFTROCE_SWEEP_TRACE").is_some() {
+        // Every packet of the run, to follow a failing seed by hand.
+        for i in &sim.trace {
+            eprintln!(
+                "{} -> QP {} {:?} psn {} ack_req {} aeth {:?} at {} ns",
+                i.from, i.dest_qpn, i.opcode, i.psn, i.ack_req, i.syndrome, i.time
+            );
+        }
+    }
     let describe = |sim: &Sim| {
         format!(
-            "link {link:?}, options {o:?}, flows {flows:?}, violations {:?}",
+            "mode {mode:?} (later switches {mixed}), link {link:?}, options {o:?}, flows {flows:?}, violations {:?}",
             sim.violations
         )
     };
@@ -400,7 +493,25 @@ fn sim_seed_sweep_rc_under_loss_duplication_reordering() {
     let start = env("SOFTROCE_SEED_START", 1);
     let n = env("SOFTROCE_SEEDS", 1000);
     for seed in start..start + n {
-        run_seed(seed);
+        run_seed(seed, Recovery::GoBackN);
+    }
+}
+
+#[test]
+fn sim_seed_sweep_rc_selective_under_loss_duplication_reordering() {
+    let start = env("SOFTROCE_SEED_START", 1);
+    let n = env("SOFTROCE_SEEDS", 500);
+    for seed in start..start + n {
+        run_seed(seed, Recovery::Selective);
+    }
+}
+
+#[test]
+fn sim_seed_sweep_rc_mixed_selective_and_go_back_n_ends() {
+    let start = env("SOFTROCE_SEED_START", 1);
+    let n = env("SOFTROCE_SEEDS", 200);
+    for seed in start..start + n {
+        run_seed(seed, Recovery::Mixed);
     }
 }
 
@@ -408,7 +519,7 @@ fn sim_seed_sweep_rc_under_loss_duplication_reordering() {
 /// moment, or runs out of retries on a very lossy link, or is destroyed mid-flight. Every WR
 /// still completes exactly once and in order: successes, then at most one error, then
 /// flushes; and nothing completes after a destroy (checked by the simulator).
-pub fn run_error_seed(seed: u64) {
+fn run_error_seed(seed: u64, recovery: Recovery) {
     let mut r = SimRng::new(seed ^ 0xe880);
     let mode = r.below(3);
     let link = LinkModel {
@@ -429,6 +540,11 @@ pub fn run_error_seed(seed: u64) {
         retry_cnt: if mode == 1 { 1 } else { 7 },
         rnr_retry: if mode == 1 { 1 } else { 7 },
         max_rd_atomic: 1 << r.below(3),
+        loss_recovery: if recovery == Recovery::Selective {
+            selective_params(seed)
+        } else {
+            LossRecovery::GoBackN
+        },
         ..Default::default()
     };
     let f = build_flow(&mut sim, &mut r, &o);
@@ -467,7 +583,7 @@ pub fn run_error_seed(seed: u64) {
     );
     let ok = allowed_error && rest.iter().skip(1).all(|s| *s == WcStatus::WrFlushErr);
     if !ok || (mode == 0 && rest.first().is_some_and(|s| *s != WcStatus::WrFlushErr)) {
-        panic!("seed {seed} (mode {mode}): statuses {statuses:?}");
+        panic!("seed {seed} (mode {mode}, {recovery:?}): statuses {statuses:?}");
     }
     if mode != 2 {
         sim.check_all_sends_completed();
@@ -480,6 +596,15 @@ fn sim_seed_sweep_rc_error_paths_complete_every_wr_once_in_order() {
     let start = env("SOFTROCE_SEED_START", 1);
     let n = env("SOFTROCE_SEEDS", 1000);
     for seed in start..start + n {
-        run_error_seed(seed);
+        run_error_seed(seed, Recovery::GoBackN);
+    }
+}
+
+#[test]
+fn sim_seed_sweep_rc_selective_error_paths_complete_every_wr_once_in_order() {
+    let start = env("SOFTROCE_SEED_START", 1);
+    let n = env("SOFTROCE_SEEDS", 300);
+    for seed in start..start + n {
+        run_error_seed(seed, Recovery::Selective);
     }
 }

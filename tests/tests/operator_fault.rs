@@ -7,7 +7,7 @@
 mod shim_support;
 
 use shim_support::operator::{counters, delta, softroce_json, softroce_ok, ProgramPair};
-use shim_support::programs::{loopback_daemon, scratch};
+use shim_support::programs::{gbn_loopback_daemon, scratch};
 use shim_support::Daemon;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -81,7 +81,7 @@ fn write_bw_under(
 
 #[test]
 fn dropped_packets_are_retransmitted() {
-    let d = loopback_daemon("op-fault-drop", 130);
+    let d = gbn_loopback_daemon("op-fault-drop", 130);
     let c = pingpong_under(&d, &["drop", "--next", "4"], 19530, "50", "fault-drop");
     assert_eq!(c["injected"], 4);
     // Each loss is repaired by the requester's timer: a retry, and for a lost ACK a
@@ -95,7 +95,7 @@ fn dropped_packets_are_retransmitted() {
 
 #[test]
 fn duplicated_packets_are_answered_not_executed_twice() {
-    let d = loopback_daemon("op-fault-dup", 131);
+    let d = gbn_loopback_daemon("op-fault-dup", 131);
     let c = pingpong_under(&d, &["duplicate", "--next", "20"], 19531, "50", "fault-dup");
     assert_eq!(c["injected"], 20);
     assert!(c["duplicate_request"] >= 1, "{c:?}");
@@ -105,7 +105,7 @@ fn duplicated_packets_are_answered_not_executed_twice() {
 
 #[test]
 fn delayed_packets_beyond_the_ack_timeout_are_retried() {
-    let d = loopback_daemon("op-fault-delay", 132);
+    let d = gbn_loopback_daemon("op-fault-delay", 132);
     // rc_pingpong's ACK timeout is 14 (67 ms): a 150 ms delay outlives it, and the run
     // (5000 round trips) outlives the delay, so the late originals arrive while it goes on.
     let c = pingpong_under(
@@ -125,8 +125,8 @@ fn delayed_packets_beyond_the_ack_timeout_are_retried() {
 
 #[test]
 fn reordered_packets_are_sequence_errors_that_are_repaired() {
-    let a = loopback_daemon("op-fault-reorder-a", 133);
-    let b = loopback_daemon("op-fault-reorder-b", 134);
+    let a = gbn_loopback_daemon("op-fault-reorder-a", 133);
+    let b = gbn_loopback_daemon("op-fault-reorder-b", 134);
     let (ca, cb) = write_bw_under(
         &a,
         &b,
@@ -140,8 +140,8 @@ fn reordered_packets_are_sequence_errors_that_are_repaired() {
 
 #[test]
 fn corrupted_packets_fail_the_icrc_and_are_retransmitted() {
-    let a = loopback_daemon("op-fault-corrupt-a", 135);
-    let b = loopback_daemon("op-fault-corrupt-b", 136);
+    let a = gbn_loopback_daemon("op-fault-corrupt-a", 135);
+    let b = gbn_loopback_daemon("op-fault-corrupt-b", 136);
     let (ca, cb) = write_bw_under(
         &a,
         &b,
@@ -158,7 +158,7 @@ fn corrupted_packets_fail_the_icrc_and_are_retransmitted() {
         "A: {ca:?}"
     );
     // On the same host the receiving engine drops them the same way.
-    let d = loopback_daemon("op-fault-corrupt-local", 137);
+    let d = gbn_loopback_daemon("op-fault-corrupt-local", 137);
     let c = pingpong_under(
         &d,
         &["corrupt", "--next", "3"],
@@ -172,7 +172,7 @@ fn corrupted_packets_fail_the_icrc_and_are_retransmitted() {
 
 #[test]
 fn forced_rnr_naks_make_the_requester_wait_and_retry() {
-    let d = loopback_daemon("op-fault-rnr", 138);
+    let d = gbn_loopback_daemon("op-fault-rnr", 138);
     let c = pingpong_under(&d, &["rnr", "--next", "3"], 19536, "20", "fault-rnr");
     assert_eq!(c["injected"], 3);
     assert_eq!(c["send_rnr_err"], 3, "{c:?}");
@@ -182,8 +182,8 @@ fn forced_rnr_naks_make_the_requester_wait_and_retry() {
 
 #[test]
 fn a_forced_access_error_fails_ib_write_bw_as_a_bad_rkey_would() {
-    let a = loopback_daemon("op-fault-access-a", 139);
-    let b = loopback_daemon("op-fault-access-b", 140);
+    let a = gbn_loopback_daemon("op-fault-access-a", 139);
+    let b = gbn_loopback_daemon("op-fault-access-b", 140);
     // B's responder refuses A's first RDMA WRITE.
     softroce_ok(&b, &["fault", "srxe0", "access-error", "--next", "1"]);
     let pair = ProgramPair::start(

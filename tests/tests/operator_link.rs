@@ -62,7 +62,10 @@ fn a_device_added_at_run_time_is_listed_and_carries_a_pingpong() {
     assert_eq!(l["addrs"], serde_json::json!(["127.0.0.102"]));
     assert_eq!(l["mode"], "v2");
     assert_eq!(l["mtu"], 2048);
-    assert_eq!(l["congestion_control"], "none");
+    assert_eq!(
+        l["congestion_control"], "dcqcn",
+        "the default, as for --addr devices"
+    );
     let gid = &l["gids"][0];
     assert_eq!(gid["index"], 0);
     assert_eq!(gid["type"], "RoCE v2");

@@ -7,7 +7,7 @@
 mod shim_support;
 
 use shim_support::operator::{counters, delta, softroce, softroce_json, softroce_ok, ProgramPair};
-use shim_support::programs::loopback_daemon;
+use shim_support::programs::{gbn_loopback_daemon, loopback_daemon};
 use shim_support::{check_output, compile_c};
 use std::time::{Duration, Instant};
 
@@ -86,8 +86,8 @@ fn a_pingpong_moves_the_packet_and_message_counters() {
 
 #[test]
 fn injected_loss_shows_as_sequence_errors_duplicates_and_retries() {
-    let a = loopback_daemon("op-stat-loss-a", 111);
-    let b = loopback_daemon("op-stat-loss-b", 112);
+    let a = gbn_loopback_daemon("op-stat-loss-a", 111);
+    let b = gbn_loopback_daemon("op-stat-loss-b", 112);
     softroce_ok(
         &a,
         &[

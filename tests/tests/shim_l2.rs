@@ -12,6 +12,8 @@
 //!   in the REQ's.
 //! - A v2 client against a v1-only server: the client's error, the server's log line and
 //!   counter, and the time it took.
+//! - ECN on the TAP device: CE marks a bridge (nftables) puts on ECT(0) frames, in RoCE
+//!   v1's GRH and in v2's IPv4 and IPv6 headers, are seen and answered by CNPs.
 //! - A TAP device and a `--addr` device on the kernel's UDP socket on the host side of the
 //!   bridge, both roles.
 //!
@@ -381,6 +383,17 @@ fn roce_v1_pair_runs_every_program_and_the_bridge_carries_only_roce_v1() {
         "rping's addresses were resolved by ARP: {:?}",
         report.ethertypes
     );
+    // Two softroce devices (`--loss-recovery auto`): they found each other with the
+    // capability MAD in RoCE v1 framing (the capture holds v1 only) and their RC QPs use
+    // selective retransmission (docs/loss-recovery.md).
+    for d in [&pair.a, &pair.b] {
+        let log = d.log();
+        assert!(
+            log.contains("peer is a softroce device")
+                && log.contains("QP uses selective retransmission"),
+            "{log}"
+        );
+    }
 }
 
 /// The capture's RoCE frames are all RoCE v2 (IPv4 or IPv6, UDP 4791); the others are ARP
@@ -580,13 +593,16 @@ fn mismatch_lines(log: &str) -> Vec<&str> {
 #[test]
 fn a_v2_client_against_a_v1_only_server_fails_clearly() {
     // A (the client) speaks v2 only, B (the server) v1 only. Short CM timeouts on A: its
-    // REQ is retried twice, 3 × (2 · 2^(16-8) + 2^(12-8)) ms ≈ 1.6 s in all.
+    // REQ is retried twice, 3 × (2 · 2^(16-8) + 2^(12-8)) ms ≈ 1.6 s in all. B on go-back-N:
+    // with `auto` its pingpong QP would probe A for selective retransmission in RoCE v1
+    // (docs/loss-recovery.md), which A refuses and logs, and this test checks that A
+    // receives nothing at all.
     let mut pair = Pair::new(
         "l2mis",
         "v2",
         "v1",
         &["--cm-response-timeout", "12", "--cm-max-retries", "2"],
-        &[],
+        &["--loss-recovery", "gbn"],
     );
 
     // By hand: ibv_rc_pingpong's QP has timeout 14 (4.096 µs · 2^14 = 67 ms) and
@@ -774,4 +790,133 @@ fn a_tap_device_and_an_addr_device_on_the_host_side_talk_v2_both_ways() {
     let file = cap.stop();
     let report = captures::check(&file);
     assert_v2_only(&report, 400, &file);
+}
+
+/// Host `d`'s congestion-control counter `name` (mlx5's names, `Request::CongestionShow`).
+fn cc_counter(d: &Daemon, name: &str) -> u64 {
+    use proto::ctl::{Request, Response};
+    match shim_support::daemon_request(&d.socket, "shim_l2", &Request::CongestionShow) {
+        Some(Response::Congestion(devs)) => devs
+            .iter()
+            .flat_map(|dev| dev.counters.iter())
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .sum(),
+        other => panic!("no congestion report: {other:?}\n{}", d.log()),
+    }
+}
+
+/// `nft` inside the pair's namespace.
+fn nft(pair: &Pair, args: &[&str]) -> String {
+    let out = pair
+        .ns
+        .command(&require_program("nft"))
+        .args(args)
+        .output()
+        .expect("run nft");
+    shim_support::check_output(&format!("nft {args:?}"), out)
+}
+
+/// The packets nft's rule with comment `tag` counted.
+fn nft_marked(pair: &Pair, tag: &str) -> u64 {
+    let rules = nft(pair, &["list", "chain", "bridge", "cc", "marks"]);
+    let line = rules
+        .lines()
+        .find(|l| l.contains(&format!("comment \"{tag}\"")))
+        .unwrap_or_else(|| panic!("no rule {tag}: {rules}"));
+    let at = line.find("packets ").expect("a counter") + "packets ".len();
+    line[at..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn ecn_on_the_tap_device_ce_marks_in_v1_and_v2_come_back_as_cnps() {
+    // DCQCN (the default) on both; the rate floor at 200 Mbit/s keeps the marked runs short.
+    let floor = ["--cc-param", "rpg_min_rate=200"];
+    let pair = Pair::new("l2ecn", "both", "both", &floor, &floor);
+    // The bridge is the congestion point: one in 20 of the frames from a to b that carry
+    // ECT(0), RoCE v1's GRH traffic class (bits 10-11 of the GRH) or RoCE v2's IP header,
+    // is marked CE (nft fixes the IPv4 header checksum). Only ECT(0) frames match: a
+    // frame is marked only if the sender's data packets are ECN-capable.
+    nft(&pair, &["add", "table", "bridge", "cc"]);
+    nft(
+        &pair,
+        &[
+            "add",
+            "chain",
+            "bridge",
+            "cc",
+            "marks",
+            "{ type filter hook forward priority 0; }",
+        ],
+    );
+    let from_a = ["ether", "saddr", MAC_A];
+    let one_in_20 = ["numgen", "random", "mod", "20", "0"];
+    let rules: [(&str, &[&str]); 3] = [
+        ("v1", &["ether", "type", "0x8915", "@nh,10,2", "2"]),
+        ("v2-ipv4", &["udp", "dport", "4791", "ip", "ecn", "ect0"]),
+        ("v2-ipv6", &["udp", "dport", "4791", "ip6", "ecn", "ect0"]),
+    ];
+    for (tag, m) in rules {
+        let set: &[&str] = match tag {
+            "v1" => &["@nh,10,2", "set", "3"],
+            "v2-ipv4" => &["ip", "ecn", "set", "ce"],
+            _ => &["ip6", "ecn", "set", "ce"],
+        };
+        let mut args = vec!["add", "rule", "bridge", "cc", "marks"];
+        args.extend(from_a);
+        args.extend(m);
+        args.extend(one_in_20);
+        args.push("counter");
+        args.extend(set);
+        args.extend(["comment", tag]);
+        nft(&pair, &args);
+    }
+    // GIDs of --roce both: 2 ::ffff:10.9.0.n v1, 3 the same v2, 5 fd09::n v2.
+    for (tag, gid, port) in [
+        ("v1", 2, 18841),
+        ("v2-ipv4", 3, 18842),
+        ("v2-ipv6", 5, 18843),
+    ] {
+        let before = (
+            cc_counter(&pair.b, "np_ecn_marked_roce_packets"),
+            cc_counter(&pair.b, "np_cnp_sent"),
+            cc_counter(&pair.a, "rp_cnp_handled"),
+        );
+        perftest(
+            &pair,
+            "ib_write_bw",
+            port,
+            gid,
+            &["-s", "65536", "-n", "200"],
+        );
+        let marked = nft_marked(&pair, tag);
+        let ce = cc_counter(&pair.b, "np_ecn_marked_roce_packets") - before.0;
+        let cnps = cc_counter(&pair.b, "np_cnp_sent") - before.1;
+        let handled = cc_counter(&pair.a, "rp_cnp_handled") - before.2;
+        println!(
+            "{tag}: the bridge marked {marked}, b saw {ce} CE marks and sent {cnps} CNPs, \
+             a handled {handled}"
+        );
+        // 200 x 64 KiB at MTU 1024 is 12,800 data packets: about 640 marked.
+        assert!(
+            marked >= 300,
+            "{tag}: ECT(0) frames on the bridge: {marked}"
+        );
+        // (A frame can still be lost in a full TAP queue.)
+        assert!(
+            ce <= marked && ce * 10 >= marked * 9,
+            "{tag}: the marks reached b's engine: {ce} of {marked}"
+        );
+        assert!(cnps > 0 && cnps <= ce, "{tag}: CNPs {cnps} for {ce} marks");
+        assert!(
+            handled <= cnps && handled * 10 >= cnps * 9,
+            "{tag}: a's reaction point took the CNPs: {handled} of {cnps}"
+        );
+    }
+    // The v1 CNPs went out as RoCE v1, the v2 ones as v2 (the pair has no other path).
+    assert_eq!(cc_counter(&pair.a, "rp_cnp_ignored"), 0, "{}", pair.a.log());
 }

@@ -55,9 +55,13 @@ fn summary(s: &mut Session, json: bool) -> CliResult {
     let Response::Resources { devices, clients } = s.ask(&Request::ResShow)? else {
         return Err(unexpected(Response::Done));
     };
+    let Response::Congestion(congestion) = s.ask(&Request::CongestionShow)? else {
+        return Err(unexpected(Response::Done));
+    };
     if json {
         print_json(&json!({
             "devices": devices,
+            "congestion": congestion,
             "clients": clients.iter().map(|c| json!({
                 "client": c.client, "pid": c.pid, "uid": c.uid, "comm": c.program,
                 "pd": c.pds, "mr": c.mrs, "cq": c.cqs, "qp": c.qps, "srq": c.srqs,
@@ -77,7 +81,48 @@ fn summary(s: &mut Session, json: bool) -> CliResult {
             c.client, c.pid, c.uid, c.program, c.pds, c.mrs, c.cqs, c.qps, c.srqs, c.ahs, c.mws
         );
     }
+    for d in &congestion {
+        print!("{}", congestion_table(d));
+    }
     Ok(())
+}
+
+/// The congestion-control part of `softroce res show`: algorithm, counters, then one line
+/// per QP with its rate.
+fn congestion_table(d: &proto::ctl::DeviceCongestion) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let counters: Vec<String> = d.counters.iter().map(|(n, v)| format!("{n} {v}")).collect();
+    let _ = writeln!(
+        out,
+        "congestion control on {}: {}; {}",
+        d.device,
+        d.algorithm,
+        counters.join(", ")
+    );
+    if !d.qps.is_empty() {
+        let _ = writeln!(
+            out,
+            "{:>6} {:>8} {:>14} {:>14} {:>6} {:>5}",
+            "client", "qpn", "rate Mbit/s", "target Mbit/s", "alpha", "paced"
+        );
+    }
+    for q in &d.qps {
+        let _ = writeln!(
+            out,
+            "{:>6} {:>#8x} {:>14.3} {:>14.3} {:>6.3} {:>5}",
+            q.client,
+            q.qpn,
+            q.rate_bps as f64 / 1e6,
+            q.target_bps as f64 / 1e6,
+            f64::from(q.alpha_1024) / 1024.0,
+            if q.paced { "yes" } else { "no" }
+        );
+    }
+    if d.qps_not_shown > 0 {
+        let _ = writeln!(out, "({} more QPs not shown)", d.qps_not_shown);
+    }
+    out
 }
 
 /// Each resource as (JSON object, text line), `rdma resource show`'s keys and order.

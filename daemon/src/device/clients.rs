@@ -330,6 +330,7 @@ impl DeviceThread {
             // and never for packets between local QPs, which the receiving engine takes with
             // handle_verified_packet.
             config.seal_icrc = false;
+            config.congestion = self.congestion;
             let memory = ProcessMemory::of(Arc::clone(process));
             let mut engine = tp::Engine::new(config, ProcMem(RefCell::new(memory)));
             engine.set_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);
@@ -407,6 +408,24 @@ impl DeviceThread {
             counters.accumulate(&self.fast.counters_of(client));
             debug!(client, ?counters, memory = ?c.engine.memory().0.borrow().stats(),
                    "engine counters");
+            for qpn in c.qps.keys() {
+                if let Some(state) = c.engine.selective_summary(proto::Qpn::new(*qpn)) {
+                    debug!(client, qpn, %state, "selective retransmission state at exit");
+                }
+            }
+            let k = c.engine.counters();
+            if k.sack_sent + k.sack_rcvd > 0 {
+                info!(
+                    client,
+                    sack_sent = k.sack_sent,
+                    sack_rcvd = k.sack_rcvd,
+                    ooo_held = k.ooo_held,
+                    sel_retransmits = k.sel_retransmits,
+                    probes = k.sel_probes,
+                    timeouts = k.completer_retry_err,
+                    "selective retransmission counters"
+                );
+            }
         }
     }
 }

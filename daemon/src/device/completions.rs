@@ -127,7 +127,12 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32, fenced: &[u32])
         };
         let (element, ty, ctx) = match ev {
             AsyncEvent::CqError { cq } => (u64::from(tag(cq)), 0u32, c.cqs.get(&cq).map(|q| q.ctx)),
-            AsyncEvent::QpFatal { qpn } => qp_event(qpn, 1),
+            AsyncEvent::QpFatal { qpn } => {
+                if let Some(state) = c.engine.selective_summary(qpn) {
+                    tracing::debug!(qpn = qpn.value(), %state, "QP fatal error under selective retransmission");
+                }
+                qp_event(qpn, 1)
+            }
             AsyncEvent::QpRequestError { qpn } => qp_event(qpn, 2),
             AsyncEvent::QpAccessError { qpn } => qp_event(qpn, 3),
             AsyncEvent::SqDrained { qpn } => qp_event(qpn, 5),

@@ -258,7 +258,13 @@ impl DeviceThread {
                     ring_budget,
                 )
             }
-            Request::ModifyQp { qpn, attr, mask } => objects::modify_qp(c, qpn, &attr, mask),
+            Request::ModifyQp { qpn, attr, mask } => {
+                let r = objects::modify_qp(c, qpn, &attr, mask);
+                if r == Response::Done {
+                    self.choose_loss_recovery(client, qpn);
+                }
+                r
+            }
             Request::QueryQp { qpn, mask: _ } => objects::query_qp(c, qpn),
             Request::DestroyQp { qpn } => {
                 if !c.qps.contains_key(&qpn) {

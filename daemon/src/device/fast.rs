@@ -280,6 +280,14 @@ impl DeviceThread {
         let c = self.clients.get(&client)?;
         let q = c.qps.get(&qpn)?;
         let config = c.engine.qp_config(Qpn::new(qpn))?;
+        // Selective retransmission's state does not move between engines: such a QP (an
+        // explicit `--loss-recovery selective`) stays with the device.
+        let go_back_n = |e: &super::clients::Engine, n: u32| {
+            e.loss_recovery(Qpn::new(n)) == Some(proto::transport::LossRecovery::GoBackN)
+        };
+        if !go_back_n(&c.engine, qpn) {
+            return None;
+        }
         if q.fast.is_none()
             || q.away
             || config.state != QpState::Rts
@@ -307,6 +315,9 @@ impl DeviceThread {
         let p = self.clients.get(&peer)?;
         let pq = p.qps.get(&dest)?;
         let pc = p.engine.qp_config(Qpn::new(dest))?;
+        if !go_back_n(&p.engine, dest) {
+            return None;
+        }
         let paired = pc.attr.dest_qp_num.value() == qpn
             && pc
                 .attr

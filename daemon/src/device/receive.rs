@@ -8,6 +8,7 @@ use super::DeviceThread;
 use crate::fault::{Decision, FaultInjector, Way};
 use crate::gsi::{deliver_gsi, gsi_payload, GsiMad};
 use crate::net::{Link, RxPacket};
+use proto::cm::caps::{self, Classified};
 use proto::transport as tp;
 use proto::Qpn;
 use std::collections::{BTreeMap, HashMap};
@@ -28,6 +29,9 @@ impl DeviceThread {
             &mut self.gsi_rcvd,
             &mut self.drops,
         );
+        // Capability MADs (and the peers of CM MADs), handled once the link is done.
+        let mut qp1: Vec<(std::net::IpAddr, std::net::IpAddr, tp::GidType, Classified)> =
+            Vec::new();
         let delivered = self.link.poll(wait, &mut |p: &RxPacket<'_>| {
             let Some(dqpn) = p.dest_qpn() else {
                 drops.no_bth += 1;
@@ -35,8 +39,15 @@ impl DeviceThread {
             };
             if dqpn == proto::cm::GSI_QPN {
                 *gsi_rcvd += 1;
+                let mad = gsi_payload(p.transport());
+                let kind = mad.map_or(Classified::Other, caps::classify);
+                qp1.push((p.src, p.dst, p.gid_type, kind));
+                if kind != Classified::Other {
+                    // softroce's capability exchange stays in the device.
+                    return;
+                }
                 // QP1 is the GSI: CM MADs go to the CM thread.
-                let Some((sink, mad)) = gsi.as_ref().zip(gsi_payload(p.transport())) else {
+                let Some((sink, mad)) = gsi.as_ref().zip(mad) else {
                     drops.gsi_dropped += 1;
                     return;
                 };
@@ -81,6 +92,12 @@ impl DeviceThread {
                 drops.unknown_qp += 1;
             }
         });
+        for (src, dst, ty, kind) in qp1 {
+            match kind {
+                Classified::Other => self.warm_loss_recovery(src, dst, ty),
+                mad => self.caps_mad(src, dst, ty, mad),
+            }
+        }
         delivered > 0 || released
     }
 

@@ -83,8 +83,10 @@ impl Registry {
             device = %cfg.name,
             roce = %cfg.roce,
             mtu = cfg.mtu,
+            loss_recovery = %cfg.loss_recovery,
             addrs = ?cfg.addr,
             netdev = ?cfg.netdev,
+            tap = ?cfg.tap,
             "device ready"
         );
         self.factory.threads.push(
@@ -388,7 +390,7 @@ impl Registry {
                 modes: d.config.roce.gid_types().to_vec(),
                 default_roce_mode: d.config.cm_roce_mode(),
                 mtu: d.config.mtu,
-                congestion_control: "none".into(),
+                congestion_control: d.config.cc.name().into(),
                 transport,
                 gso: d.config.gso,
                 local_via_socket: d.config.local_via_socket,

@@ -13,7 +13,11 @@
 //! [`GSI_QKEY`]; `handle_timeout(now)` runs at `poll_timeout()`. Events map to rdma_cm
 //! events with [`CmEvent::rdma_cm_event`]; QP attributes come from
 //! [`conn::negotiated_active`] / [`conn::negotiated_passive`] and [`rdma_cm::qp_attrs`].
+//!
+//! [`caps`] is softroce's own use of QP1: a vendor-class MAD with which two softroce devices
+//! agree on selective retransmission, and the per-peer cache of the answers.
 
+pub mod caps;
 pub mod conn;
 pub mod msg;
 pub mod rdma_cm;

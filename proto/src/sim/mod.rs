@@ -7,12 +7,16 @@
 //! Every random choice comes from one seeded generator, so a run is replayed exactly from its
 //! seed, which every failure message prints.
 
+mod bottleneck;
 pub mod hostile;
 mod pcap;
 mod rng;
 
+pub use bottleneck::{jain_index, BottleneckModel, BottleneckStats, Forwarded, Red};
 pub use pcap::PcapWriter;
 pub use rng::SimRng;
+
+use bottleneck::Bottleneck;
 
 use crate::transport::*;
 use crate::types::{Psn, Qpn};
@@ -20,6 +24,17 @@ use crate::wire::{FrameRepr, OpInfo, Opcode};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
+
+/// Where a packet in flight goes next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hop {
+    /// To the node.
+    Deliver,
+    /// Into the switch port in front of the node.
+    Bottleneck,
+    /// Out of that port (its last bit leaves).
+    Depart,
+}
 
 /// One direction of a link.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,7 +46,10 @@ pub struct LinkModel {
     pub duplicate: f64,
     /// Probability of flipping one bit the ICRC covers.
     pub corrupt: f64,
-    /// Bottleneck rate in bits per second (None = infinitely fast).
+    /// The link's rate in bits per second (None = infinitely fast). A node sends onto
+    /// rate-limited links as a NIC does: it hands over its next packet only when its links
+    /// are free, so that a rate limiter in the engine decides what goes next (not a deep
+    /// queue in front of the wire). Duplicates still queue behind their original.
     pub rate_bps: Option<u64>,
     /// Mark CE on ECN-capable packets when the bottleneck queue holds more bytes than this.
     pub ecn_threshold: Option<u64>,
@@ -70,6 +88,8 @@ pub struct PacketInfo {
     pub index: u64,
     /// Virtual time it was sent.
     pub time: Nanos,
+    /// The IPv4 TOS / IPv6 traffic class it was sent with (ECN in the low two bits).
+    pub traffic_class: u8,
     /// Framed as RoCE v1 (a GRH) rather than v2 (IP/UDP).
     pub roce_v1: bool,
 }
@@ -117,6 +137,8 @@ pub struct QpOptions {
     pub srq: Option<u32>,
     /// The local GID the QP's path leaves from (its type sets the framing).
     pub sgid_index: u8,
+    /// How RC QPs recover losses (go-back-N, as rxe, unless a test says otherwise).
+    pub loss_recovery: LossRecovery,
 }
 
 impl Default for QpOptions {
@@ -135,6 +157,7 @@ impl Default for QpOptions {
             traffic_class: 0,
             srq: None,
             sgid_index: 0,
+            loss_recovery: LossRecovery::GoBackN,
         }
     }
 }
@@ -159,9 +182,13 @@ pub struct Sim {
     pub nodes: Vec<Node>,
     links: Vec<Vec<LinkModel>>,
     busy_until: Vec<Vec<Nanos>>,
+    /// When each node's rate-limited links are all free again.
+    nic_busy_until: Vec<Nanos>,
     rng: SimRng,
     in_flight: BinaryHeap<Reverse<(Nanos, u64)>>,
-    payloads: HashMap<u64, (usize, Vec<u8>)>,
+    payloads: HashMap<u64, (usize, Vec<u8>, Hop)>,
+    /// Switch ports in front of nodes ([`Sim::set_bottleneck`]).
+    bottlenecks: HashMap<usize, Bottleneck>,
     next_seq: u64,
     carried: u64,
     rules: Vec<Rule>,
@@ -194,9 +221,11 @@ impl Sim {
             nodes: Vec::new(),
             links: Vec::new(),
             busy_until: Vec::new(),
+            nic_busy_until: Vec::new(),
             rng: SimRng::new(seed),
             in_flight: BinaryHeap::new(),
             payloads: HashMap::new(),
+            bottlenecks: HashMap::new(),
             next_seq: 0,
             carried: 0,
             rules: Vec::new(),
@@ -241,6 +270,7 @@ impl Sim {
             row.push(0);
         }
         self.busy_until.push(vec![0; idx + 1]);
+        self.nic_busy_until.push(0);
         idx
     }
 
@@ -270,6 +300,17 @@ impl Sim {
 
     pub fn set_link(&mut self, from: usize, to: usize, link: LinkModel) {
         self.links[from][to] = link;
+    }
+
+    /// Puts a switch port in front of `node`: every packet to it, from any sender, queues
+    /// there after its own link (see [`BottleneckModel`]).
+    pub fn set_bottleneck(&mut self, node: usize, model: BottleneckModel) {
+        self.bottlenecks.insert(node, Bottleneck::new(model));
+    }
+
+    /// What the port in front of `node` did so far.
+    pub fn bottleneck(&self, node: usize) -> Option<&BottleneckStats> {
+        self.bottlenecks.get(&node).map(|b| &b.stats)
     }
 
     /// Records every carried packet from now on.
@@ -401,6 +442,11 @@ impl Sim {
                 .union(AttrMask::MIN_RNR_TIMER),
         };
         dev.modify_qp(qpn, &a, rtr).expect("to RTR");
+        // At RTR, where the daemon chooses it (then RTS sets the send PSN).
+        if o.qp_type == QpType::Rc {
+            dev.set_loss_recovery(qpn, o.loss_recovery)
+                .expect("loss recovery");
+        }
         a.qp_state = QpState::Rts;
         a.sq_psn = Psn::new(o.sq_psn);
         a.timeout = o.timeout;
@@ -613,6 +659,7 @@ impl Sim {
                 len: bytes.len(),
                 index: self.carried,
                 time: self.now,
+                traffic_class: parsed.repr.net.traffic_class(),
                 roce_v1: parsed.repr.net.is_v1(),
             };
             self.carried += 1;
@@ -653,9 +700,10 @@ impl Sim {
                     let start = self.busy_until[from][to].max(self.now);
                     let queued_bytes = (start - self.now) * rate / 8 / 1_000_000_000;
                     self.busy_until[from][to] = start + tx;
+                    self.nic_busy_until[from] = self.nic_busy_until[from].max(start + tx);
                     at = start + tx;
                     if link.ecn_threshold.is_some_and(|th| queued_bytes > th) {
-                        mark_ce(&mut b);
+                        crate::wire::ecn::mark_ce(&mut b);
                     }
                 }
                 let jitter = if link.jitter > 0 {
@@ -664,10 +712,12 @@ impl Sim {
                     0
                 };
                 at += link.delay + jitter + extra_delay;
-                let seq = self.next_seq;
-                self.next_seq += 1;
-                self.payloads.insert(seq, (to, b));
-                self.in_flight.push(Reverse((at, seq)));
+                let hop = if self.bottlenecks.contains_key(&to) {
+                    Hop::Bottleneck
+                } else {
+                    Hop::Deliver
+                };
+                self.schedule(at, to, b, hop);
             }
         }
     }
@@ -675,17 +725,24 @@ impl Sim {
     /// Delivers a hand-made IP packet to node `to` after `delay` (bypassing links and rules):
     /// for scenarios that need a packet no correct engine would send.
     pub fn inject(&mut self, to: usize, delay: Nanos, ip_packet: Vec<u8>) {
+        self.schedule(self.now + delay, to, ip_packet, Hop::Deliver);
+    }
+
+    fn schedule(&mut self, at: Nanos, to: usize, packet: Vec<u8>, hop: Hop) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.payloads.insert(seq, (to, ip_packet));
-        self.in_flight.push(Reverse((self.now + delay, seq)));
+        self.payloads.insert(seq, (to, packet, hop));
+        self.in_flight.push(Reverse((at, seq)));
     }
 
     /// Lets every node transmit what it has, at the current time.
     fn transmit_all(&mut self) {
         let mut buf = vec![0u8; MAX_FRAME_LEN];
         for i in 0..self.nodes.len() {
-            while let Some(tx) = self.nodes[i].dev.poll_transmit(self.now, &mut buf) {
+            while self.nic_busy_until[i] <= self.now {
+                let Some(tx) = self.nodes[i].dev.poll_transmit(self.now, &mut buf) else {
+                    break;
+                };
                 let pkt = buf[..tx.len].to_vec();
                 self.carry(i, &pkt);
             }
@@ -697,8 +754,20 @@ impl Sim {
     pub fn step(&mut self, deadline: Nanos) -> bool {
         self.transmit_all();
         let next_packet = self.in_flight.peek().map(|Reverse((t, _))| *t);
-        let next_timer = self.nodes.iter().filter_map(|n| n.dev.poll_timeout()).min();
-        let Some(next) = [next_packet, next_timer].into_iter().flatten().min() else {
+        let timers: Vec<Option<Nanos>> = self.nodes.iter().map(|n| n.dev.poll_timeout()).collect();
+        let next_timer = timers.iter().flatten().copied().min();
+        // A node held back by its busy links may send again when they are free.
+        let next_free = self
+            .nic_busy_until
+            .iter()
+            .copied()
+            .filter(|&t| t > self.now)
+            .min();
+        let Some(next) = [next_packet, next_timer, next_free]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
             return false;
         };
         if next > deadline {
@@ -710,19 +779,38 @@ impl Sim {
                 break;
             }
             self.in_flight.pop();
-            if let Some((to, bytes)) = self.payloads.remove(&seq) {
-                let now = self.now;
-                self.nodes[to].dev.handle_packet(now, &bytes);
+            match self.payloads.remove(&seq) {
+                Some((to, bytes, Hop::Deliver)) => {
+                    let now = self.now;
+                    self.nodes[to].dev.handle_packet(now, &bytes);
+                }
+                Some((to, bytes, Hop::Bottleneck)) => {
+                    let Some(src) = crate::wire::ecn::packet_source(&bytes) else {
+                        continue;
+                    };
+                    let Some(port) = self.bottlenecks.get_mut(&to) else {
+                        continue;
+                    };
+                    if let Some(at) = port.enqueue(t, src, bytes.len()) {
+                        self.schedule(at, to, bytes, Hop::Depart);
+                    }
+                }
+                Some((to, mut bytes, Hop::Depart)) => {
+                    let Some(port) = self.bottlenecks.get_mut(&to) else {
+                        continue;
+                    };
+                    let at = port.depart(t, &mut bytes, &mut self.rng);
+                    self.schedule(at, to, bytes, Hop::Deliver);
+                }
+                None => {}
             }
         }
-        for i in 0..self.nodes.len() {
-            if self.nodes[i]
-                .dev
-                .poll_timeout()
-                .is_some_and(|t| t <= self.now)
-            {
-                let now = self.now;
-                self.nodes[i].dev.handle_timeout(now);
+        // A timer can only have come due by itself: delivered packets arm timers later than
+        // now, and those that fire now were in the list already.
+        let now = self.now;
+        for (node, due) in self.nodes.iter_mut().zip(&timers) {
+            if due.is_some_and(|t| t <= now) {
+                node.dev.handle_timeout(now);
             }
         }
         self.drain_completions();
@@ -767,24 +855,4 @@ fn corrupt_covered_bit(b: &mut [u8], rng: &mut SimRng) {
     }
     let bit = rng.below(8) as u8;
     b[at] ^= 1 << bit;
-}
-
-/// Marks CE on an ECN-capable packet (ECT(0) or ECT(1)), fixing the IPv4 header checksum.
-fn mark_ce(b: &mut [u8]) {
-    match b.first().map(|v| v >> 4) {
-        Some(4) if b.len() >= 20 && b[1] & 3 != 0 => {
-            b[1] |= 3;
-            b[10] = 0;
-            b[11] = 0;
-            let sum = crate::wire::ipv4::header_checksum(&b[..20]);
-            b[10..12].copy_from_slice(&sum.to_be_bytes());
-        }
-        Some(6) if b.len() >= 40 => {
-            let tc = ((b[0] & 0x0f) << 4) | (b[1] >> 4);
-            if tc & 3 != 0 {
-                b[1] |= 0x30;
-            }
-        }
-        _ => {}
-    }
 }

@@ -22,23 +22,32 @@ use crate::wire::{AethSyndrome, NakCode, OpInfo, Opcode};
 /// Like rxe (`comp.started_retry`), a retry already started and not yet rewarded by progress
 /// is not started again by another NAK or stale response, only by the timer: otherwise every
 /// duplicate ACK the go-back-N provokes would start yet another round.
-fn start_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>, timeout: bool) {
+pub(crate) fn start_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>, timeout: bool) {
     if qp.started_retry && !timeout {
         return;
     }
+    if !use_retry(qp, ctx) {
+        return;
+    }
+    qp.need_retry = true;
+    qp.started_retry = true;
+    schedule(qp, &mut ctx.ready);
+}
+
+/// Counts one retry against retry_cnt; when none is left, the head WQE fails with
+/// RETRY_EXC_ERR and the QP goes to ERR (returns false).
+pub(crate) fn use_retry<M>(qp: &mut Qp, ctx: &mut Ctx<M>) -> bool {
     if qp.retry_left == 0 {
         ctx.counters.retry_exceeded_err += 1;
         qp.counters.retry_exceeded_err += 1;
         fail_head(qp, ctx, WcStatus::RetryExcErr);
-        return;
+        return false;
     }
     qp.retry_left -= 1;
     ctx.counters.completer_retry_err += 1;
     qp.counters.completer_retry_err += 1;
     qp.retry_events += 1;
-    qp.need_retry = true;
-    qp.started_retry = true;
-    schedule(qp, &mut ctx.ready);
+    true
 }
 
 /// The local ACK timer fired (rxe `rxe_retransmit_timer` + the completer's timeout path).
@@ -49,13 +58,17 @@ pub(crate) fn on_retransmit_timeout<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos
     if qp.rnr_wait_until.is_some() {
         return;
     }
+    if qp.selective.is_some() {
+        super::selective::on_timeout(qp, ctx, now);
+        return;
+    }
     start_retry(qp, ctx, true);
     if qp.state.sends() {
         qp.retrans_deadline = ack_timeout(qp.attr.timeout).map(|d| now + d);
     }
 }
 
-fn progress(qp: &mut Qp) {
+pub(crate) fn progress(qp: &mut Qp) {
     qp.started_retry = false;
     qp.retry_left = qp.attr.retry_cnt;
     qp.rnr_retry_left = qp.attr.rnr_retry;
@@ -70,6 +83,10 @@ pub(crate) fn on_response<M: MemoryAccess>(
 ) {
     if qp.ty != QpType::Rc || !qp.state.sends() {
         ctx.counters.drops.qp_state += 1;
+        return;
+    }
+    if qp.selective.is_some() {
+        super::selective::on_response(qp, ctx, now, rx);
         return;
     }
     // What a response can change: if none of it moved, the response is counted as ignored.
@@ -250,7 +267,9 @@ fn check_ack<M: MemoryAccess>(
             complete_head(qp, ctx, WcStatus::Success);
             *progressed = true;
         }
-        Opcode::RC_ACKNOWLEDGE => match syndrome {
+        // A SACK reaching a go-back-N QP (its peer forced selective on) is what its AETH
+        // says: a PSN sequence NAK.
+        Opcode::RC_ACKNOWLEDGE | Opcode::SOFTROCE_SACK => match syndrome {
             Some(AethSyndrome::Ack { .. }) => {
                 if w.wr.op.is_read_or_atomic() {
                     return;

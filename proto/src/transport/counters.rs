@@ -1,5 +1,6 @@
 //! The counters kernel rxe keeps (`rdma statistic`, sysfs `hw_counters`; roce-rxe-facts.md
-//! §6.2), under the same names, plus a few engine-only drop counters that rxe logs instead.
+//! §6.2), under the same names, plus a few engine-only drop counters that rxe logs instead,
+//! and mlx5's congestion-control counters.
 
 /// Per-device counters (and per QP, [`crate::transport::Engine::qp_counters`]). Field names
 /// are rxe's counter names; `softroce stat` shows every field under its name (through serde,
@@ -36,11 +37,24 @@ pub struct Counters {
     /// Engine-only: packets dropped by header checks (malformed, unknown QP, wrong state,
     /// address mismatch, wrong transport).
     pub dropped_pkts: u64,
-    /// Engine-only: CNPs sent and received through the congestion-control seam.
-    pub cnp_sent: u64,
-    pub cnp_rcvd: u64,
-    /// Engine-only: ECN CE-marked packets received.
-    pub ecn_marked_pkts: u64,
+    /// Congestion control, under mlx5's names (`ethtool -S`, `rdma statistic`): CE-marked
+    /// RoCE packets received (counted whatever the algorithm), CNPs sent by the notification
+    /// point, CNPs the reaction point acted on, and CNPs it ignored (congestion control off,
+    /// a UD QP, or no such QP).
+    pub np_ecn_marked_roce_packets: u64,
+    pub np_cnp_sent: u64,
+    pub rp_cnp_handled: u64,
+    pub rp_cnp_ignored: u64,
+    /// Engine-only, selective retransmission (`transport::selective`): SACK reports sent
+    /// and received, request packets held out of order by the responder, and packets the
+    /// requester sent again because a report (or a timeout probe) showed them missing.
+    pub sack_sent: u64,
+    pub sack_rcvd: u64,
+    pub ooo_held: u64,
+    pub sel_retransmits: u64,
+    /// Engine-only: selective retransmission's probe timer fired (a stall of about two
+    /// round trips, answered by a probe long before the IBTA timeout).
+    pub sel_probes: u64,
     /// Engine-only: why packets were dropped or refused, one counter per reason (issue 16:
     /// every hostile packet is counted under a reason).
     pub drops: DropCounters,
@@ -49,7 +63,7 @@ pub struct Counters {
 /// Why received packets were dropped, ignored or refused.
 ///
 /// Every packet the engine is given ends in exactly one of `rcvd_pkts`, `dropped_pkts`,
-/// `icrc_errors`, `cnp_rcvd` and `drops.bad_pkey`; every `dropped_pkts` has one of the reasons
+/// `icrc_errors`, `rp_cnp_handled`, `rp_cnp_ignored` and `drops.bad_pkey`; every `dropped_pkts` has one of the reasons
 /// of the first group here. The second group says what became of packets counted in
 /// `rcvd_pkts` that did nothing (the rxe counters `duplicate_request`, `out_of_seq_request`,
 /// `send_rnr_err` count the rest).
@@ -162,6 +176,19 @@ impl Counters {
         ]
     }
 
+    /// The congestion-control counters as (name, value) pairs, under mlx5's names.
+    pub fn cc_counters(&self) -> [(&'static str, u64); 4] {
+        [
+            (
+                "np_ecn_marked_roce_packets",
+                self.np_ecn_marked_roce_packets,
+            ),
+            ("np_cnp_sent", self.np_cnp_sent),
+            ("rp_cnp_handled", self.rp_cnp_handled),
+            ("rp_cnp_ignored", self.rp_cnp_ignored),
+        ]
+    }
+
     /// Every counter as (name, value): rxe's first, then the engine's own and its drop
     /// reasons (what a `counters` listing prints).
     pub fn named(&self) -> Vec<(&'static str, u64)> {
@@ -177,9 +204,18 @@ impl Counters {
             ("bad_pkey_cntr", u64::from(self.bad_pkey_cntr)),
             ("icrc_errors", self.icrc_errors),
             ("dropped_pkts", self.dropped_pkts),
-            ("cnp_sent", self.cnp_sent),
-            ("cnp_rcvd", self.cnp_rcvd),
-            ("ecn_marked_pkts", self.ecn_marked_pkts),
+            (
+                "np_ecn_marked_roce_packets",
+                self.np_ecn_marked_roce_packets,
+            ),
+            ("np_cnp_sent", self.np_cnp_sent),
+            ("rp_cnp_handled", self.rp_cnp_handled),
+            ("rp_cnp_ignored", self.rp_cnp_ignored),
+            ("sack_sent", self.sack_sent),
+            ("sack_rcvd", self.sack_rcvd),
+            ("ooo_held", self.ooo_held),
+            ("sel_retransmits", self.sel_retransmits),
+            ("sel_probes", self.sel_probes),
         ]);
         out.extend(self.drops.named());
         out
@@ -222,9 +258,15 @@ impl Counters {
             bad_pkey_cntr: sat16(next()),
             icrc_errors: next(),
             dropped_pkts: next(),
-            cnp_sent: next(),
-            cnp_rcvd: next(),
-            ecn_marked_pkts: next(),
+            np_ecn_marked_roce_packets: next(),
+            np_cnp_sent: next(),
+            rp_cnp_handled: next(),
+            rp_cnp_ignored: next(),
+            sack_sent: next(),
+            sack_rcvd: next(),
+            ooo_held: next(),
+            sel_retransmits: next(),
+            sel_probes: next(),
             drops: DropCounters {
                 malformed: next(),
                 unknown_opcode: next(),
@@ -313,9 +355,10 @@ mod tests {
         one.bad_pkey_cntr = v() as u16;
         one.icrc_errors = v();
         one.dropped_pkts = v();
-        one.cnp_sent = v();
-        one.cnp_rcvd = v();
-        one.ecn_marked_pkts = v();
+        one.np_ecn_marked_roce_packets = v();
+        one.np_cnp_sent = v();
+        one.rp_cnp_handled = v();
+        one.rp_cnp_ignored = v();
         let d = &mut one.drops;
         for f in [
             &mut d.malformed,

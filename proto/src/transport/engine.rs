@@ -2,7 +2,7 @@
 //! it (quinn-proto style): `handle_packet`, `handle_timeout`, `poll_transmit`, `poll_timeout`,
 //! `poll_event`, and the verbs (create/modify/destroy, post, poll CQ).
 
-use super::cc::{CongestionControl, NoCongestionControl};
+use super::congestion::{AnyController, CongestionConfig, QpCongestion};
 use super::counters::{Counters, Dropped};
 use super::memory::MemoryAccess;
 use super::packet_io::{PendingIcrc, Route};
@@ -10,11 +10,12 @@ use super::qp::{udp_sport_for_flow, Qp, QpInit};
 use super::qp_attr::{check_modify, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::qpn_pool::QpnPool;
 use super::resources::{Ah, Cq, KeyGen, KeyOwner, Mr, Mw, MwType, Pd, Srq, MW_INDEX_BASE};
+use super::selective::LossRecovery;
 use super::table::Table;
 use super::timers::{Nanos, TimerQueue};
 use super::verbs::*;
 use crate::types::{Psn, Qkey, Qpn};
-use crate::wire::{ipv4, ipv6, FrameRepr, Ipv4Repr, Ipv6Repr, NetRepr, TransportRepr};
+use crate::wire::{ipv4, ipv6, Ecn, FrameRepr, Ipv4Repr, Ipv6Repr, NetRepr, TransportRepr};
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::IpAddr;
@@ -71,6 +72,8 @@ pub struct EngineConfig {
     /// rxe asks for an ACK on the last packet of every message, and on the wire softroce does
     /// as rxe. The shim's same-host fast path turns it on: its packets never leave the process.
     pub coalesce_acks: bool,
+    /// Congestion control (none by default, as rxe; the daemon turns DCQCN on).
+    pub congestion: CongestionConfig,
 }
 
 impl EngineConfig {
@@ -88,6 +91,7 @@ impl EngineConfig {
             port_mtu: Mtu::Mtu4096,
             seal_icrc: true,
             coalesce_acks: false,
+            congestion: CongestionConfig::default(),
         }
     }
 
@@ -174,10 +178,6 @@ pub(crate) struct Ctx<M> {
     /// (set and cleared around one packet by [`Engine::handle_verified_packet_forcing`]).
     pub forced_nak: Option<ForcedNak>,
     pub events: VecDeque<AsyncEvent>,
-    pub cc: Box<dyn CongestionControl + Send>,
-    /// True while `cc` is the default [`NoCongestionControl`], whose hooks do nothing: the
-    /// per-packet hooks are then not called at all (three indirect calls per packet).
-    pub cc_none: bool,
     /// Round-robin of QPs that may have a packet to send.
     pub ready: VecDeque<Qpn>,
 }
@@ -261,8 +261,6 @@ impl<M: MemoryAccess> Engine<M> {
                 counters: Counters::default(),
                 forced_nak: None,
                 events: VecDeque::new(),
-                cc: Box::new(NoCongestionControl),
-                cc_none: true,
                 ready: VecDeque::new(),
                 config,
             },
@@ -276,10 +274,31 @@ impl<M: MemoryAccess> Engine<M> {
         }
     }
 
-    /// Plugs in a congestion controller (the default behaves like rxe: none).
-    pub fn set_congestion_control(&mut self, cc: Box<dyn CongestionControl + Send>) {
-        self.ctx.cc = cc;
-        self.ctx.cc_none = false;
+    /// Sets the congestion control of the device ([`EngineConfig::congestion`]). Every QP
+    /// starts over with a fresh controller (at the maximum rate) and unpaced.
+    pub fn set_congestion_control(&mut self, config: CongestionConfig) {
+        self.ctx.config.congestion = config;
+        for qp in self.qps.values_mut() {
+            qp.cc = AnyController::new(&config);
+            qp.pacer.reset();
+            // The ECN bits of the kept headers change.
+            qp.route_cache = None;
+            qp.next_segment = None;
+            if qp.paced_until.take().is_some() {
+                schedule(qp, &mut self.ctx.ready);
+            }
+        }
+    }
+
+    pub fn congestion_control(&self) -> &CongestionConfig {
+        &self.ctx.config.congestion
+    }
+
+    /// The congestion state of a QP: its current and target rate, DCQCN's alpha (as last
+    /// evaluated, at the QP's last packet or CNP).
+    pub fn qp_congestion(&self, qpn: Qpn) -> Option<QpCongestion> {
+        let q = self.qps.get(&qpn)?;
+        Some(q.cc.inner().state(&self.ctx.config.congestion.params))
     }
 
     pub fn memory(&self) -> &M {
@@ -755,7 +774,9 @@ impl<M: MemoryAccess> Engine<M> {
         if let Some(s) = init.srq.and_then(|s| self.ctx.srqs.get_mut(&s)) {
             s.users += 1;
         }
-        self.qps.insert(qpn, Qp::new(qpn, init));
+        let mut qp = Qp::new(qpn, init);
+        qp.cc = AnyController::new(&self.ctx.config.congestion);
+        self.qps.insert(qpn, qp);
         Ok(qpn)
     }
 
@@ -873,6 +894,9 @@ impl<M: MemoryAccess> Engine<M> {
         if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) {
             qp.resize_resources();
         }
+        if mask.contains(AttrMask::RQ_PSN) || mask.contains(AttrMask::SQ_PSN) {
+            super::selective::on_psns_set(qp);
+        }
         if qp.ty == QpType::Gsi {
             qp.attr.qkey = Qkey::GSI;
         }
@@ -883,7 +907,10 @@ impl<M: MemoryAccess> Engine<M> {
         }
         let prev = qp.state;
         match next {
-            QpState::Reset => qp.reset(),
+            QpState::Reset => {
+                qp.reset();
+                qp.cc = AnyController::new(&self.ctx.config.congestion);
+            }
             QpState::Err if prev != QpState::Err => {
                 qp.state = QpState::Err;
                 flush_qp(qp, &mut self.ctx, true);
@@ -899,6 +926,61 @@ impl<M: MemoryAccess> Engine<M> {
             schedule(qp, &mut self.ctx.ready);
         }
         Ok(())
+    }
+
+    /// Chooses how an RC QP recovers lost packets ([`LossRecovery`]). Every QP starts with
+    /// go-back-N, exactly as rxe; selective retransmission is for a peer known to be a
+    /// softroce device doing the same (the daemon negotiates it, `docs/loss-recovery.md`).
+    /// The switch may happen at any time, with packets outstanding; it is one way: a QP
+    /// goes back to go-back-N only through RESET (the peer may hold packets it reported).
+    pub fn set_loss_recovery(&mut self, qpn: Qpn, mode: LossRecovery) -> VerbsResult<()> {
+        let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
+        match mode {
+            LossRecovery::GoBackN if qp.selective.is_some() => Err(VerbsError::Invalid(
+                "selective retransmission ends only with RESET",
+            )),
+            LossRecovery::GoBackN => Ok(()),
+            LossRecovery::Selective(_) if qp.ty != QpType::Rc => Err(VerbsError::Invalid(
+                "selective retransmission needs an RC QP",
+            )),
+            LossRecovery::Selective(params) => {
+                super::selective::enable(qp, params);
+                schedule(qp, &mut self.ctx.ready);
+                Ok(())
+            }
+        }
+    }
+
+    /// A summary of a selective QP's recovery state, for logs (None: go-back-N or no QP).
+    pub fn selective_summary(&self, qpn: Qpn) -> Option<String> {
+        let qp = self.qps.get(&qpn)?;
+        let sel = qp.selective.as_deref()?;
+        Some(format!(
+            "{}; state {:?} comp_psn {} req_psn {} retry_left {} sq {}; resp_psn {} in_msg {:?} resp_out {}",
+            sel.summary(),
+            qp.state,
+            qp.comp_psn,
+            qp.req_psn,
+            qp.retry_left,
+            qp.sq.len(),
+            qp.resp_psn,
+            qp.in_msg.as_ref().map(|m| (m.is_send, m.offset, m.resid)),
+            qp.resp_out.len()
+        ))
+    }
+
+    /// A QP's transport type.
+    pub fn qp_type(&self, qpn: Qpn) -> Option<QpType> {
+        self.qps.get(&qpn).map(|q| q.ty)
+    }
+
+    /// The loss recovery an RC QP uses now.
+    pub fn loss_recovery(&self, qpn: Qpn) -> Option<LossRecovery> {
+        let qp = self.qps.get(&qpn)?;
+        Some(match qp.selective.as_deref() {
+            Some(sel) => LossRecovery::Selective(sel.params()),
+            None => LossRecovery::GoBackN,
+        })
     }
 
     /// `ibv_attach_mcast` (UD only).
@@ -1110,17 +1192,28 @@ impl<M: MemoryAccess> Engine<M> {
         }
         let Some(qp) = self.qps.get_mut(&dest) else {
             verified_or_drop!();
-            self.ctx.counters.dropped(Dropped::UnknownQp);
+            if info.has(crate::wire::OpInfo::CNP) {
+                self.ctx.counters.rp_cnp_ignored += 1;
+            } else {
+                self.ctx.counters.dropped(Dropped::UnknownQp);
+            }
             return;
         };
         if info.has(crate::wire::OpInfo::CNP) {
+            // A CNP (RoCE v2 Annex A17.9.2) throttles the QP it names: the reaction point.
             verified_or_drop!();
-            self.ctx.counters.cnp_rcvd += 1;
-            self.ctx.cc.on_cnp(dest, now);
+            let params = &self.ctx.config.congestion.params;
+            if !qp.ty.is_ud() && qp.cc.inner_mut().on_cnp(now, params) {
+                self.ctx.counters.rp_cnp_handled += 1;
+            } else {
+                self.ctx.counters.rp_cnp_ignored += 1;
+            }
             return;
         }
         let transport_ok = match qp.ty {
-            QpType::Rc => t.bth.opcode.0 < 0x20,
+            QpType::Rc => {
+                t.bth.opcode.0 < 0x20 || t.bth.opcode == crate::wire::Opcode::SOFTROCE_SACK
+            }
             QpType::Uc => (0x20..0x40).contains(&t.bth.opcode.0),
             QpType::Ud | QpType::Gsi => (0x60..0x80).contains(&t.bth.opcode.0),
         };
@@ -1167,12 +1260,19 @@ impl<M: MemoryAccess> Engine<M> {
         qp.counters.rcvd_pkts += 1;
         qp.counters.rcvd_bytes += rx.wire_len as u64;
         if rx.ecn_ce {
-            self.ctx.counters.ecn_marked_pkts += 1;
-            if info.has(crate::wire::OpInfo::REQUEST)
+            // The notification point: a CE-marked request, or a READ response carrying data,
+            // asks the peer QP to slow down (at most one CNP per QP per
+            // min_time_between_cnps). The CNP goes before anything else the QP owes.
+            self.ctx.counters.np_ecn_marked_roce_packets += 1;
+            let data = info.has(crate::wire::OpInfo::REQUEST) || !rx.payload.is_empty();
+            if data
                 && !qp.ty.is_ud()
-                && self.ctx.cc.on_ecn_marked(dest, now)
+                && qp
+                    .cc
+                    .inner_mut()
+                    .on_ce(now, &self.ctx.config.congestion.params)
             {
-                qp.resp_out.push_back(super::qp::RespOut::Cnp);
+                qp.resp_out.push_front(super::qp::RespOut::Cnp);
                 schedule(qp, &mut self.ctx.ready);
             }
         }
@@ -1189,6 +1289,11 @@ impl<M: MemoryAccess> Engine<M> {
             self.ctx.counters.icrc_errors += 1;
             qp.counters.rcvd_pkts -= 1;
             qp.counters.rcvd_bytes -= rx.wire_len as u64;
+        }
+        if qp.selective.is_some() {
+            // Selective retransmission's responder side may move the QP's deadlines too.
+            self.timers
+                .arm(qp.qpn, qp.next_deadline(), &mut qp.timer_at);
         }
     }
 
@@ -1215,10 +1320,19 @@ impl<M: MemoryAccess> Engine<M> {
             if qp.rnr_wait_until.is_some_and(|t| t <= now) {
                 qp.rnr_wait_until = None;
                 schedule(qp, &mut self.ctx.ready);
+                if qp.selective.is_some() && qp.retrans_deadline.is_none() && qp.has_unacked() {
+                    // Whatever the wait ends with, the timer watches what is outstanding.
+                    qp.retrans_deadline =
+                        super::timers::ack_timeout(qp.attr.timeout).map(|d| now + d);
+                }
             }
             if qp.retrans_deadline.is_some_and(|t| t <= now) {
                 qp.retrans_deadline = None;
                 super::completer::on_retransmit_timeout(qp, &mut self.ctx, now);
+            }
+            if qp.probe_deadline.is_some_and(|t| t <= now) {
+                qp.probe_deadline = None;
+                super::selective::on_probe(qp, &mut self.ctx, now);
             }
             self.timers
                 .arm(qp.qpn, qp.next_deadline(), &mut qp.timer_at);
@@ -1280,8 +1394,8 @@ impl<M: MemoryAccess> Engine<M> {
             .map(|q| (q.req_psn, q.comp_psn, q.resp_psn))
     }
 
-    /// Go-back-N retries the requester of `qpn` has started (simulator invariant: a PSN moves
-    /// backward only after one).
+    /// Go-back-N retries the requester of `qpn` has started, plus its selective
+    /// retransmissions (simulator invariant: a PSN moves backward only after one).
     pub fn qp_retry_events(&self, qpn: Qpn) -> Option<u64> {
         self.qps.get(&qpn).map(|q| q.retry_events)
     }
@@ -1378,7 +1492,9 @@ pub(crate) fn complete<M>(ctx: &mut Ctx<M>, cq: u32, wc: WorkCompletion, solicit
 /// transport error the NAK that reports it is still sent.
 pub(crate) fn flush_qp<M>(qp: &mut Qp, ctx: &mut Ctx<M>, drop_output: bool) {
     qp.state = QpState::Err;
+    super::selective::on_error(qp);
     qp.retrans_deadline = None;
+    qp.probe_deadline = None;
     qp.rnr_wait_until = None;
     qp.paced_until = None;
     qp.need_retry = false;
@@ -1424,14 +1540,13 @@ pub(crate) fn check_sq_drained<M>(qp: &mut Qp, ctx: &mut Ctx<M>) {
 }
 
 /// The route of a packet from `src_port` to `av`, or None if the AV's source GID does not
-/// exist or the address families differ. `data` packets carry the congestion controller's
-/// ECN codepoint. The route is kept in `cache` for the next packet to the same place: built
+/// exist or the address families differ. `data` packets carry ECT(0) when congestion control
+/// is on (the AV's traffic class otherwise, verbatim, as rxe). The route is kept in `cache` for the next packet to the same place: built
 /// afresh each time, copying it out of the function stalled on store forwarding (its fields
 /// are written one by one, then read back as whole blocks).
 #[inline(always)]
 pub(crate) fn route_for<M>(
-    ctx: &mut Ctx<M>,
-    qpn: Qpn,
+    ctx: &Ctx<M>,
     av: &AddressVector,
     src_port: u16,
     data: bool,
@@ -1445,15 +1560,8 @@ pub(crate) fn route_for<M>(
             r
         }
     };
-    if data {
-        if let Some(ecn) = (!ctx.cc_none).then(|| ctx.cc.ecn_codepoint(qpn)).flatten() {
-            match &mut route.net {
-                NetRepr::Ipv4(ip) => ip.tos = (ip.tos & !3) | (ecn & 3),
-                NetRepr::Ipv6(ip) | NetRepr::Grh(ip) => {
-                    ip.traffic_class = (ip.traffic_class & !3) | (ecn & 3)
-                }
-            }
-        }
+    if data && ctx.config.congestion.marks_ect() {
+        route.net.set_ecn(Ecn::Ect0);
     }
     Some(route)
 }

@@ -62,9 +62,9 @@
 //! ```
 
 pub mod access;
-pub mod cc;
 pub mod chacha;
 pub mod completer;
+pub mod congestion;
 pub mod counters;
 pub mod engine;
 pub mod handoff;
@@ -77,11 +77,12 @@ mod qpn_pool;
 pub mod requester;
 pub mod resources;
 pub mod responder;
+pub mod selective;
 pub mod table;
 pub mod timers;
 pub mod verbs;
 
-pub use cc::{CongestionControl, NoCongestionControl};
+pub use congestion::{Algorithm, CongestionConfig, Params as CcParams, QpCongestion};
 pub use counters::Counters;
 pub use engine::{Engine, EngineConfig, ForcedNak, GidType, MrKeys, Transmit, MAX_FRAME_LEN};
 pub use handoff::{QpConfig, QpSequence};
@@ -92,5 +93,6 @@ pub use qp_attr::{
     check_modify, transition_attrs, AddressVector, AttrMask, Mtu, QpAttr, QpState, QpType,
 };
 pub use resources::MwType;
+pub use selective::{LossRecovery, SelectiveParams};
 pub use timers::Nanos;
 pub use verbs::*;

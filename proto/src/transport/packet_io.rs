@@ -129,7 +129,7 @@ impl Route {
 }
 
 /// The whole packet's length: network header through ICRC, or None for an unknown opcode.
-#[inline]
+#[cfg(test)]
 pub(crate) fn frame_len(route: &Route, t: &TransportRepr) -> Option<usize> {
     Some(route.headers_len() + transport_len(t)?)
 }

@@ -1,6 +1,7 @@
 //! A queue pair's state: the send queue with per-WQE progress, the requester/completer
 //! variables (rxe's `qp->req` and `qp->comp`), and the responder's (`qp->resp`).
 
+use super::congestion::{AnyController, NoControl, Pacer};
 use super::packet_io::Route;
 use super::qp_attr::{AddressVector, Mtu, QpAttr, QpState, QpType};
 use super::timers::Nanos;
@@ -64,6 +65,38 @@ pub(crate) struct SendWqe {
     pub read_req_psn: Psn,
     /// A local error found while building a packet; reported when it reaches the head.
     pub error: Option<super::verbs::WcStatus>,
+    /// Selective retransmission only ([`super::selective`]): the READ response packets
+    /// received so far, one bit per response PSN (allocated on first use).
+    pub got: Vec<u64>,
+    /// Selective only: how many bits of `got` are set.
+    pub got_count: u32,
+    /// Selective only: the response a READ (all of it), atomic, FLUSH or ATOMIC_WRITE waits
+    /// for has arrived (and been placed); it completes once it is the oldest.
+    pub resp_done: bool,
+    /// Selective only: missing responses before this PSN have already been asked for again.
+    pub repair_upto: Psn,
+}
+
+impl SendWqe {
+    pub fn new(wr: SendWr, len: u32) -> SendWqe {
+        SendWqe {
+            wr,
+            len,
+            started: false,
+            first_psn: Psn::new(0),
+            last_psn: Psn::new(0),
+            npkts: 0,
+            next_psn: Psn::new(0),
+            sent_all: false,
+            holds_rd_atomic: false,
+            read_req_psn: Psn::new(0),
+            error: None,
+            got: Vec::new(),
+            got_count: 0,
+            resp_done: false,
+            repair_upto: Psn::new(0),
+        }
+    }
 }
 
 /// What the responder holds to answer a duplicate READ or atomic (IBTA §9.7.5.1.5,
@@ -118,6 +151,12 @@ pub(crate) enum RespOut {
     },
     /// A congestion notification packet for the remote QP of this flow.
     Cnp,
+    /// Selective retransmission's report ([`crate::wire::sack`]): the responder lacks `epsn`;
+    /// the bitmap of what it holds beyond is built when the packet is.
+    Sack {
+        epsn: Psn,
+        msn: u32,
+    },
 }
 
 /// The message the responder is in the middle of (rxe's `resp.opcode` and DMA state).
@@ -163,13 +202,21 @@ pub(crate) struct Qp {
     /// Go-back-N retries this QP started (timeouts, sequence NAKs, implied NAKs, RNR NAKs).
     pub retry_events: u64,
     pub rnr_wait_until: Option<Nanos>,
+    /// The pacer holds the next request packet until then.
     pub paced_until: Option<Nanos>,
+    /// Congestion control: the QP's controller (reaction point of what it sends,
+    /// notification point of what it receives) and its rate limiter.
+    pub cc: AnyController,
+    pub pacer: Pacer,
 
     // Completer (rxe `qp->comp`).
     pub comp_psn: Psn,
     pub retry_left: u8,
     pub rnr_retry_left: u8,
     pub retrans_deadline: Option<Nanos>,
+    /// Selective retransmission's probe timer (a tail-loss probe after a stall of about two
+    /// round trips; see `selective::on_probe`). Always None on go-back-N.
+    pub probe_deadline: Option<Nanos>,
     pub sqd_notified: bool,
 
     // Responder (rxe `qp->resp`).
@@ -191,6 +238,9 @@ pub(crate) struct Qp {
     /// sent and received, and the retry, RNR and error counters of its requester,
     /// completer and responder.
     pub counters: super::counters::Counters,
+
+    /// Selective retransmission's state, when this RC QP uses it (None: go-back-N, as rxe).
+    pub selective: Option<Box<super::selective::Selective>>,
 }
 
 impl Qp {
@@ -214,10 +264,13 @@ impl Qp {
             retry_events: 0,
             rnr_wait_until: None,
             paced_until: None,
+            cc: AnyController::None(NoControl),
+            pacer: Pacer::default(),
             comp_psn: Psn::new(0),
             retry_left: 0,
             rnr_retry_left: 0,
             retrans_deadline: None,
+            probe_deadline: None,
             sqd_notified: false,
             rq: VecDeque::new(),
             resp_psn: Psn::new(0),
@@ -230,16 +283,22 @@ impl Qp {
             scheduled: false,
             timer_at: None,
             counters: super::counters::Counters::default(),
+            selective: None,
         }
     }
 
     /// The earliest of the QP's deadlines (pacing, RNR wait, retransmission).
     #[inline]
     pub fn next_deadline(&self) -> Option<Nanos> {
-        [self.paced_until, self.rnr_wait_until, self.retrans_deadline]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.paced_until,
+            self.rnr_wait_until,
+            self.retrans_deadline,
+            self.probe_deadline,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub fn mtu(&self) -> u32 {

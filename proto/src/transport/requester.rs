@@ -88,19 +88,7 @@ pub(crate) fn post_send<M: MemoryAccess>(
         complete(ctx, qp.init.send_cq, wc, false);
         return Ok(());
     }
-    qp.sq.push_back(SendWqe {
-        wr,
-        len,
-        started: false,
-        first_psn: Psn::new(0),
-        last_psn: Psn::new(0),
-        npkts: 0,
-        next_psn: Psn::new(0),
-        sent_all: false,
-        holds_rd_atomic: false,
-        read_req_psn: Psn::new(0),
-        error: None,
-    });
+    qp.sq.push_back(SendWqe::new(wr, len));
     super::engine::schedule(qp, &mut ctx.ready);
     Ok(())
 }
@@ -143,6 +131,11 @@ pub(crate) fn fail_head<M>(qp: &mut Qp, ctx: &mut Ctx<M>, status: WcStatus) {
 /// skips the packets already acknowledged; a READ restarts at the first byte not received.
 fn go_back_n(qp: &mut Qp) {
     qp.need_retry = false;
+    if let Some(sel) = qp.selective.as_mut() {
+        // Everything from comp_psn goes again as new packets; what the peer reported
+        // holding is re-learnt from its next report.
+        sel.on_go_back_n();
+    }
     qp.req_psn = qp.comp_psn;
     qp.req_index = 0;
     qp.noack_pkts = 0;
@@ -240,6 +233,15 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         if qp.need_retry {
             go_back_n(qp);
         }
+        if qp.selective.is_some() {
+            // What the peer reported missing goes before anything new.
+            if let Some(tx) = super::selective::poll_retransmit(qp, ctx, now, buf) {
+                return Some(tx);
+            }
+            if qp.paced_until.is_some() {
+                return None;
+            }
+        }
     }
     loop {
         let idx = qp.req_index;
@@ -306,6 +308,11 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         break;
     }
+    // The rate limiter: a QP below the line rate sends its next request only when its pacer
+    // lets it; the device serves other QPs meanwhile. At the line rate this is one test.
+    if qp.cc.limited() && held_by_pacer(qp, ctx, now) {
+        return None;
+    }
     let idx = qp.req_index;
     let ty = qp.ty;
     // UD messages are one packet of at most the port MTU; RC and UC segment by the path MTU.
@@ -316,12 +323,18 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     };
     let max_rd = u32::from(qp.attr.max_rd_atomic).max(1);
     let (rd_in_flight, req_psn, comp_psn) = (qp.rd_atomic_in_flight, qp.req_psn, qp.comp_psn);
+    // Go-back-N: rxe's fixed 128 PSNs past the oldest unacknowledged one. Selective: the
+    // window (the bandwidth-delay product in packets) past what the responder holds in order.
+    let (window_base, window) = match qp.selective.as_deref() {
+        Some(sel) => sel.send_window(comp_psn, mtu),
+        None => (comp_psn, MAX_UNACKED_PSNS),
+    };
     let w = qp.sq.get_mut(idx)?;
     if ty == QpType::Rc {
         if w.wr.op.is_read_or_atomic() && !w.holds_rd_atomic && rd_in_flight >= max_rd {
             return None;
         }
-        if req_psn.diff(comp_psn) >= MAX_UNACKED_PSNS {
+        if req_psn.diff(window_base) >= window {
             return None;
         }
     }
@@ -338,13 +351,45 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         w.next_psn = req_psn;
     }
     let psn = w.next_psn;
+    emit_request(qp, ctx, now, idx, psn, Emit::New, buf)
+}
+
+/// Which packet [`emit_request`] builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Emit {
+    /// The next packet of the WQE in the current pass (its `next_psn`).
+    New,
+    /// Selective retransmission of a packet sent before, always with AckReq. `read_len`:
+    /// for a READ, the bytes to ask for again (a run of missing response packets).
+    Retransmit { read_len: Option<u32> },
+}
+
+/// Builds packet `psn` of WQE `idx`: the request packets of SEND/WRITE/READ/atomics, by
+/// path MTU, with rxe's opcodes and AckReq rule.
+pub(crate) fn emit_request<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    now: Nanos,
+    idx: usize,
+    psn: Psn,
+    emit: Emit,
+    buf: &mut [u8],
+) -> Option<Transmit> {
+    let ty = qp.ty;
+    let mtu = if ty.is_ud() {
+        ctx.config.port_mtu.bytes()
+    } else {
+        qp.mtu()
+    };
+    let retransmit = emit != Emit::New;
+    let w = qp.sq.get_mut(idx)?;
     let index = psn.diff(w.first_psn).max(0) as u32;
     let offset = u64::from(index) * u64::from(mtu);
     let qpn = qp.qpn;
 
     // The next full-MTU MIDDLE packet of a SEND or WRITE whose previous MIDDLE packet was
     // built here: its headers are the kept ones with a new PSN and AckReq bit.
-    if let Some(tpl) = qp.next_segment.as_ref() {
+    if let Some(tpl) = qp.next_segment.as_ref().filter(|_| !retransmit) {
         let middle = index > 0
             && u64::from(w.len).saturating_sub(offset) > u64::from(mtu)
             && tpl.payload_len() == mtu as usize
@@ -353,7 +398,7 @@ pub(crate) fn poll_request<M: MemoryAccess>(
                 SendOp::Send | SendOp::SendWithImm(_) | SendOp::Write(_) | SendOp::WriteWithImm(..)
             )
             && !w.wr.flags.contains(SendFlags::INLINE);
-        if middle && tpl.first_psn == w.first_psn && ctx.cc_none && !ty.is_ud() {
+        if middle && tpl.first_psn == w.first_psn && !ty.is_ud() {
             let ack_req = ty == QpType::Rc && qp.noack_pkts + 1 > MAX_PKT_PER_ACK;
             let pd = qp.init.pd;
             let sges = &w.wr.sg_list;
@@ -428,7 +473,10 @@ pub(crate) fn poll_request<M: MemoryAccess>(
     };
     let is_read_atomic = ty == QpType::Rc && w.wr.op.is_read_or_atomic();
     let mut ack_req = false;
-    if ty == QpType::Rc {
+    if retransmit {
+        // Every retransmission asks for the responder's news at once.
+        ack_req = true;
+    } else if ty == QpType::Rc {
         qp.noack_pkts += 1;
         let ends_burst = last && !(ctx.config.coalesce_acks && next_goes_at_once(qp, idx));
         if ends_burst || qp.noack_pkts > MAX_PKT_PER_ACK || is_read_atomic {
@@ -473,11 +521,19 @@ pub(crate) fn poll_request<M: MemoryAccess>(
             });
         }
         SendOp::Read(r) => {
-            // A partial retry asks only for the bytes not yet received (facts §4.3).
+            // A partial retry asks only for the bytes not yet received (facts §4.3); a
+            // selective repair only for the run of response packets that went missing.
+            let rest = (u64::from(w.len) - offset.min(u64::from(w.len))) as u32;
+            let len = match emit {
+                Emit::Retransmit {
+                    read_len: Some(len),
+                } => len.min(rest),
+                _ => rest,
+            };
             t.reth = Some(RethRepr {
                 va: r.va.wrapping_add(offset),
                 rkey: r.rkey,
-                len: (u64::from(w.len) - offset.min(u64::from(w.len))) as u32,
+                len,
             });
         }
         SendOp::CompareSwap {
@@ -524,24 +580,11 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         _ => {}
     }
-    let Some(route) = route_for(ctx, qpn, &av, qp.src_port, true, &mut qp.route_cache) else {
+    let Some(route) = route_for(ctx, &av, qp.src_port, true, &mut qp.route_cache) else {
         let w = qp.sq.get_mut(idx)?;
         w.error = Some(WcStatus::LocQpOpErr);
         return poll_request(qp, ctx, now, buf);
     };
-    let pace = if ctx.cc_none {
-        None
-    } else {
-        let len = super::packet_io::frame_len(&route, &t).unwrap_or(0);
-        ctx.cc.pacing(qpn, now, len)
-    };
-    if let Some(at) = pace {
-        if at > now {
-            qp.paced_until = Some(at);
-            qp.noack_pkts = qp.noack_pkts.saturating_sub(1);
-            return None;
-        }
-    }
     let pd = qp.init.pd;
     let w = qp.sq.get(idx)?;
     let res = super::packet_io::emit(&route, &t, buf, ctx.config.seal_icrc, |out| {
@@ -569,15 +612,17 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         }
         Some(Ok(tx)) => tx,
     };
-    if ctx.cc_none
-        && matches!(
-            opcode,
-            Opcode::RC_SEND_MIDDLE
-                | Opcode::RC_RDMA_WRITE_MIDDLE
-                | Opcode::UC_SEND_MIDDLE
-                | Opcode::UC_RDMA_WRITE_MIDDLE
-        )
-    {
+    if retransmit {
+        super::selective::resent(qp, ctx, now, psn, tx.len);
+        return Some(tx);
+    }
+    if matches!(
+        opcode,
+        Opcode::RC_SEND_MIDDLE
+            | Opcode::RC_RDMA_WRITE_MIDDLE
+            | Opcode::UC_SEND_MIDDLE
+            | Opcode::UC_RDMA_WRITE_MIDDLE
+    ) {
         let first_psn = qp.sq.get(idx)?.first_psn;
         qp.next_segment = SegmentTemplate::capture(&buf[..tx.len], &tx, first_psn);
     }
@@ -593,6 +638,33 @@ pub(crate) fn poll_request<M: MemoryAccess>(
         tx.len,
     )?;
     Some(tx)
+}
+
+/// IPv6 + UDP + BTH + RETH + ICRC: what a full packet carries besides its payload, at most.
+const PACKET_OVERHEAD: u32 = 40 + 8 + 12 + 16 + 4;
+
+/// Whether the pacer holds the QP's next packet at `now`; if so the QP waits in
+/// `paced_until` for the packet's time, or for the controller's next change of rate if that
+/// comes first (a rate that recovers is used at once, not after an interval computed at the
+/// old rate).
+fn held_by_pacer<M>(qp: &mut Qp, ctx: &Ctx<M>, now: Nanos) -> bool {
+    let p = &ctx.config.congestion.params;
+    let rate = qp.cc.inner_mut().rate(now, p);
+    if !qp.cc.limited() {
+        return false;
+    }
+    // Lateness the pacer forgives: the configured time, and at least one full packet's time,
+    // so that at low rates a wake-up late by a fraction of a packet time costs no rate (the
+    // burst after an idle moment is then two packets).
+    let packet_bits = u64::from(qp.mtu() + PACKET_OVERHEAD) * 8;
+    let one_packet = (packet_bits * 1_000_000_000).checked_div(rate).unwrap_or(0);
+    let tolerance = (u64::from(p.pacing_tolerance) * 1_000).max(one_packet);
+    let Some(at) = qp.pacer.release_time(now, rate, tolerance) else {
+        return false;
+    };
+    let wake = qp.cc.inner().next_change(p).map_or(at, |c| c.min(at));
+    qp.paced_until = Some(wake.max(now + 1));
+    true
 }
 
 /// The requester's state after packet `psn` of WQE `idx` went out, `len` bytes long.
@@ -613,8 +685,12 @@ fn sent<M>(
     if ack_req {
         qp.noack_pkts = 0;
     }
-    if !ctx.cc_none {
-        ctx.cc.on_sent(qp.qpn, now, len);
+    if qp.cc.limited() {
+        // The byte counter of the rate increase, and the pacer's charge for this packet.
+        qp.cc
+            .inner_mut()
+            .on_sent(now, len, &ctx.config.congestion.params);
+        qp.pacer.on_sent(now, len);
     }
     let w = qp.sq.get_mut(idx)?;
     let next = if matches!(w.wr.op, SendOp::Read(_)) {
@@ -636,6 +712,12 @@ fn sent<M>(
     }
     // UD and UC do not consume PSN space with retries; they advance one per packet anyway.
     qp.req_psn = next;
+    if let Some(sel) = qp.selective.as_mut() {
+        sel.on_sent(psn, next, now);
+        if qp.probe_deadline.is_none() {
+            qp.probe_deadline = Some(now + sel.probe_timeout(qp.attr.timeout));
+        }
+    }
     match ty {
         QpType::Rc => {
             if qp.retrans_deadline.is_none() {

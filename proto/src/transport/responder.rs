@@ -43,6 +43,19 @@ fn queue(qp: &mut Qp, ctx_ready: &mut std::collections::VecDeque<Qpn>, out: Resp
 }
 
 fn ack(qp: &mut Qp, ctx: &mut std::collections::VecDeque<Qpn>, syndrome: AethSyndrome, psn: Psn) {
+    // Selective retransmission coalesces the positive ACKs of a pass into one report.
+    if syndrome == AethSyndrome::ACK && super::selective::owe_ack(qp) {
+        return;
+    }
+    ack_now(qp, ctx, syndrome, psn);
+}
+
+fn ack_now(
+    qp: &mut Qp,
+    ctx: &mut std::collections::VecDeque<Qpn>,
+    syndrome: AethSyndrome,
+    psn: Psn,
+) {
     let msn = qp.msn;
     queue(qp, ctx, RespOut::Ack { syndrome, psn, msn });
 }
@@ -148,6 +161,9 @@ pub(crate) fn on_request<M: MemoryAccess>(
         return true;
     }
 
+    if qp.selective.is_some() {
+        return super::selective::on_request(qp, ctx, rx, info, placing);
+    }
     let d = psn.diff(qp.resp_psn);
     if d > 0 {
         // A gap: NAK once with the expected PSN, then drop silently until it arrives.
@@ -173,6 +189,19 @@ pub(crate) fn on_request<M: MemoryAccess>(
         duplicate(qp, ctx, rx, info);
         return true;
     }
+    execute_in_order(qp, ctx, rx, info, placing)
+}
+
+/// Executes the request at the expected PSN and answers as its outcome requires (NAKs,
+/// RNR NAK, QP to ERR). Returns false when its ICRC, verified while placing, was wrong.
+pub(crate) fn execute_in_order<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    rx: &RxPacket<'_>,
+    info: &OpInfo,
+    placing: Option<&PendingIcrc<'_>>,
+) -> bool {
+    let psn = rx.t.bth.psn;
     let forced = ctx.forced_nak.filter(|f| f.applies_to(info));
     let result = match forced {
         // Fault injection: answered as the real condition would be, nothing executed.
@@ -269,6 +298,7 @@ pub(crate) fn on_predicted_write_middle<M: MemoryAccess>(
     let plen = w.payload_len;
     let predicted = qp.ty == QpType::Rc
         && qp.state.receives()
+        && !super::selective::holds_packets(qp)
         && !w.ecn_ce
         && w.psn == qp.resp_psn
         && plen == qp.mtu() as usize
@@ -309,13 +339,19 @@ pub(crate) fn on_predicted_write_middle<M: MemoryAccess>(
     qp.sent_psn_nak = false;
     qp.resp_psn = w.psn.next();
     if w.ack_req {
-        ack(qp, &mut ctx.ready, AethSyndrome::ACK, w.psn);
+        // Nothing is held out of order (checked above): the ACK is the in-order one.
+        ack_now(qp, &mut ctx.ready, AethSyndrome::ACK, w.psn);
     }
     true
 }
 
 /// A request with a PSN before the expected one (IBTA §9.7.5.1.5, facts §4.5).
-fn duplicate<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>, rx: &RxPacket<'_>, info: &OpInfo) {
+pub(crate) fn duplicate<M: MemoryAccess>(
+    qp: &mut Qp,
+    ctx: &mut Ctx<M>,
+    rx: &RxPacket<'_>,
+    info: &OpInfo,
+) {
     let psn = rx.t.bth.psn;
     if info.has(OpInfo::SEND) || info.has(OpInfo::WRITE) {
         // Not executed again: ACK the last PSN executed (C9-105).
@@ -779,6 +815,7 @@ pub(crate) fn poll_response<M: MemoryAccess>(
 ) -> Option<Transmit> {
     loop {
         let item = *qp.resp_out.front()?;
+        let mut sack_payload = None;
         let Some(av) = qp.attr.ah_attr else {
             qp.resp_out.clear();
             return None;
@@ -817,6 +854,14 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 b.becn = true;
                 (TransportRepr::new(b), None)
             }
+            RespOut::Sack { epsn, msn } => {
+                let mut t = TransportRepr::new(bth(Opcode::SOFTROCE_SACK, epsn));
+                t.aeth = aeth(AethSyndrome::Nak(NakCode::PsnSequenceError), msn);
+                let sack = super::selective::sack_for(qp, epsn);
+                t.payload_len = sack.buffer_len();
+                sack_payload = Some(sack);
+                (t, None)
+            }
             RespOut::Read {
                 psn,
                 va,
@@ -841,14 +886,15 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 (t, Some((va, rkey, plen, last)))
             }
         };
-        let route = route_for(
-            ctx,
-            qp.qpn,
-            &av,
-            qp.src_port,
-            read.is_some(),
-            &mut qp.route_cache,
-        )?;
+        let mut route = route_for(ctx, &av, qp.src_port, read.is_some(), &mut qp.route_cache)?;
+        if matches!(item, RespOut::Cnp) {
+            // CNPs go out with their own DSCP (and ECT(0), as ConnectX NICs send them: TOS
+            // 0xC2 for DSCP 48, roce-rxe-facts.md §1.2).
+            let dscp = ctx.config.congestion.params.cnp_dscp;
+            route
+                .net
+                .set_traffic_class(crate::wire::ecn::tos_of_dscp(dscp, crate::wire::Ecn::Ect0));
+        }
         let (pd, qpn) = (qp.init.pd, qp.qpn);
         let res = super::packet_io::emit(&route, &t, buf, ctx.config.seal_icrc, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
@@ -863,7 +909,12 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 ctx.mem.read(space, va, out).map_err(|_| ())?;
                 Ok(Payload::Written)
             }
-            _ => Ok(Payload::Written),
+            _ => {
+                if let Some(sack) = &sack_payload {
+                    sack.emit(out);
+                }
+                Ok(Payload::Written)
+            }
         });
         match res {
             None => {
@@ -885,8 +936,10 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 continue;
             }
             Some(Ok(tx)) => {
-                if matches!(item, RespOut::Cnp) {
-                    ctx.counters.cnp_sent += 1;
+                match item {
+                    RespOut::Cnp => ctx.counters.np_cnp_sent += 1,
+                    RespOut::Sack { .. } => ctx.counters.sack_sent += 1,
+                    _ => {}
                 }
                 match (qp.resp_out.front_mut(), read) {
                     (

@@ -14,6 +14,7 @@
 pub mod aeth;
 pub mod arp;
 pub mod bth;
+pub mod ecn;
 pub mod ethernet;
 pub mod ext;
 pub mod frame;
@@ -24,11 +25,13 @@ pub mod mad;
 pub mod ndisc;
 pub mod opcode;
 pub mod packet;
+pub mod sack;
 pub mod udp;
 
 pub use aeth::{AethRepr, AethSyndrome, NakCode};
 pub use arp::{ArpOperation, ArpPacket, ArpRepr};
 pub use bth::{Bth, BthRepr};
+pub use ecn::Ecn;
 pub use ethernet::{EtherType, EthernetAddress, EthernetFrame, EthernetRepr};
 pub use ext::{AtomicAckEthRepr, AtomicEthRepr, DethRepr, FethRepr, RethRepr};
 pub use frame::{FrameRepr, LinkRepr, NetRepr, ParsedFrame};
@@ -37,6 +40,7 @@ pub use ipv6::{Ipv6Packet, Ipv6Repr};
 pub use ndisc::{NdiscPacket, NdiscRepr};
 pub use opcode::{HeaderSet, OpInfo, Opcode, Transport};
 pub use packet::{RocePacket, TransportRepr};
+pub use sack::SackRepr;
 pub use udp::{UdpPacket, UdpRepr};
 
 /// UDP destination port of RoCE v2 (IBTA Annex A17).

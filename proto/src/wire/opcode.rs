@@ -13,6 +13,9 @@ pub enum Transport {
     Ud,
     /// Congestion notification (opcode 0x81, Annex A17).
     Cnp,
+    /// Manufacturer-specific opcodes (0xC0..0xFF, IBTA Vol. 1 §9.2.1 table 36, bits 7..5 =
+    /// 110b or 111b): softroce's selective acknowledgement lives here.
+    Vendor,
 }
 
 /// A set of extended transport headers. The order of the constants is the order on the wire.
@@ -146,6 +149,8 @@ impl OpInfo {
     pub const ATOMIC_WRITE: u16 = 1 << 12;
     pub const ACK: u16 = 1 << 13;
     pub const CNP: u16 = 1 << 14;
+    /// softroce's selective acknowledgement ([`Opcode::SOFTROCE_SACK`]).
+    pub const SACK: u16 = 1 << 15;
 
     pub const fn has(&self, flag: u16) -> bool {
         self.flags & flag == flag
@@ -299,6 +304,9 @@ const fn build_table() -> [Option<OpInfo>; 256] {
         SEND | S | E | RWR | C,
     );
     t[0x81] = op("CNP", HeaderSet::CNP_RESERVED, OpInfo::CNP);
+    // Manufacturer-specific: sent only to peers that negotiated selective retransmission
+    // (see `wire::sack`); kernel rxe never sees it.
+    t[0xc0] = op("SOFTROCE_SACK", H_AETH, OpInfo::SACK | RS | P | S | E);
     t
 }
 
@@ -343,6 +351,10 @@ impl Opcode {
     pub const UD_SEND_ONLY: Opcode = Opcode(0x64);
     pub const UD_SEND_ONLY_WITH_IMMEDIATE: Opcode = Opcode(0x65);
     pub const CNP: Opcode = Opcode(0x81);
+    /// softroce's selective acknowledgement: AETH (a PSN sequence NAK for the first PSN the
+    /// responder lacks) and a bitmap of the PSNs after it that it holds ([`super::sack`]).
+    /// A manufacturer-specific opcode, sent only between softroce peers.
+    pub const SOFTROCE_SACK: Opcode = Opcode(0xc0);
 
     /// The table entry, or `None` for an opcode rxe does not implement (RD, reserved, 0xff).
     pub fn info(self) -> Option<&'static OpInfo> {
@@ -363,6 +375,7 @@ impl Opcode {
             1 => Transport::Uc,
             2 => Transport::Rd,
             3 => Transport::Ud,
+            6 | 7 => Transport::Vendor,
             _ => Transport::Cnp,
         }
     }
@@ -394,7 +407,7 @@ mod tests {
         let known: Vec<u8> = Opcode::all().map(|o| o.0).collect();
         let mut expected: Vec<u8> = (0x00..=0x14).chain([0x16, 0x17, 0x1c, 0x1d]).collect();
         expected.extend(0x20..=0x2b);
-        expected.extend([0x64, 0x65, 0x81]);
+        expected.extend([0x64, 0x65, 0x81, 0xc0]);
         assert_eq!(known, expected);
         assert!(!Opcode(0xff).is_known());
         assert!(!Opcode(0x15).is_known());
@@ -422,5 +435,7 @@ mod tests {
         assert_eq!(Opcode::CNP.info().unwrap().header_len(), 16);
         assert_eq!(Opcode(0x26).name(), "UC_RDMA_WRITE_FIRST");
         assert_eq!(Opcode(0x26).transport(), Transport::Uc);
+        assert_eq!(Opcode::SOFTROCE_SACK.transport(), Transport::Vendor);
+        assert_eq!(Opcode::SOFTROCE_SACK.info().unwrap().header_len(), 4);
     }
 }

@@ -265,35 +265,8 @@ impl Daemon {
     /// The daemon's own answer to `QueryDevices`, straight from the control protocol: the
     /// truth the shim's view is compared with.
     pub fn query_devices(&self) -> Vec<DeviceInfo> {
-        use nix::sys::socket::{
-            connect, recv, send, socket, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr,
-        };
-        let fd = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .expect("socket");
-        connect(fd.as_raw_fd(), &UnixAddr::new(&self.socket).unwrap()).expect("connect");
-        let mut buf = vec![0u8; ctl::MAX_MESSAGE];
-        let mut ask = |req: Request| -> Response {
-            send(
-                fd.as_raw_fd(),
-                &ctl::encode(&req).unwrap(),
-                MsgFlags::empty(),
-            )
-            .unwrap();
-            let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
-            ctl::decode(&buf[..n]).unwrap()
-        };
-        let hello = ask(Request::Hello {
-            version: ctl::PROTOCOL_VERSION,
-            program: "shim-e2e".into(),
-        });
-        assert!(matches!(hello, Response::Hello { .. }), "{hello:?}");
-        match ask(Request::QueryDevices) {
-            Response::Devices(d) => d,
+        match daemon_request(&self.socket, "shim-e2e", &Request::QueryDevices) {
+            Some(Response::Devices(d)) => d,
             other => panic!("QueryDevices answered {other:?}"),
         }
     }
@@ -320,6 +293,34 @@ impl Daemon {
             out,
         )
     }
+}
+
+/// One request to the daemon at control socket `path`, after the hello (as `program`); None
+/// if it cannot be reached or does not answer.
+pub fn daemon_request(path: &Path, program: &str, req: &Request) -> Option<Response> {
+    use nix::sys::socket::{
+        connect, recv, send, socket, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr,
+    };
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .ok()?;
+    connect(fd.as_raw_fd(), &UnixAddr::new(path).ok()?).ok()?;
+    let mut buf = vec![0u8; ctl::MAX_MESSAGE];
+    let mut ask = |req: &Request| -> Option<Response> {
+        send(fd.as_raw_fd(), &ctl::encode(req).ok()?, MsgFlags::empty()).ok()?;
+        let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).ok()?;
+        ctl::decode(&buf[..n]).ok()
+    };
+    let hello = ask(&Request::Hello {
+        version: ctl::PROTOCOL_VERSION,
+        program: program.into(),
+    })?;
+    matches!(hello, Response::Hello { .. }).then_some(())?;
+    ask(req)
 }
 
 impl Drop for Daemon {

@@ -14,6 +14,20 @@ pub fn loopback_daemon(name: &str, nn: u8) -> Daemon {
     Daemon::start(name, &["--addr", &addr, "--port", "4791"])
 }
 
+/// A loopback daemon whose RC QPs recover from loss as kernel rxe does (go-back-N), for tests
+/// that read rxe's counters (`rcvd_seq_err`, `completer_retry_err`, ...) after injected
+/// faults: between two softroce devices the default is selective retransmission, which
+/// repairs the same faults under its own counters (`sel_retransmits`, `sack_sent`;
+/// tests/tests/loss_recovery.rs covers it).
+#[allow(dead_code)]
+pub fn gbn_loopback_daemon(name: &str, nn: u8) -> Daemon {
+    let addr = format!("127.0.0.{nn}");
+    Daemon::start(
+        name,
+        &["--addr", &addr, "--port", "4791", "--loss-recovery", "gbn"],
+    )
+}
+
 /// A loopback daemon whose traffic a capture on the host's `lo` is to check: without UDP GSO,
 /// since lo shows each GSO send as one oversized datagram rather than the packets in it.
 #[allow(dead_code)]
