@@ -309,23 +309,30 @@ fn check_ack<M: MemoryAccess>(
                 start_retry(qp, ctx, false);
             }
             Some(AethSyndrome::Nak(code)) => {
-                let status = match code {
-                    NakCode::InvalidRequest => {
-                        ctx.counters.req_remote_invalid_request += 1;
-                        qp.counters.req_remote_invalid_request += 1;
-                        WcStatus::RemInvReqErr
-                    }
-                    NakCode::RemoteAccessError => {
-                        ctx.counters.req_remote_access_errors += 1;
-                        qp.counters.req_remote_access_errors += 1;
-                        WcStatus::RemAccessErr
-                    }
-                    _ => WcStatus::RemOpErr,
-                };
+                let status = nak_status(qp, ctx, code);
                 fail_head(qp, ctx, status);
             }
             _ => {}
         },
         _ => {}
+    }
+}
+
+/// The completion status a NAK other than RNR and PSN sequence error gives the request it
+/// names (IBTA §9.7.5.2.3: invalid request, remote access error, remote operational error),
+/// counted under mlx5's names.
+pub(crate) fn nak_status<M>(qp: &mut Qp, ctx: &mut Ctx<M>, code: NakCode) -> WcStatus {
+    match code {
+        NakCode::InvalidRequest => {
+            ctx.counters.req_remote_invalid_request += 1;
+            qp.counters.req_remote_invalid_request += 1;
+            WcStatus::RemInvReqErr
+        }
+        NakCode::RemoteAccessError => {
+            ctx.counters.req_remote_access_errors += 1;
+            qp.counters.req_remote_access_errors += 1;
+            WcStatus::RemAccessErr
+        }
+        _ => WcStatus::RemOpErr,
     }
 }

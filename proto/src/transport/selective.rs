@@ -882,19 +882,7 @@ pub(crate) fn on_response<M: MemoryAccess>(
                 evidence = Some(psn);
             }
             Some(AethSyndrome::Nak(code)) => {
-                let status = match code {
-                    NakCode::InvalidRequest => {
-                        ctx.counters.req_remote_invalid_request += 1;
-                        qp.counters.req_remote_invalid_request += 1;
-                        WcStatus::RemInvReqErr
-                    }
-                    NakCode::RemoteAccessError => {
-                        ctx.counters.req_remote_access_errors += 1;
-                        qp.counters.req_remote_access_errors += 1;
-                        WcStatus::RemAccessErr
-                    }
-                    _ => WcStatus::RemOpErr,
-                };
+                let status = super::completer::nak_status(qp, ctx, code);
                 if qp.sq.front().is_some_and(|w| contains(w, psn)) {
                     fail_head(qp, ctx, status);
                     return;
