@@ -8,10 +8,12 @@
 //! logs show the switch and the SACKs and retransmissions it took, and the nftables counters
 //! show the packets really dropped. Two more cases prove the fallback: toward a softroce
 //! peer on `gbn` and toward a peer that never answers the capability probe (every probe
-//! dropped on the path), every QP stays on go-back-N. Short runs here; `scripts/bench loss`
+//! dropped on the path), every QP stays on go-back-N. Reordering, which nftables cannot do,
+//! comes from each sending daemon's fault injector (`softroce fault srxe0 reorder`), on top
+//! of the path's loss and duplication, in both modes. Short runs here; `scripts/bench loss`
 //! measures goodput.
 //!
-//! Needs root in a network namespace of its own (`/work/bin/inns`, as `scripts/test` runs),
+//! Needs root in a network namespace of its own (as `scripts/test` runs),
 //! `ip`, `nft`, rdma-core's examples, perftest and rdmacm-utils: a missing one fails.
 
 mod shim_support;
@@ -289,7 +291,13 @@ struct Observed {
 /// Runs the three programs over a path with `loss` per mille in `mode`, checks they succeed
 /// and, per mode, that the daemons used (or never used) selective retransmission.
 fn programs_survive(tag: &str, loss: u32, mode: &str) {
-    let o = programs_over(tag, loss, [mode, mode], CapsMads::Carried);
+    programs_survive_faults(tag, loss, mode, &[]);
+}
+
+/// As [`programs_survive`], with `faults` (`softroce fault srxe0 ...` arguments) on both
+/// daemons from the start.
+fn programs_survive_faults(tag: &str, loss: u32, mode: &str, faults: &[&[&str]]) {
+    let o = programs_over_faults(tag, loss, [mode, mode], CapsMads::Carried, faults);
     let summary = &o.summary;
     match mode {
         "gbn" => {
@@ -318,11 +326,27 @@ fn programs_survive(tag: &str, loss: u32, mode: &str) {
 /// The three programs with the server's daemon in `modes[0]` and the client's in
 /// `modes[1]`; they must succeed. Returns what the daemons logged.
 fn programs_over(tag: &str, loss: u32, modes: [&str; 2], caps: CapsMads) -> Observed {
+    programs_over_faults(tag, loss, modes, caps, &[])
+}
+
+fn programs_over_faults(
+    tag: &str,
+    loss: u32,
+    modes: [&str; 2],
+    caps: CapsMads,
+    faults: &[&[&str]],
+) -> Observed {
     let path = LossyPath::new(tag, loss, loss / 2, caps);
     let (sd, cd) = (
         path.daemon(0, &format!("{tag}-server"), modes[0]),
         path.daemon(1, &format!("{tag}-client"), modes[1]),
     );
+    for d in [&sd, &cd] {
+        for f in faults {
+            let args: Vec<&str> = ["fault", "srxe0"].iter().chain(f.iter()).copied().collect();
+            shim_support::operator::softroce_ok(d, &args);
+        }
+    }
     let pp = ["-d", "srxe0", "-g", "0", "-s", "1048576", "-n", "3", "-c"];
     let pp_client: Vec<&str> = pp.iter().copied().chain([SERVER_IP]).collect();
     let p = run_pair(
@@ -381,6 +405,14 @@ fn programs_over(tag: &str, loss: u32, modes: [&str; 2], caps: CapsMads) -> Obse
     }
     // Three clients per daemon: their engines' counters are logged as they go.
     let logs: Vec<String> = [&sd, &cd].iter().map(|d| settled_log(d, 3)).collect();
+    if !faults.is_empty() {
+        // The injector really acted on both sides.
+        for d in [&sd, &cd] {
+            let shown = shim_support::operator::softroce_json(d, &["fault", "show", "srxe0"]);
+            let injected = shown[0]["rules"][0]["injected"].as_u64().unwrap_or(0);
+            assert!(injected > 0, "no fault injected: {shown}");
+        }
+    }
     let switched: Vec<usize> = logs
         .iter()
         .map(|l| l.matches("QP uses selective retransmission").count())
@@ -458,6 +490,22 @@ fn selective_survives_1_percent_loss() {
 #[test]
 fn selective_survives_5_percent_loss() {
     programs_survive("sel50", 50, "auto");
+}
+
+/// 2 % of each daemon's outgoing packets held back and sent after the next one (the fault
+/// injector's reorder), on a path that also drops 1 % and duplicates 0.5 %: go-back-N
+/// repairs each reordering as a sequence error, selective retransmission holds the early
+/// packet; both complete the three programs with their data checked.
+const REORDER: &[&str] = &["reorder", "--rate", "0.02", "--direction", "tx"];
+
+#[test]
+fn go_back_n_survives_reordering_duplication_and_loss() {
+    programs_survive_faults("gbnro", 10, "gbn", &[REORDER]);
+}
+
+#[test]
+fn selective_survives_reordering_duplication_and_loss() {
+    programs_survive_faults("selro", 10, "auto", &[REORDER]);
 }
 
 /// Fallback, a softroce peer that does not offer it: the server's daemon is on `auto`, the
