@@ -453,22 +453,27 @@ impl DeviceThread {
             return again("fds");
         };
         let p = self.clients.get_mut(&peer).expect("checked above");
+        // Everything that can still refuse is checked before the peer's receive WQEs leave
+        // its engine: a refusal after that would lose them.
+        let Some(pq) = p.qps.get(&pqpn) else {
+            return again("QP state");
+        };
+        let (Some(rq_g), Some((rq_place, peer_region_len))) = (
+            pq.rq.as_ref().map(|r| r.geometry()),
+            pq.fast.as_ref().map(|(_, p, l)| (*p, *l)),
+        ) else {
+            return again("no receive ring or fast memory");
+        };
         let mut recvs = p.engine.take_recvs(Qpn::new(pqpn));
         let pq = p.qps.get_mut(&pqpn).expect("checked above");
-        let peer_rq = pq.rq.as_ref().map(|r| r.geometry());
-        let Some(rq_g) = peer_rq else {
-            return again("no receive ring");
-        };
         recvs.extend(pq.pending_recv.drain(..));
         pq.lent = true;
         if let Some(rq) = &pq.rq {
             // The taker never sleeps on it: a post must not ring the device's doorbell.
             rq.consumer_awake();
         }
-        // Where the receive ring lies in the memory the peer maps (its region or its chunk).
-        let Some((rq_place, peer_region_len)) = pq.fast.as_ref().map(|(_, p, l)| (*p, *l)) else {
-            return again("no fast memory");
-        };
+        // rq_place: where the receive ring lies in the memory the peer maps (its region or
+        // its chunk).
         debug_assert_eq!(
             (rq_place.slot_size, rq_place.slot_count),
             (rq_g.slot_size, rq_g.slot_count)
