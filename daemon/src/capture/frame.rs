@@ -180,8 +180,9 @@ pub fn udp_frame(
 /// Appends the Ethernet frame around a network-layer packet as the engine speaks it (IPv4 or
 /// IPv6 + UDP + BTH..ICRC, or a RoCE v1 GRH + BTH..ICRC), with the UDP checksum computed for
 /// IPv6 (the engine, and a link rebuilding received headers, leave it 0; IPv6 requires one)
-/// and, with `seal`, the ICRC too: packets between two QPs of one device are never sealed (nothing on the way could
-/// corrupt them), but a capture shows them as they would be on a wire.
+/// and, with `seal`, the ICRC too: packets between two QPs of one device are never sealed
+/// (nothing on the way could corrupt them), but a capture shows them as they would be on a
+/// wire. [`copy_network_frame`] and [`finish_network_frame`] are its two halves.
 pub fn network_frame(
     out: &mut Vec<u8>,
     src_mac: [u8; 6],
@@ -189,36 +190,50 @@ pub fn network_frame(
     packet: &[u8],
     seal: bool,
 ) -> Option<usize> {
-    use proto::wire::icrc;
-    const GRH_NEXT_HEADER_BTH: u8 = 0x1b;
-    let (ethertype, net_len, udp) = match packet.first()? >> 4 {
-        4 => (0x0800u16, 20, true),
-        6 if *packet.get(6)? == GRH_NEXT_HEADER_BTH => (0x8915, 40, false),
-        6 => (0x86dd, 40, true),
-        _ => return None,
-    };
-    let bth = net_len + if udp { 8 } else { 0 };
-    let covered_end = packet.len().checked_sub(proto::wire::ICRC_LEN)?;
-    if covered_end < bth + proto::wire::bth::HEADER_LEN {
-        return None;
-    }
+    let start = out.len();
+    let n = copy_network_frame(out, src_mac, dst_mac, packet)?;
+    finish_network_frame(&mut out[start..], seal)?;
+    Some(n)
+}
+
+/// The first half of [`network_frame`], the part that must happen while the packet is at
+/// hand: the Ethernet header and the packet appended, its UDP checksum zeroed. `None`
+/// (nothing appended) for a packet too short to hold a BTH and an ICRC.
+pub fn copy_network_frame(
+    out: &mut Vec<u8>,
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    packet: &[u8],
+) -> Option<usize> {
+    let shape = Shape::of_network(packet)?;
     let start = out.len();
     out.extend_from_slice(&dst_mac);
     out.extend_from_slice(&src_mac);
-    out.extend_from_slice(&ethertype.to_be_bytes());
+    out.extend_from_slice(&shape.ethertype.to_be_bytes());
     let net_at = out.len();
     out.extend_from_slice(packet);
-    let frame = &mut out[net_at..];
-    if udp {
-        frame[net_len + 6..net_len + 8].fill(0);
+    if shape.udp {
+        out[net_at + shape.net_len + 6..net_at + shape.net_len + 8].fill(0);
     }
+    Some(out.len() - start)
+}
+
+/// The second half of [`network_frame`], on a frame [`copy_network_frame`] made: the ICRC
+/// (with `seal`), then the IPv6 UDP checksum, which covers it. A capture's writer thread
+/// does this for the device thread: it is a pass over every byte.
+pub fn finish_network_frame(eth_frame: &mut [u8], seal: bool) -> Option<()> {
+    use proto::wire::icrc;
+    let frame = eth_frame.get_mut(14..)?;
+    let shape = Shape::of_network(frame)?;
+    let net_len = shape.net_len;
+    let covered_end = frame.len() - proto::wire::ICRC_LEN;
     if seal {
         let (head, rest) = frame.split_at(net_len);
-        let crc = if !udp {
+        let crc = if !shape.udp {
             icrc::v1(head, &rest[..covered_end - net_len])
         } else {
             let (udp_hdr, transport) = rest.split_at(8);
-            let covered = &transport[..covered_end - bth];
+            let covered = &transport[..covered_end - shape.bth];
             if net_len == 20 {
                 icrc::v2_ipv4(head, udp_hdr, covered)
             } else {
@@ -229,20 +244,81 @@ pub fn network_frame(
     }
     // IPv4 carries no UDP checksum here (0, as rxe sends; what was really on the wire is
     // unknown for a received packet, never was for a local one); IPv6 must have one.
-    if udp && net_len == 40 {
-        let src: std::net::IpAddr;
-        let dst: std::net::IpAddr;
-        if net_len == 20 {
-            src = std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&frame[12..16]).ok()?).into();
-            dst = std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&frame[16..20]).ok()?).into();
-        } else {
-            src = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[8..24]).ok()?).into();
-            dst = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[24..40]).ok()?).into();
-        }
-        let c = udp_checksum(src, dst, &frame[net_len..]);
+    if shape.udp && net_len == 40 {
+        let src = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[8..24]).ok()?);
+        let dst = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[24..40]).ok()?);
+        let c = udp_checksum(src.into(), dst.into(), &frame[net_len..]);
         frame[net_len + 6..net_len + 8].copy_from_slice(&c.to_be_bytes());
     }
-    Some(out.len() - start)
+    Some(())
+}
+
+/// Where the headers of a network-layer packet end, and what it is.
+struct Shape {
+    ethertype: u16,
+    /// The IP header's or the GRH's length.
+    net_len: usize,
+    /// RoCE v2 (a UDP header follows), not v1.
+    udp: bool,
+    /// Where the BTH starts.
+    bth: usize,
+}
+
+impl Shape {
+    /// `None` for a packet too short to hold its headers, a BTH and an ICRC.
+    fn of_network(packet: &[u8]) -> Option<Shape> {
+        const GRH_NEXT_HEADER_BTH: u8 = 0x1b;
+        let (ethertype, net_len, udp) = match packet.first()? >> 4 {
+            4 => (0x0800u16, 20, true),
+            6 if *packet.get(6)? == GRH_NEXT_HEADER_BTH => (0x8915, 40, false),
+            6 => (0x86dd, 40, true),
+            _ => return None,
+        };
+        let bth = net_len + if udp { 8 } else { 0 };
+        let covered_end = packet.len().checked_sub(proto::wire::ICRC_LEN)?;
+        if covered_end < bth + proto::wire::bth::HEADER_LEN {
+            return None;
+        }
+        Some(Shape {
+            ethertype,
+            net_len,
+            udp,
+            bth,
+        })
+    }
+}
+
+/// An IPv4 RoCE v2 packet as an engine hands it between two QPs of one device: headers
+/// built, the ICRC left 0 (for the capture tests).
+#[cfg(test)]
+pub(crate) fn engine_ipv4_packet() -> Vec<u8> {
+    use crate::net::PacketBuilder;
+    let (src, dst): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.1".parse().unwrap());
+    let b = PacketBuilder::new(src, dst, 0xc000);
+    let mut transport = tests::transport_packet(&b, 0);
+    let n = transport.len();
+    transport[n - 4..].fill(0); // as the engine leaves it
+    let mut ip_packet = vec![0u8; 28];
+    proto::wire::Ipv4Repr {
+        src: "127.0.0.1".parse().unwrap(),
+        dst: "127.0.0.1".parse().unwrap(),
+        tos: 0,
+        ident: 0,
+        dont_frag: true,
+        ttl: 64,
+        protocol: 17,
+        payload_len: 8 + n,
+    }
+    .emit(&mut ip_packet[..20]);
+    proto::wire::UdpRepr {
+        src_port: 0xc000,
+        dst_port: 4791,
+        checksum: 0,
+        payload_len: n,
+    }
+    .emit(&mut ip_packet[20..28]);
+    ip_packet.extend_from_slice(&transport);
+    ip_packet
 }
 
 #[cfg(test)]
@@ -252,7 +328,7 @@ mod tests {
     use proto::wire::frame::IcrcStatus;
     use proto::wire::FrameRepr;
 
-    fn transport_packet(b: &PacketBuilder, ident: u16) -> Vec<u8> {
+    pub(super) fn transport_packet(b: &PacketBuilder, ident: u16) -> Vec<u8> {
         let mut repr = proto::wire::TransportRepr::new(proto::wire::BthRepr {
             opcode: proto::wire::Opcode(0x04), // RC SEND_ONLY
             solicited: false,
@@ -362,32 +438,7 @@ mod tests {
 
     #[test]
     fn an_engine_packet_gets_its_icrc() {
-        let (src, dst): (IpAddr, IpAddr) =
-            ("127.0.0.1".parse().unwrap(), "127.0.0.1".parse().unwrap());
-        let b = PacketBuilder::new(src, dst, 0xc000);
-        let mut transport = transport_packet(&b, 0);
-        let n = transport.len();
-        transport[n - 4..].fill(0); // as the engine leaves it
-        let mut ip_packet = vec![0u8; 28];
-        proto::wire::Ipv4Repr {
-            src: "127.0.0.1".parse().unwrap(),
-            dst: "127.0.0.1".parse().unwrap(),
-            tos: 0,
-            ident: 0,
-            dont_frag: true,
-            ttl: 64,
-            protocol: 17,
-            payload_len: 8 + n,
-        }
-        .emit(&mut ip_packet[..20]);
-        proto::wire::UdpRepr {
-            src_port: 0xc000,
-            dst_port: 4791,
-            checksum: 0,
-            payload_len: n,
-        }
-        .emit(&mut ip_packet[20..28]);
-        ip_packet.extend_from_slice(&transport);
+        let ip_packet = engine_ipv4_packet();
         let mut out = Vec::new();
         let mac = guid_mac(0x0211_22ff_fe33_4455);
         network_frame(&mut out, mac, mac, &ip_packet, true).unwrap();

@@ -9,9 +9,12 @@
 //!   handed from engine to engine between two QPs of the device (which no socket ever sees),
 //!   and whole frames on a TAP. [`frame`] rebuilds the headers the socket does not show.
 //! - Frames matching a capture's filter become Enhanced Packet Blocks in the device's batch
-//!   for it; at the end of each round of the device loop the batch goes to the capture's
-//!   writer thread through a bounded queue. A full queue (a reader that does not keep up)
-//!   drops the batch and counts it: the device never waits for a capture.
+//!   for it. A batch goes to the capture's writer thread through a bounded queue when it is
+//!   full, when it has waited [`HOLD_NS`], or before the device sleeps. Handing one over
+//!   wakes the writer, which on a small machine takes a CPU from the pollers for a few
+//!   microseconds: once per round of a busy device loop that was most of what a capture
+//!   cost. A full queue (a reader that does not keep up) drops the batch and counts it: the
+//!   device never waits for a capture.
 //! - The writer ([`writer`]) writes the section header, one interface per device, the
 //!   batches, and at the end one Interface Statistics Block per interface (packets captured
 //!   and dropped), into the pipe the CLI gave.
@@ -23,6 +26,7 @@ pub mod writer;
 pub use frame::{IpFields, UdpDatagram};
 pub use pcapng::Direction;
 pub use writer::CaptureShared;
+use writer::Finish;
 
 use std::sync::Arc;
 
@@ -30,6 +34,9 @@ use std::sync::Arc;
 const BATCH_BYTES: usize = 256 * 1024;
 /// A batch's room: a full one and the largest frame after it (no reallocation).
 const BATCH_CAPACITY: usize = BATCH_BYTES + 64 * 1024;
+/// How long a busy device keeps a batch that is not full: a live reader
+/// (`tshark -i -`) sees packets this late at most, as libpcap's buffer timeout.
+pub const HOLD_NS: u64 = 5_000_000;
 
 /// A device's end of one capture.
 struct DeviceTap {
@@ -41,16 +48,35 @@ struct DeviceTap {
     qpns: Vec<u32>,
     batch: Vec<u8>,
     batch_packets: u64,
+    /// When the batch's first packet was captured (pcapng time, ns).
+    batch_since: u64,
+    /// The batch's frames the writer finishes (their ICRC and checksum).
+    batch_finish: Vec<Finish>,
 }
 
 impl DeviceTap {
-    /// One more packet in the batch: a full batch goes to the writer at once.
-    fn packet_added(&mut self) {
+    /// One more packet (captured at `ts`) in the batch: a full batch goes to the writer at
+    /// once.
+    fn packet_added(&mut self, ts: u64) {
+        if self.batch_packets == 0 {
+            self.batch_since = ts;
+        }
         self.batch_packets += 1;
         if self.batch.len() >= BATCH_BYTES {
+            self.hand_over();
+        }
+    }
+
+    /// The batch goes to the writer (if it holds anything).
+    fn hand_over(&mut self) {
+        if self.batch_packets > 0 {
             let bytes = std::mem::replace(&mut self.batch, self.shared.spare_batch(BATCH_CAPACITY));
-            self.shared
-                .deliver(self.iface, bytes, std::mem::take(&mut self.batch_packets));
+            self.shared.deliver(
+                self.iface,
+                bytes,
+                std::mem::take(&mut self.batch_finish),
+                std::mem::take(&mut self.batch_packets),
+            );
         }
     }
 
@@ -80,6 +106,9 @@ pub struct DeviceCapture {
     mac: [u8; 6],
     /// The frame being built, reused.
     frame: Vec<u8>,
+    /// The time stamped on what is captured now (pcapng time, ns): read once per round of
+    /// the device loop ([`DeviceCapture::tick`]), not per packet, as a NIC stamps a burst.
+    now: u64,
 }
 
 impl DeviceCapture {
@@ -88,6 +117,15 @@ impl DeviceCapture {
             taps: Vec::new(),
             mac: frame::guid_mac(node_guid),
             frame: Vec::new(),
+            now: pcapng::timestamp_now(),
+        }
+    }
+
+    /// A new round of the device loop: the clock is read for what it captures next.
+    #[inline]
+    pub fn tick(&mut self) {
+        if self.is_on() {
+            self.now = pcapng::timestamp_now().max(self.now);
         }
     }
 
@@ -100,12 +138,15 @@ impl DeviceCapture {
     /// Starts feeding `shared` as its interface `iface`; `qpns` are the BTH destination QPNs
     /// its QP filter means on this device.
     pub fn attach(&mut self, shared: Arc<CaptureShared>, iface: u32, qpns: Vec<u32>) {
+        self.now = pcapng::timestamp_now().max(self.now);
         self.taps.push(DeviceTap {
             batch: shared.spare_batch(BATCH_CAPACITY),
             shared,
             iface,
             qpns,
             batch_packets: 0,
+            batch_since: 0,
+            batch_finish: Vec::new(),
         });
     }
 
@@ -115,7 +156,7 @@ impl DeviceCapture {
             Direction::Outbound => (self.mac, frame::peer_mac(d.dst.ip())),
             Direction::Inbound => (frame::peer_mac(d.src.ip()), self.mac),
         };
-        self.record(direction, d.payload, |out| {
+        self.record(direction, d.payload, None, |out| {
             frame::udp_frame(out, src_mac, dst_mac, d)
         });
     }
@@ -134,15 +175,14 @@ impl DeviceCapture {
         } else {
             (frame::peer_mac(src_of(packet)), self.mac)
         };
-        self.record(direction, transport, |out| {
-            let start = out.len();
-            let n = frame::network_frame(out, src_mac, dst_mac, packet, local)?;
-            if corrupt {
-                if let Some(t) = out.get_mut(start + 14 + bth..) {
-                    crate::fault::corrupt(t);
-                }
-            }
-            Some(n)
+        let finish = Finish {
+            at: 0,
+            len: 0,
+            seal: local,
+            corrupt_at: corrupt.then_some(14 + bth as u32),
+        };
+        self.record(direction, transport, Some(finish), |out| {
+            frame::copy_network_frame(out, src_mac, dst_mac, packet)
         });
     }
 
@@ -151,26 +191,28 @@ impl DeviceCapture {
         let Some(bth) = eth_frame.get(bth_offset..) else {
             return;
         };
-        self.record(direction, bth, |out| {
+        self.record(direction, bth, None, |out| {
             out.extend_from_slice(eth_frame);
             Some(eth_frame.len())
         });
     }
 
     /// Appends the frame `build` writes (whose BTH and what follows is `bth`) to every
-    /// capture that wants it. With one capture, the frame is built straight into its batch;
-    /// with several, once and copied.
+    /// capture that wants it, to be completed by `finish` (a network frame's ICRC and
+    /// checksum). With one capture, the frame is built straight into its batch and finished by
+    /// the writer; with several, built once, finished and copied.
     fn record(
         &mut self,
         direction: Direction,
         bth: &[u8],
+        finish: Option<Finish>,
         build: impl FnOnce(&mut Vec<u8>) -> Option<usize>,
     ) {
         let wanting = self.taps.iter().filter(|t| t.wants(bth)).count();
         if wanting == 0 {
             return;
         }
-        let ts = pcapng::timestamp_now();
+        let ts = self.now;
         if wanting == 1 {
             let Some(t) = self.taps.iter_mut().find(|t| t.wants(bth)) else {
                 return;
@@ -180,17 +222,31 @@ impl DeviceCapture {
             }
             let snaplen = t.shared.spec().snaplen;
             let start = pcapng::begin_packet(&mut t.batch, t.iface, ts);
-            if build(&mut t.batch).is_none() {
+            let at = t.batch.len();
+            let Some(len) = build(&mut t.batch) else {
                 t.batch.truncate(start);
                 return;
+            };
+            if let Some(mut f) = finish {
+                (f.at, f.len) = (at as u32, len as u32);
+                if snaplen != 0 && len > snaplen as usize {
+                    // The snapshot cuts the frame: its end is needed now or never.
+                    f.apply(&mut t.batch);
+                } else {
+                    t.batch_finish.push(f);
+                }
             }
             pcapng::end_packet(&mut t.batch, start, direction, snaplen);
-            t.packet_added();
+            t.packet_added(ts);
             return;
         }
         self.frame.clear();
-        if build(&mut self.frame).is_none() {
+        let Some(len) = build(&mut self.frame) else {
             return;
+        };
+        if let Some(mut f) = finish {
+            (f.at, f.len) = (0, len as u32);
+            f.apply(&mut self.frame);
         }
         for t in &mut self.taps {
             if !t.wants(bth) || !t.shared.take_one() {
@@ -206,19 +262,33 @@ impl DeviceCapture {
                 snaplen,
                 None,
             );
-            t.packet_added();
+            t.packet_added(ts);
         }
     }
 
-    /// Hands every batch to its writer and forgets the captures that ended. Called at the
-    /// end of each round of the device loop.
+    /// Hands the batches that have waited [`HOLD_NS`] (or whose capture ended or took its
+    /// count) to their
+    /// writers and forgets the captures that ended. Called at the end of each busy round of
+    /// the device loop.
     pub fn flush(&mut self) {
-        for t in &mut self.taps {
-            if t.batch_packets > 0 {
-                let bytes = std::mem::replace(&mut t.batch, t.shared.spare_batch(BATCH_CAPACITY));
-                t.shared
-                    .deliver(t.iface, bytes, std::mem::take(&mut t.batch_packets));
+        if self.taps.iter().any(|t| t.batch_packets > 0) {
+            let now = pcapng::timestamp_now();
+            self.now = now.max(self.now);
+            for t in &mut self.taps {
+                let ended = t.shared.is_finished() || t.shared.budget_spent();
+                if ended || now.saturating_sub(t.batch_since) >= HOLD_NS {
+                    t.hand_over();
+                }
             }
+        }
+        self.taps.retain(|t| !t.shared.is_finished());
+    }
+
+    /// Hands every batch to its writer: the device is about to sleep (or to go away), and a
+    /// reader must not wait for its next packet to see this one.
+    pub fn hand_over(&mut self) {
+        for t in &mut self.taps {
+            t.hand_over();
         }
         self.taps.retain(|t| !t.shared.is_finished());
     }
@@ -226,7 +296,9 @@ impl DeviceCapture {
     /// The device goes away: what it captured is handed over, and each capture that listened
     /// to it ends.
     pub fn close(&mut self) {
-        self.flush();
+        for t in &mut self.taps {
+            t.hand_over();
+        }
         for t in self.taps.drain(..) {
             t.shared.stop();
         }

@@ -2,7 +2,7 @@
 //! reads, fed by the devices' batches.
 
 use super::pcapng;
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TryRecvError};
 use proto::ctl::CaptureSpec;
 use std::io::Write;
 use std::os::fd::OwnedFd;
@@ -20,9 +20,48 @@ const QUEUE_BYTES: usize = 64 << 20;
 /// quarter megabyte captured.
 const SPARE_BATCHES: usize = 8;
 
+/// How long the writer naps when it finds no batch: it polls, so that handing a batch over
+/// never wakes a thread (a futex wake and a context switch per batch, taken from the
+/// pollers on a small machine, were most of what a capture cost).
+const WRITER_NAP: std::time::Duration = std::time::Duration::from_millis(1);
+
 enum WriterMsg {
-    Packets { bytes: Vec<u8>, count: u64 },
+    Packets {
+        bytes: Vec<u8>,
+        finish: Vec<Finish>,
+        count: u64,
+    },
     Stop,
+}
+
+/// A network frame in a batch that the writer completes before writing it (its ICRC, the
+/// IPv6 UDP checksum, and a corruption the fault layer made): work of a pass over every byte,
+/// taken off the device thread.
+#[derive(Clone, Copy, Debug)]
+pub struct Finish {
+    /// Where the Ethernet frame starts in the batch, and its length.
+    pub at: u32,
+    pub len: u32,
+    /// Whether to compute its ICRC (a packet between two QPs of one device was never sealed).
+    pub seal: bool,
+    /// Where its BTH starts in the frame, when a fault layer corrupted it: one bit flipped
+    /// after sealing.
+    pub corrupt_at: Option<u32>,
+}
+
+impl Finish {
+    /// Completes the frame in `batch`.
+    pub fn apply(&self, batch: &mut [u8]) {
+        let Some(frame) = batch.get_mut(self.at as usize..(self.at + self.len) as usize) else {
+            return;
+        };
+        if super::frame::finish_network_frame(frame, self.seal).is_none() {
+            return;
+        }
+        if let Some(t) = self.corrupt_at.and_then(|c| frame.get_mut(c as usize..)) {
+            crate::fault::corrupt(t);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -64,15 +103,26 @@ impl CaptureShared {
         !self.is_finished() && self.budget.fetch_sub(1, Ordering::Relaxed) > 0
     }
 
-    /// Queues a batch of `count` packets of interface `iface` for the writer; a full queue
-    /// drops it.
-    pub(super) fn deliver(&self, iface: u32, bytes: Vec<u8>, count: u64) {
+    /// Whether `-c COUNT` packets have been taken: what the devices hold is the end of the
+    /// capture, and goes to the writer without waiting.
+    pub(super) fn budget_spent(&self) -> bool {
+        self.budget.load(Ordering::Relaxed) <= 0
+    }
+
+    /// Queues a batch of `count` packets of interface `iface`, whose frames `finish` the
+    /// writer completes, for the writer; a full queue drops it.
+    pub(super) fn deliver(&self, iface: u32, bytes: Vec<u8>, finish: Vec<Finish>, count: u64) {
         let Some(stats) = self.ifaces.get(iface as usize) else {
             return;
         };
         let len = bytes.len();
         let room = self.queued.load(Ordering::Relaxed) + len <= QUEUE_BYTES;
-        if room && self.tx.send(WriterMsg::Packets { bytes, count }).is_ok() {
+        let msg = WriterMsg::Packets {
+            bytes,
+            finish,
+            count,
+        };
+        if room && self.tx.send(msg).is_ok() {
             self.queued.fetch_add(len, Ordering::Relaxed);
             stats.captured.fetch_add(count, Ordering::Relaxed);
         } else {
@@ -155,25 +205,33 @@ fn run(
     info!(devices = ?interfaces, spec = ?shared.spec, "capture started");
     let wanted = shared.spec.count;
     while ok && wanted.is_none_or(|w| written < w) {
-        match rx.recv() {
-            Ok(WriterMsg::Packets { mut bytes, count }) => {
-                ok = out.write_all(&bytes).is_ok();
+        match rx.try_recv() {
+            Ok(WriterMsg::Packets {
+                mut bytes,
+                finish,
+                count,
+            }) => {
+                ok = write_batch(&mut out, &mut bytes, &finish);
                 shared.queued.fetch_sub(bytes.len(), Ordering::Relaxed);
                 written += count;
                 bytes.clear();
                 let _ = shared.spare_tx.try_send(bytes);
             }
-            Ok(WriterMsg::Stop) | Err(_) => break,
-        }
-        if shared.is_finished() && rx.is_empty() {
-            break;
+            Ok(WriterMsg::Stop) | Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) if shared.is_finished() => break,
+            Err(TryRecvError::Empty) => std::thread::sleep(WRITER_NAP),
         }
     }
     shared.finished.store(true, Ordering::Relaxed);
     // Batches still queued (taken before the end) are written too.
-    while let Ok(WriterMsg::Packets { bytes, count }) = rx.try_recv() {
+    while let Ok(WriterMsg::Packets {
+        mut bytes,
+        finish,
+        count,
+    }) = rx.try_recv()
+    {
         if ok {
-            ok = out.write_all(&bytes).is_ok();
+            ok = write_batch(&mut out, &mut bytes, &finish);
             written += count;
         }
     }
@@ -201,6 +259,14 @@ fn run(
         .sum();
     info!(packets = written, dropped, "capture ended");
     (written, dropped)
+}
+
+/// Completes the batch's frames and writes it; false when the reader is gone.
+fn write_batch(out: &mut std::fs::File, bytes: &mut [u8], finish: &[Finish]) -> bool {
+    for f in finish {
+        f.apply(bytes);
+    }
+    out.write_all(bytes).is_ok()
 }
 
 #[cfg(test)]
@@ -277,6 +343,42 @@ mod tests {
         assert_eq!(drops, vec![0]);
         dev.flush();
         assert!(!dev.is_on(), "the finished capture is forgotten");
+    }
+
+    #[test]
+    fn the_writer_seals_engine_packets_and_keeps_a_corruption() {
+        use proto::wire::frame::IcrcStatus;
+        use proto::wire::FrameRepr;
+        let (r, w) = pipe();
+        let shared = start(CaptureSpec::default(), vec!["srxe0".into()], w, None);
+        let mut dev = DeviceCapture::new(0x0211_22ff_fe33_4455);
+        dev.attach(Arc::clone(&shared), 0, Vec::new());
+        let packet = super::super::frame::engine_ipv4_packet();
+        dev.packet(Direction::Outbound, &packet, 28, false);
+        dev.packet(Direction::Outbound, &packet, 28, true);
+        dev.flush();
+        assert_eq!(
+            shared.queued.load(Ordering::Relaxed),
+            0,
+            "a young batch stays with the device"
+        );
+        dev.close();
+        let mut bytes = Vec::new();
+        let mut r = r;
+        r.read_to_end(&mut bytes).unwrap();
+        let (blocks, _) = pcapng::complete_blocks(&bytes);
+        let icrcs: Vec<IcrcStatus> = blocks
+            .iter()
+            .filter(|b| b.0 == pcapng::BLOCK_EPB)
+            .map(|(_, b)| {
+                let len = u32::from_ne_bytes(b[20..24].try_into().unwrap()) as usize;
+                let frame = &b[28..28 + len];
+                FrameRepr::parse_ethernet(frame, frame.len()).unwrap().icrc
+            })
+            .collect();
+        assert_eq!(icrcs.len(), 2);
+        assert_eq!(icrcs[0], IcrcStatus::Ok, "sealed by the writer");
+        assert_ne!(icrcs[1], IcrcStatus::Ok, "corrupted after sealing");
     }
 
     #[test]

@@ -219,6 +219,11 @@ impl Link for Layers {
         if !self.active() {
             return self.inner.poll(wait, deliver);
         }
+        if !wait.is_zero() && self.capture.is_on() {
+            // The device is about to block: what the capture holds goes to its reader now.
+            self.capture.hand_over();
+        }
+        self.capture.tick();
         let now = self.now();
         self.release_tx(now);
         let mut n = 0;
@@ -234,8 +239,13 @@ impl Link for Layers {
             &mut self.held_rx,
             &mut self.corrupt_dropped,
         );
+        // After blocking, the clock read before is stale for what arrived.
+        let mut stale = !wait.is_zero();
         n += self.inner.poll(wait, &mut |p: &RxPacket<'_>| {
             if capture.is_on() {
+                if std::mem::take(&mut stale) {
+                    capture.tick();
+                }
                 capture.packet(Direction::Inbound, p.packet, p.bth, false);
             }
             let decision = if faults.is_on() {
@@ -313,12 +323,16 @@ impl Link for Layers {
     }
 
     fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        // Sent outside a round of the loop (a control message woke the device).
+        self.capture.tick();
         self.sync_keep_sent();
         self.inner.send_gsi(src, dst, packet);
         self.record_sent();
     }
 
     fn send_gsi_as(&mut self, gid_type: GidType, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        // Sent outside a round of the loop (a control message woke the device).
+        self.capture.tick();
         self.sync_keep_sent();
         self.inner.send_gsi_as(gid_type, src, dst, packet);
         self.record_sent();

@@ -326,7 +326,11 @@ mod tests {
     fn two_threads_never_lose_a_doorbell() {
         // Miri interprets every atomic: a smaller table and fewer rounds still cross every
         // level word from two threads, in a minute instead of half an hour.
-        let (capacity, rounds) = if cfg!(miri) { (320u32, 3u32) } else { (4096, 200) };
+        let (capacity, rounds) = if cfg!(miri) {
+            (320u32, 3u32)
+        } else {
+            (4096, 200)
+        };
         /// The shared memory's address, handed to the other thread with its provenance
         /// (a `usize` would lose it, and Miri rightly warns about the cast back).
         struct Shared(*mut u8);
