@@ -45,11 +45,14 @@ fn ip(args: &[&str]) {
 /// Two namespaces, `<tag>-a` (the server, 10.13.0.1) and `<tag>-b` (the client,
 /// 10.13.0.2), joined by a veth pair. Each drops `loss` and duplicates `dup` of its
 /// outgoing UDP packets to port 4791, per mille, except the client's plain ACKs (BTH
-/// opcode 0x11): rc_pingpong's and rping's clients exit as soon as their last message
-/// arrives, so a lost ACK of the server's last SEND could never be repeated (the QP is
-/// gone) and the server would end with RETRY_EXC_ERR. That is the programs' own race, on
-/// rxe and on hardware too; every other packet, SACKs and the server's ACKs included, is
-/// fair game. Deleted on drop.
+/// opcode 0x11) and its DREQ: rc_pingpong's and rping's clients exit as soon as their last
+/// message arrives, so a lost ACK of the server's last SEND could never be repeated (the QP
+/// is gone) and the server would end with RETRY_EXC_ERR; and rping's client destroys its
+/// CM ID right after `rdma_disconnect`, which stops the DREQ's retries (the ID goes to
+/// timewait, as in ib_cm's `cm_destroy_id`), so a lost DREQ leaves the server waiting for
+/// DISCONNECTED for ever. Those are the programs' own races, on rxe and on hardware too;
+/// every other packet, SACKs, the rest of the CM and the server's ACKs included, is fair
+/// game. Deleted on drop.
 struct LossyPath {
     ns: [String; 2],
 }
@@ -90,6 +93,13 @@ impl LossyPath {
             let peer = if i == 0 { CLIENT_IP } else { SERVER_IP };
             // @th,64,8: the first byte after the UDP header, the BTH opcode.
             let spare = if i == 1 { "@th,64,8 != 0x11 " } else { "" };
+            // A UD SEND_ONLY whose MAD has class 0x07 (CM, @th,232,8) and attribute 0x0015
+            // (DREQ, @th,352,16: the MAD starts 28 bytes into the UDP datagram).
+            let keep_dreq = if i == 1 {
+                "udp dport 4791 @th,64,8 0x64 @th,232,8 0x07 @th,352,16 0x0015 counter accept comment \"dreq\"\n  "
+            } else {
+                ""
+            };
             // A UD SEND_ONLY (0x64) whose MAD (after the 12-byte BTH and the 8-byte DETH)
             // has management class 0x30 (@th,232,8): softroce's capability probe or answer.
             let silence = match caps {
@@ -101,7 +111,7 @@ impl LossyPath {
             };
             let rules = format!(
                 "table ip irn {{\n chain out {{\n  type filter hook output priority 0;\n  \
-                 {silence}udp dport 4791 {spare}numgen random mod 1000 < {loss} counter drop\n  \
+                 {silence}{keep_dreq}udp dport 4791 {spare}numgen random mod 1000 < {loss} counter drop\n  \
                  udp dport 4791 numgen random mod 1000 < {dup} counter dup to {peer} device \"{dev}\"\n }}\n}}\n"
             );
             let f = scratch("loss-recovery", tag).join(format!("nft-{i}.conf"));
