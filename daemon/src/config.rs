@@ -140,6 +140,12 @@ pub struct DeviceConfig {
     /// 2^20 slots of 64 bytes, whose pages are only touched as the CQ fills.
     #[serde(default = "default_max_cqe")]
     pub max_cqe: u32,
+    /// The port's speed in Mb/s, as ethtool gives it, reported as the port's active width
+    /// and speed (`ibv_query_port`) by the kernel's rule for RoCE devices
+    /// (`ib_get_eth_speed`). Unset: the speed of the `netdev` when the kernel knows it (as
+    /// rxe reports it), else [`DEFAULT_SPEED_MBPS`].
+    #[serde(default)]
+    pub speed: Option<u32>,
     /// Caps on what the device holds over all its clients and on what one client may hold on
     /// it (docs/robustness.md, "Resource limits"), the TOML table `[device.limits]`.
     /// Reaching one fails the verb with ENOMEM.
@@ -507,6 +513,7 @@ impl DeviceConfig {
             max_qp: default_max_qp(),
             max_mr: default_max_mr(),
             max_cqe: default_max_cqe(),
+            speed: None,
             limits: ResourceLimits::default(),
             default_roce_mode: None,
             cm_response_timeout: default_cm_response_timeout(),
@@ -991,7 +998,35 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
         netdevs: d.netdev.iter().cloned().collect(),
         max_cqe: d.max_cqe,
         limits: device_limits(d),
+        speed_mbps: port_speed(d, d.netdev.as_deref()),
     })
+}
+
+/// What a device without a known link speed reports, in Mb/s: 100 Gb/s (4X EDR), what kernel
+/// rxe reports on a link whose speed is unknown (a virtio NIC: ethtool's SPEED_UNKNOWN falls
+/// through `ib_get_eth_speed`'s table to its last row) and the common RoCE NIC's. Kernel rxe
+/// on `lo` reports 2.5 Gb/s (1X SDR, its fallback of 1 Gb/s when there is no ethtool), and
+/// the stacks size their protocols by it: UCX 1.13 then sends a 64 KiB tagged message as
+/// eight 8 KiB copies (rendezvous from 415 KB) instead of one zero-copy RDMA READ
+/// (rendezvous from 39 KB at 100 Gb/s), at a quarter of the speed (docs/stacks.md).
+pub const DEFAULT_SPEED_MBPS: u32 = 100_000;
+
+/// The device's port speed (Mb/s): configured, else its interface's, else the default.
+fn port_speed(d: &DeviceConfig, netdev: Option<&str>) -> u32 {
+    d.speed
+        .or_else(|| netdev.and_then(netdev_speed))
+        .unwrap_or(DEFAULT_SPEED_MBPS)
+}
+
+/// An interface's speed in Mb/s when the kernel knows it (`/sys/class/net/NAME/speed`,
+/// ethtool's; `lo` has none, a link without carrier says -1).
+pub fn netdev_speed(name: &str) -> Option<u32> {
+    let s: i64 = std::fs::read_to_string(format!("/sys/class/net/{name}/speed"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    u32::try_from(s).ok().filter(|&s| s > 0)
 }
 
 /// The device-wide caps a client is told (`ibv_query_device`).
@@ -1043,6 +1078,8 @@ pub fn tap_device_info(d: &DeviceConfig) -> DeviceInfo {
         netdevs: Vec::new(),
         max_cqe: d.max_cqe,
         limits: device_limits(d),
+        // The TAP's own speed is the tun driver's fiction (10 Mb/s): the device is the host.
+        speed_mbps: port_speed(d, None),
     }
 }
 

@@ -139,6 +139,11 @@ struct DaemonArgs {
     /// 262,144 entries, more than rxe's 32,767).
     #[arg(long)]
     max_cqe: Option<u32>,
+    /// The port's speed in Mb/s, reported as ibv_query_port's active width and speed (by
+    /// the kernel's rule for RoCE). Default: the --netdev's speed when the kernel knows it,
+    /// else 100000 (4X EDR). Stacks such as UCX size their protocols by it.
+    #[arg(long, value_name = "MBIT")]
+    speed: Option<u32>,
     /// The GID type rdma_cm uses (configfs default_roce_mode): v1 or v2; by default v2 where
     /// the device offers it, else v1. A mode the device does not offer is refused at start.
     #[arg(long)]
@@ -286,6 +291,7 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         || args.max_qp.is_some()
         || args.max_mr.is_some()
         || args.max_cqe.is_some()
+        || args.speed.is_some()
         || args.default_roce_mode.is_some()
         || args.cm_response_timeout.is_some()
         || args.cm_max_retries.is_some()
@@ -322,6 +328,9 @@ fn daemon(args: DaemonArgs) -> Result<()> {
         }
         if let Some(m) = args.max_cqe {
             d.max_cqe = m;
+        }
+        if args.speed.is_some() {
+            d.speed = args.speed;
         }
         if let Some(m) = args.default_roce_mode {
             d.default_roce_mode = Some(m);

@@ -67,6 +67,7 @@ mod tests {
             netdevs: vec![],
             max_cqe: 1,
             limits: Default::default(),
+            speed_mbps: 100_000,
         }
     }
 

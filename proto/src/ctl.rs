@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 
 /// Bumped on any incompatible change; a client and daemon that disagree refuse each other
 /// with a clear message instead of misreading.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The largest control message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 
@@ -94,6 +94,9 @@ pub struct DeviceInfo {
     pub max_cqe: u32,
     /// The device's configured caps, which `ibv_query_device` reports.
     pub limits: DeviceLimits,
+    /// The port's speed in Mb/s (ethtool's unit), which the shim reports as the port's
+    /// active width and speed by kernel's `ib_get_eth_speed` rule.
+    pub speed_mbps: u32,
 }
 
 /// What a device holds at most over all its clients (its configuration's `max_qp`, `max_mr`,
@@ -1453,6 +1456,7 @@ mod tests {
             }],
             netdevs: vec!["lo".into()],
             max_cqe: 32767,
+            speed_mbps: 100_000,
             limits: DeviceLimits::default(),
         }]);
         let bytes = encode(&resp).unwrap();

@@ -610,6 +610,7 @@ mod tests {
             netdevs: vec![],
             max_cqe: 32767,
             limits: Default::default(),
+            speed_mbps: 100_000,
         };
         let path = serve_once(
             "ok",

@@ -146,6 +146,7 @@ pub fn description_from_daemon(info: &DeviceInfo) -> DeviceDescription {
     };
     attr.max_mtu = mtu(info.max_mtu);
     attr.active_mtu = mtu(info.active_mtu).min(attr.max_mtu);
+    (attr.active_width, attr.active_speed) = width_and_speed(info.speed_mbps);
     if info.port_active {
         attr.state = IBV_PORT_ACTIVE;
         attr.phys_state = PHYS_STATE_LINK_UP;
@@ -236,6 +237,27 @@ pub fn rxe_active_mtu(netdev_mtu: u32) -> i32 {
         p if p >= 1024 => IBV_MTU_1024,
         p if p >= 512 => IBV_MTU_512,
         _ => IBV_MTU_256,
+    }
+}
+
+/// `ibv_port_attr`'s (active_width, active_speed) for an Ethernet link of `mbps`: the
+/// kernel's table for RoCE ports (`ib_get_eth_speed`, which rxe reports), up to 40 Gb/s as
+/// 4X FDR10 and above it 4X EDR.
+pub fn width_and_speed(mbps: u32) -> (u8, u8) {
+    // IBTA 14.2.5.6 (PortInfo LinkWidthActive, LinkSpeedActive) as verbs encodes them.
+    const W1X: u8 = 1;
+    const W4X: u8 = 2;
+    const SDR: u8 = 1;
+    const DDR: u8 = 2;
+    const FDR10: u8 = 8;
+    const EDR: u8 = 32;
+    match mbps {
+        0..=1_000 => (W1X, SDR),
+        1_001..=10_000 => (W1X, FDR10),
+        10_001..=20_000 => (W4X, DDR),
+        20_001..=25_000 => (W1X, EDR),
+        25_001..=40_000 => (W4X, FDR10),
+        _ => (W4X, EDR),
     }
 }
 
@@ -360,6 +382,24 @@ pub fn rxe_like_device(name: &str, node_guid: [u8; 8], port: PortDescription) ->
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn port_speeds_map_as_the_kernels_table() {
+        // (Mb/s, width, speed): ib_get_eth_speed's rows and their edges.
+        for (mbps, w, sp) in [
+            (0, 1, 1),
+            (1_000, 1, 1),
+            (1_001, 1, 8),
+            (10_000, 1, 8),
+            (20_000, 2, 2),
+            (25_000, 1, 32),
+            (40_000, 2, 8),
+            (100_000, 2, 32),
+            (400_000, 2, 32),
+        ] {
+            assert_eq!(width_and_speed(mbps), (w, sp), "{mbps} Mb/s");
+        }
+    }
+
     use super::*;
 
     #[test]
@@ -434,6 +474,7 @@ mod tests {
                 max_mr: 3000,
                 max_srq: 4000,
             },
+            speed_mbps: 25_000,
         }
     }
 
@@ -441,6 +482,11 @@ mod tests {
     fn daemon_device_is_rxe_with_the_daemons_identity() {
         let d = description_from_daemon(&daemon_info());
         assert_eq!(d.name, "srxe7");
+        // 25 Gb/s from the daemon: 1X EDR on the port.
+        assert_eq!(
+            (d.ports[0].attr.active_width, d.ports[0].attr.active_speed),
+            (1, 32)
+        );
         // The daemon's caps, not rxe's constants.
         let a = &d.attr.orig_attr;
         assert_eq!(

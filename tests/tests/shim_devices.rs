@@ -113,12 +113,17 @@ fn ibv_devinfo_verbose_shows_the_daemons_configuration() {
 
 /// Line-by-line against the kernel rxe capture: only the lines that name the device, its
 /// GUIDs, the loopback MTU and the addresses may differ. The daemon is given rxe's CQ depth
-/// (`--max-cqe 32767`; softroce's default is deeper, for the stacks: docs/stacks.md), which
-/// `max_cqe_follows_the_daemons_configuration` checks separately.
+/// (`--max-cqe 32767`; softroce's default is deeper, for the stacks: docs/stacks.md) and
+/// rxe's port speed on `lo` (`--speed 1000`: 1X SDR; softroce's default is 4X EDR, also for
+/// the stacks), which `max_cqe_follows_the_daemons_configuration` and
+/// `port_speed_follows_the_daemons_configuration` check separately.
 #[test]
 fn ibv_devinfo_verbose_matches_kernel_rxe_capture() {
     let capture = rxe_capture().expect("shared/captures/devinfo/rxe1-ibv_devinfo-v.txt not found");
-    let daemon = Daemon::start("devinfo-capture", &["--max-cqe", "32767"]);
+    let daemon = Daemon::start(
+        "devinfo-capture",
+        &["--max-cqe", "32767", "--speed", "1000"],
+    );
     let out = daemon.run_preloaded(&require_program("ibv_devinfo"), &["-v"]);
     let may_differ = |l: &str| {
         [
@@ -233,6 +238,53 @@ fn softroce_run_preloads_the_shim_and_points_it_at_the_daemon() {
             "\t\t\tGID[  0]:\t\t::ffff:127.0.0.4, RoCE v2",
         ],
     );
+}
+
+/// The port's width and speed follow the daemon's `--speed` (Mb/s) by the kernel's table for
+/// RoCE ports: 100 Gb/s (4X EDR) by default, as rxe on a link of unknown speed; in
+/// `ibv_devinfo -v` and in the sysfs `rate` the stacks read.
+#[test]
+fn port_speed_follows_the_daemons_configuration() {
+    let devinfo = require_program("ibv_devinfo");
+    for (name, args, width, speed, rate) in [
+        (
+            "speed-default",
+            &[][..],
+            "4X (2)",
+            "25.0 Gbps (32)",
+            "100 Gb/sec (4X EDR)",
+        ),
+        (
+            "speed-10g",
+            &["--speed", "10000"][..],
+            "1X (1)",
+            "10.0 Gbps (8)",
+            "10 Gb/sec (1X FDR10)",
+        ),
+        (
+            "speed-1g",
+            &["--speed", "1000"][..],
+            "1X (1)",
+            "2.5 Gbps (1)",
+            "2.5 Gb/sec (1X SDR)",
+        ),
+    ] {
+        let daemon = Daemon::start(name, args);
+        let out = daemon.run_preloaded(&devinfo, &["-v"]);
+        assert!(
+            out.contains(&format!("\tactive_width:\t\t{width}\n")),
+            "{name}: {out}"
+        );
+        assert!(
+            out.contains(&format!("\tactive_speed:\t\t{speed}\n")),
+            "{name}: {out}"
+        );
+        let cat = daemon.run_preloaded(
+            std::path::Path::new("/bin/cat"),
+            &["/sys/class/infiniband/srxe0/ports/1/rate"],
+        );
+        assert_eq!(cat.trim_end(), rate, "{name}");
+    }
 }
 
 /// `max_cqe` is the daemon's per-device setting: 1,048,575 by default (libfabric's ofi_rxm asks

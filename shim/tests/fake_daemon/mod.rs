@@ -62,6 +62,7 @@ pub fn srxe0() -> DeviceInfo {
         netdevs: vec![],
         max_cqe: 32767,
         limits: Default::default(),
+        speed_mbps: 100_000,
     }
 }
 
