@@ -2,7 +2,7 @@
 //! kernel: the baseline for the L2 device's rows in `scripts/bench`, and the measurement
 //! behind its choice of batching (docs/architecture.md, "The L2 device").
 //!
-//! Run as root in a network namespace of its own (`/work/bin/inns cargo run --release -p
+//! Run as root in a network namespace of its own (`sudo unshare --net cargo run --release -p
 //! softroce-daemon --example tap_bench`): it creates two TAPs on a bridge, writes frames into
 //! one and reads them from the other, and prints one row per method:
 //!

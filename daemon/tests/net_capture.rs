@@ -7,7 +7,7 @@
 //! packet (`gso_max_segs 1`): the kernel then segments GSO sends in software as a NIC
 //! without UDP segmentation offload would, and the capture shows the real segments with
 //! their Identifications 0, 1, 2, ... Needs root (`scripts/test` runs as root; by hand, run it
-//! under `unshare --net` or `/work/bin/inns`), `ip` and `tcpdump` (`scripts/install-deps`) and the
+//! under `unshare --net`), `ip` and `tcpdump` (`scripts/install-deps`) and the
 //! oracle in `../shared`: a missing one fails the test, it never passes without running.
 
 mod net_util;

@@ -13,7 +13,7 @@
 //! `drop_uc_abandoned`, each guessed QPN under an unknown-QP drop, every bad ICRC under the
 //! link's drops, and every hostile packet under some reason.
 //!
-//! Runs as root in a private network namespace (`scripts/test`, or `/work/bin/inns`).
+//! Runs as root in a private network namespace (`scripts/test`, or `sudo unshare --net`).
 
 mod support;
 

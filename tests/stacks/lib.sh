@@ -1,7 +1,7 @@
 # Shared by scripts/stacks-test and scripts/bench's stack rows: "hosts" as network namespaces
 # on one bridge, each with its own softroce daemon, and the unmodified stacks (UCX, libfabric,
 # Open MPI) run through `softroce run` in them. Sourced; needs root in a network namespace of
-# its own (run the callers under /work/bin/inns or as root on a machine of your own).
+# its own (run the callers as root under `unshare --net`, or on a machine of your own).
 #
 # Host k (1..N) is the namespace "sr<pid>h<k>" with a veth "eth0" (MTU $STACKS_MTU, 9000 by
 # default) on bridge "sr<pid>br" of the calling namespace: 10.78.0.k/24 and fd78::k/64; the bridge has 10.78.0.254 and fd78::254 (the

@@ -8,7 +8,7 @@
 //! timeouts.
 //!
 //! Root and network namespaces are needed (scripts/test runs under them; so does
-//! `/work/bin/inns cargo test -p softroce-e2e --test emulated_network`).
+//! `sudo unshare --net cargo test -p softroce-e2e --test emulated_network`).
 
 mod emulated;
 mod shim_support;

@@ -135,7 +135,7 @@ impl Network {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         assert!(
             nix::unistd::geteuid().is_root(),
-            "the emulated network needs root (network namespaces): run under /work/bin/inns or scripts/test"
+            "the emulated network needs root (network namespaces): run as root under `unshare --net`, or scripts/test"
         );
         assert!(
             Path::new("/dev/net/tun").exists(),

@@ -39,7 +39,7 @@ impl Netns {
         assert!(
             nix::unistd::geteuid().is_root(),
             "the L2 device tests create network namespaces, bridges and TAP interfaces: run \
-             them as root (scripts/test in CI; /work/bin/inns locally)"
+             them as root (scripts/test in CI; `sudo unshare --net` locally)"
         );
         let name = format!("sr-{tag}-{}", std::process::id());
         let _ = Command::new("ip").args(["netns", "delete", &name]).output();
