@@ -25,6 +25,9 @@ const SPARE_BATCHES: usize = 8;
 /// pollers on a small machine, were most of what a capture cost).
 const WRITER_NAP: std::time::Duration = std::time::Duration::from_millis(1);
 
+/// How long the writer waits at the end for the batches the devices still hold.
+const FINAL_GRACE: std::time::Duration = std::time::Duration::from_millis(10);
+
 enum WriterMsg {
     Packets {
         bytes: Vec<u8>,
@@ -223,6 +226,9 @@ fn run(
         }
     }
     shared.finished.store(true, Ordering::Relaxed);
+    // A device hands over the batch it holds once it sees the end, at its next round (one
+    // that sleeps handed it over before sleeping): that long, and they are written too.
+    std::thread::sleep(FINAL_GRACE);
     // Batches still queued (taken before the end) are written too.
     while let Ok(WriterMsg::Packets {
         mut bytes,
