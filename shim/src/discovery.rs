@@ -240,24 +240,17 @@ pub fn rxe_active_mtu(netdev_mtu: u32) -> i32 {
     }
 }
 
-/// `ibv_port_attr`'s (active_width, active_speed) for an Ethernet link of `mbps`: the
-/// kernel's table for RoCE ports (`ib_get_eth_speed`, which rxe reports), up to 40 Gb/s as
-/// 4X FDR10 and above it 4X EDR.
+/// `ibv_port_attr`'s (active_width, active_speed) for an Ethernet link of `mbps`: the table
+/// kernel 6.1's `ib_get_eth_speed` applies to RoCE ports (what rxe reports), up to 40 Gb/s
+/// as 4X FDR10 and above it 4X EDR.
 pub fn width_and_speed(mbps: u32) -> (u8, u8) {
-    // IBTA 14.2.5.6 (PortInfo LinkWidthActive, LinkSpeedActive) as verbs encodes them.
-    const W1X: u8 = 1;
-    const W4X: u8 = 2;
-    const SDR: u8 = 1;
-    const DDR: u8 = 2;
-    const FDR10: u8 = 8;
-    const EDR: u8 = 32;
     match mbps {
-        0..=1_000 => (W1X, SDR),
-        1_001..=10_000 => (W1X, FDR10),
-        10_001..=20_000 => (W4X, DDR),
-        20_001..=25_000 => (W1X, EDR),
-        25_001..=40_000 => (W4X, FDR10),
-        _ => (W4X, EDR),
+        0..=1_000 => (IB_WIDTH_1X, IB_SPEED_SDR),
+        1_001..=10_000 => (IB_WIDTH_1X, IB_SPEED_FDR10),
+        10_001..=20_000 => (IB_WIDTH_4X, IB_SPEED_DDR),
+        20_001..=25_000 => (IB_WIDTH_1X, IB_SPEED_EDR),
+        25_001..=40_000 => (IB_WIDTH_4X, IB_SPEED_FDR10),
+        _ => (IB_WIDTH_4X, IB_SPEED_EDR),
     }
 }
 
@@ -281,9 +274,9 @@ pub fn rxe_port_attr() -> IbvPortAttr {
         sm_sl: 0,
         subnet_timeout: 0,
         init_type_reply: 0,
-        active_width: 1, // 1X
-        active_speed: 1, // 2.5 Gbps (SDR)
-        phys_state: 5,   // LINK_UP
+        active_width: IB_WIDTH_1X,
+        active_speed: IB_SPEED_SDR, // 2.5 Gbps
+        phys_state: 5,              // LINK_UP
         link_layer: IBV_LINK_LAYER_ETHERNET,
         flags: 0,
         port_cap_flags2: 0,
@@ -382,6 +375,8 @@ pub fn rxe_like_device(name: &str, node_guid: [u8; 8], port: PortDescription) ->
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn port_speeds_map_as_the_kernels_table() {
         // (Mb/s, width, speed): ib_get_eth_speed's rows and their edges.
@@ -399,8 +394,6 @@ mod tests {
             assert_eq!(width_and_speed(mbps), (w, sp), "{mbps} Mb/s");
         }
     }
-
-    use super::*;
 
     #[test]
     fn eui64_matches_rxe_capture() {

@@ -253,6 +253,12 @@ pub fn finish_network_frame(eth_frame: &mut [u8], seal: bool) -> Option<()> {
     Some(())
 }
 
+/// Whether the frame of a network-layer packet needs a UDP checksum [`finish_network_frame`]
+/// computes: RoCE v2 over IPv6.
+pub fn needs_udp_checksum(packet: &[u8]) -> bool {
+    Shape::of_network(packet).is_some_and(|s| s.udp && s.net_len == 40)
+}
+
 /// Where the headers of a network-layer packet end, and what it is.
 struct Shape {
     ethertype: u16,
@@ -432,6 +438,7 @@ mod tests {
         let mut packet = wire[14..].to_vec();
         packet[46..48].fill(0); // as a link rebuilds received headers
         let mut out = Vec::new();
+        assert!(needs_udp_checksum(&packet), "IPv6: the writer computes it");
         network_frame(&mut out, [4; 6], [2; 6], &packet, false).unwrap();
         assert_eq!(&out[14..], &wire[14..], "checksum restored, ICRC kept");
     }
@@ -439,6 +446,7 @@ mod tests {
     #[test]
     fn an_engine_packet_gets_its_icrc() {
         let ip_packet = engine_ipv4_packet();
+        assert!(!needs_udp_checksum(&ip_packet), "IPv4: none");
         let mut out = Vec::new();
         let mac = guid_mac(0x0211_22ff_fe33_4455);
         network_frame(&mut out, mac, mac, &ip_packet, true).unwrap();

@@ -10,11 +10,12 @@
 //!   and whole frames on a TAP. [`frame`] rebuilds the headers the socket does not show.
 //! - Frames matching a capture's filter become Enhanced Packet Blocks in the device's batch
 //!   for it. A batch goes to the capture's writer thread through a bounded queue when it is
-//!   full, when it has waited [`HOLD_NS`], or before the device sleeps. Handing one over
-//!   wakes the writer, which on a small machine takes a CPU from the pollers for a few
-//!   microseconds: once per round of a busy device loop that was most of what a capture
-//!   cost. A full queue (a reader that does not keep up) drops the batch and counts it: the
-//!   device never waits for a capture.
+//!   full, when it has waited [`HOLD_NS`], or before the device sleeps; the writer polls the
+//!   queue, so a hand-over wakes no thread (a wake per round of a busy device loop, which on
+//!   a small machine takes a CPU from the pollers, was most of what a capture cost). What
+//!   takes a pass over every byte of a frame (an ICRC the engines never computed, the IPv6
+//!   UDP checksum) the writer does ([`writer::Finish`]). A full queue (a reader that does
+//!   not keep up) drops the batch and counts it: the device never waits for a capture.
 //! - The writer ([`writer`]) writes the section header, one interface per device, the
 //!   batches, and at the end one Interface Statistics Block per interface (packets captured
 //!   and dropped), into the pipe the CLI gave.
@@ -177,13 +178,15 @@ impl DeviceCapture {
         } else {
             (frame::peer_mac(src_of(packet)), self.mac)
         };
-        let finish = Finish {
+        // Most received frames need nothing more (IPv4 carries no UDP checksum here): no
+        // work is queued for them.
+        let finish = (local || corrupt || frame::needs_udp_checksum(packet)).then(|| Finish {
             at: 0,
             len: 0,
             seal: local,
             corrupt_at: corrupt.then_some(14 + bth as u32),
-        };
-        self.record(direction, transport, Some(finish), |out| {
+        });
+        self.record(direction, transport, finish, |out| {
             frame::copy_network_frame(out, src_mac, dst_mac, packet)
         });
     }
@@ -269,9 +272,8 @@ impl DeviceCapture {
     }
 
     /// Hands the batches that have waited [`HOLD_NS`] (or whose capture ended or took its
-    /// count) to their
-    /// writers and forgets the captures that ended. Called at the end of each busy round of
-    /// the device loop.
+    /// count) to their writers and forgets the captures that ended. Called at the end of
+    /// each busy round of the device loop.
     pub fn flush(&mut self) {
         if self.taps.iter().any(|t| t.batch_packets > 0) {
             let now = pcapng::timestamp_now();

@@ -15,9 +15,8 @@ use tracing::{debug, info};
 /// catches up from here.
 const QUEUE_BYTES: usize = 64 << 20;
 
-/// Written batches kept for the devices to fill again: a fresh batch would grow by
-/// reallocation and fault in new pages (a large allocation is a new mapping) for every
-/// quarter megabyte captured.
+/// Written batches kept for the devices to fill again: a fresh batch faults in new pages for
+/// every batch captured.
 const SPARE_BATCHES: usize = 8;
 
 /// How long the writer naps when it finds no batch: it polls, so that handing a batch over
@@ -55,7 +54,8 @@ pub struct Finish {
 impl Finish {
     /// Completes the frame in `batch`.
     pub fn apply(&self, batch: &mut [u8]) {
-        let Some(frame) = batch.get_mut(self.at as usize..(self.at + self.len) as usize) else {
+        let at = self.at as usize;
+        let Some(frame) = batch.get_mut(at..at + self.len as usize) else {
             return;
         };
         if super::frame::finish_network_frame(frame, self.seal).is_none() {

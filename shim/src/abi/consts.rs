@@ -32,6 +32,22 @@ pub const IBV_LINK_LAYER_UNSPECIFIED: u8 = 0;
 pub const IBV_LINK_LAYER_INFINIBAND: u8 = 1;
 pub const IBV_LINK_LAYER_ETHERNET: u8 = 2;
 
+// ibv_port_attr.active_width and .active_speed: IBTA 14.2.5.6 PortInfo LinkWidthActive and
+// LinkSpeedActive, as the kernel's ib_verbs.h encodes them (IB_WIDTH_*, IB_SPEED_*)
+pub const IB_WIDTH_1X: u8 = 1;
+pub const IB_WIDTH_4X: u8 = 2;
+pub const IB_WIDTH_8X: u8 = 4;
+pub const IB_WIDTH_12X: u8 = 8;
+pub const IB_WIDTH_2X: u8 = 16;
+pub const IB_SPEED_SDR: u8 = 1;
+pub const IB_SPEED_DDR: u8 = 2;
+pub const IB_SPEED_QDR: u8 = 4;
+pub const IB_SPEED_FDR10: u8 = 8;
+pub const IB_SPEED_FDR: u8 = 16;
+pub const IB_SPEED_EDR: u8 = 32;
+pub const IB_SPEED_HDR: u8 = 64;
+pub const IB_SPEED_NDR: u8 = 128;
+
 // enum ibv_port_cap_flags
 pub const IBV_PORT_CM_SUP: u32 = 1 << 16;
 

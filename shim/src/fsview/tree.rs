@@ -402,21 +402,22 @@ fn phys_state_text(state: u8) -> String {
 /// `ports/N/rate` (`rate_show`): the speed per lane times the width, e.g. rxe's default
 /// "2.5 Gb/sec (1X SDR)".
 fn rate_text(width: u8, speed: u8) -> String {
+    use crate::abi::*;
     let lanes = match width {
-        1 => 1,
-        2 => 4,
-        4 => 8,
-        8 => 12,
-        16 => 2,
+        IB_WIDTH_4X => 4,
+        IB_WIDTH_8X => 8,
+        IB_WIDTH_12X => 12,
+        IB_WIDTH_2X => 2,
         _ => 1,
     };
     let (tenths, name) = match speed {
-        2 => (50, " DDR"),
-        4 | 8 => (100, if speed == 4 { " QDR" } else { " FDR10" }),
-        16 => (140, " FDR"),
-        32 => (250, " EDR"),
-        64 => (500, " HDR"),
-        128 => (1000, " NDR"),
+        IB_SPEED_DDR => (50, " DDR"),
+        IB_SPEED_QDR => (100, " QDR"),
+        IB_SPEED_FDR10 => (100, " FDR10"),
+        IB_SPEED_FDR => (140, " FDR"),
+        IB_SPEED_EDR => (250, " EDR"),
+        IB_SPEED_HDR => (500, " HDR"),
+        IB_SPEED_NDR => (1000, " NDR"),
         _ => (25, " SDR"),
     };
     let total = tenths * lanes;
