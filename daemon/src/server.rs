@@ -336,7 +336,7 @@ fn route(request: &Request, links: &Links, qpns: &HashMap<u32, usize>) -> Option
         | Request::DetachMcast { qpn, .. }
         | Request::FastTake { qpn }
         | Request::FastReturn { qpn, .. } => *qpns.get(qpn)?,
-        Request::FastSources { cq, .. } => h(*cq),
+        Request::FastSources { cq, .. } | Request::CqEventsWanted { cq } => h(*cq),
         // rdma_cm requests are served by the client's CM state, not by one device.
         _ => return None,
     })

@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 
 /// Bumped on any incompatible change; a client and daemon that disagree refuse each other
 /// with a clear message instead of misreading.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The largest control message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 
@@ -551,6 +551,13 @@ pub enum Request {
     FastSources {
         cq: u32,
         known: Vec<u64>,
+    },
+    /// Sent once per CQ with a completion channel, before the client first arms it
+    /// (`ibv_req_notify_cq`): from then on its completions must raise channel events, which
+    /// only the daemon raises, so no direction feeds that CQ any more. Answered
+    /// ([`Response::Done`]) once the directions that did are back.
+    CqEventsWanted {
+        cq: u32,
     },
     /// Congestion control of every device (algorithm, parameters, mlx5's counters, the rate
     /// of every QP), for `softroce res show`. Response [`Response::Congestion`].
@@ -1304,14 +1311,6 @@ pub struct FastQp {
     pub msn: u32,
 }
 
-/// A receive WQE the daemon's engine held for the peer QP, handed to the direction.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FastRecv {
-    pub wr_id: u64,
-    /// (address, length, L_Key).
-    pub sges: Vec<(u64, u32, u32)>,
-}
-
 /// What [`Request::FastTake`] grants.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FastGrant {
@@ -1328,8 +1327,11 @@ pub struct FastGrant {
     /// The peer QP's receive ring in the second fd (this process becomes its consumer).
     pub peer_rq: RingPlace,
     pub peer_region_len: u64,
-    /// Receive WQEs the daemon had already taken from that ring, oldest first: they go first.
-    pub recvs: Vec<FastRecv>,
+    /// Receive WQEs the daemon had already taken from that queue (the QP's receive ring or
+    /// its SRQ's), oldest first, as [`crate::ring::wqe::RecvWqe`]s in a ring of the
+    /// direction's memfd that the daemon filled: they go before the peer's ring. A ring in
+    /// shared memory and not a list in this message: an SRQ may hold thousands.
+    pub recvs: RingPlace,
     /// The peer client's MR table (the third fd) and the taker's own (the fourth),
     /// [`crate::ring::fast::MrTable`].
     pub mr_table_len: u64,

@@ -134,8 +134,33 @@ fn command(daemon: &Daemon, who: As<'_>, program: &Path, args: &[&str]) -> Comma
 /// `ibv_rc_pingpong -c ARGS` between a server started as `server_as` and a client as
 /// `client_as`; both must exit 0 and report their transfer.
 fn rc_pingpong(daemon: &Daemon, port: u16, args: &[&str], server_as: As<'_>, client_as: As<'_>) {
-    let program = require_program("ibv_rc_pingpong");
-    let dir = scratch("fast-path", &format!("rc-{port}"));
+    pingpong("ibv_rc_pingpong", daemon, port, args, server_as, client_as)
+}
+
+/// `PROGRAM -c ARGS` (one of rdma-core's pingpong examples), as [`rc_pingpong`].
+fn pingpong(
+    name: &str,
+    daemon: &Daemon,
+    port: u16,
+    args: &[&str],
+    server_as: As<'_>,
+    client_as: As<'_>,
+) {
+    pingpong_with(name, daemon, port, args, &[], server_as, client_as)
+}
+
+/// [`pingpong`], with `client_only` added to the client's arguments.
+fn pingpong_with(
+    name: &str,
+    daemon: &Daemon,
+    port: u16,
+    args: &[&str],
+    client_only: &[&str],
+    server_as: As<'_>,
+    client_as: As<'_>,
+) {
+    let program = require_program(name);
+    let dir = scratch("fast-path", &format!("{name}-{port}"));
     let port_s = port.to_string();
     let mut common = vec!["-d", "srxe0", "-g", "0", "-p", &port_s, "-c"];
     common.extend_from_slice(args);
@@ -153,6 +178,7 @@ fn rc_pingpong(daemon: &Daemon, port: u16, args: &[&str], server_as: As<'_>, cli
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    common.extend_from_slice(client_only);
     common.push("127.0.0.1");
     let mut client = Logged::spawn(
         command(daemon, client_as, &program, &common),
@@ -166,7 +192,7 @@ fn rc_pingpong(daemon: &Daemon, port: u16, args: &[&str], server_as: As<'_>, cli
     });
     let report = || {
         format!(
-            "ibv_rc_pingpong {args:?}\n--- server ({s:?})\n{}\n--- client ({c:?})\n{}\n--- daemon\n{}",
+            "{name} {args:?}\n--- server ({s:?})\n{}\n--- client ({c:?})\n{}\n--- daemon\n{}",
             server.output(),
             client.output(),
             daemon.log()
@@ -223,6 +249,112 @@ fn rc_pingpong_on_the_fast_path_counts_as_on_the_daemons_path() {
         }
         assert_eq!(trouble(&fast), vec![], "size {size}: fast path");
         assert_eq!(trouble(&slow), vec![], "size {size}: daemon path");
+    }
+}
+
+/// A QP whose receives come from an SRQ goes on the fast path while the SRQ feeds it alone
+/// (the SRQ is lent whole, with the thousands of WQEs the daemon already holds for it):
+/// `ibv_srq_pingpong -q 1` runs there, every buffer checked, with the daemon path's counters.
+/// With four QPs on each SRQ it stays on the daemon's path, and works.
+#[test]
+fn srq_pingpong_on_the_fast_path_while_the_srq_feeds_one_qp() {
+    let d = loopback_daemon("fast-srq", 75);
+    for (port, size, qps, rx_depth) in [
+        (18741u16, "64", "1", "1000"),
+        (18742, "65536", "1", "500"),
+        (18743, "4096", "4", "500"),
+    ] {
+        let args = ["-s", size, "-n", "100", "-q", qps, "-r", rx_depth];
+        let before = counters(&d);
+        pingpong(
+            "ibv_srq_pingpong",
+            &d,
+            port,
+            &args,
+            As::Me(&[]),
+            As::Me(&[]),
+        );
+        let fast = delta(&before, &counters(&d));
+        let before = counters(&d);
+        let off: &[(&str, &str)] = &[("SOFTROCE_FAST_PATH", "0")];
+        pingpong(
+            "ibv_srq_pingpong",
+            &d,
+            port + 10,
+            &args,
+            As::Me(off),
+            As::Me(off),
+        );
+        let slow = delta(&before, &counters(&d));
+        let grants = get(&fast, "device_fast_grants");
+        if qps == "1" {
+            assert!(
+                grants >= 1,
+                "size {size}: no direction: {fast:?}\n{}",
+                d.log()
+            );
+        } else {
+            assert_eq!(grants, 0, "an SRQ that feeds {qps} QPs was lent");
+        }
+        assert_eq!(grants, get(&fast, "device_fast_returns"), "{fast:?}");
+        for name in ["rdma_sends", "rdma_recvs"] {
+            assert!(get(&slow, name) >= 200, "daemon path, {name}: {slow:?}");
+            assert!(
+                get(&fast, name) >= 200,
+                "size {size} x{qps}: {name}: {fast:?}"
+            );
+            // With several QPs the program's own count of what it sends varies a little
+            // from run to run (its loop stops on totals over all of them).
+            if qps == "1" {
+                assert_eq!(get(&fast, name), get(&slow, name), "size {size}: {name}");
+            }
+        }
+        assert_eq!(trouble(&fast), vec![], "size {size} x{qps}: fast path");
+        assert_eq!(trouble(&slow), vec![], "size {size} x{qps}: daemon path");
+    }
+}
+
+/// Only the daemon raises completion events: a CQ armed for one (`ibv_rc_pingpong -e` arms
+/// before every wait) gets its completions from the daemon until the event fired, and the
+/// directions that fed it come back first. The program sleeps on events throughout (on both
+/// sides, or on the client's while the server polls, where directions are granted between
+/// the arms and taken back by them), every buffer checked, with the daemon path's counters;
+/// after two arms that took directions back the CQ stays with the daemon, so the grants are
+/// few.
+#[test]
+fn cqs_armed_for_events_get_them_from_the_daemon() {
+    let d = loopback_daemon("fast-events", 76);
+    for (port, size, both) in [
+        (18751u16, "64", true),
+        (18752, "65536", true),
+        (18753, "64", false),
+        (18754, "65536", false),
+    ] {
+        let events: &[&str] = &["-e"];
+        let (args, client_only) = if both {
+            (vec!["-s", size, "-n", "200", "-e"], &[][..])
+        } else {
+            (vec!["-s", size, "-n", "200"], events)
+        };
+        let run = |port: u16, env: &[(&str, &str)]| {
+            let before = counters(&d);
+            let me = As::Me(env);
+            pingpong_with("ibv_rc_pingpong", &d, port, &args, client_only, me, me);
+            delta(&before, &counters(&d))
+        };
+        let fast = run(port, &[]);
+        let slow = run(port + 10, &[("SOFTROCE_FAST_PATH", "0")]);
+        let grants = get(&fast, "device_fast_grants");
+        assert!(
+            grants <= 6,
+            "size {size}: the CQs went back and forth: {fast:?}"
+        );
+        assert_eq!(grants, get(&fast, "device_fast_returns"), "{fast:?}");
+        for name in ["rdma_sends", "rdma_recvs"] {
+            assert_eq!(get(&slow, name), 400, "daemon path, {name}");
+            assert_eq!(get(&fast, name), get(&slow, name), "size {size}: {name}");
+        }
+        assert_eq!(trouble(&fast), vec![], "size {size}: fast path");
     }
 }
 

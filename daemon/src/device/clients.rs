@@ -84,6 +84,11 @@ pub(super) struct CqState {
     pub ctx: u32,
     /// Overrun: the CQ is in error and its QPs were moved to ERR.
     pub in_error: bool,
+    /// Times an arm for channel events took fast-path directions back from it
+    /// (`Request::CqEventsWanted`); from the second on (`events_only`) no direction feeds it
+    /// again: its client waits on events rather than polls.
+    pub arm_revokes: u8,
+    pub events_only: bool,
 }
 
 pub(super) struct QpHost {
@@ -125,6 +130,12 @@ pub(super) struct SrqState {
     /// Its ring held a WQE that could not be decoded: the SRQ is in error.
     pub corrupt: bool,
     pub doorbell: u32,
+    /// The same-host fast path ([`super::fast`]) may lend the SRQ's ring to the process
+    /// that runs the responder of the one QP it feeds: a descriptor of the ring's region,
+    /// where the ring lies, and the region's length. `lent`: the ring is that process's to
+    /// read.
+    pub fast: Option<(OwnedFd, proto::ctl::RingPlace, u64)>,
+    pub lent: bool,
 }
 
 /// A client's presence on this device.
@@ -167,6 +178,9 @@ pub(super) struct ClientDev {
     pub waiting: HashSet<Bell>,
     /// Scratch: the CQs with completions this pass (`Engine::take_touched_cqs`).
     pub touched_cqs: Vec<u32>,
+    /// CQs whose channel event fired since the device last looked: disarmed, they may feed
+    /// fast-path directions again (`DeviceThread::fast_events_fired`).
+    pub fired_cqs: Vec<u32>,
     /// The memory of the QPs' rings: a few shared chunks instead of a memfd (and a mapping
     /// on each side) per QP.
     pub arena: RingArena,
@@ -360,6 +374,7 @@ impl DeviceThread {
                     revisit: Vec::new(),
                     waiting: HashSet::new(),
                     touched_cqs: Vec::new(),
+                    fired_cqs: Vec::new(),
                     arena: RingArena::default(),
                 },
             );

@@ -7,6 +7,21 @@ use proto::ring::wqe::{self, Cqe};
 use proto::transport::{self as tp, AsyncEvent, WorkCompletion};
 use proto::Qpn;
 
+/// Writes the completion event of CQ `h` (whose arm was consumed) to its channel.
+pub(super) fn send_cq_event(c: &mut ClientDev, h: u32, index: u32) {
+    let Some(q) = c.cqs.get_mut(&h) else {
+        return;
+    };
+    if let Some(sink) = q.channel.and_then(|ch| c.channels.get_mut(&ch)) {
+        q.generation = q.generation.wrapping_add(1);
+        let mut rec = [0u8; 8];
+        rec[..4].copy_from_slice(&super::handles::tag_handle(index, h).to_ne_bytes());
+        rec[4..].copy_from_slice(&q.generation.to_ne_bytes());
+        // Never blocks; records of one CQ coalesce (events::EventSink).
+        sink.send(&rec, 4);
+    }
+}
+
 pub(super) fn cqe_of(wc: &WorkCompletion) -> Cqe {
     Cqe {
         wr_id: wc.wr_id,
@@ -84,13 +99,9 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32, fenced: &[u32])
             overrun.push(h);
         }
         if fire {
-            if let Some(sink) = q.channel.and_then(|ch| c.channels.get_mut(&ch)) {
-                q.generation = q.generation.wrapping_add(1);
-                let mut rec = [0u8; 8];
-                rec[..4].copy_from_slice(&tag(h).to_ne_bytes());
-                rec[4..].copy_from_slice(&q.generation.to_ne_bytes());
-                // Never blocks; records of one CQ coalesce (events::EventSink).
-                sink.send(&rec, 4);
+            send_cq_event(c, h, index);
+            if !c.cqs.get(&h).is_some_and(|q| q.events_only) {
+                c.fired_cqs.push(h);
             }
         }
     }

@@ -341,6 +341,11 @@ impl DeviceThread {
             Request::ResizeCq { cq, cqe } => {
                 return resize::resize_cq(c, cq, cqe, ring_budget);
             }
+            // The directions that fed it are back by now (`DeviceThread::fast_blockers`).
+            Request::CqEventsWanted { cq } => match c.cqs.contains_key(&cq) {
+                true => Response::Done,
+                false => errno(libc::EINVAL, "no such CQ"),
+            },
             Request::QuerySrq { srq } => match c.srqs.get(&srq) {
                 Some(s) => Response::SrqAttr {
                     max_wr: s.max_wr,
@@ -353,6 +358,7 @@ impl DeviceThread {
                 Ok(()) => {
                     if let Some(s) = c.srqs.remove(&srq) {
                         c.ring_bytes -= s.region.len() as u64;
+                        c.fast_fds -= usize::from(s.fast.is_some());
                         c.remove_bell(s.doorbell, Bell::Srq(srq));
                     }
                     Response::Done

@@ -7,27 +7,29 @@
 //! does nothing per message. The device stays the device:
 //! - it **offers** a direction (`SharedRing::set_fast_offer` on the QP's send ring) only
 //!   while the conditions hold: RC or UC, both QPs connected to each other on this device,
-//!   the peer in RTR or RTS without an SRQ or memory windows, no completion channel on the CQs
-//!   involved, the same uid, packets between local QPs not sent through the link (which is
-//!   where capture and fault injection sit);
+//!   the peer in RTR or RTS without memory windows, its receive queue its own ring or an SRQ
+//!   that feeds it alone, no CQ involved armed for a completion event (only the device
+//!   raises those), the same uid, packets between local QPs not sent through the link (which
+//!   is where capture and fault injection sit);
 //! - it **grants** one ([`Request::FastTake`]) only while both halves are idle in its own
-//!   engines, handing over the configuration, the sequence numbers and the peer's posted
-//!   receive WQEs, the peer QP's receive ring, and the MR tables it publishes for both
-//!   clients (updated at every registration; a deregistration is answered only once no
-//!   direction is using the table);
+//!   engines, handing over the configuration, the sequence numbers, the peer's receive queue
+//!   (its ring, and the WQEs the device already took from it, in a ring of the direction's
+//!   memfd), and the MR tables it publishes for both clients (updated at every registration;
+//!   a deregistration is answered only once no direction is using the table);
 //! - it **takes it back** ([`DeviceThread::reclaim`]) whenever it needs the QPs itself (a
-//!   modify, a query, a destroy, a memory window, a client gone) or the taker gives it back
+//!   modify, a query, a destroy, a memory window, a client gone, a second QP on its SRQ, an
+//!   arm of a CQ it feeds) or the taker gives it back
 //!   ([`Request::FastReturn`], after an error or before work the fast path leaves to the
 //!   daemon): it revokes the direction, waits until the taker is outside it, and carries on
 //!   from the sequence numbers and counters the taker published.
 
-use super::clients::ClientDev;
+use super::clients::{ClientDev, CqState};
 use super::handles::tag_handle;
 use super::DeviceThread;
 use crate::shm::SharedRegion;
-use proto::ctl::{self, FastEvent, FastGrant, FastQp, FastRecv, FastRing, Request, Response};
+use proto::ctl::{self, FastEvent, FastGrant, FastQp, FastRing, Request, Response};
 use proto::ring::fast::{Direction, MrEntry, MrTable, CONTROL_LEN, PUBLISHED_ERROR};
-use proto::ring::RingGeometry;
+use proto::ring::{wqe, RingGeometry};
 use proto::transport::{AttrMask, Counters, QpAttr, QpState, QpType, RecvWr};
 use proto::{Psn, Qpn};
 use std::collections::HashMap;
@@ -40,6 +42,12 @@ pub(super) const FD_BUDGET: usize = 256;
 const RING_SLOT: u32 = 256;
 /// Entries of a client's MR table: the engine's MR indexes are below 2^19.
 const MR_TABLE_CAPACITY: u32 = 1 << 19;
+
+/// Whether a CQ may feed a direction now: not armed for a channel event, and not one whose
+/// client waits on events rather than polls.
+fn unarmed(q: &CqState) -> bool {
+    !q.events_only && q.ring.armed().is_none()
+}
 
 /// The real uid of a process, from `/proc/PID/status`.
 pub(super) fn process_uid(pid: i32) -> Option<u32> {
@@ -54,8 +62,12 @@ pub(super) struct DirectionHost {
     pub taker_qpn: u32,
     pub peer: u64,
     pub peer_qpn: u32,
-    /// The engine's handle of the peer QP's receive CQ (the ring feeds it).
+    /// The engine's handle of the peer QP's receive CQ (the ring feeds it), and of the
+    /// taker QP's send CQ.
     pub peer_recv_cq: u32,
+    pub taker_send_cq: u32,
+    /// The SRQ lent as the peer QP's receive queue (None: its own receive ring).
+    pub peer_srq: Option<u32>,
     region: SharedRegion,
     control: Direction,
     ring: RingPlace,
@@ -288,8 +300,7 @@ impl DeviceThread {
         if !go_back_n(&c.engine, qpn) {
             return None;
         }
-        if q.fast.is_none()
-            || q.away
+        if q.away
             || config.state != QpState::Rts
             || !matches!(config.init.qp_type, QpType::Rc | QpType::Uc)
         {
@@ -325,22 +336,40 @@ impl DeviceThread {
                 .is_some_and(|a| self.gids.contains(&a.dgid) && v2(a.sgid_index))
             && pc.init.qp_type == config.init.qp_type
             && matches!(pc.state, QpState::Rtr | QpState::Rts);
-        let no_channels = c
-            .cqs
-            .get(&config.init.send_cq)
-            .is_some_and(|x| x.channel.is_none())
-            && p.cqs
-                .get(&pc.init.recv_cq)
-                .is_some_and(|x| x.channel.is_none());
+        // Only the device raises channel events: a CQ armed for one gets its completions
+        // from the device until the event fired (`Request::CqEventsWanted`).
+        let no_events = c.cqs.get(&config.init.send_cq).is_some_and(unarmed)
+            && p.cqs.get(&pc.init.recv_cq).is_some_and(unarmed);
+        // The peer's receive queue is lent whole: its own ring, or an SRQ that feeds this
+        // QP alone and has no limit armed (the limit event is the device's to raise).
+        let receive_queue = match pc.init.srq {
+            Some(s) => {
+                p.srqs
+                    .get(&s)
+                    .is_some_and(|s| s.fast.is_some() && !s.lent && !s.corrupt)
+                    && p.engine.srq_lendable(s)
+            }
+            None => pq.fast.is_some() && pq.rq.is_some(),
+        };
         let ok = paired
-            && no_channels
-            && pq.fast.is_some()
-            && pq.rq.is_some()
+            && no_events
+            && receive_queue
             && !pq.lent
-            && pc.init.srq.is_none()
             && p.mws.is_empty()
             && c.uid.is_some()
             && c.uid == p.uid;
+        if !ok {
+            tracing::trace!(
+                qpn,
+                paired,
+                no_events,
+                receive_queue,
+                lent = pq.lent,
+                mws = p.mws.len(),
+                same_uid = c.uid.is_some() && c.uid == p.uid,
+                "fast path: not eligible"
+            );
+        }
         ok.then_some((peer, dest))
     }
 
@@ -412,7 +441,7 @@ impl DeviceThread {
         else {
             return again("no MR table");
         };
-        let (Some(requester), Some(responder)) = (
+        let (Some(requester), Some(mut responder)) = (
             fast_qp(&self.clients[&client], qpn, index),
             fast_qp(&self.clients[&peer], pqpn, index),
         ) else {
@@ -420,6 +449,7 @@ impl DeviceThread {
         };
         let p = &self.clients[&peer];
         let pc = p.engine.qp_config(Qpn::new(pqpn)).expect("checked above");
+        let srq = pc.init.srq;
         let depth = p
             .cqs
             .get(&pc.init.recv_cq)
@@ -427,7 +457,30 @@ impl DeviceThread {
         let Some(g) = RingGeometry::new((2 * depth).clamp(64, 1 << 16), RING_SLOT) else {
             return again("ring");
         };
-        let Ok(region) = SharedRegion::create("fast", CONTROL_LEN + g.byte_len()) else {
+        // The receive WQEs the device holds for the peer QP (its engine's and those waiting
+        // for room) go to the taker in a second ring of the block, sized for all of them.
+        let (held, max_sge) = match srq.and_then(|s| p.srqs.get(&s).map(|st| (s, st))) {
+            Some((s, st)) => (
+                p.engine.srq_len(s).unwrap_or(0) + st.pending.len(),
+                st.max_sge,
+            ),
+            None => (
+                p.engine.rq_len(Qpn::new(pqpn)).unwrap_or(0)
+                    + p.qps.get(&pqpn).map_or(0, |q| q.pending_recv.len()),
+                pc.init.cap.max_recv_sge,
+            ),
+        };
+        let recv_slot = wqe::RECV_HEADER_LEN + max_sge.max(1) as usize * wqe::SGE_LEN;
+        let Some(rg) = RingGeometry::new((held as u32).max(1), recv_slot as u32) else {
+            return again("ring");
+        };
+        if let Some(st) = srq.and_then(|s| p.srqs.get(&s)) {
+            // The responder's receive queue is the SRQ: its limits are the SRQ's.
+            responder.cap.max_recv_wr = st.max_wr;
+            responder.cap.max_recv_sge = st.max_sge;
+        }
+        let recvs_at = (CONTROL_LEN + g.byte_len()).next_multiple_of(64);
+        let Ok(region) = SharedRegion::create("fast", recvs_at + rg.byte_len()) else {
             return again("memfd");
         };
         let id = self.fast.next_id;
@@ -438,48 +491,105 @@ impl DeviceThread {
         if region.init_ring(CONTROL_LEN, g).is_err() {
             return again("ring");
         }
+        let Ok(mut recv_ring) = region.init_ring(recvs_at, rg) else {
+            return again("ring");
+        };
         let ring = ctl::RingPlace {
             offset: CONTROL_LEN as u64,
             slot_size: g.slot_size,
             slot_count: g.slot_count,
         };
-        let (Some(block_fd), Some(peer_fd)) = (
-            region.dup_fd(),
-            self.clients[&peer].qps[&pqpn]
-                .fast
-                .as_ref()
-                .and_then(|(f, _, _)| f.try_clone().ok()),
-        ) else {
-            return again("fds");
+        let recvs_place = ctl::RingPlace {
+            offset: recvs_at as u64,
+            slot_size: rg.slot_size,
+            slot_count: rg.slot_count,
         };
+        // The CQs the direction feeds say so (their consumers look for new sources) before
+        // their arms are checked once more: an arm that the check misses saw the count move
+        // (the shim arms, then reads it: `Request::CqEventsWanted`).
+        let send_cq = self.clients[&client]
+            .engine
+            .qp_config(Qpn::new(qpn))
+            .map(|x| x.init.send_cq);
+        let fed = [(peer, Some(pc.init.recv_cq)), (client, send_cq)];
+        for (id, cq) in fed {
+            if let Some(q) = cq.and_then(|cq| self.clients.get(&id)?.cqs.get(&cq)) {
+                q.ring.bump_fast_sources();
+            }
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        let armed = fed.iter().any(|&(id, cq)| {
+            cq.and_then(|cq| self.clients.get(&id)?.cqs.get(&cq))
+                .is_some_and(|q| !unarmed(q))
+        });
+        if armed {
+            return again("a CQ is armed for events");
+        }
         let p = self.clients.get_mut(&peer).expect("checked above");
         // Everything that can still refuse is checked before the peer's receive WQEs leave
-        // its engine: a refusal after that would lose them.
-        let Some(pq) = p.qps.get(&pqpn) else {
-            return again("QP state");
+        // its engine: a refusal after that would lose them. The queue lent: where its ring
+        // lies in the memory the peer maps (the QP's region or chunk, or the SRQ's region),
+        // and that memory.
+        let lent = match srq {
+            Some(s) => p.srqs.get(&s).and_then(|st| {
+                let (fd, place, len) = st.fast.as_ref()?;
+                Some((fd.try_clone().ok()?, st.ring.geometry(), *place, *len))
+            }),
+            None => p.qps.get(&pqpn).and_then(|q| {
+                let (fd, place, len) = q.fast.as_ref()?;
+                Some((
+                    fd.try_clone().ok()?,
+                    q.rq.as_ref()?.geometry(),
+                    *place,
+                    *len,
+                ))
+            }),
         };
-        let (Some(rq_g), Some((rq_place, peer_region_len))) = (
-            pq.rq.as_ref().map(|r| r.geometry()),
-            pq.fast.as_ref().map(|(_, p, l)| (*p, *l)),
-        ) else {
-            return again("no receive ring or fast memory");
+        let (Some(block_fd), Some((peer_fd, rq_g, rq_place, peer_region_len))) =
+            (region.dup_fd(), lent)
+        else {
+            return again("fds, or no receive ring or fast memory");
         };
-        let mut recvs = p.engine.take_recvs(Qpn::new(pqpn));
-        let pq = p.qps.get_mut(&pqpn).expect("checked above");
-        recvs.extend(pq.pending_recv.drain(..));
-        pq.lent = true;
-        if let Some(rq) = &pq.rq {
-            // The taker never sleeps on it: a post must not ring the device's doorbell.
-            rq.consumer_awake();
-        }
-        // rq_place: where the receive ring lies in the memory the peer maps (its region or
-        // its chunk).
         debug_assert_eq!(
             (rq_place.slot_size, rq_place.slot_count),
             (rq_g.slot_size, rq_g.slot_count)
         );
-        if let Some(cq) = p.cqs.get(&pc.init.recv_cq) {
-            cq.ring.bump_fast_sources();
+        let recvs = match srq {
+            Some(s) => {
+                let mut recvs = p.engine.take_srq_recvs(s);
+                if let Some(st) = p.srqs.get_mut(&s) {
+                    recvs.extend(st.pending.drain(..));
+                    st.lent = true;
+                    // The taker never sleeps on it: a post must not ring the device's doorbell.
+                    st.ring.consumer_awake();
+                }
+                recvs
+            }
+            None => {
+                let mut recvs = p.engine.take_recvs(Qpn::new(pqpn));
+                if let Some(q) = p.qps.get_mut(&pqpn) {
+                    recvs.extend(q.pending_recv.drain(..));
+                    if let Some(rq) = &q.rq {
+                        rq.consumer_awake();
+                    }
+                }
+                recvs
+            }
+        };
+        let mut slot = vec![0u8; rg.slot_size as usize];
+        for r in &recvs {
+            let w = wqe::RecvWqe {
+                wr_id: r.wr_id,
+                sges: &r.sg_list,
+            };
+            // Sized for every one of them above, each within the queue's SGE limit.
+            let pushed = w
+                .encode(&mut slot)
+                .is_ok_and(|n| recv_ring.push(&slot[..n]).is_ok());
+            debug_assert!(pushed, "the grant's receive ring holds every WQE");
+        }
+        if let Some(q) = p.qps.get_mut(&pqpn) {
+            q.lent = true;
         }
         let peer_pid = p.pid;
         let c = self.clients.get_mut(&client).expect("checked above");
@@ -487,10 +597,6 @@ impl DeviceThread {
         q.away = true;
         q.sq.set_fast_offer(false);
         let config = c.engine.qp_config(Qpn::new(qpn)).expect("checked above");
-        if let Some(cq) = c.cqs.get(&config.init.send_cq) {
-            // The taker moves its older completions aside before it reads the new ones.
-            cq.ring.bump_fast_sources();
-        }
         let grant = FastGrant {
             direction: id,
             block_len: region.len() as u64,
@@ -500,17 +606,7 @@ impl DeviceThread {
             peer_pid,
             peer_rq: rq_place,
             peer_region_len,
-            recvs: recvs
-                .iter()
-                .map(|r| FastRecv {
-                    wr_id: r.wr_id,
-                    sges: r
-                        .sg_list
-                        .iter()
-                        .map(|s| (s.addr, s.length, s.lkey.0))
-                        .collect(),
-                })
-                .collect(),
+            recvs: recvs_place,
             mr_table_len: peer_len,
             own_mr_table_len: own_len,
             gids: self.gids.iter().map(|a| ctl::gid_of(*a)).collect(),
@@ -527,6 +623,8 @@ impl DeviceThread {
                 peer,
                 peer_qpn: pqpn,
                 peer_recv_cq: pc.init.recv_cq,
+                taker_send_cq: config.init.send_cq,
+                peer_srq: srq,
                 region,
                 control,
                 ring: RingPlace(ring),
@@ -665,12 +763,32 @@ impl DeviceThread {
                 .absorb_counters(q, &Counters::from_words(&d.control.counters(1)));
             let used = (p.recvs_used as usize).min(d.recvs.len());
             let mut recvs = d.recvs;
-            pc.engine.return_recvs(q, recvs.split_off(used));
+            let unused = recvs.split_off(used);
             // What the peer posted to the receive ring the taker did not take: read it.
-            pc.revisit.push(super::doorbells::Bell::Qp(d.peer_qpn));
+            let ring = match d.peer_srq {
+                Some(s) => {
+                    pc.engine.return_srq_recvs(s, unused);
+                    pc.revisit.push(super::doorbells::Bell::Srq(s));
+                    pc.srqs.get_mut(&s).map(|st| {
+                        st.lent = false;
+                        &mut st.ring
+                    })
+                }
+                None => {
+                    pc.engine.return_recvs(q, unused);
+                    pc.revisit.push(super::doorbells::Bell::Qp(d.peer_qpn));
+                    None
+                }
+            };
+            if ring.is_some_and(|r| r.resync_consumer().is_err()) {
+                debug!(
+                    qpn = d.peer_qpn,
+                    "the fast path's SRQ ring came back corrupt"
+                );
+            }
             if let Some(h) = pc.qps.get_mut(&d.peer_qpn) {
                 h.lent = false;
-                if let Some(rq) = h.rq.as_mut() {
+                if let Some(rq) = h.rq.as_mut().filter(|_| d.peer_srq.is_none()) {
                     if rq.resync_consumer().is_err() {
                         debug!(
                             qpn = d.peer_qpn,
@@ -758,6 +876,42 @@ impl DeviceThread {
             Request::ModifyQp { qpn, .. }
             | Request::QueryQp { qpn, .. }
             | Request::DestroyQp { qpn } => self.fast.involving(client, *qpn),
+            // A second QP on a lent SRQ, or a change to it, needs the SRQ back.
+            Request::CreateQp { srq: Some(s), .. }
+            | Request::ModifySrq { srq: s, .. }
+            | Request::DestroySrq { srq: s } => self
+                .fast
+                .directions
+                .iter()
+                .filter(|(_, d)| d.peer == client && d.peer_srq == Some(*s))
+                .map(|(id, _)| *id)
+                .collect(),
+            // Armed: only the device may add completions to it now (it raises the event).
+            // It stays armed, so nothing is offered meanwhile.
+            Request::CqEventsWanted { cq } => {
+                let ids: Vec<u64> = self
+                    .fast
+                    .directions
+                    .iter()
+                    .filter(|(_, d)| {
+                        (d.taker == client && d.taker_send_cq == *cq)
+                            || (d.peer == client && d.peer_recv_cq == *cq)
+                    })
+                    .map(|(id, _)| *id)
+                    .collect();
+                if let (false, Some(q)) = (
+                    ids.is_empty(),
+                    self.clients
+                        .get_mut(&client)
+                        .and_then(|c| c.cqs.get_mut(cq)),
+                ) {
+                    // A client that arms again and again waits on events: its CQ stays with
+                    // the device rather than go back and forth.
+                    q.arm_revokes = q.arm_revokes.saturating_add(1);
+                    q.events_only |= q.arm_revokes >= 2;
+                }
+                ids
+            }
             Request::AllocMw { .. } | Request::CloseContext { .. } => self
                 .fast
                 .directions
@@ -813,9 +967,54 @@ pub(super) enum Before {
     Qp(u32, Option<(u64, u32)>),
     /// A memory window: the client can no longer be the peer of a direction.
     Mw,
+    /// A QP created on an SRQ (which then feeds more than one QP) or an SRQ modified (its
+    /// limit armed), or a CQ armed for events: the QPs that use them may no longer be
+    /// offered (or may again).
+    Srq(u32),
+    Cq(u32),
 }
 
 impl DeviceThread {
+    /// The QPs of `client` whose creation attributes match.
+    fn qps_where(&self, client: u64, f: impl Fn(&proto::transport::QpInit) -> bool) -> Vec<u32> {
+        let Some(c) = self.clients.get(&client) else {
+            return Vec::new();
+        };
+        c.qps
+            .keys()
+            .copied()
+            .filter(|&q| c.engine.qp_config(Qpn::new(q)).is_some_and(|x| f(&x.init)))
+            .collect()
+    }
+
+    /// Sets the offers of `qpns` of `client` and of the QPs they are connected to as the
+    /// conditions say now.
+    fn refresh_both(&self, client: u64, qpns: &[u32]) {
+        for &qpn in qpns {
+            self.fast_refresh(client, qpn);
+            if let Some((p, pq)) = self.connected_to(client, qpn) {
+                self.fast_refresh(p, pq);
+            }
+        }
+    }
+
+    /// CQs whose channel event fired are disarmed: the QPs that use them may be offered
+    /// again.
+    pub(super) fn fast_events_fired(&mut self) {
+        let fired: Vec<(u64, Vec<u32>)> = self
+            .clients
+            .iter_mut()
+            .filter(|(_, c)| !c.fired_cqs.is_empty())
+            .map(|(id, c)| (*id, std::mem::take(&mut c.fired_cqs)))
+            .collect();
+        for (client, cqs) in fired {
+            let qps = self.qps_where(client, |init| {
+                cqs.contains(&init.send_cq) || cqs.contains(&init.recv_cq)
+            });
+            self.refresh_both(client, &qps);
+        }
+    }
+
     /// The QP `(client, qpn)` is connected to, if it is on this device.
     fn connected_to(&self, client: u64, qpn: u32) -> Option<(u64, u32)> {
         let dest = self
@@ -845,6 +1044,10 @@ impl DeviceThread {
                 Before::Qp(*qpn, self.connected_to(client, *qpn))
             }
             Request::AllocMw { .. } => Before::Mw,
+            Request::CreateQp { srq: Some(s), .. } | Request::ModifySrq { srq: s, .. } => {
+                Before::Srq(*s)
+            }
+            Request::CqEventsWanted { cq } => Before::Cq(*cq),
             _ => Before::Nothing,
         }
     }
@@ -883,6 +1086,29 @@ impl DeviceThread {
                 if let Some((p, pq)) = peer {
                     self.fast_refresh(p, pq);
                 }
+                None
+            }
+            Before::Srq(srq) => {
+                let qps = self.qps_where(client, |init| init.srq == Some(srq));
+                self.refresh_both(client, &qps);
+                None
+            }
+            Before::Cq(cq) => {
+                // Completions a direction added after the arm and before it came back are
+                // the CQ's newest: they fire the event the device would have raised.
+                let unread = self
+                    .fast
+                    .retired
+                    .iter()
+                    .any(|r| r.peer == client && r.peer_recv_cq == cq && !r.drained());
+                let index = self.index;
+                if let Some(c) = self.clients.get_mut(&client) {
+                    if unread && c.cqs.get(&cq).is_some_and(|q| q.ring.take_arm(true)) {
+                        super::completions::send_cq_event(c, cq, index);
+                    }
+                }
+                let qps = self.qps_where(client, |init| init.send_cq == cq || init.recv_cq == cq);
+                self.refresh_both(client, &qps);
                 None
             }
             Before::Mw => {

@@ -108,6 +108,7 @@ pub(super) fn untag(r: Request) -> Request {
         Request::AllocMw { pd, mw_type } => Request::AllocMw { pd: m(pd), mw_type },
         Request::DeallocMw { mw } => Request::DeallocMw { mw: m(mw) },
         Request::FastSources { cq, known } => Request::FastSources { cq: m(cq), known },
+        Request::CqEventsWanted { cq } => Request::CqEventsWanted { cq: m(cq) },
         other => other,
     }
 }

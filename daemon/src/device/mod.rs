@@ -480,6 +480,9 @@ impl DeviceThread {
         busy |= self.receive(wait, &mut broken);
         busy |= self.negotiation_timers();
         busy |= self.transmit(&mut broken);
+        if busy && self.fast.enabled {
+            self.fast_events_fired();
+        }
         broken.sort_unstable();
         broken.dedup();
         for id in broken {

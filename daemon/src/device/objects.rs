@@ -99,6 +99,8 @@ pub(super) fn create_cq(
                     generation: 0,
                     ctx,
                     in_error: false,
+                    arm_revokes: 0,
+                    events_only: false,
                 },
             );
             (
@@ -353,6 +355,7 @@ pub(super) fn create_srq(
     match rings("srq", &[g], ring_budget) {
         Ok((mut region, mut r)) => {
             let (ring, place) = r.remove(0);
+            let fast = srq_fast_fd(c, &region, place);
             let fds = give_fd(&mut region);
             let region_len = region.len() as u64;
             c.ring_bytes += region_len;
@@ -368,6 +371,8 @@ pub(super) fn create_srq(
                     ctx,
                     corrupt: false,
                     doorbell,
+                    fast,
+                    lent: false,
                 },
             );
             (
@@ -388,6 +393,21 @@ pub(super) fn create_srq(
             (errno(libc::ENOMEM, &format!("{e:#}")), vec![])
         }
     }
+}
+
+/// A descriptor of an SRQ's ring region kept for the fast path, which may lend the ring
+/// (within the client's [`super::fast::FD_BUDGET`]).
+pub(super) fn srq_fast_fd(
+    c: &mut ClientDev,
+    region: &SharedRegion,
+    place: RingPlace,
+) -> Option<(OwnedFd, RingPlace, u64)> {
+    if c.fast_fds >= super::fast::FD_BUDGET {
+        return None;
+    }
+    let fd = region.dup_fd()?;
+    c.fast_fds += 1;
+    Some((fd, place, region.len() as u64))
 }
 
 pub(super) fn modify_qp(c: &mut ClientDev, qpn: u32, a: &ctl::QpAttr, mask: u32) -> Response {

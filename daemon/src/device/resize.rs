@@ -133,11 +133,17 @@ pub(super) fn resize_srq(
         return (err(e), vec![]);
     }
     let (ring, place) = made.remove(0);
+    // The fast path's descriptor follows the ring into its new region.
+    if c.srqs.get_mut(&srq).and_then(|s| s.fast.take()).is_some() {
+        c.fast_fds -= 1;
+    }
+    let fast = super::objects::srq_fast_fd(c, &region, place);
     let fds = give_fd(&mut region);
     let region_len = region.len() as u64;
     let Some(s) = c.srqs.get_mut(&srq) else {
         return (errno(libc::EINVAL, "no such SRQ"), vec![]);
     };
+    s.fast = fast;
     c.ring_bytes = c.ring_bytes - s.region.len() as u64 + region_len;
     s.ring = ring;
     s.region = region;

@@ -105,7 +105,8 @@ fn pump_rings(c: &mut ClientDev, slot: &mut [u8]) -> bool {
                 }
             }
             Bell::Srq(h) => {
-                let Some(s) = c.srqs.get_mut(&h) else {
+                // An SRQ lent to the process that runs its QP's responder is its to read.
+                let Some(s) = c.srqs.get_mut(&h).filter(|s| !s.lent) else {
                     continue;
                 };
                 busy |= pump_srq(&mut c.engine, h, s, slot, &mut sges, &mut out);

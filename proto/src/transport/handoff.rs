@@ -151,6 +151,34 @@ impl<M: MemoryAccess> Engine<M> {
         }
     }
 
+    /// Whether the SRQ may be lent to another engine as one QP's receive queue: exactly one
+    /// QP uses it and no limit is armed (the limit event is the daemon's to raise).
+    pub fn srq_lendable(&self, srq: u32) -> bool {
+        self.ctx
+            .srqs
+            .get(&srq)
+            .is_some_and(|s| s.users == 1 && s.limit == 0)
+    }
+
+    /// Takes the receive WQEs the SRQ holds, oldest first.
+    pub fn take_srq_recvs(&mut self, srq: u32) -> Vec<RecvWr> {
+        self.ctx
+            .srqs
+            .get_mut(&srq)
+            .map(|s| s.queue.drain(..).collect())
+            .unwrap_or_default()
+    }
+
+    /// Puts receive WQEs back in front of the SRQ, in their order (those another engine
+    /// took and did not use).
+    pub fn return_srq_recvs(&mut self, srq: u32, recvs: Vec<RecvWr>) {
+        if let Some(s) = self.ctx.srqs.get_mut(&srq) {
+            for r in recvs.into_iter().rev() {
+                s.queue.push_front(r);
+            }
+        }
+    }
+
     /// Registers an MR under the index and keys another engine gave it (a mirror of a peer
     /// process's MR). Replaces an MR of the same index.
     pub fn insert_mr(
@@ -392,5 +420,61 @@ mod tests {
                 .collect::<Vec<_>>(),
             [1, 2]
         );
+    }
+
+    /// An SRQ is lendable while exactly one QP uses it and no limit is armed; its WQEs move
+    /// out and the unused ones come back in front, in order.
+    #[test]
+    fn an_srq_feeding_one_qp_is_lent_with_its_wqes() {
+        let mut e = Engine::new(
+            EngineConfig::new("127.0.0.1".parse().unwrap(), 1),
+            VecMemory::new(),
+        );
+        let pd = e.alloc_pd();
+        let cq = e.create_cq(64).unwrap();
+        let srq = e.create_srq(pd, 16, 1).unwrap();
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: Some(srq),
+            cap: QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 0,
+                max_send_sge: 1,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+        };
+        assert!(!e.srq_lendable(srq), "no QP uses it yet");
+        let q1 = e.create_qp(init).unwrap();
+        assert!(e.srq_lendable(srq));
+        for i in 0..3 {
+            e.post_srq_recv(
+                srq,
+                RecvWr {
+                    wr_id: i,
+                    sg_list: vec![],
+                },
+            )
+            .unwrap();
+        }
+        let mut taken = e.take_srq_recvs(srq);
+        assert_eq!(taken.iter().map(|r| r.wr_id).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(e.srq_len(srq), Some(0));
+        taken.remove(0);
+        e.return_srq_recvs(srq, taken);
+        let back: Vec<u64> = e.take_srq_recvs(srq).iter().map(|r| r.wr_id).collect();
+        assert_eq!(back, [1, 2]);
+        e.arm_srq_limit(srq, 1).unwrap();
+        assert!(!e.srq_lendable(srq), "its limit is armed");
+        e.arm_srq_limit(srq, 0).unwrap();
+        let q2 = e.create_qp(init).unwrap();
+        assert!(!e.srq_lendable(srq), "two QPs use it");
+        e.destroy_qp(q2).unwrap();
+        assert!(e.srq_lendable(srq));
+        let _ = q1;
     }
 }

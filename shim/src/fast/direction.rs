@@ -170,13 +170,18 @@ pub struct DirectionRt {
     /// `pieces` (address, offset in the carried bytes, length) each carries.
     ready: Vec<(Cqe, usize, usize)>,
     pieces: Vec<(u64, usize, usize)>,
-    /// The peer QP's receive ring: we consume it while the direction is ours.
+    /// The peer QP's receive queue (its own ring, or its SRQ's): we consume it while the
+    /// direction is ours.
     peer_rq: SharedRing,
     peer_max_recv_sge: usize,
     rq_slot: Vec<u8>,
-    /// Receive WQEs the grant carried, and how many of them are still unused.
-    recvs_given: u32,
-    recvs_left: u32,
+    /// The receive WQEs the daemon held for the peer QP (they go before `peer_rq`'s), and
+    /// how many of them were used.
+    given: SharedRing,
+    given_slot: Vec<u8>,
+    recvs_used: u32,
+    /// The WQE last fed to the responder came from `given`.
+    last_from_given: bool,
     /// The requester's completions, for this process's `ibv_poll_cq` of `send_cq`.
     pub completions: VecDeque<Cqe>,
     /// Events for the daemon to deliver when the direction is given back.
@@ -212,6 +217,8 @@ impl DirectionRt {
         let control = unsafe { Direction::attach(block.base(), block.len(), g.direction) }
             .ok_or(Errno::PROTO)?;
         let ring = block.ring(&g.ring, true)?;
+        let mut given = block.ring(&g.recvs, false)?;
+        given.resync_consumer().map_err(|_| Errno::PROTO)?;
         let peer_region = Mapping::map(peer_fd, g.peer_region_len)?;
         let mut peer_rq = peer_region.ring(&g.peer_rq, false)?;
         peer_rq.resync_consumer().map_err(|_| Errno::PROTO)?;
@@ -231,21 +238,6 @@ impl DirectionRt {
         mirror.import_qp(&mc, &ms).map_err(|_| Errno::PROTO)?;
         let mut peer_mrs = MrMirror::new(peer_mr_fd, g.mr_table_len, g.responder.pd, mirror_pd)?;
         peer_mrs.sync(&mut mirror);
-        for r in &g.recvs {
-            let wr = proto::transport::RecvWr {
-                wr_id: r.wr_id,
-                sg_list: r
-                    .sges
-                    .iter()
-                    .map(|&(addr, length, lkey)| proto::transport::Sge {
-                        addr,
-                        length,
-                        lkey: Lkey(lkey),
-                    })
-                    .collect(),
-            };
-            mirror.post_recv(mc.qpn, wr).map_err(|_| Errno::PROTO)?;
-        }
         let slot_size = g.ring.slot_size as usize;
         let peer_slot = g.peer_rq.slot_size as usize;
         Ok(DirectionRt {
@@ -268,8 +260,10 @@ impl DirectionRt {
             peer_rq,
             peer_max_recv_sge: g.responder.cap.max_recv_sge as usize,
             rq_slot: vec![0u8; peer_slot],
-            recvs_given: g.recvs.len() as u32,
-            recvs_left: g.recvs.len() as u32,
+            given_slot: vec![0u8; g.recvs.slot_size as usize],
+            given,
+            recvs_used: 0,
+            last_from_given: false,
             completions: VecDeque::new(),
             events: Vec::new(),
             own_state: oc.state,
@@ -294,8 +288,9 @@ impl DirectionRt {
     /// that would not is left to the daemon, which has the RNR machinery and its timers.
     pub fn receives_available(&self, extra: u32) -> bool {
         let queued = self.mirror.rq_len(self.responder).unwrap_or(0) as u64;
+        let given = u64::from(self.given.available().unwrap_or(0));
         let in_ring = u64::from(self.peer_rq.available().unwrap_or(0));
-        queued + in_ring >= u64::from(extra)
+        queued + given + in_ring >= u64::from(extra)
     }
 
     /// Queues `wrs` on the requester, entering the direction first if this process is
@@ -416,6 +411,17 @@ impl DirectionRt {
             return;
         }
         let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
+        // Those the daemon held first: they are older.
+        while let Ok(true) = self.given.pop(&mut self.given_slot) {
+            self.recvs_used += 1;
+            self.last_from_given = true;
+            let Ok(w) = RecvWqe::decode(&self.given_slot, wqe::MAX_SGE, &mut sges) else {
+                continue;
+            };
+            let _ = self.mirror.post_recv(self.responder, convert::recv_wr(&w));
+            return;
+        }
+        self.last_from_given = false;
         while let Ok(true) = self.peer_rq.pop(&mut self.rq_slot) {
             let Ok(w) = RecvWqe::decode(&self.rq_slot, self.peer_max_recv_sge, &mut sges) else {
                 // As the daemon does with a malformed receive WQE: skipped.
@@ -494,6 +500,14 @@ impl DirectionRt {
         }
     }
 
+    /// Whether the responder holds a WQE of `given` it did not use (after an error): it goes
+    /// back to the daemon, which flushes it.
+    fn given_unused(&self) -> bool {
+        self.recvs_used > 0
+            && self.last_from_given
+            && self.mirror.rq_len(self.responder).unwrap_or(0) > 0
+    }
+
     /// Publishes the state, collects events, and says whether the daemon must take over.
     fn settle(&mut self) -> Outcome {
         let (r, p) = (self.requester, self.responder);
@@ -502,8 +516,6 @@ impl DirectionRt {
         let own_state = self.own.qp_config(r).map(|c| c.state);
         let peer_state = self.mirror.qp_config(p).map(|c| c.state);
         let failed = own_state != Some(self.own_state) || peer_state != Some(self.mirror_state);
-        let left = self.mirror.rq_len(p).unwrap_or(0) as u32;
-        self.recvs_left = self.recvs_left.min(left);
         let mut events = false;
         for (qpn, ev) in std::iter::from_fn(|| self.own.poll_event().map(|e| (r, e)))
             .chain(std::iter::from_fn(|| {
@@ -526,7 +538,7 @@ impl DirectionRt {
             comp_psn: own_seq.comp_psn.value(),
             resp_psn: peer_seq.resp_psn.value(),
             msn: peer_seq.msn,
-            recvs_used: self.recvs_given - self.recvs_left,
+            recvs_used: self.recvs_used - u32::from(self.given_unused()),
             flags: if failed { PUBLISHED_ERROR } else { 0 },
         });
         self.control
@@ -534,6 +546,10 @@ impl DirectionRt {
         self.control
             .write_counters(1, &self.mirror.counters().to_words());
         if failed || events || !idle || held {
+            super::trace(format_args!(
+                "give back: failed={failed} events={events} idle={idle} held={held} {:?}",
+                self.events
+            ));
             Outcome::GiveBack
         } else {
             Outcome::Idle

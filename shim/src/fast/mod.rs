@@ -10,8 +10,9 @@
 //! in the peer's completion ring one store later.
 //!
 //! The daemon stays the device: it grants a direction only while both halves are idle and the
-//! conditions hold (same uid, no capture or fault injection, no pacing, RC/UC, no SRQ, no
-//! completion channel), publishes the MR tables the engines check keys against, and can
+//! conditions hold (same uid, no capture or fault injection, no pacing, RC/UC, the peer's
+//! receive queue its own or an SRQ that feeds it alone, no CQ armed for an event),
+//! publishes the MR tables the engines check keys against, and can
 //! revoke a direction at any time; anything the fast path does not do (an error, RNR, a
 //! memory window, a state change) gives the direction back first, and the daemon's engine
 //! carries on from the published sequence numbers.
@@ -316,6 +317,21 @@ impl FastPath {
     pub fn give_back(&self, ctx: &ShimContext, qpn: u32) {
         let mut inner = self.lock();
         give_back_locked(ctx, &mut inner, qpn);
+    }
+
+    /// Ends the directions whose requester's completions go to CQ `cq` (before the CQ is
+    /// first armed for channel events, which only the daemon raises).
+    pub fn give_back_cq(&self, ctx: &ShimContext, cq: u32) {
+        let mut inner = self.lock();
+        let qpns: Vec<u32> = inner
+            .directions
+            .iter()
+            .filter(|(_, d)| d.send_cq == cq)
+            .map(|(q, _)| *q)
+            .collect();
+        for qpn in qpns {
+            give_back_locked(ctx, &mut inner, qpn);
+        }
     }
 
     /// The next completion of CQ `cq` from the fast sources (and first from what was moved

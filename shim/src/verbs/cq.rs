@@ -469,7 +469,10 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_
     })
 }
 
-/// `ctx->ops.req_notify_cq`: arms the CQ in shared memory; no system call.
+/// `ctx->ops.req_notify_cq`: arms the CQ in shared memory; no system call, unless fast-path
+/// directions have fed this CQ (`crate::fast`): only the daemon raises events, so it takes
+/// them back and adds the CQ's completions itself until the event fired
+/// (`Request::CqEventsWanted`).
 ///
 /// # Safety
 /// Called by libibverbs' inline verbs with the application's arguments; pointers are only
@@ -478,7 +481,21 @@ pub unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, wc: *mut IbvWc) -> c_
 pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_int {
     ffi::zero_or_errno(|| {
         let shim = cq_from_ptr(cq)?;
-        lock(&shim.ring).arm(solicited_only != 0);
+        let fed = {
+            let ring = lock(&shim.ring);
+            ring.arm(solicited_only != 0);
+            // Dekker with the daemon's grant, which counts the new source and then reads the
+            // arm: one of the two sees the other.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            ring.ring.fast_sources() != 0
+        };
+        if fed && !shim.cq.channel.is_null() {
+            let ctx = runtime::context_from_ptr(shim.cq.context)?;
+            // This process's own directions into it first (the daemon would wait for them);
+            // the daemon takes back the others'.
+            ctx.fast.give_back_cq(ctx, shim.handle);
+            ctx.call_done(&Request::CqEventsWanted { cq: shim.handle })?;
+        }
         Ok(())
     })
 }

@@ -187,7 +187,7 @@ impl ShimQp {
     /// Whether this QP's type can be on the same-host fast path (the daemon decides if it
     /// is: see `crate::fast`).
     fn fast_capable(&self) -> bool {
-        matches!(self.qp.qp_base.qp_type, IBV_QPT_RC | IBV_QPT_UC) && self.qp.qp_base.srq.is_null()
+        matches!(self.qp.qp_base.qp_type, IBV_QPT_RC | IBV_QPT_UC)
     }
 
     /// Posts the list starting at `wr` on the fast path when this QP's direction runs here
