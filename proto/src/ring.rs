@@ -45,6 +45,9 @@ const OFF_NOTIFY: usize = 196;
 const OFF_FAST_OFFER: usize = 200;
 /// Completion rings: how many times the set of fast rings feeding this CQ changed.
 const OFF_FAST_SOURCES: usize = 204;
+/// Receive rings (a QP's or an SRQ's): lent to the process that runs the responder of the
+/// fast path: nonzero = lent, and a post needs no doorbell.
+const OFF_FAST_LENT: usize = 208;
 
 /// CQ arming (`ibv_req_notify_cq`): no event wanted.
 pub const NOTIFY_NONE: u32 = 0;
@@ -320,6 +323,21 @@ impl SharedRing {
     /// Whether the daemon offers the fast path (read by the shim before it posts).
     pub fn fast_offered(&self) -> bool {
         self.word(OFF_FAST_OFFER).load(Ordering::Relaxed) != 0
+    }
+
+    /// The daemon lends this receive ring to another process (the fast path), or takes it
+    /// back. Taking it back is followed by a fence and a read of the ring: a producer that
+    /// read "lent" after its post (and rang no doorbell) posted before that read.
+    pub fn set_fast_lent(&self, lent: bool) {
+        self.word(OFF_FAST_LENT)
+            .store(u32::from(lent), Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Whether the ring is lent: read by the producer after a post (whose `push` ends with a
+    /// fence), which then rings no doorbell: the device is not the consumer.
+    pub fn fast_lent(&self) -> bool {
+        self.word(OFF_FAST_LENT).load(Ordering::SeqCst) != 0
     }
 
     /// The daemon changed the fast rings that feed this CQ.

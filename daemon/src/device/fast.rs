@@ -562,6 +562,7 @@ impl DeviceThread {
                     st.lent = true;
                     // The taker never sleeps on it: a post must not ring the device's doorbell.
                     st.ring.consumer_awake();
+                    st.ring.set_fast_lent(true);
                 }
                 recvs
             }
@@ -571,6 +572,7 @@ impl DeviceThread {
                     recvs.extend(q.pending_recv.drain(..));
                     if let Some(rq) = &q.rq {
                         rq.consumer_awake();
+                        rq.set_fast_lent(true);
                     }
                 }
                 recvs
@@ -771,6 +773,8 @@ impl DeviceThread {
                     pc.revisit.push(super::doorbells::Bell::Srq(s));
                     pc.srqs.get_mut(&s).map(|st| {
                         st.lent = false;
+                        // Then read again (the revisit): see `SharedRing::set_fast_lent`.
+                        st.ring.set_fast_lent(false);
                         &mut st.ring
                     })
                 }
@@ -789,6 +793,8 @@ impl DeviceThread {
             if let Some(h) = pc.qps.get_mut(&d.peer_qpn) {
                 h.lent = false;
                 if let Some(rq) = h.rq.as_mut().filter(|_| d.peer_srq.is_none()) {
+                    // Then read again (the revisit): see `SharedRing::set_fast_lent`.
+                    rq.set_fast_lent(false);
                     if rq.resync_consumer().is_err() {
                         debug!(
                             qpn = d.peer_qpn,

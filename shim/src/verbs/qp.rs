@@ -46,6 +46,11 @@ impl Producer {
         }
     }
 
+    /// Whether the daemon lent this receive ring to the fast path (read after a post).
+    pub fn lent(&self) -> bool {
+        self.ring.fast_lent()
+    }
+
     /// Encodes and publishes one receive WQE.
     pub fn post_recv(&mut self, wr: &IbvRecvWr, max_sge: u32) -> Result<bool, Errno> {
         let mut sges = [Sge::default(); wqe::MAX_SGE];
@@ -411,13 +416,20 @@ pub unsafe extern "C" fn post_send(
                 return Err(Errno::INVAL);
             }
             if let Some(result) = shim.post_fast(ctx, &mut sq, wr) {
-                (false, result)
+                (None, result)
             } else {
                 // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
-                unsafe { helpers::post_each(wr, |w| shim.post_send_one(&mut sq, w)) }
+                let (bell, result) =
+                    unsafe { helpers::post_each(wr, |w| shim.post_send_one(&mut sq, w)) };
+                (Some(bell), result)
             }
         };
-        ctx.rang(shim.doorbell, ring_bell);
+        // Work posted on the fast path is not in the ring: no doorbell (it would set the
+        // QP's bit and wake a sleeping device thread for nothing, a third process on the
+        // CPUs for every message).
+        if let Some(ring_bell) = ring_bell {
+            ctx.rang(shim.doorbell, ring_bell);
+        }
         result.map_err(|(e, at)| {
             failed = at;
             e
@@ -455,10 +467,10 @@ pub unsafe extern "C" fn post_recv(
             failed = wr;
             return Err(Errno::INVAL);
         }
-        let (ring_bell, result) = {
+        let (ring_bell, result, lent) = {
             let mut rq = lock(rq);
             // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
-            unsafe {
+            let (bell, result) = unsafe {
                 helpers::post_each(wr, |w| {
                     if shim.rq_outstanding.load(Ordering::Acquire) >= shim.cap.max_recv_wr {
                         return Err(Errno::NOMEM);
@@ -467,9 +479,15 @@ pub unsafe extern "C" fn post_recv(
                     shim.rq_outstanding.fetch_add(1, Ordering::AcqRel);
                     Ok(bell)
                 })
-            }
+            };
+            (bell, result, rq.ring.fast_lent())
         };
-        ctx.rang(shim.doorbell, ring_bell);
+        // A ring lent to the process that runs this QP's responder (the fast path) is read
+        // there: the device needs no doorbell, and waking it would put a third process on
+        // the CPUs for every message.
+        if !lent {
+            ctx.rang(shim.doorbell, ring_bell);
+        }
         result.map_err(|(e, at)| {
             failed = at;
             e

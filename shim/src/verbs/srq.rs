@@ -322,12 +322,17 @@ pub unsafe extern "C" fn post_srq_recv(
         let shim = srq_from_ptr(srq)?;
         let ctx = runtime::context_from_ptr(shim.srq.context)?;
         ctx.data_path_ok()?;
-        let (ring_bell, result) = {
+        let (ring_bell, result, lent) = {
             let mut ring = lock(&shim.ring);
             // SAFETY: `wr` heads the caller's list of valid WRs (the verb's contract).
-            unsafe { helpers::post_each(wr, |w| ring.producer.post_recv(w, shim.max_sge)) }
+            let (bell, result) =
+                unsafe { helpers::post_each(wr, |w| ring.producer.post_recv(w, shim.max_sge)) };
+            (bell, result, ring.producer.lent())
         };
-        ctx.rang(shim.doorbell, ring_bell);
+        // Lent to the process that runs its QP's responder (the fast path): no doorbell.
+        if !lent {
+            ctx.rang(shim.doorbell, ring_bell);
+        }
         result.map_err(|(e, at)| {
             failed = at;
             e
