@@ -91,8 +91,8 @@ pub trait MemoryAccess {
 /// memory of a test or of a simulated host. One address space: `space` is ignored.
 #[derive(Debug, Clone)]
 pub struct VecMemory {
-    /// (allocation base, bytes), in increasing order of base (allocations only grow).
-    regions: Vec<(u64, Vec<u8>)>,
+    /// The allocations, in increasing order of base (allocations only grow).
+    regions: Vec<Region>,
     next_base: u64,
     /// The region the last access fell in: consecutive packets of a message hit the same one.
     last_hit: Cell<usize>,
@@ -114,10 +114,11 @@ impl VecMemory {
         }
     }
 
-    /// Allocates `len` zeroed bytes and returns their address (8-byte aligned, so atomics work).
+    /// Allocates `len` zeroed bytes and returns their address (page aligned, so atomics work).
+    /// The bytes are page aligned in this process too (see [`Region`]).
     pub fn alloc(&mut self, len: usize) -> u64 {
         let base = self.next_base;
-        self.regions.push((base, vec![0; len]));
+        self.regions.push(Region::zeroed(base, len));
         // Leave a gap so that an access running past the end is refused, not silently served
         // by the next allocation.
         self.next_base = base + ((len as u64 + 0x1fff) & !0xfff);
@@ -129,33 +130,82 @@ impl VecMemory {
     fn locate(&self, addr: u64) -> Option<(usize, usize)> {
         let hit = self.last_hit.get();
         let i = match self.regions.get(hit) {
-            Some((base, bytes)) if addr >= *base && addr - base < bytes.len() as u64 => hit,
+            Some(r) if addr >= r.base && addr - r.base < r.len as u64 => hit,
             _ => {
-                let i = self.regions.partition_point(|(base, _)| *base <= addr);
+                let i = self.regions.partition_point(|r| r.base <= addr);
                 let i = i.checked_sub(1)?;
                 self.last_hit.set(i);
                 i
             }
         };
-        let start = usize::try_from(addr - self.regions[i].0).ok()?;
+        let start = usize::try_from(addr - self.regions[i].base).ok()?;
         Some((i, start))
     }
 
     /// The bytes of the allocation that contains `[addr, addr+len)`.
     pub fn slice(&self, addr: u64, len: usize) -> Option<&[u8]> {
         let (i, start) = self.locate(addr)?;
-        self.regions[i].1.get(start..start.checked_add(len)?)
+        self.regions[i].bytes().get(start..start.checked_add(len)?)
     }
 
     fn slice_mut(&mut self, addr: u64, len: usize) -> Option<&mut [u8]> {
         let (i, start) = self.locate(addr)?;
-        self.regions[i].1.get_mut(start..start.checked_add(len)?)
+        self.regions[i]
+            .bytes_mut()
+            .get_mut(start..start.checked_add(len)?)
     }
 
     /// Test helper: fills memory, panicking on a bad address (test code only).
     pub fn fill(&mut self, addr: u64, data: &[u8]) {
         self.write(0, addr, data)
             .expect("VecMemory::fill outside an allocation");
+    }
+}
+
+/// One [`VecMemory`] allocation. Its bytes start on a page boundary of this process, as its
+/// address does, so that an address has the same offset in its cache line and page in both,
+/// as an application's registered buffer has for the daemon. A plain `Vec` would start at
+/// whatever 16-byte offset the heap's history gives it: the speed of the engine's copies and
+/// ICRCs (64-byte loads and stores) depends on that offset, and benchmarks would move with
+/// anything else the program allocates.
+#[derive(Debug)]
+struct Region {
+    base: u64,
+    /// Up to a page more than `len`, so that the bytes can start on a page boundary.
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Region {
+    const PAGE: usize = 4096;
+
+    fn zeroed(base: u64, len: usize) -> Region {
+        let storage = vec![0u8; len + Self::PAGE - 1];
+        let start = storage.as_ptr().addr().wrapping_neg() % Self::PAGE;
+        Region {
+            base,
+            storage,
+            start,
+            len,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
+    }
+}
+
+impl Clone for Region {
+    /// A copy is page aligned too.
+    fn clone(&self) -> Region {
+        let mut copy = Region::zeroed(self.base, self.len);
+        copy.bytes_mut().copy_from_slice(self.bytes());
+        copy
     }
 }
 
@@ -190,6 +240,24 @@ impl MemoryAccess for VecMemory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vec_memory_bytes_have_their_address_offset_in_a_page() {
+        let mut m = VecMemory::new();
+        let addrs: Vec<u64> = [1usize << 20, 100, 4096, 1].map(|len| m.alloc(len)).into();
+        m.fill(addrs[0] + 4095, &[7]);
+        for mem in [&m, &m.clone()] {
+            for &a in &addrs {
+                for at in [a, a + 1, a + 64] {
+                    let Some(bytes) = mem.slice(at, 1) else {
+                        continue;
+                    };
+                    assert_eq!(bytes.as_ptr().addr() % 4096, (at % 4096) as usize);
+                }
+            }
+            assert_eq!(mem.slice(addrs[0] + 4095, 1), Some(&[7u8][..]));
+        }
+    }
 
     #[test]
     fn vec_memory_bounds_and_atomics() {
