@@ -44,15 +44,16 @@ fn ip(args: &[&str]) {
 
 /// Two namespaces, `<tag>-a` (the server, 10.13.0.1) and `<tag>-b` (the client,
 /// 10.13.0.2), joined by a veth pair. Each drops `loss` and duplicates `dup` of its
-/// outgoing UDP packets to port 4791, per mille, except the client's plain ACKs (BTH
-/// opcode 0x11) and its DREQ: rc_pingpong's and rping's clients exit as soon as their last
-/// message arrives, so a lost ACK of the server's last SEND could never be repeated (the QP
-/// is gone) and the server would end with RETRY_EXC_ERR; and rping's client destroys its
+/// outgoing UDP packets to port 4791, per mille, except plain ACKs (BTH opcode 0x11) and
+/// the client's DREQ: rc_pingpong's and rping's programs exit as soon as their last message
+/// arrives, so a lost ACK of the peer's last SEND could never be repeated (the QP is gone)
+/// and the peer would end with RETRY_EXC_ERR (the client did, once in a full run, when the
+/// server's last ACK was lost); and rping's client destroys its
 /// CM ID right after `rdma_disconnect`, which stops the DREQ's retries (the ID goes to
 /// timewait, as in ib_cm's `cm_destroy_id`), so a lost DREQ leaves the server waiting for
 /// DISCONNECTED for ever. Those are the programs' own races, on rxe and on hardware too;
-/// every other packet, SACKs, the rest of the CM and the server's ACKs included, is fair
-/// game. Deleted on drop.
+/// every other packet, SACKs, NAKs and the rest of the CM included, is fair game (lost ACKs
+/// in the middle of a transfer are the simulator's: `proto::sim`). Deleted on drop.
 struct LossyPath {
     ns: [String; 2],
 }
@@ -92,7 +93,7 @@ impl LossyPath {
             ip(&["-n", &ns[i], "link", "set", "lo", "up"]);
             let peer = if i == 0 { CLIENT_IP } else { SERVER_IP };
             // @th,64,8: the first byte after the UDP header, the BTH opcode.
-            let spare = if i == 1 { "@th,64,8 != 0x11 " } else { "" };
+            let spare = "@th,64,8 != 0x11 ";
             // A UD SEND_ONLY whose MAD has class 0x07 (CM, @th,232,8) and attribute 0x0015
             // (DREQ, @th,352,16: the MAD starts 28 bytes into the UDP datagram).
             let keep_dreq = if i == 1 {
