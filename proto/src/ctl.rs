@@ -552,10 +552,10 @@ pub enum Request {
         cq: u32,
         known: Vec<u64>,
     },
-    /// Sent once per CQ with a completion channel, before the client first arms it
-    /// (`ibv_req_notify_cq`): from then on its completions must raise channel events, which
-    /// only the daemon raises, so no direction feeds that CQ any more. Answered
-    /// ([`Response::Done`]) once the directions that did are back.
+    /// The client armed CQ `cq` (`ibv_req_notify_cq`, a CQ with a completion channel) after
+    /// fast-path directions had fed it: until the event fires only the daemon, which raises
+    /// it, may add completions. Answered ([`Response::CqEvents`]) once the directions that
+    /// fed it are back.
     CqEventsWanted {
         cq: u32,
     },
@@ -721,6 +721,11 @@ pub enum Response {
         more: bool,
     },
     Congestion(Vec<DeviceCongestion>),
+    /// To [`Request::CqEventsWanted`]. `events_only`: no direction will feed this CQ again
+    /// (its client waits on events rather than polls), so later arms need not ask.
+    CqEvents {
+        events_only: bool,
+    },
 }
 
 // ---- the operator's commands ----

@@ -342,9 +342,11 @@ impl DeviceThread {
                 return resize::resize_cq(c, cq, cqe, ring_budget);
             }
             // The directions that fed it are back by now (`DeviceThread::fast_blockers`).
-            Request::CqEventsWanted { cq } => match c.cqs.contains_key(&cq) {
-                true => Response::Done,
-                false => errno(libc::EINVAL, "no such CQ"),
+            Request::CqEventsWanted { cq } => match c.cqs.get(&cq) {
+                Some(q) => Response::CqEvents {
+                    events_only: q.events_only,
+                },
+                None => errno(libc::EINVAL, "no such CQ"),
             },
             Request::QuerySrq { srq } => match c.srqs.get(&srq) {
                 Some(s) => Response::SrqAttr {

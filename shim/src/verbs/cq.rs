@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::ptr::{self, addr_of_mut};
-use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use libc::{c_int, c_uint, c_void};
@@ -85,6 +85,8 @@ pub struct ShimCq {
     pub async_events_reported: AtomicU32,
     /// Consecutive polls that found the ring empty (see [`poll_yield_every`]).
     empty_polls: AtomicU32,
+    /// The daemon said no fast-path direction feeds this CQ again (`Response::CqEvents`).
+    events_only: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -284,6 +286,7 @@ fn create(
         comp_events_reported: AtomicU32::new(0),
         async_events_reported: AtomicU32::new(0),
         empty_polls: AtomicU32::new(0),
+        events_only: AtomicBool::new(false),
     });
     if !channel.is_null() {
         channel_refcnt(channel).fetch_add(1, Ordering::AcqRel);
@@ -487,14 +490,32 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) ->
             // Dekker with the daemon's grant, which counts the new source and then reads the
             // arm: one of the two sees the other.
             std::sync::atomic::fence(Ordering::SeqCst);
+            // Armed while completions wait unpolled: the event comes at once, as an mlx5 CQ
+            // raises it when its arm finds CQEs past the consumer index. UCX's sleep mode
+            // arms and then waits without polling again, and would wait for ever.
+            if solicited_only == 0
+                && ring.ring.available().unwrap_or(0) > 0
+                && ring.ring.take_arm(true)
+            {
+                super::events::notify_now(shim.cq.channel, shim.handle);
+            }
             ring.ring.fast_sources() != 0
         };
-        if fed && !shim.cq.channel.is_null() {
+        if fed && !shim.cq.channel.is_null() && !shim.events_only.load(Ordering::Acquire) {
             let ctx = runtime::context_from_ptr(shim.cq.context)?;
             // This process's own directions into it first (the daemon would wait for them);
             // the daemon takes back the others'.
             ctx.fast.give_back_cq(ctx, shim.handle);
-            ctx.call_done(&Request::CqEventsWanted { cq: shim.handle })?;
+            match ctx
+                .call(&Request::CqEventsWanted { cq: shim.handle }, &[])?
+                .0
+            {
+                // No direction feeds it again: later arms are a store, as before any did.
+                Response::CqEvents { events_only } => {
+                    shim.events_only.store(events_only, Ordering::Release)
+                }
+                _ => return Err(Errno::PROTO),
+            }
         }
         Ok(())
     })
