@@ -345,8 +345,10 @@ fn cqs_armed_for_events_get_them_from_the_daemon() {
         let fast = run(port, &[]);
         let slow = run(port + 10, &[("SOFTROCE_FAST_PATH", "0")]);
         let grants = get(&fast, "device_fast_grants");
+        // A few (each CQ goes to the daemon for good after its second revoke; a taker also
+        // gives a direction back when its peer has no receive posted), not one per message.
         assert!(
-            grants <= 6,
+            grants <= 20,
             "size {size}: the CQs went back and forth: {fast:?}"
         );
         assert_eq!(grants, get(&fast, "device_fast_returns"), "{fast:?}");

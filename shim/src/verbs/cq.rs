@@ -490,15 +490,6 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) ->
             // Dekker with the daemon's grant, which counts the new source and then reads the
             // arm: one of the two sees the other.
             std::sync::atomic::fence(Ordering::SeqCst);
-            // Armed while completions wait unpolled: the event comes at once, as an mlx5 CQ
-            // raises it when its arm finds CQEs past the consumer index. UCX's sleep mode
-            // arms and then waits without polling again, and would wait for ever.
-            if solicited_only == 0
-                && ring.ring.available().unwrap_or(0) > 0
-                && ring.ring.take_arm(true)
-            {
-                super::events::notify_now(shim.cq.channel, shim.handle);
-            }
             ring.ring.fast_sources() != 0
         };
         if fed && !shim.cq.channel.is_null() && !shim.events_only.load(Ordering::Acquire) {

@@ -117,25 +117,6 @@ pub fn wake_for_device_loss(addr: usize) {
     }
 }
 
-/// Writes CQ `cq`'s completion event into `channel` from this process (the daemon writes the
-/// others): for an arm that finds completions waiting (`cq::req_notify_cq`). Never blocks: a
-/// full pipe already wakes its reader.
-pub fn notify_now(channel: *mut IbvCompChannel, cq: u32) {
-    if !COMP_CHANNELS.contains(channel) {
-        return;
-    }
-    // SAFETY: registered, so the first member of a live ShimCompChannel (its CQ holds a
-    // reference: it is not destroyed while the CQ lives).
-    let shim = unsafe { &*channel.cast::<ShimCompChannel>() };
-    let mut rec = [0u8; 8];
-    rec[..4].copy_from_slice(&cq.to_ne_bytes());
-    // SAFETY: as in `wake_for_device_loss`: our write end, a valid 8-byte record.
-    unsafe {
-        libc::fcntl(shim.write_end.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK);
-        libc::write(shim.write_end.as_raw_fd(), rec.as_ptr().cast(), rec.len());
-    }
-}
-
 /// Whether an async event type names a port (or the device) rather than a CQ/QP/SRQ/WQ; the
 /// same split libibverbs' `ibv_get_async_event` makes when it decodes `element`.
 fn is_port_event(event_type: c_int) -> bool {
