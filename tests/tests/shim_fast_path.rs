@@ -208,6 +208,20 @@ fn pingpong_with(
     }
 }
 
+type Counted = Vec<(String, u64)>;
+
+/// Runs a pair of programs (`run(port, who)`, both sides as `who`) on the fast path, then on
+/// `port + 10` with `SOFTROCE_FAST_PATH=0`: what each run moved in the daemon's counters,
+/// (fast path, daemon path).
+fn on_both_paths(d: &Daemon, port: u16, run: impl Fn(u16, As<'_>)) -> (Counted, Counted) {
+    let before = counters(d);
+    run(port, As::Me(&[]));
+    let fast = delta(&before, &counters(d));
+    let before = counters(d);
+    run(port + 10, As::Me(&[("SOFTROCE_FAST_PATH", "0")]));
+    (fast, delta(&before, &counters(d)))
+}
+
 /// One user, one daemon: the pingpong runs on the fast path (directions granted) and counts
 /// exactly the messages the daemon's path counts for the same run, with no error anywhere;
 /// every buffer is checked by the program (`-c`), at one packet and at many per message.
@@ -217,14 +231,8 @@ fn rc_pingpong_on_the_fast_path_counts_as_on_the_daemons_path() {
     let iters = 100u64;
     for (port, size) in [(18711u16, "64"), (18712, "65536")] {
         let args = ["-s", size, "-n", "100"];
-        let before = counters(&d);
-        rc_pingpong(&d, port, &args, As::Me(&[]), As::Me(&[]));
-        let fast = delta(&before, &counters(&d));
-
-        let before = counters(&d);
-        let off: &[(&str, &str)] = &[("SOFTROCE_FAST_PATH", "0")];
-        rc_pingpong(&d, port + 10, &args, As::Me(off), As::Me(off));
-        let slow = delta(&before, &counters(&d));
+        let (fast, slow) =
+            on_both_paths(&d, port, |port, who| rc_pingpong(&d, port, &args, who, who));
 
         assert!(
             get(&fast, "device_fast_grants") >= 1,
@@ -265,27 +273,9 @@ fn srq_pingpong_on_the_fast_path_while_the_srq_feeds_one_qp() {
         (18743, "4096", "4", "500"),
     ] {
         let args = ["-s", size, "-n", "100", "-q", qps, "-r", rx_depth];
-        let before = counters(&d);
-        pingpong(
-            "ibv_srq_pingpong",
-            &d,
-            port,
-            &args,
-            As::Me(&[]),
-            As::Me(&[]),
-        );
-        let fast = delta(&before, &counters(&d));
-        let before = counters(&d);
-        let off: &[(&str, &str)] = &[("SOFTROCE_FAST_PATH", "0")];
-        pingpong(
-            "ibv_srq_pingpong",
-            &d,
-            port + 10,
-            &args,
-            As::Me(off),
-            As::Me(off),
-        );
-        let slow = delta(&before, &counters(&d));
+        let (fast, slow) = on_both_paths(&d, port, |port, who| {
+            pingpong("ibv_srq_pingpong", &d, port, &args, who, who)
+        });
         let grants = get(&fast, "device_fast_grants");
         if qps == "1" {
             assert!(
@@ -319,7 +309,7 @@ fn srq_pingpong_on_the_fast_path_while_the_srq_feeds_one_qp() {
 /// directions that fed it come back first. The program sleeps on events throughout (on both
 /// sides, or on the client's while the server polls, where directions are granted between
 /// the arms and taken back by them), every buffer checked, with the daemon path's counters;
-/// after two arms that took directions back the CQ stays with the daemon, so the grants are
+/// after its second arm that had to ask the daemon the CQ stays with it, so the grants are
 /// few.
 #[test]
 fn cqs_armed_for_events_get_them_from_the_daemon() {
@@ -336,17 +326,13 @@ fn cqs_armed_for_events_get_them_from_the_daemon() {
         } else {
             (vec!["-s", size, "-n", "200"], events)
         };
-        let run = |port: u16, env: &[(&str, &str)]| {
-            let before = counters(&d);
-            let me = As::Me(env);
-            pingpong_with("ibv_rc_pingpong", &d, port, &args, client_only, me, me);
-            delta(&before, &counters(&d))
-        };
-        let fast = run(port, &[]);
-        let slow = run(port + 10, &[("SOFTROCE_FAST_PATH", "0")]);
+        let (fast, slow) = on_both_paths(&d, port, |port, who| {
+            pingpong_with("ibv_rc_pingpong", &d, port, &args, client_only, who, who)
+        });
         let grants = get(&fast, "device_fast_grants");
-        // A few (each CQ goes to the daemon for good after its second revoke; a taker also
-        // gives a direction back when its peer has no receive posted), not one per message.
+        // A few (each CQ goes to the daemon for good after its second arm that asked; a taker
+        // also gives a direction back when its peer has no receive posted), not one per
+        // message.
         assert!(
             grants <= 20,
             "size {size}: the CQs went back and forth: {fast:?}"

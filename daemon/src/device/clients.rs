@@ -84,11 +84,16 @@ pub(super) struct CqState {
     pub ctx: u32,
     /// Overrun: the CQ is in error and its QPs were moved to ERR.
     pub in_error: bool,
-    /// Times an arm for channel events took fast-path directions back from it
-    /// (`Request::CqEventsWanted`); from the second on (`events_only`) no direction feeds it
-    /// again: its client waits on events rather than polls.
-    pub arm_revokes: u8,
+    /// Times its client armed it for a channel event after fast-path directions had fed it,
+    /// or might have (`Request::CqEventsWanted`); from the second on (`events_only`) no
+    /// direction feeds it again and the shim stops asking: its client waits on events rather
+    /// than polls, and every arm would otherwise cost a control request.
+    pub arm_requests: u8,
     pub events_only: bool,
+    /// An offer was refused because the CQ was armed: when its event fires, the QPs that
+    /// use it are looked at again (`DeviceThread::fast_events_fired`); no other fired event
+    /// costs the device a pass over the client's QPs.
+    pub offer_waits: std::cell::Cell<bool>,
 }
 
 pub(super) struct QpHost {

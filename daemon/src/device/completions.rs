@@ -100,7 +100,7 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32, fenced: &[u32])
         }
         if fire {
             send_cq_event(c, h, index);
-            if !c.cqs.get(&h).is_some_and(|q| q.events_only) {
+            if c.cqs.get(&h).is_some_and(|q| q.offer_waits.replace(false)) {
                 c.fired_cqs.push(h);
             }
         }

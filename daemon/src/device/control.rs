@@ -341,11 +341,18 @@ impl DeviceThread {
             Request::ResizeCq { cq, cqe } => {
                 return resize::resize_cq(c, cq, cqe, ring_budget);
             }
-            // The directions that fed it are back by now (`DeviceThread::fast_blockers`).
-            Request::CqEventsWanted { cq } => match c.cqs.get(&cq) {
-                Some(q) => Response::CqEvents {
-                    events_only: q.events_only,
-                },
+            // The directions that fed it are back by now (`DeviceThread::fast_blockers`). A
+            // client that arms again and again waits on events: from its second such arm the
+            // CQ stays with the device rather than go back and forth, and its arms stop
+            // asking (each is a control request).
+            Request::CqEventsWanted { cq } => match c.cqs.get_mut(&cq) {
+                Some(q) => {
+                    q.arm_requests = q.arm_requests.saturating_add(1);
+                    q.events_only |= q.arm_requests >= 2;
+                    Response::CqEvents {
+                        events_only: q.events_only,
+                    }
+                }
                 None => errno(libc::EINVAL, "no such CQ"),
             },
             Request::QuerySrq { srq } => match c.srqs.get(&srq) {

@@ -99,8 +99,9 @@ pub(super) fn create_cq(
                     generation: 0,
                     ctx,
                     in_error: false,
-                    arm_revokes: 0,
+                    arm_requests: 0,
                     events_only: false,
+                    offer_waits: std::cell::Cell::new(false),
                 },
             );
             (

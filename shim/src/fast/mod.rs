@@ -319,8 +319,8 @@ impl FastPath {
         give_back_locked(ctx, &mut inner, qpn);
     }
 
-    /// Ends the directions whose requester's completions go to CQ `cq` (before the CQ is
-    /// first armed for channel events, which only the daemon raises).
+    /// Ends the directions whose requester's completions go to CQ `cq` (after an arm of it:
+    /// until its event fires only the daemon, which raises it, adds its completions).
     pub fn give_back_cq(&self, ctx: &ShimContext, cq: u32) {
         let mut inner = self.lock();
         let qpns: Vec<u32> = inner

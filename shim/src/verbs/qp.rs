@@ -480,7 +480,7 @@ pub unsafe extern "C" fn post_recv(
                     Ok(bell)
                 })
             };
-            (bell, result, rq.ring.fast_lent())
+            (bell, result, rq.lent())
         };
         // A ring lent to the process that runs this QP's responder (the fast path) is read
         // there: the device needs no doorbell, and waking it would put a third process on
