@@ -405,7 +405,10 @@ fn local_packets_through_the_link_stay_on_the_daemons_path() {
 
 /// The statuses of success and failure are the daemon's: a C program whose parent and forked
 /// child each open their own context (two clients of one user) runs WRITE, SEND and READ
-/// (bytes compared on both sides), a WRITE with a wrong R_Key (REM_ACCESS_ERR, then a flush)
+/// (bytes compared on both sides), messages of many packets at odd offsets (a receive of two
+/// SGEs split inside a packet, a source changed once its WRITE completed: the fast path
+/// writes each payload from the sender's buffer in place, so a byte read too late or from
+/// the wrong place shows), a WRITE with a wrong R_Key (REM_ACCESS_ERR, then a flush)
 /// and a SEND with no receive posted (RNR_RETRY_EXC_ERR): every completion either side sees,
 /// and every error counter, is the same with the fast path as with `SOFTROCE_FAST_PATH=0`.
 #[test]
@@ -452,6 +455,18 @@ fn completions_and_errors_on_the_fast_path_are_the_daemons() {
             &[
                 "parent wr_id=4 opcode=1 status=10",
                 "parent wr_id=5 opcode=1 status=5",
+            ][..],
+        ),
+        (
+            "big",
+            &[
+                "parent wr_id=11 opcode=1 status=0",
+                "child big WRITE bytes match",
+                "child wr_id=8 opcode=128 status=0 byte_len=70001",
+                "child big SEND bytes match",
+                "child wr_id=9 opcode=128 status=0 byte_len=150",
+                "child small SEND bytes match",
+                "child big WRITE again bytes match",
             ][..],
         ),
         ("rnr", &["parent wr_id=6 opcode=0 status=13"][..]),

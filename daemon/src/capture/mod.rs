@@ -73,11 +73,13 @@ impl DeviceTap {
     /// The batch goes to the writer (if it holds anything).
     fn hand_over(&mut self) {
         if self.batch_packets > 0 {
-            let bytes = std::mem::replace(&mut self.batch, self.shared.spare_batch(BATCH_CAPACITY));
+            let (bytes, finish) = self.shared.spare_batch(BATCH_CAPACITY);
+            let bytes = std::mem::replace(&mut self.batch, bytes);
+            let finish = std::mem::replace(&mut self.batch_finish, finish);
             self.shared.deliver(
                 self.iface,
                 bytes,
-                std::mem::take(&mut self.batch_finish),
+                finish,
                 std::mem::take(&mut self.batch_packets),
             );
         }
@@ -142,14 +144,15 @@ impl DeviceCapture {
     /// its QP filter means on this device.
     pub fn attach(&mut self, shared: Arc<CaptureShared>, iface: u32, qpns: Vec<u32>) {
         self.now = pcapng::timestamp_now().max(self.now);
+        let (batch, batch_finish) = shared.spare_batch(BATCH_CAPACITY);
         self.taps.push(DeviceTap {
-            batch: shared.spare_batch(BATCH_CAPACITY),
+            batch,
+            batch_finish,
             shared,
             iface,
             qpns,
             batch_packets: 0,
             batch_since: 0,
-            batch_finish: Vec::new(),
         });
     }
 

@@ -83,9 +83,11 @@ pub struct CaptureShared {
     tx: Sender<WriterMsg>,
     /// Bytes queued for the writer and not yet written.
     queued: AtomicUsize,
-    /// Batches the writer has written, emptied, for the devices to reuse.
-    spare_tx: Sender<Vec<u8>>,
-    spare_rx: Receiver<Vec<u8>>,
+    /// Batches the writer has written, emptied, for the devices to reuse (with their lists of
+    /// frames to finish: a batch that had to grow both anew cost the device thread more than
+    /// the copy of its frames).
+    spare_tx: Sender<(Vec<u8>, Vec<Finish>)>,
+    spare_rx: Receiver<(Vec<u8>, Vec<Finish>)>,
 }
 
 impl CaptureShared {
@@ -93,12 +95,12 @@ impl CaptureShared {
         &self.spec
     }
 
-    /// An empty batch to fill: a written one back from the writer, else a new one with room
-    /// for `capacity` bytes.
-    pub(super) fn spare_batch(&self, capacity: usize) -> Vec<u8> {
+    /// An empty batch to fill and its empty list of frames to finish: a written one back
+    /// from the writer, else a new one with room for `capacity` bytes.
+    pub(super) fn spare_batch(&self, capacity: usize) -> (Vec<u8>, Vec<Finish>) {
         self.spare_rx
             .try_recv()
-            .unwrap_or_else(|_| Vec::with_capacity(capacity))
+            .unwrap_or_else(|_| (Vec::with_capacity(capacity), Vec::with_capacity(64)))
     }
 
     /// Claims one packet of the budget; false once it is spent (or the capture ended).
@@ -211,14 +213,15 @@ fn run(
         match rx.try_recv() {
             Ok(WriterMsg::Packets {
                 mut bytes,
-                finish,
+                mut finish,
                 count,
             }) => {
                 ok = write_batch(&mut out, &mut bytes, &finish);
                 shared.queued.fetch_sub(bytes.len(), Ordering::Relaxed);
                 written += count;
                 bytes.clear();
-                let _ = shared.spare_tx.try_send(bytes);
+                finish.clear();
+                let _ = shared.spare_tx.try_send((bytes, finish));
             }
             Ok(WriterMsg::Stop) | Err(TryRecvError::Disconnected) => break,
             Err(TryRecvError::Empty) if shared.is_finished() => break,

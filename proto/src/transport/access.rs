@@ -83,6 +83,10 @@ impl<M: MemoryAccess> Ctx<M> {
                 let at = sge.addr.wrapping_add(skip);
                 let space = self.check_local(pd, sge, at, out.len() as u64, Access::NONE)?;
                 if let Some(bytes) = self.mem.lend(space, at, out.len()) {
+                    // Unsealed, to a consumer that reads the bytes where they are: no copy.
+                    if !self.config.seal_icrc && self.mem.leave_in_place(at, out.len()) {
+                        return Ok(Payload::InPlace);
+                    }
                     return Ok(Payload::Lent(bytes));
                 }
                 // Memory that does not lend (the daemon's): copy, the key already checked.

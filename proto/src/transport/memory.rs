@@ -72,6 +72,16 @@ pub trait MemoryAccess {
         None
     }
 
+    /// Whether the payload this memory just lent (`len` bytes at `addr`) may stay out of a
+    /// packet that is not sealed: the packet's consumer is in this process, in the same
+    /// thread, and takes the bytes from where they were lent instead of from the packet (the
+    /// same-host fast path: one copy, by the kernel, from the sender's buffer into the
+    /// receiver's). A memory that says yes takes note of where the bytes are, for that
+    /// consumer, and must make sure the packet goes nowhere else. No, by default.
+    fn leave_in_place(&self, _addr: u64, _len: usize) -> bool {
+        false
+    }
+
     /// The `len` bytes at `addr` as a mutable slice, when this memory is in this process;
     /// `None`, the default, means "use [`MemoryAccess::write`]". The receive path copies an
     /// RDMA WRITE's payload out of the packet by the same pass that verifies the ICRC.

@@ -202,6 +202,10 @@ pub(crate) enum Payload<'a> {
     /// It lends the payload's bytes (registered memory in this process): [`emit`] copies
     /// them into the frame in the pass that computes the ICRC.
     Lent(&'a [u8]),
+    /// The payload stays where it was lent and the frame's payload bytes are left as they
+    /// were: an unsealed packet whose consumer reads them there
+    /// ([`crate::transport::MemoryAccess::leave_in_place`]).
+    InPlace,
 }
 
 /// The headers of a full-MTU MIDDLE packet of the message a QP is sending, kept from the
@@ -271,7 +275,7 @@ impl SegmentTemplate {
         let payload_out = &mut rest[..payload_len];
         let lent = match fill(payload_out) {
             Err(e) => return Some(Err(e)),
-            Ok(Payload::Written) => None,
+            Ok(Payload::Written | Payload::InPlace) => None,
             Ok(Payload::Lent(bytes)) if bytes.len() == payload_len => Some(bytes),
             Ok(Payload::Lent(_)) => return None,
         };
@@ -352,7 +356,7 @@ pub(crate) fn emit<'a, E>(
     let payload_at = transport_at + l.header_len;
     let lent = match fill(&mut buf[payload_at..payload_at + t.payload_len]) {
         Err(e) => return Some(Err(e)),
-        Ok(Payload::Written) => None,
+        Ok(Payload::Written | Payload::InPlace) => None,
         Ok(Payload::Lent(bytes)) if bytes.len() == t.payload_len => Some(bytes),
         Ok(Payload::Lent(_)) => return None,
     };
@@ -951,6 +955,34 @@ mod tests {
         let short = [0u8; 255];
         let lend = |_: &mut [u8]| Ok::<_, ()>(Payload::Lent(&short));
         assert!(emit(&r, &f.transport, &mut buf, true, lend).is_none());
+    }
+
+    #[test]
+    fn a_payload_left_in_place_is_not_written_and_the_headers_are() {
+        let f = frame(repr(Opcode::RC_RDMA_WRITE_FIRST, 1, 256), false);
+        let r = route(&f);
+        let mut buf = vec![0xeeu8; 2000];
+        let n = emit(&r, &f.transport, &mut buf, false, |_| {
+            Ok::<_, ()>(Payload::InPlace)
+        })
+        .unwrap()
+        .unwrap()
+        .len;
+        let mut want = vec![0u8; 2000];
+        emit(&r, &f.transport, &mut want, false, |out| {
+            out.fill(0xee);
+            Ok::<_, ()>(Payload::Written)
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            &buf[..n],
+            &want[..n],
+            "headers as usual, payload bytes untouched"
+        );
+        let rx = parse_ipv4(&buf[..n], false).unwrap();
+        assert_eq!(rx.payload.len(), 256);
+        assert!(rx.payload.iter().all(|&b| b == 0xee));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use proto::transport::{
 use proto::wire::{OpInfo, Opcode};
 use proto::{Lkey, Psn, Qpn, Rkey};
 
-use super::memory::{LocalMemory, PeerMemory, Placed};
+use super::memory::{InPlace, LocalMemory, PeerMemory, Placed};
 use crate::ffi::Errno;
 use crate::shm::Mapping;
 
@@ -223,7 +223,7 @@ impl DirectionRt {
         let mut peer_rq = peer_region.ring(&g.peer_rq, false)?;
         peer_rq.resync_consumer().map_err(|_| Errno::PROTO)?;
 
-        let mut own = engine(g, LocalMemory)?;
+        let mut own = engine(g, LocalMemory::default())?;
         let own_pd = own.alloc_pd();
         let own_cq = own.create_cq(32767).map_err(|_| Errno::PROTO)?;
         let (oc, os) = qp_config(&g.requester, own_pd, own_cq)?;
@@ -371,13 +371,34 @@ impl DirectionRt {
         self.mirror.memory_mut().begin_pass();
         loop {
             let mut moved = false;
-            while let Some(tx) = self.own.poll_transmit(now, &mut self.frame) {
+            loop {
+                let _ = self.own.memory().take_lent();
+                let Some(tx) = self.own.poll_transmit(now, &mut self.frame) else {
+                    break;
+                };
                 moved = true;
                 if let Some(op) = self.frame.get(tx.transport_offset).copied() {
                     self.feed_receive(op);
                 }
+                // A payload the requester lent stayed out of the packet: the responder
+                // writes it into the peer from the sender's buffer (the one copy).
+                let in_place = match self.own.memory().take_lent() {
+                    None => None,
+                    Some(lent) => {
+                        let at = in_place(&self.frame[..tx.len], tx.transport_offset, lent);
+                        if at.is_none() {
+                            // Never (the engine lends exactly the payload): lost rather than
+                            // placed from stale bytes, so the requester's retry shows it.
+                            super::trace(format_args!("payload left out of place: {lent:?}"));
+                            continue;
+                        }
+                        at
+                    }
+                };
+                self.mirror.memory_mut().in_place = in_place;
                 self.mirror
                     .handle_verified_packet(now, &self.frame[..tx.len]);
+                self.mirror.memory_mut().in_place = None;
             }
             while let Some(tx) = self.mirror.poll_transmit(now, &mut self.frame) {
                 moved = true;
@@ -574,6 +595,21 @@ impl DirectionRt {
     pub fn is_revoked(&self) -> bool {
         self.control.is_revoked()
     }
+}
+
+/// Where, in `packet` (whose BTH is at `bth`), the payload of `lent` (its address and length
+/// in this process) belongs: it ends before the pad bytes and the ICRC (IBTA §9.2, PadCnt in
+/// BTH byte 1).
+fn in_place(packet: &[u8], bth: usize, (local, len): (u64, usize)) -> Option<InPlace> {
+    let pad = usize::from(packet.get(bth + 1)? >> 4 & 3);
+    let end = packet.len().checked_sub(proto::wire::ICRC_LEN + pad)?;
+    let start = end.checked_sub(len)?;
+    // The BTH comes first.
+    (start >= bth + 12).then(|| InPlace {
+        frame_at: packet.as_ptr() as usize + start,
+        len,
+        local,
+    })
 }
 
 /// `enum ibv_event_type` of an engine event (None for completion notifications, which the

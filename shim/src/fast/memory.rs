@@ -4,7 +4,7 @@
 //! Both engines check keys, access flags and bounds against the registered regions before
 //! they call these, as the daemon's engines do; what is left here is the copy.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use procmem::ProcessMemory;
 use proto::transport::{MemoryAccess, MemoryError};
@@ -15,10 +15,22 @@ use proto::transport::{MemoryAccess, MemoryError};
 /// one), so they are mapped unless the application unmapped memory it had registered, which
 /// is its own undefined behaviour (rxe would keep writing the pinned pages; here the copy
 /// faults in the application, as its own `memcpy` into that memory would).
+///
+/// It leaves payloads in place ([`MemoryAccess::leave_in_place`]): the requester's packets
+/// go only to the peer's responder in the same thread ([`super::direction`]), which takes
+/// the bytes from here ([`PeerMemory::in_place`]) instead of from the packet.
 #[derive(Debug, Default)]
-pub struct LocalMemory;
+pub struct LocalMemory {
+    /// The payload the packet just built left out (address, length).
+    lent: Cell<Option<(u64, usize)>>,
+}
 
 impl LocalMemory {
+    /// The payload the packet just built left out (address, length), once.
+    pub fn take_lent(&self) -> Option<(u64, usize)> {
+        self.lent.take()
+    }
+
     fn bytes(addr: u64, len: usize) -> Option<&'static [u8]> {
         if addr == 0 || addr.checked_add(len as u64).is_none() {
             return None;
@@ -63,6 +75,16 @@ impl MemoryAccess for LocalMemory {
         LocalMemory::bytes(addr, len)
     }
 
+    /// From [`IN_PLACE_MIN`] bytes on: a smaller payload costs less to copy than a piece
+    /// of its own in the `process_vm_writev` (held copies of neighbouring small writes merge).
+    fn leave_in_place(&self, addr: u64, len: usize) -> bool {
+        let yes = len >= IN_PLACE_MIN;
+        if yes {
+            self.lent.set(Some((addr, len)));
+        }
+        yes
+    }
+
     fn lend_mut(&mut self, _space: u64, addr: u64, len: usize) -> Option<&mut [u8]> {
         LocalMemory::bytes_mut(addr, len)
     }
@@ -100,6 +122,10 @@ impl LocalMemory {
     }
 }
 
+/// Payloads from this long on stay in the sender's buffer until they are written into the
+/// peer ([`LocalMemory::leave_in_place`]).
+pub const IN_PLACE_MIN: usize = 1024;
+
 /// Receive-buffer writes up to this long travel with their completion instead of by a system
 /// call (see [`PeerMemory::write_for_completion`]); a completion slot holds about this much.
 pub const CARRIED_MAX: usize = 176;
@@ -123,12 +149,24 @@ impl Placed {
     }
 }
 
+/// Where the payload of the packet being handled really is: the packet's payload bytes (at
+/// `frame_at`, `len` long, in the direction's frame) were left out, and are at `local` in
+/// this process (the sender's registered buffer, [`LocalMemory`]).
+#[derive(Debug, Clone, Copy)]
+pub struct InPlace {
+    pub frame_at: usize,
+    pub len: usize,
+    pub local: u64,
+}
+
 /// The peer process's memory: [`ProcessMemory`] (large, aligned, deferred calls, as the
 /// daemon uses it), plus the small receive-buffer writes held back to travel with their
 /// completions ([`proto::ring::fast::FastCqe`]).
 #[derive(Debug)]
 pub struct PeerMemory {
     process: RefCell<ProcessMemory>,
+    /// The payload of the packet the responder handles now, when it was left in place.
+    pub in_place: Option<InPlace>,
     /// Every receive-buffer write since the completions were last forwarded: a receive
     /// completion of `byte_len` bytes owns the first ones that add up to it.
     pub placed: std::collections::VecDeque<Placed>,
@@ -140,6 +178,7 @@ impl PeerMemory {
     pub fn new(pid: i32) -> PeerMemory {
         PeerMemory {
             process: RefCell::new(ProcessMemory::new(pid)),
+            in_place: None,
             placed: Default::default(),
             arena: Vec::new(),
         }
@@ -163,6 +202,15 @@ impl PeerMemory {
     pub fn end_pass(&mut self) {
         self.process.get_mut().end_pass();
     }
+
+    /// Where the bytes of `data`, a slice of the packet being handled, really are, when
+    /// that packet's payload was left in place and `data` lies in it.
+    fn source_of(&self, data: &[u8]) -> Option<u64> {
+        let w = self.in_place?;
+        let at = data.as_ptr() as usize;
+        let off = at.checked_sub(w.frame_at)?;
+        (off + data.len() <= w.len).then_some(w.local + off as u64)
+    }
 }
 
 impl MemoryAccess for PeerMemory {
@@ -175,13 +223,24 @@ impl MemoryAccess for PeerMemory {
     }
 
     fn write(&mut self, _space: u64, addr: u64, data: &[u8]) -> Result<(), MemoryError> {
-        self.process
-            .get_mut()
-            .write(addr, data)
-            .map_err(|_| MemoryError {
-                addr,
-                len: data.len(),
-            })
+        let err = |_| MemoryError {
+            addr,
+            len: data.len(),
+        };
+        if let Some(local) = self.source_of(data) {
+            // SAFETY: `[local, local + len)` is the sender's registered buffer, which the
+            // requester's engine lent for this packet (its key, bounds and access checked).
+            // The flush comes in the same `DirectionRt::close`, before any completion leaves
+            // it, the sender's included, and a sender may not change a buffer before its
+            // work request completes (IBTA §10.8.3.1).
+            return unsafe {
+                self.process
+                    .get_mut()
+                    .write_in_place(addr, local as usize, data.len())
+            }
+            .map_err(err);
+        }
+        self.process.get_mut().write(addr, data).map_err(err)
     }
 
     /// A receive buffer's bytes are defined only at the receive's completion: small writes
@@ -195,7 +254,14 @@ impl MemoryAccess for PeerMemory {
     ) -> Result<(), MemoryError> {
         if data.len() <= CARRIED_MAX {
             let at = self.arena.len();
-            self.arena.extend_from_slice(data);
+            let bytes = match self.source_of(data) {
+                Some(local) => LocalMemory::bytes(local, data.len()).ok_or(MemoryError {
+                    addr,
+                    len: data.len(),
+                })?,
+                None => data,
+            };
+            self.arena.extend_from_slice(bytes);
             self.placed.push_back(Placed::Carried {
                 addr,
                 at,

@@ -3,6 +3,10 @@
  * either side sees is printed ("side op status byte_len"), the data checked, so that a run on
  * the same-host fast path and one on the daemon's path can be compared line by line.
  *   ok      WRITE 4096 B, SEND 100 B, READ 4096 B: success, bytes compared
+ *   big     messages of many packets at odd offsets: a WRITE of 150,001 B, a SEND of 70,001 B
+ *           into a receive of two SGEs (the boundary inside a packet), a SEND of 150 B, and
+ *           the WRITE again after the source changed (its completion returned the buffer);
+ *           bytes compared, and nothing written past the ends
  *   access  a WRITE with a wrong R_Key: REM_ACCESS_ERR, then the next WR flushed
  *   rnr     a SEND the child has no receive for (rnr_retry 1): RNR_RETRY_EXC_ERR */
 #include <infiniband/verbs.h>
@@ -15,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define LEN 8192
+#define LEN (512 * 1024)
 struct side { struct ibv_context *ctx; struct ibv_pd *pd; struct ibv_cq *cq; struct ibv_qp *qp;
               struct ibv_mr *mr; char *buf; union ibv_gid gid; };
 struct card { uint32_t qpn; uint32_t rkey; uint64_t addr; };
@@ -35,7 +39,7 @@ static void open_side(struct side *s)
                                IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) : NULL;
     struct ibv_qp_init_attr ia = { .send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
                                    .cap = { .max_send_wr = 8, .max_recv_wr = 8,
-                                            .max_send_sge = 1, .max_recv_sge = 1 } };
+                                            .max_send_sge = 1, .max_recv_sge = 2 } };
     if (!s->mr || !(s->qp = ibv_create_qp(s->pd, &ia))) die("resources");
 }
 
@@ -118,7 +122,14 @@ int main(int argc, char **argv)
             read(down[0], &theirs, sizeof theirs) != sizeof theirs)
             die("child exchange");
         to_rts(&c, theirs.qpn, 7);
-        if (!rnr) {
+        if (!strcmp(scenario, "big")) {
+            struct ibv_sge two[2] = { { (uintptr_t)(c.buf + 200000), 1000, c.mr->lkey },
+                                      { (uintptr_t)(c.buf + 300001), 70000, c.mr->lkey } };
+            struct ibv_sge small = { (uintptr_t)(c.buf + 400000), 200, c.mr->lkey };
+            struct ibv_recv_wr r2 = { .wr_id = 9, .sg_list = &small, .num_sge = 1 };
+            struct ibv_recv_wr r = { .wr_id = 8, .sg_list = two, .num_sge = 2, .next = &r2 }, *bad;
+            if (ibv_post_recv(c.qp, &r, &bad)) die("post_recv");
+        } else if (!rnr) {
             struct ibv_sge g = { (uintptr_t)(c.buf + 4096), 4096, c.mr->lkey };
             struct ibv_recv_wr r = { .wr_id = 7, .sg_list = &g, .num_sge = 1 }, *bad;
             if (ibv_post_recv(c.qp, &r, &bad)) die("post_recv");
@@ -137,6 +148,24 @@ int main(int argc, char **argv)
                 for (int i = 0; i < 100 && wc.status == IBV_WC_SUCCESS; i++)
                     ok &= c.buf[4096 + i] == (char)(i * 3 + 5);
                 printf("child SEND bytes %s\n", ok ? "match" : "DIFFER");
+            } else if (b == 'W' || b == 'V') {
+                char x = b == 'V' ? 0x55 : 0;
+                for (int i = 0; i < 150001; i++)
+                    ok &= c.buf[5 + i] == (char)((i * 13 + 7) ^ x);
+                ok &= c.buf[4] == 0 && c.buf[5 + 150001] == 0;
+                printf("child big WRITE%s bytes %s\n", x ? " again" : "", ok ? "match" : "DIFFER");
+            } else if (b == 'S') {
+                struct ibv_wc wc = one(&c, "child");
+                for (int i = 0; i < 70001 && wc.status == IBV_WC_SUCCESS; i++)
+                    ok &= c.buf[i < 1000 ? 200000 + i : 300001 + i - 1000] == (char)(i * 5 + 3);
+                ok &= c.buf[200000 + 1000] == 0 && c.buf[300001 + 69001] == 0;
+                printf("child big SEND bytes %s\n", ok ? "match" : "DIFFER");
+            } else if (b == 's') {
+                struct ibv_wc wc = one(&c, "child");
+                for (int i = 0; i < 150 && wc.status == IBV_WC_SUCCESS; i++)
+                    ok &= c.buf[400000 + i] == (char)(i * 9 + 1);
+                ok &= c.buf[400000 + 150] == 0;
+                printf("child small SEND bytes %s\n", ok ? "match" : "DIFFER");
             }
             fflush(stdout);
             if (write(up[1], &b, 1) != 1) die("child answer");
@@ -172,6 +201,27 @@ int main(int argc, char **argv)
             ok &= p.buf[i] == (char)(i * 7 + 1);
         printf("parent READ bytes %s\n", ok ? "match" : "DIFFER");
         fflush(stdout);
+    } else if (!strcmp(scenario, "big")) {
+        for (int i = 0; i < 150001; i++)
+            p.buf[3 + i] = (char)(i * 13 + 7);
+        for (int i = 0; i < 70001; i++)
+            p.buf[160000 + i] = (char)(i * 5 + 3);
+        for (int i = 0; i < 150; i++)
+            p.buf[240000 + i] = (char)(i * 9 + 1);
+        post(&p, 11, IBV_WR_RDMA_WRITE, 3, 150001, theirs.addr + 5, theirs.rkey);
+        one(&p, "parent");
+        ASK('W');
+        post(&p, 12, IBV_WR_SEND, 160000, 70001, 0, 0);
+        one(&p, "parent");
+        ASK('S');
+        post(&p, 13, IBV_WR_SEND, 240000, 150, 0, 0);
+        one(&p, "parent");
+        ASK('s');
+        for (int i = 0; i < 150001; i++)
+            p.buf[3 + i] ^= 0x55;
+        post(&p, 14, IBV_WR_RDMA_WRITE, 3, 150001, theirs.addr + 5, theirs.rkey);
+        one(&p, "parent");
+        ASK('V');
     } else if (!strcmp(scenario, "access")) {
         post(&p, 4, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr, theirs.rkey ^ 0x5a);
         post(&p, 5, IBV_WR_RDMA_WRITE, 0, 64, theirs.addr, theirs.rkey);
