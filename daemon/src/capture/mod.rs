@@ -162,8 +162,15 @@ impl DeviceCapture {
             Direction::Outbound => (self.mac, frame::peer_mac(d.dst.ip())),
             Direction::Inbound => (frame::peer_mac(d.src.ip()), self.mac),
         };
-        self.record(direction, d.payload, None, |out| {
-            frame::udp_frame(out, src_mac, dst_mac, d)
+        let finish = (d.checksum || d.src.is_ipv6()).then_some(Finish {
+            at: 0,
+            len: 0,
+            seal: false,
+            udp_checksum: d.checksum,
+            corrupt_at: None,
+        });
+        self.record(direction, d.payload, finish, |out| {
+            frame::copy_udp_frame(out, src_mac, dst_mac, d)
         });
     }
 
@@ -187,6 +194,7 @@ impl DeviceCapture {
             at: 0,
             len: 0,
             seal: local,
+            udp_checksum: false,
             corrupt_at: corrupt.then_some(14 + bth as u32),
         });
         self.record(direction, transport, finish, |out| {

@@ -46,6 +46,8 @@ pub struct Finish {
     pub len: u32,
     /// Whether to compute its ICRC (a packet between two QPs of one device was never sealed).
     pub seal: bool,
+    /// Whether to compute an IPv4 UDP checksum (the socket sent one; IPv6 always has one).
+    pub udp_checksum: bool,
     /// Where its BTH starts in the frame, when a fault layer corrupted it: one bit flipped
     /// after sealing.
     pub corrupt_at: Option<u32>,
@@ -58,7 +60,7 @@ impl Finish {
         let Some(frame) = batch.get_mut(at..at + self.len as usize) else {
             return;
         };
-        if super::frame::finish_network_frame(frame, self.seal).is_none() {
+        if super::frame::finish_network_frame(frame, self.seal, self.udp_checksum).is_none() {
             return;
         }
         if let Some(t) = self.corrupt_at.and_then(|c| frame.get_mut(c as usize..)) {
@@ -388,6 +390,52 @@ mod tests {
         assert_eq!(icrcs.len(), 2);
         assert_eq!(icrcs[0], IcrcStatus::Ok, "sealed by the writer");
         assert_ne!(icrcs[1], IcrcStatus::Ok, "corrupted after sealing");
+    }
+
+    #[test]
+    fn the_writer_computes_the_udp_checksum_a_socket_sent() {
+        let (r, w) = pipe();
+        let shared = start(CaptureSpec::default(), vec!["srxe0".into()], w, None);
+        let mut dev = DeviceCapture::new(1);
+        dev.attach(Arc::clone(&shared), 0, Vec::new());
+        let payload = bth(0x04, 0x11);
+        for checksum in [true, false] {
+            dev.datagram(
+                Direction::Outbound,
+                &UdpDatagram {
+                    checksum,
+                    ..datagram(&payload)
+                },
+            );
+        }
+        dev.close();
+        let mut bytes = Vec::new();
+        let mut r = r;
+        r.read_to_end(&mut bytes).unwrap();
+        let (blocks, _) = pcapng::complete_blocks(&bytes);
+        let sums: Vec<(u16, u16)> = blocks
+            .iter()
+            .filter(|b| b.0 == pcapng::BLOCK_EPB)
+            .map(|(_, b)| {
+                let len = u32::from_ne_bytes(b[20..24].try_into().unwrap()) as usize;
+                let mut udp = b[28 + 14 + 20..28 + len].to_vec();
+                let sent = u16::from_be_bytes([udp[6], udp[7]]);
+                udp[6..8].fill(0);
+                let want = super::super::frame::udp_checksum(
+                    "127.0.0.1".parse().unwrap(),
+                    "127.0.0.2".parse().unwrap(),
+                    &udp,
+                );
+                (sent, want)
+            })
+            .collect();
+        assert_eq!(sums.len(), 2);
+        assert_eq!(
+            sums[0].0, sums[0].1,
+            "the socket's checksum, computed by the writer"
+        );
+        assert_ne!(sums[0].0, 0);
+        assert_eq!(sums[1].0, 0, "no checksum sent, none shown");
     }
 
     #[test]
