@@ -16,6 +16,11 @@
 //                                      processes, both busy-polling (the shortest hop one process
 //                                      can make to another: a cache line moving between cores);
 //                                      one way = RTT/2, percentiles over N round trips
+//   baseline handoff                   the floor of a live capture on one daemon: a thread copies
+//                                      4 KiB packets into 128 KiB batches that a second thread
+//                                      then reads whole (as a capture's writer computes each
+//                                      frame's ICRC), 8 batches in rotation; ns per packet copy,
+//                                      with the reader reading and (for comparison) without
 //
 // Each side is its own process (the receiver/server a forked child). With BASELINE_PIN set the
 // sender runs on CPU 0 and the receiver on CPU 1; by default neither is pinned, like the
@@ -28,6 +33,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <netinet/udp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -399,6 +405,60 @@ static void mode_shm_pingpong(long iters) {
     report_rtt("shm_pingpong", rtt, iters);
 }
 
+// handoff: batches go from the copier to the reader and back through a state word each.
+#define HANDOFF_BATCHES 8
+#define HANDOFF_BATCH (128 * 1024)
+#define HANDOFF_FILL (64 * 1024)
+static char *handoff_buf[HANDOFF_BATCHES];
+static int handoff_full[HANDOFF_BATCHES]; // 0: the copier's, 1: the reader's
+static int handoff_stop, handoff_read;
+static volatile uint64_t handoff_sink;
+
+static void *handoff_reader(void *arg) {
+    (void)arg;
+    for (int i = 0; !__atomic_load_n(&handoff_stop, __ATOMIC_ACQUIRE);) {
+        if (!__atomic_load_n(&handoff_full[i], __ATOMIC_ACQUIRE)) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        uint64_t sum = 0;
+        if (handoff_read)
+            for (size_t k = 0; k < HANDOFF_FILL; k += 8) sum += *(uint64_t *)(handoff_buf[i] + k);
+        handoff_sink += sum;
+        __atomic_store_n(&handoff_full[i], 0, __ATOMIC_RELEASE);
+        i = (i + 1) % HANDOFF_BATCHES;
+    }
+    return NULL;
+}
+
+static void mode_handoff(void) {
+    char *packet = aligned(4096);
+    memset(packet, 0x5a, 4096);
+    for (int i = 0; i < HANDOFF_BATCHES; i++) {
+        handoff_buf[i] = aligned(HANDOFF_BATCH);
+        memset(handoff_buf[i], 0, HANDOFF_BATCH);
+    }
+    for (handoff_read = 0; handoff_read < 2; handoff_read++) {
+        __atomic_store_n(&handoff_stop, 0, __ATOMIC_RELEASE);
+        pthread_t t;
+        if (pthread_create(&t, NULL, handoff_reader, NULL)) die("pthread_create");
+        double copying = 0, t_end = now() + run_seconds;
+        long packets = 0;
+        for (int i = 0; now() < t_end; i = (i + 1) % HANDOFF_BATCHES) {
+            while (__atomic_load_n(&handoff_full[i], __ATOMIC_ACQUIRE)) __builtin_ia32_pause();
+            double t0 = now();
+            for (size_t at = 0; at < HANDOFF_FILL; at += 4096, packets++)
+                memcpy(handoff_buf[i] + at, packet, 4096);
+            copying += now() - t0;
+            __atomic_store_n(&handoff_full[i], 1, __ATOMIC_RELEASE);
+        }
+        __atomic_store_n(&handoff_stop, 1, __ATOMIC_RELEASE);
+        pthread_join(t, NULL);
+        for (int i = 0; i < HANDOFF_BATCHES; i++) handoff_full[i] = 0;
+        printf("baseline=handoff reader=%d ns_per_4k=%.1f\n", handoff_read, copying / packets * 1e9);
+    }
+}
+
 int main(int argc, char **argv) {
     if (getenv("BASELINE_SECONDS")) run_seconds = atof(getenv("BASELINE_SECONDS"));
     if (argc >= 3 && !strcmp(argv[1], "memcpy")) mode_memcpy(argc - 2, argv + 2);
@@ -408,6 +468,7 @@ int main(int argc, char **argv) {
     else if (argc == 4 && !strcmp(argv[1], "tcp")) mode_tcp(argv[2], atoi(argv[3]));
     else if (argc == 5 && !strcmp(argv[1], "pingpong")) mode_pingpong(argv[2], atoi(argv[3]), atol(argv[4]));
     else if (argc == 3 && !strcmp(argv[1], "shmpingpong")) mode_shm_pingpong(atol(argv[2]));
+    else if (argc == 2 && !strcmp(argv[1], "handoff")) mode_handoff();
     else {
         fprintf(stderr, "usage: see the comment at the top of bench/baseline.c\n");
         return 2;

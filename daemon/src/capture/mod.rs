@@ -162,15 +162,13 @@ impl DeviceCapture {
             Direction::Outbound => (self.mac, frame::peer_mac(d.dst.ip())),
             Direction::Inbound => (frame::peer_mac(d.src.ip()), self.mac),
         };
-        let finish = (d.checksum || d.src.is_ipv6()).then_some(Finish {
-            at: 0,
-            len: 0,
-            seal: false,
-            udp_checksum: d.checksum,
-            corrupt_at: None,
-        });
-        self.record(direction, d.payload, finish, |out| {
-            frame::copy_udp_frame(out, src_mac, dst_mac, d)
+        // The UDP checksum (the sockets send one with GSO on) is computed here, while the
+        // bytes are in this CPU's cache: left to the writer, it made the writer read every
+        // byte from the other CPU, which cost more than the sum (two daemons, GSO on:
+        // 0.76 of the uncaptured rate against 0.84, `bench/results/20261201T230736Z.md`).
+        // The writer then never reads a datagram's bytes.
+        self.record(direction, d.payload, None, |out| {
+            frame::udp_frame(out, src_mac, dst_mac, d)
         });
     }
 
@@ -194,7 +192,6 @@ impl DeviceCapture {
             at: 0,
             len: 0,
             seal: local,
-            udp_checksum: false,
             corrupt_at: corrupt.then_some(14 + bth as u32),
         });
         self.record(direction, transport, finish, |out| {

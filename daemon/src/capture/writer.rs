@@ -46,8 +46,6 @@ pub struct Finish {
     pub len: u32,
     /// Whether to compute its ICRC (a packet between two QPs of one device was never sealed).
     pub seal: bool,
-    /// Whether to compute an IPv4 UDP checksum (the socket sent one; IPv6 always has one).
-    pub udp_checksum: bool,
     /// Where its BTH starts in the frame, when a fault layer corrupted it: one bit flipped
     /// after sealing.
     pub corrupt_at: Option<u32>,
@@ -60,7 +58,7 @@ impl Finish {
         let Some(frame) = batch.get_mut(at..at + self.len as usize) else {
             return;
         };
-        if super::frame::finish_network_frame(frame, self.seal, self.udp_checksum).is_none() {
+        if super::frame::finish_network_frame(frame, self.seal, false).is_none() {
             return;
         }
         if let Some(t) = self.corrupt_at.and_then(|c| frame.get_mut(c as usize..)) {
@@ -393,7 +391,7 @@ mod tests {
     }
 
     #[test]
-    fn the_writer_computes_the_udp_checksum_a_socket_sent() {
+    fn a_captured_datagram_has_the_udp_checksum_its_socket_sent() {
         let (r, w) = pipe();
         let shared = start(CaptureSpec::default(), vec!["srxe0".into()], w, None);
         let mut dev = DeviceCapture::new(1);
@@ -430,10 +428,7 @@ mod tests {
             })
             .collect();
         assert_eq!(sums.len(), 2);
-        assert_eq!(
-            sums[0].0, sums[0].1,
-            "the socket's checksum, computed by the writer"
-        );
+        assert_eq!(sums[0].0, sums[0].1, "the socket's checksum");
         assert_ne!(sums[0].0, 0);
         assert_eq!(sums[1].0, 0, "no checksum sent, none shown");
     }
