@@ -562,10 +562,11 @@ impl DirectionRt {
             recvs_used: self.recvs_used - u32::from(self.given_unused()),
             flags: if failed { PUBLISHED_ERROR } else { 0 },
         });
-        self.control
-            .write_counters(0, &self.own.counters().to_words());
-        self.control
-            .write_counters(1, &self.mirror.counters().to_words());
+        let mut words = [0u64; proto::ring::fast::COUNTER_WORDS];
+        self.own.counters().write_words(&mut words);
+        self.control.write_counters(0, &words);
+        self.mirror.counters().write_words(&mut words);
+        self.control.write_counters(1, &words);
         if failed || events || !idle || held {
             super::trace(format_args!(
                 "give back: failed={failed} events={events} idle={idle} held={held} {:?}",
