@@ -61,8 +61,8 @@ pub fn guid_mac(node_guid: u64) -> [u8; 6] {
 /// The one's-complement sum of `data` as 16-bit big-endian words, folded to 16 bits. The sum
 /// does not depend on byte order (RFC 1071 §2(B): sum native words, swap the result) and
 /// wider words with their carries folded back give the same sum (§2(C)): 32-bit native words
-/// into a 64-bit accumulator, which the compiler vectorises (a captured packet's checksum
-/// is a pass over every byte, done by the capture's writer thread).
+/// into a 64-bit accumulator, which the compiler vectorises (a captured datagram's checksum
+/// is a pass over every byte on the device thread).
 fn sum_words(data: &[u8]) -> u64 {
     let mut acc: u64 = 0;
     let mut words = data.chunks_exact(4);
@@ -123,22 +123,6 @@ pub fn udp_frame(
     dst_mac: [u8; 6],
     d: &UdpDatagram<'_>,
 ) -> Option<usize> {
-    let start = out.len();
-    let n = copy_udp_frame(out, src_mac, dst_mac, d)?;
-    finish_network_frame(&mut out[start..], false, d.checksum)?;
-    Some(n)
-}
-
-/// [`udp_frame`] without its UDP checksum (0): the part that must happen while the datagram
-/// is at hand. [`finish_network_frame`] computes the checksum, a pass over every byte that a
-/// capture's writer does for the device thread (with GSO on the sockets send checksums, and
-/// on the device thread it was a tenth of a captured send's cost).
-pub fn copy_udp_frame(
-    out: &mut Vec<u8>,
-    src_mac: [u8; 6],
-    dst_mac: [u8; 6],
-    d: &UdpDatagram<'_>,
-) -> Option<usize> {
     use proto::wire::{Ipv4Repr, Ipv6Repr, UdpRepr};
     let udp_len = 8 + d.payload.len();
     let start = out.len();
@@ -187,6 +171,10 @@ pub fn copy_udp_frame(
     }
     .emit(&mut out[udp_at..udp_at + 8]);
     out.extend_from_slice(d.payload);
+    if d.checksum {
+        let c = udp_checksum(d.src.ip(), d.dst.ip(), &out[udp_at..]);
+        out[udp_at + 6..udp_at + 8].copy_from_slice(&c.to_be_bytes());
+    }
     Some(out.len() - start)
 }
 
@@ -205,7 +193,7 @@ pub fn network_frame(
 ) -> Option<usize> {
     let start = out.len();
     let n = copy_network_frame(out, src_mac, dst_mac, packet)?;
-    finish_network_frame(&mut out[start..], seal, false)?;
+    finish_network_frame(&mut out[start..], seal)?;
     Some(n)
 }
 
@@ -234,7 +222,7 @@ pub fn copy_network_frame(
 /// The second half of [`network_frame`], on a frame [`copy_network_frame`] made: the ICRC
 /// (with `seal`), then the IPv6 UDP checksum, which covers it. A capture's writer thread
 /// does this for the device thread: it is a pass over every byte.
-pub fn finish_network_frame(eth_frame: &mut [u8], seal: bool, udp_checksum_v4: bool) -> Option<()> {
+pub fn finish_network_frame(eth_frame: &mut [u8], seal: bool) -> Option<()> {
     use proto::wire::icrc;
     let frame = eth_frame.get_mut(14..)?;
     let shape = Shape::of_network(frame)?;
@@ -255,22 +243,12 @@ pub fn finish_network_frame(eth_frame: &mut [u8], seal: bool, udp_checksum_v4: b
         };
         frame[covered_end..].copy_from_slice(&crc.to_le_bytes());
     }
-    // IPv4 carries none (0, as rxe sends; what was really on the wire is unknown for a
-    // received packet, never was for a local one), unless the socket sent one
-    // (`udp_checksum_v4`); IPv6 must have one.
-    if shape.udp && (net_len == 40 || udp_checksum_v4) {
-        let (src, dst): (IpAddr, IpAddr) = if net_len == 40 {
-            (
-                std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[8..24]).ok()?).into(),
-                std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[24..40]).ok()?).into(),
-            )
-        } else {
-            (
-                std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&frame[12..16]).ok()?).into(),
-                std::net::Ipv4Addr::from(<[u8; 4]>::try_from(&frame[16..20]).ok()?).into(),
-            )
-        };
-        let c = udp_checksum(src, dst, &frame[net_len..]);
+    // IPv4 carries no UDP checksum here (0, as rxe sends; what was really on the wire is
+    // unknown for a received packet, never was for a local one); IPv6 must have one.
+    if shape.udp && net_len == 40 {
+        let src = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[8..24]).ok()?);
+        let dst = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[24..40]).ok()?);
+        let c = udp_checksum(src.into(), dst.into(), &frame[net_len..]);
         frame[net_len + 6..net_len + 8].copy_from_slice(&c.to_be_bytes());
     }
     Some(())

@@ -58,7 +58,7 @@ impl Finish {
         let Some(frame) = batch.get_mut(at..at + self.len as usize) else {
             return;
         };
-        if super::frame::finish_network_frame(frame, self.seal, false).is_none() {
+        if super::frame::finish_network_frame(frame, self.seal).is_none() {
             return;
         }
         if let Some(t) = self.corrupt_at.and_then(|c| frame.get_mut(c as usize..)) {
@@ -311,6 +311,21 @@ mod tests {
         }
     }
 
+    /// Reads the stream to its end: the frame of each Enhanced Packet Block.
+    fn captured_frames(mut r: std::fs::File) -> Vec<Vec<u8>> {
+        let mut bytes = Vec::new();
+        r.read_to_end(&mut bytes).unwrap();
+        let (blocks, _) = pcapng::complete_blocks(&bytes);
+        blocks
+            .iter()
+            .filter(|b| b.0 == pcapng::BLOCK_EPB)
+            .map(|(_, b)| {
+                let len = u32::from_ne_bytes(b[20..24].try_into().unwrap()) as usize;
+                b[28..28 + len].to_vec()
+            })
+            .collect()
+    }
+
     /// Reads the stream to its end: (interfaces, EPB count, ISB dropped counts).
     fn read_all(mut r: std::fs::File) -> (usize, usize, Vec<u64>) {
         let mut bytes = Vec::new();
@@ -372,18 +387,9 @@ mod tests {
             "a young batch stays with the device"
         );
         dev.close();
-        let mut bytes = Vec::new();
-        let mut r = r;
-        r.read_to_end(&mut bytes).unwrap();
-        let (blocks, _) = pcapng::complete_blocks(&bytes);
-        let icrcs: Vec<IcrcStatus> = blocks
+        let icrcs: Vec<IcrcStatus> = captured_frames(r)
             .iter()
-            .filter(|b| b.0 == pcapng::BLOCK_EPB)
-            .map(|(_, b)| {
-                let len = u32::from_ne_bytes(b[20..24].try_into().unwrap()) as usize;
-                let frame = &b[28..28 + len];
-                FrameRepr::parse_ethernet(frame, frame.len()).unwrap().icrc
-            })
+            .map(|frame| FrameRepr::parse_ethernet(frame, frame.len()).unwrap().icrc)
             .collect();
         assert_eq!(icrcs.len(), 2);
         assert_eq!(icrcs[0], IcrcStatus::Ok, "sealed by the writer");
@@ -407,16 +413,10 @@ mod tests {
             );
         }
         dev.close();
-        let mut bytes = Vec::new();
-        let mut r = r;
-        r.read_to_end(&mut bytes).unwrap();
-        let (blocks, _) = pcapng::complete_blocks(&bytes);
-        let sums: Vec<(u16, u16)> = blocks
+        let sums: Vec<(u16, u16)> = captured_frames(r)
             .iter()
-            .filter(|b| b.0 == pcapng::BLOCK_EPB)
-            .map(|(_, b)| {
-                let len = u32::from_ne_bytes(b[20..24].try_into().unwrap()) as usize;
-                let mut udp = b[28 + 14 + 20..28 + len].to_vec();
+            .map(|frame| {
+                let mut udp = frame[14 + 20..].to_vec();
                 let sent = u16::from_be_bytes([udp[6], udp[7]]);
                 udp[6..8].fill(0);
                 let want = super::super::frame::udp_checksum(
