@@ -44,8 +44,10 @@ use std::time::{Duration, Instant};
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 
+mod copier;
 pub mod peer;
 
+use crate::copier::{Copier, Job};
 use crate::peer::ClientProcess;
 
 /// How long a liveness check of the client's address space vouches for its pid.
@@ -207,7 +209,7 @@ struct Piece {
 /// same offset modulo 64 as its remote address (the copy runs at full speed only then), or
 /// left where they are in this process.
 #[derive(Debug, Default)]
-struct WriteBehind {
+pub(crate) struct WriteBehind {
     buf: Vec<u8>,
     /// Where [`WriteBehind::compact`] rebuilds `buf` (then the two swap).
     spare: Vec<u8>,
@@ -215,6 +217,8 @@ struct WriteBehind {
     pieces: Vec<Piece>,
     /// Bytes held in `buf`.
     bytes: usize,
+    /// Bytes held either way (in `buf` and in place).
+    queued: usize,
     /// The lowest and highest remote address held, for a quick overlap test.
     lo: u64,
     hi: u64,
@@ -277,6 +281,7 @@ impl WriteBehind {
         self.buf[self.used..self.used + len].copy_from_slice(data);
         self.used += len;
         self.bytes += len;
+        self.queued += len;
         self.bound(addr, len);
     }
 
@@ -294,6 +299,7 @@ impl WriteBehind {
                 len,
             }),
         }
+        self.queued += len;
         self.bound(addr, len);
     }
 
@@ -313,6 +319,7 @@ impl WriteBehind {
         self.pieces.clear();
         self.used = 0;
         self.bytes = 0;
+        self.queued = 0;
     }
 
     /// Merges pieces that are adjacent in the client (small messages of several QPs, each
@@ -485,6 +492,147 @@ pub struct ProcessMemory {
     /// Who the next writes are for ([`ProcessMemory::set_writer`]).
     writer: u32,
     writers: Writers,
+    /// Held writes being written by the copier ([`ProcessMemory::copy_ahead`]).
+    ahead: Option<Ahead>,
+}
+
+/// Most jobs a [`ProcessMemory`] has with the copier at once (each holds up to
+/// [`WRITE_BEHIND`] bytes and [`MAX_WRITE_PIECES`] pieces); one more waits for the oldest.
+const MAX_IN_FLIGHT: usize = 3;
+
+/// A [`ProcessMemory`]'s share of the copier (see `copier`).
+#[derive(Debug)]
+struct Ahead {
+    copier: &'static Copier,
+    /// Held writes go to the copier once this many bytes are held,
+    from: usize,
+    /// while the holder allows it ([`ProcessMemory::allow_copy_ahead`]).
+    allowed: bool,
+    reply: std::sync::mpsc::Sender<Job>,
+    back: std::sync::mpsc::Receiver<Job>,
+    in_flight: usize,
+    /// The lowest and highest remote address in flight (for a read's overlap test).
+    lo: u64,
+    hi: u64,
+    /// Emptied write-behind buffers, come back from the copier.
+    spares: Vec<WriteBehind>,
+    /// The first error of a job that came back before the flush that reports it.
+    first_error: Option<AccessError>,
+}
+
+/// What writing held writes out gave (see [`write_out`]).
+#[derive(Debug, Default)]
+pub(crate) struct WriteOutcome {
+    calls: u64,
+    /// Pieces dropped because they could not be written (`deferred_write_errors`).
+    dropped: u64,
+    /// Remote ranges that were not written, to charge to their writers.
+    failed: Vec<(u64, usize)>,
+    first_error: Option<AccessError>,
+}
+
+impl WriteOutcome {
+    /// Nothing of `pending` written: the process is gone.
+    pub(crate) fn all_failed(pid: Pid, pending: &WriteBehind) -> WriteOutcome {
+        WriteOutcome {
+            calls: 0,
+            dropped: pending.pieces.len() as u64,
+            failed: pending.pieces.iter().map(|p| (p.addr, p.len)).collect(),
+            first_error: Some(AccessError::Gone { pid: pid.as_raw() }),
+        }
+    }
+
+    /// Adds the outcome to the holder's counts and blames; returns its first error.
+    fn absorb(self, stats: &mut MemoryStats, writers: &mut Writers) -> Option<AccessError> {
+        stats.write_calls += self.calls;
+        stats.deferred_write_errors += self.dropped;
+        for (addr, len) in self.failed {
+            writers.fail(addr, len);
+        }
+        self.first_error
+    }
+}
+
+/// Writes `pending` into process `pid`, in one call when nothing fails, and empties it. A
+/// piece that cannot be written (the client unmapped memory it had registered) is dropped and
+/// reported; the others are written. Run by the holder ([`ProcessMemory::flush`]) or by the
+/// copier.
+pub(crate) fn write_out(pid: Pid, pending: &mut WriteBehind) -> WriteOutcome {
+    let mut out = WriteOutcome::default();
+    if pending.pieces.len() > 4 {
+        pending.compact();
+    }
+    let mut from = 0;
+    while from < pending.pieces.len() {
+        let pieces = &pending.pieces[from..];
+        let local: Vec<IoSlice<'_>> = pieces
+            .iter()
+            .map(|p| match p.src {
+                Source::Held(at) => IoSlice::new(&pending.buf[at..at + p.len]),
+                // SAFETY: `write_in_place`'s caller keeps these bytes mapped and in place
+                // until the holder's next flush returns, which waits for this; only the
+                // kernel reads them.
+                Source::InPlace(local) => {
+                    IoSlice::new(unsafe { std::slice::from_raw_parts(local as *const u8, p.len) })
+                }
+            })
+            .collect();
+        let remote: Vec<RemoteIoVec> = pieces
+            .iter()
+            .map(|p| RemoteIoVec {
+                base: p.addr as usize,
+                len: p.len,
+            })
+            .collect();
+        let want: usize = pieces.iter().map(|p| p.len).sum();
+        out.calls += 1;
+        let done = process_vm_writev(pid, &local, &remote);
+        let written = match done {
+            Ok(n) if n == want => break,
+            Ok(n) => n,
+            Err(e) => {
+                // Nothing was written: the first piece is the bad one.
+                let Piece { addr, len, .. } = pieces[0];
+                out.first_error
+                    .get_or_insert(access_error(pid, e, addr, len));
+                if matches!(e, nix::Error::ESRCH | nix::Error::EPERM) {
+                    out.failed.extend(pieces.iter().map(|p| (p.addr, p.len)));
+                    break;
+                }
+                0
+            }
+        };
+        // The kernel stops at the first piece it cannot write whole: skip that one.
+        let mut skip = 0;
+        let mut sum = 0;
+        for &Piece { len, .. } in pieces {
+            if sum + len > written {
+                break;
+            }
+            sum += len;
+            skip += 1;
+        }
+        let Piece { addr, len, .. } = pieces[skip.min(pieces.len() - 1)];
+        out.failed.push((addr, len));
+        out.first_error.get_or_insert(AccessError::Unmapped {
+            pid: pid.as_raw(),
+            addr,
+            len,
+        });
+        out.dropped += 1;
+        from += skip + 1;
+    }
+    pending.clear();
+    out
+}
+
+fn access_error(pid: Pid, e: nix::Error, addr: u64, len: usize) -> AccessError {
+    let pid = pid.as_raw();
+    match e {
+        nix::Error::ESRCH => AccessError::Gone { pid },
+        nix::Error::EPERM => AccessError::Denied { pid },
+        _ => AccessError::Unmapped { pid, addr, len },
+    }
 }
 
 impl Drop for ProcessMemory {
@@ -520,7 +668,128 @@ impl ProcessMemory {
             writer: NO_WRITER,
             writers: Writers::default(),
             stats: MemoryStats::default(),
+            ahead: None,
         }
+    }
+
+    /// Lets the process's copier (a thread, see `copier`) write held writes while this
+    /// holder goes on, once `from` bytes are held; [`ProcessMemory::flush`] waits for them.
+    /// For a holder that makes more held writes while earlier ones could be written (the
+    /// shim's fast path, which runs the engines on the application's thread). Without a
+    /// thread to start it changes nothing.
+    pub fn copy_ahead(&mut self, from: usize) {
+        let Some(copier) = Copier::get() else {
+            return;
+        };
+        let (reply, back) = std::sync::mpsc::channel();
+        self.ahead = Some(Ahead {
+            copier,
+            from: from.max(1),
+            allowed: true,
+            reply,
+            back,
+            in_flight: 0,
+            lo: u64::MAX,
+            hi: 0,
+            spares: Vec::new(),
+            first_error: None,
+        });
+    }
+
+    /// Whether the writes held from now on may go to the copier (with
+    /// [`ProcessMemory::copy_ahead`]; until called again). The holder says no for writes
+    /// that someone waits for by polling: a third busy thread on two CPUs slows all three.
+    pub fn allow_copy_ahead(&mut self, yes: bool) {
+        if let Some(a) = self.ahead.as_mut() {
+            a.allowed = yes;
+        }
+    }
+
+    /// Once enough is held, hands it to the copier (with [`ProcessMemory::copy_ahead`]).
+    fn maybe_copy_ahead(&mut self) {
+        if self
+            .ahead
+            .as_ref()
+            .is_some_and(|a| a.allowed && self.pending.queued >= a.from)
+        {
+            self.make_room();
+        }
+    }
+
+    /// Empties the held writes: to the copier if there is one and it is allowed, else
+    /// written now.
+    fn make_room(&mut self) {
+        if !self.ahead.as_ref().is_some_and(|a| a.allowed) || self.reachable().is_err() {
+            // (A process found gone: the flush drops and reports what is held.)
+            let _ = self.flush();
+            return;
+        }
+        if self.pending.is_empty() {
+            return;
+        }
+        let ahead = self.ahead.as_mut().expect("checked");
+        // Take back what the copier finished meanwhile; wait for the oldest at the limit.
+        while ahead.in_flight > 0 {
+            let job = if ahead.in_flight >= MAX_IN_FLIGHT {
+                copier::wait(&ahead.back)
+            } else {
+                ahead.back.try_recv().ok()
+            };
+            let Some(mut job) = job else {
+                break;
+            };
+            ahead.in_flight -= 1;
+            let error = std::mem::take(&mut job.outcome).absorb(&mut self.stats, &mut self.writers);
+            ahead.first_error = ahead.first_error.or(error);
+            ahead.spares.push(job.pending);
+        }
+        ahead.lo = ahead.lo.min(self.pending.lo);
+        ahead.hi = ahead.hi.max(self.pending.hi);
+        let spare = ahead.spares.pop().unwrap_or_default();
+        let job = Job {
+            pid: self.pid,
+            process: self.process.clone(),
+            checked_at: self.alive_at.get().unwrap_or_else(Instant::now),
+            pending: std::mem::replace(&mut self.pending, spare),
+            outcome: WriteOutcome::default(),
+            reply: ahead.reply.clone(),
+        };
+        match ahead.copier.send(job) {
+            Ok(()) => ahead.in_flight += 1,
+            Err(pending) => {
+                // Never (the copier lives as long as the process): written here instead.
+                let spare = std::mem::replace(&mut self.pending, pending);
+                self.ahead.as_mut().expect("checked").spares.push(spare);
+                let _ = self.flush();
+            }
+        }
+    }
+
+    /// Waits for every job with the copier; returns how many there were and the first error.
+    fn join(&mut self) -> (usize, Option<AccessError>) {
+        let Some(ahead) = self.ahead.as_mut() else {
+            return (0, None);
+        };
+        let mut first_error = ahead.first_error.take();
+        let joined = ahead.in_flight;
+        while ahead.in_flight > 0 {
+            let Some(mut job) = copier::wait(&ahead.back) else {
+                break;
+            };
+            ahead.in_flight -= 1;
+            let error = std::mem::take(&mut job.outcome).absorb(&mut self.stats, &mut self.writers);
+            first_error = first_error.or(error);
+            ahead.spares.push(job.pending);
+        }
+        (ahead.lo, ahead.hi) = (u64::MAX, 0);
+        (joined, first_error)
+    }
+
+    /// Whether a held write the copier has not finished may overlap `[addr, addr + len)`.
+    fn in_flight_overlaps(&self, addr: u64, len: usize) -> bool {
+        self.ahead.as_ref().is_some_and(|a| {
+            a.in_flight > 0 && addr < a.hi && addr.saturating_add(len as u64) > a.lo
+        })
     }
 
     pub fn stats(&self) -> MemoryStats {
@@ -657,85 +926,27 @@ impl ProcessMemory {
         }
     }
 
-    /// Writes what is held for writing, in one call when nothing fails. An error means the
-    /// client unmapped memory it had registered; those pieces are dropped (counted in
+    /// Writes what is held for writing, in one call when nothing fails, after what the
+    /// copier has of it ([`ProcessMemory::copy_ahead`]). An error means the client unmapped
+    /// memory it had registered; those pieces are dropped (counted in
     /// `deferred_write_errors`), the others are written.
     pub fn flush(&mut self) -> Result<(), AccessError> {
-        if self.pending.is_empty() {
+        let (joined, mut first_error) = self.join();
+        if self.pending.is_empty() && joined == 0 {
             return Ok(());
         }
-        if let Err(gone) = self.reachable() {
-            self.stats.deferred_write_errors += self.pending.pieces.len() as u64;
-            self.pending.clear();
-            self.writers.fail_all();
-            self.writers.clear();
-            return Err(gone);
-        }
-        if self.pending.pieces.len() > 4 {
-            self.pending.compact();
-        }
-        let mut first_error = None;
-        let mut from = 0;
-        while from < self.pending.pieces.len() {
-            let pieces = &self.pending.pieces[from..];
-            let local: Vec<IoSlice<'_>> = pieces
-                .iter()
-                .map(|p| match p.src {
-                    Source::Held(at) => IoSlice::new(&self.pending.buf[at..at + p.len]),
-                    // SAFETY: `write_in_place`'s caller keeps these bytes mapped and in
-                    // place until this flush; only the kernel reads them.
-                    Source::InPlace(local) => IoSlice::new(unsafe {
-                        std::slice::from_raw_parts(local as *const u8, p.len)
-                    }),
-                })
-                .collect();
-            let remote: Vec<RemoteIoVec> = pieces
-                .iter()
-                .map(|p| RemoteIoVec {
-                    base: p.addr as usize,
-                    len: p.len,
-                })
-                .collect();
-            let want: usize = pieces.iter().map(|p| p.len).sum();
-            self.stats.write_calls += 1;
-            let done = process_vm_writev(self.pid, &local, &remote);
-            let written = match done {
-                Ok(n) if n == want => break,
-                Ok(n) => n,
-                Err(e) => {
-                    // Nothing was written: the first piece is the bad one.
-                    let Piece { addr, len, .. } = pieces[0];
-                    first_error.get_or_insert(self.error(e, addr, len));
-                    if matches!(e, nix::Error::ESRCH | nix::Error::EPERM) {
-                        for p in pieces {
-                            self.writers.fail(p.addr, p.len);
-                        }
-                        break;
-                    }
-                    0
-                }
-            };
-            // The kernel stops at the first piece it cannot write whole: skip that one.
-            let mut skip = 0;
-            let mut sum = 0;
-            for &Piece { len, .. } in pieces {
-                if sum + len > written {
-                    break;
-                }
-                sum += len;
-                skip += 1;
+        if !self.pending.is_empty() {
+            if let Err(gone) = self.reachable() {
+                self.stats.deferred_write_errors += self.pending.pieces.len() as u64;
+                self.pending.clear();
+                self.writers.fail_all();
+                self.writers.clear();
+                return Err(first_error.unwrap_or(gone));
             }
-            let Piece { addr, len, .. } = pieces[skip.min(pieces.len() - 1)];
-            self.writers.fail(addr, len);
-            first_error.get_or_insert(AccessError::Unmapped {
-                pid: self.pid.as_raw(),
-                addr,
-                len,
-            });
-            self.stats.deferred_write_errors += 1;
-            from += skip + 1;
+            let out = write_out(self.pid, &mut self.pending);
+            let error = out.absorb(&mut self.stats, &mut self.writers);
+            first_error = first_error.or(error);
         }
-        self.pending.clear();
         self.writers.clear();
         first_error.map_or(Ok(()), Err)
     }
@@ -789,12 +1000,7 @@ impl ProcessMemory {
     }
 
     fn error(&self, e: nix::Error, addr: u64, len: usize) -> AccessError {
-        let pid = self.pid.as_raw();
-        match e {
-            nix::Error::ESRCH => AccessError::Gone { pid },
-            nix::Error::EPERM => AccessError::Denied { pid },
-            _ => AccessError::Unmapped { pid, addr, len },
-        }
+        access_error(self.pid, e, addr, len)
     }
 
     /// Copies `out.len()` bytes from `addr` in the client into `out`.
@@ -804,7 +1010,7 @@ impl ProcessMemory {
             return Ok(());
         }
         // What this process reads must include what the daemon wrote before.
-        if self.pending.overlaps(addr, len) {
+        if self.pending.overlaps(addr, len) || self.in_flight_overlaps(addr, len) {
             let _ = self.flush();
         }
         if self.in_pass && self.window.contains(addr, len) {
@@ -886,13 +1092,14 @@ impl ProcessMemory {
             self.pending.compact();
         }
         if self.pending.pieces.len() >= MAX_WRITE_PIECES {
-            let _ = self.flush();
+            self.make_room();
         }
         if !self.pending.is_empty() {
             self.stats.writes_coalesced += 1;
         }
         self.pending.push_in_place(addr, local, len);
         self.writers.record(addr, len, self.writer);
+        self.maybe_copy_ahead();
         Ok(())
     }
 
@@ -917,16 +1124,17 @@ impl ProcessMemory {
             if !self.pending.fits(len) {
                 // A failed earlier write is the client's own doing (it unmapped registered
                 // memory); it must not fail this one.
-                let _ = self.flush();
+                self.make_room();
             }
             if !self.pending.is_empty() {
                 self.stats.writes_coalesced += 1;
             }
             self.pending.push(addr, data);
             self.writers.record(addr, len, self.writer);
+            self.maybe_copy_ahead();
             return Ok(());
         }
-        if !self.pending.is_empty() {
+        if !self.pending.is_empty() || self.ahead.as_ref().is_some_and(|a| a.in_flight > 0) {
             let _ = self.flush();
         }
         self.stats.write_calls += 1;
@@ -1343,6 +1551,69 @@ mod tests {
                 assert!(got.iter().all(|&b| b == k as u8), "piece {k}");
             }
         }
+    }
+
+    #[test]
+    fn the_copier_writes_in_order_and_the_flush_waits_for_it() {
+        let mut m = me();
+        m.copy_ahead(8192);
+        assert!(m.ahead.is_some(), "this test needs the copier thread");
+        let dst = vec![0u8; 1 << 20];
+        let base = dst.as_ptr() as u64 + 5;
+        let src: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 1) as u8).collect();
+        let local = src.as_ptr() as usize + 3;
+        // Forty writes of 4 KiB to one place, each from another source: every 8 KiB held go
+        // to the copier; the last one must win, and the flush waits for all of them.
+        for k in 0..40usize {
+            // SAFETY: `src` outlives the flush below and is not changed before it.
+            unsafe { m.write_in_place(base, local + k * 4096, 4096) }.unwrap();
+        }
+        assert!(
+            m.ahead.as_ref().unwrap().in_flight > 0,
+            "handed to the copier"
+        );
+        // Held writes overlapping what the copier has land after it.
+        m.write(base + 100, &[0xeeu8; 600]).unwrap();
+        m.flush().unwrap();
+        assert_eq!(m.ahead.as_ref().unwrap().in_flight, 0);
+        assert_eq!(&dst[5..105], &src[3 + 39 * 4096..][..100]);
+        assert!(dst[105..705].iter().all(|&b| b == 0xee));
+        assert_eq!(
+            &dst[705..5 + 4096],
+            &src[3 + 39 * 4096 + 700..][..4096 - 700]
+        );
+        // A read of bytes the copier has in flight waits for them.
+        for k in 0..4usize {
+            // SAFETY: as above.
+            unsafe { m.write_in_place(base + 8192 + k as u64 * 4096, local + k * 4096, 4096) }
+                .unwrap();
+        }
+        let mut out = vec![0u8; 4096];
+        m.read(base + 8192 + 4096, &mut out).unwrap();
+        assert_eq!(&out[..], &src[3 + 4096..][..4096]);
+        assert_eq!(m.ahead.as_ref().unwrap().in_flight, 0, "the read waited");
+        // An unmapped destination is reported by the flush, whoever wrote it.
+        let good = m.stats().deferred_write_errors;
+        for k in 0..4u64 {
+            m.write(8 + k * 4096, &[1u8; 4096]).unwrap();
+        }
+        assert!(matches!(m.flush(), Err(AccessError::Unmapped { .. })));
+        assert!(m.stats().deferred_write_errors > good);
+        // The buffers come back for reuse: a long run holds only a few.
+        for _ in 0..200 {
+            m.write(base, &src[..9000]).unwrap();
+        }
+        m.flush().unwrap();
+        assert_eq!(&dst[5..9005], &src[..9000]);
+        assert!(m.ahead.as_ref().unwrap().spares.len() <= MAX_IN_FLIGHT + 1);
+        // Not allowed: written here at the flush, as without a copier.
+        m.allow_copy_ahead(false);
+        for _ in 0..8 {
+            m.write(base, &[3u8; 4096]).unwrap();
+        }
+        assert_eq!(m.ahead.as_ref().unwrap().in_flight, 0);
+        m.flush().unwrap();
+        assert!(dst[5..4101].iter().all(|&b| b == 3));
     }
 
     #[test]

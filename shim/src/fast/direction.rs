@@ -377,9 +377,19 @@ impl DirectionRt {
                     break;
                 };
                 moved = true;
-                if let Some(op) = self.frame.get(tx.transport_offset).copied() {
+                let info = self
+                    .frame
+                    .get(tx.transport_offset)
+                    .and_then(|&op| Opcode(op).info().map(|i| (op, i)));
+                if let Some((op, _)) = info {
                     self.feed_receive(op);
                 }
+                // The copier writes the peer's memory while this thread goes on only for an
+                // RDMA WRITE that completes nothing there: a message the peer's poller waits
+                // for would make three busy threads on two CPUs.
+                let bulk_write =
+                    info.is_some_and(|(_, i)| i.has(OpInfo::WRITE) && !i.has(OpInfo::RWR));
+                self.mirror.memory_mut().allow_copy_ahead(bulk_write);
                 // A payload the requester lent stayed out of the packet: the responder
                 // writes it into the peer from the sender's buffer (the one copy).
                 let in_place = match self.own.memory().take_lent() {

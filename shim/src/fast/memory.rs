@@ -149,6 +149,20 @@ impl Placed {
     }
 }
 
+/// From how many held bytes the peer's memory is written by the copier thread while the
+/// engines go on (`procmem::ProcessMemory::copy_ahead`; `SOFTROCE_COPY_AHEAD=0` turns it off,
+/// another number of bytes replaces the default).
+fn copy_ahead_from() -> Option<usize> {
+    static FROM: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *FROM.get_or_init(|| match std::env::var("SOFTROCE_COPY_AHEAD") {
+        Ok(v) => v.parse().ok().filter(|&n| n > 0),
+        Err(_) => Some(COPY_AHEAD_FROM),
+    })
+}
+
+/// The default of [`copy_ahead_from`].
+const COPY_AHEAD_FROM: usize = 128 * 1024;
+
 /// Where the payload of the packet being handled really is: the packet's payload bytes (at
 /// `frame_at`, `len` long, in the direction's frame) were left out, and are at `local` in
 /// this process (the sender's registered buffer, [`LocalMemory`]).
@@ -176,8 +190,12 @@ pub struct PeerMemory {
 
 impl PeerMemory {
     pub fn new(pid: i32) -> PeerMemory {
+        let mut process = ProcessMemory::new(pid);
+        if let Some(from) = copy_ahead_from() {
+            process.copy_ahead(from);
+        }
         PeerMemory {
-            process: RefCell::new(ProcessMemory::new(pid)),
+            process: RefCell::new(process),
             in_place: None,
             placed: Default::default(),
             arena: Vec::new(),
@@ -193,6 +211,12 @@ impl PeerMemory {
     /// Writes carried bytes the normal way (they did not fit their completion).
     pub fn write_now(&mut self, addr: u64, data: &[u8]) {
         let _ = self.process.get_mut().write(addr, data);
+    }
+
+    /// Whether the writes of the packet handled next may be written by the copier thread
+    /// (see [`copy_ahead_from`]).
+    pub fn allow_copy_ahead(&mut self, yes: bool) {
+        self.process.get_mut().allow_copy_ahead(yes);
     }
 
     pub fn begin_pass(&mut self) {
