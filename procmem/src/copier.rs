@@ -43,11 +43,14 @@ pub(crate) struct Job {
 #[derive(Debug)]
 pub(crate) struct Copier {
     jobs: Sender<Job>,
+    /// The process the thread runs in: a child forked from it has no such thread.
+    pid: u32,
 }
 
 impl Copier {
-    /// The process's copier, started on first use (None: no thread could be started; the
-    /// holders then write inline, as without one).
+    /// The process's copier, started on first use (None: no thread could be started, or
+    /// this is a child forked after it started; the holders then write inline, as without
+    /// one).
     pub fn get() -> Option<&'static Copier> {
         static COPIER: OnceLock<Option<Copier>> = OnceLock::new();
         COPIER
@@ -57,9 +60,19 @@ impl Copier {
                     .name("softroce-copy".into())
                     .spawn(move || run(rx))
                     .ok()
-                    .map(|_| Copier { jobs })
+                    .map(|_| Copier {
+                        jobs,
+                        pid: std::process::id(),
+                    })
             })
             .as_ref()
+            .filter(|c| c.runs_here())
+    }
+
+    /// Whether the copier's thread is in this process (not so in a forked child, which
+    /// must not wait for jobs its parent's thread has).
+    pub fn runs_here(&self) -> bool {
+        self.pid == std::process::id()
     }
 
     /// Queues `job` (its outcome unset); it comes back, with its outcome, on its `reply`

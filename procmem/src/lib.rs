@@ -25,7 +25,11 @@
 //!   data arrived before it is in place); a read of pending bytes flushes first. A deferred
 //!   write that fails (the client unmapped memory it had registered) is counted and dropped:
 //!   rxe pins registered pages, so there too such a write succeeds, into pages the process
-//!   no longer sees.
+//!   no longer sees;
+//! - a holder that goes on making writes while earlier ones could be written (the shim's
+//!   fast path) hands held writes to the process's *copier* thread
+//!   ([`ProcessMemory::copy_ahead`], module `copier`), which writes them in order on
+//!   another CPU; the flush waits for them.
 //!
 //! The pid is only used while the process that connected still owns it: every call through
 //! it is preceded, at most [`LIVENESS_TTL`] earlier (so at most a thousand checks a second
@@ -727,6 +731,12 @@ impl ProcessMemory {
         if self.pending.is_empty() {
             return;
         }
+        if !self.ahead.as_ref().is_some_and(|a| a.copier.runs_here()) {
+            // A forked child: its parent's copier is not here.
+            self.ahead = None;
+            let _ = self.flush();
+            return;
+        }
         let ahead = self.ahead.as_mut().expect("checked");
         // Take back what the copier finished meanwhile; wait for the oldest at the limit.
         while ahead.in_flight > 0 {
@@ -770,6 +780,11 @@ impl ProcessMemory {
         let Some(ahead) = self.ahead.as_mut() else {
             return (0, None);
         };
+        if ahead.in_flight > 0 && !ahead.copier.runs_here() {
+            // A child forked while its parent's copier had jobs: they are the parent's.
+            self.ahead = None;
+            return (0, None);
+        }
         let mut first_error = ahead.first_error.take();
         let joined = ahead.in_flight;
         while ahead.in_flight > 0 {
