@@ -10,6 +10,8 @@
 # Host 0 is the calling namespace with a daemon on the loopback default (one daemon cases).
 
 STACKS_ROOT=${STACKS_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+# (Removed by stacks_cleanup when made here.)
+[[ -n ${STACKS_DIR:-} ]] || STACKS_OWN_DIR=1
 STACKS_DIR=${STACKS_DIR:-$(mktemp -d /tmp/softroce-stacks.XXXXXX)}
 STACKS_NS=sr$$
 declare -A STACKS_PID=()  # host -> its daemon's pid
@@ -129,6 +131,7 @@ stacks_cleanup() {
   for k in $(seq 1 "$STACKS_HOSTS"); do ip netns del "$(stacks_ns "$k")" 2>/dev/null; done
   ip link del "${STACKS_NS}br" 2>/dev/null
   STACKS_HOSTS=0
+  if [[ -n ${STACKS_OWN_DIR:-} ]]; then rm -rf "$STACKS_DIR"; fi
 }
 
 # mpirun over hosts H1,H2,... (one rank each) launched into their namespaces; every rank's
@@ -139,10 +142,16 @@ stacks_mpirun() {
   local agent=$STACKS_DIR/mpi-agent
   # Open MPI's rsh launcher runs `AGENT HOST orted ...`: start orted in that host's namespace
   # under `softroce run`, so orted and the ranks it forks have that host's shim environment.
+  # Each host gets a /tmp of its own for Open MPI's session directory: the hosts share this
+  # machine's file system and host name, so without it the orteds of two hosts write the same
+  # jf.N/hwloc.sm (a shared mapping whose pointers are each writer's own) and one of them
+  # crashes in hwloc_shmem_topology_write, leaving mpirun waiting for it (about one run in 30).
   cat >"$agent" <<AGENT
 #!/bin/bash
 host=\$1; shift
 k=\${host#h}
+mkdir -p "$STACKS_DIR/tmp-h\$k"
+export OMPI_MCA_orte_tmpdir_base="$STACKS_DIR/tmp-h\$k"
 exec ip netns exec "$STACKS_NS\$host" "$SOFTROCE" run --socket "$STACKS_DIR/h\$k.sock" -- /bin/sh -c "\$*"
 AGENT
   chmod +x "$agent"
