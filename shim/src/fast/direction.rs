@@ -166,6 +166,8 @@ pub struct DirectionRt {
     ring_slot: Vec<u8>,
     /// Completions the ring had no room for yet, oldest first.
     held: VecDeque<Vec<u8>>,
+    /// The counter words last stored into `control` (both engines'), as it holds them.
+    published: [[u64; proto::ring::fast::COUNTER_WORDS]; 2],
     /// Scratch of `deliver`: the peer's completions of one pass, with the range of
     /// `pieces` (address, offset in the carried bytes, length) each carries.
     ready: Vec<(Cqe, usize, usize)>,
@@ -216,6 +218,7 @@ impl DirectionRt {
         // struct beside the handle.
         let control = unsafe { Direction::attach(block.base(), block.len(), g.direction) }
             .ok_or(Errno::PROTO)?;
+        let published = [control.counters(0), control.counters(1)];
         let ring = block.ring(&g.ring, true)?;
         let mut given = block.ring(&g.recvs, false)?;
         given.resync_consumer().map_err(|_| Errno::PROTO)?;
@@ -255,6 +258,7 @@ impl DirectionRt {
             ring,
             ring_slot: vec![0u8; slot_size],
             held: VecDeque::new(),
+            published,
             ready: Vec::new(),
             pieces: Vec::new(),
             peer_rq,
@@ -574,9 +578,11 @@ impl DirectionRt {
         });
         let mut words = [0u64; proto::ring::fast::COUNTER_WORDS];
         self.own.counters().write_words(&mut words);
-        self.control.write_counters(0, &words);
+        self.control
+            .write_changed_counters(0, &words, &mut self.published[0]);
         self.mirror.counters().write_words(&mut words);
-        self.control.write_counters(1, &words);
+        self.control
+            .write_changed_counters(1, &words, &mut self.published[1]);
         if failed || events || !idle || held {
             super::trace(format_args!(
                 "give back: failed={failed} events={events} idle={idle} held={held} {:?}",
