@@ -413,7 +413,7 @@ fn c_program_drives_the_cm_api() {
     let exe = shim_support::compile_c(
         "rdmacm_api",
         include_str!("shim_support/rdmacm_api.c"),
-        &["rdmacm", "ibverbs"],
+        &["rdmacm", "ibverbs", "pthread"],
     );
     let d = loopback_daemon("rdmacm-api", 189);
     let out = start_exe(&d, "api", "program", &exe, &["127.0.0.189"]).finish(Instant::now());

@@ -25,6 +25,16 @@ const MAX_EVENT: usize = 8192;
 
 /// Reads the next event of `ch` that still has a live id, processes it and hands it out.
 /// Blocking or `EAGAIN` follows the fd's mode (`O_NONBLOCK` set by the application).
+/// Another thread destroyed the channel while this one waited in it (rping's cm thread at
+/// exit, while its main thread tears down). The kernel keeps such a reader blocked (it holds
+/// the file); so does this, rather than report an error the program would print and exit on
+/// (a full run saw rping's cm thread fail with EBADF there).
+pub(crate) fn wait_in_destroyed_channel() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
+
 pub fn get_event(ch: &ShimChannel) -> Result<*mut ShimEvent, Errno> {
     let mut buf = vec![0u8; MAX_EVENT];
     let fd = ch.raw_fd();
@@ -37,16 +47,17 @@ pub fn get_event(ch: &ShimChannel) -> Result<*mut ShimEvent, Errno> {
                 buf[..n].copy_from_slice(&record[..n]);
                 n
             }
-            None => read_record(fd, &mut buf)?,
+            None => match read_record(fd, &mut buf) {
+                Ok(n) => n,
+                // Destroyed (its descriptor closed) between this thread's check of the
+                // channel and its read: as below.
+                Err(_) if !state::CHANNELS.contains(ch_ptr) => wait_in_destroyed_channel(),
+                Err(e) => return Err(e),
+            },
         };
         if n == 0 {
             if !state::CHANNELS.contains(ch_ptr) {
-                // Another thread destroyed the channel while this one waited in it (rping's
-                // cm thread at exit). The kernel keeps such a reader blocked (it holds the
-                // file); so does this, rather than report an error the program would print.
-                loop {
-                    std::thread::park();
-                }
+                wait_in_destroyed_channel();
             }
             // The daemon closed the channel (it is gone): as when the kernel removes the
             // device, every id of the channel that is on a device gets DEVICE_REMOVAL once;

@@ -61,6 +61,7 @@ pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut RdmaEventChann
         if !CHANNELS.remove(channel) {
             return Err(Errno::INVAL);
         }
+        crate::rdmacm::state::destroyed(channel);
         // SAFETY: was registered, now ours alone.
         unsafe { ShimChannel::destroy(channel.cast()) };
         Ok(())
@@ -78,7 +79,13 @@ pub unsafe extern "C" fn rdma_get_cm_event(
 ) -> c_int {
     rc(|| {
         let out = ffi::non_null(event)?;
-        let ch = channel_from_ptr(channel)?;
+        let ch = match channel_from_ptr(channel) {
+            Ok(ch) => ch,
+            Err(_) if crate::rdmacm::state::was_destroyed(channel) => {
+                events::wait_in_destroyed_channel()
+            }
+            Err(e) => return Err(e),
+        };
         let ev = events::get_event(ch)?;
         // SAFETY: non-null, the caller's out pointer.
         unsafe { out.as_ptr().write(ev.cast()) };

@@ -4,7 +4,7 @@
 //! per device, which every id of that device reports as `id->verbs` (librdmacm's
 //! `cma_device`: apps check `id->verbs == pd->context`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +22,27 @@ use crate::runtime::{self, Registry};
 
 /// Live `rdma_event_channel *` values.
 pub static CHANNELS: Registry = Registry::new();
+
+/// The addresses of the last channels destroyed (see [`was_destroyed`]).
+static DESTROYED: Mutex<VecDeque<usize>> = Mutex::new(VecDeque::new());
+const DESTROYED_KEPT: usize = 64;
+
+/// Records that the channel at `p` was destroyed (just removed from [`CHANNELS`]).
+pub fn destroyed(p: *const RdmaEventChannel) {
+    let mut d = DESTROYED.lock().unwrap_or_else(|e| e.into_inner());
+    if d.len() == DESTROYED_KEPT {
+        d.pop_front();
+    }
+    d.push_back(p as usize);
+}
+
+/// Whether `p`, not a live channel, is one destroyed lately: a thread that asks it for an
+/// event raced its destruction (rping's cm thread does at exit) and waits, as a reader of the
+/// kernel's channel that got there first does, rather than fail.
+pub fn was_destroyed(p: *const RdmaEventChannel) -> bool {
+    let d = DESTROYED.lock().unwrap_or_else(|e| e.into_inner());
+    d.contains(&(p as usize))
+}
 /// Live `rdma_cm_id *` values.
 pub static IDS: Registry = Registry::new();
 /// Live `rdma_cm_event *` values (handed out, not yet acknowledged).
