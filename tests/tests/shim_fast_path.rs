@@ -409,7 +409,8 @@ fn local_packets_through_the_link_stay_on_the_daemons_path() {
 /// SGEs split inside a packet, a source changed once its WRITE completed: the fast path
 /// writes each payload from the sender's buffer in place, so a byte read too late or from
 /// the wrong place shows), a WRITE with a wrong R_Key (REM_ACCESS_ERR, then a flush)
-/// and a SEND with no receive posted (RNR_RETRY_EXC_ERR): every completion either side sees,
+/// a SEND with no receive posted (RNR_RETRY_EXC_ERR) and a WRITE the sender posts and leaves
+/// alone (only the backstop can run it on the fast path): every completion either side sees,
 /// and every error counter, is the same with the fast path as with `SOFTROCE_FAST_PATH=0`.
 #[test]
 fn completions_and_errors_on_the_fast_path_are_the_daemons() {
@@ -467,6 +468,13 @@ fn completions_and_errors_on_the_fast_path_are_the_daemons() {
                 "child wr_id=9 opcode=128 status=0 byte_len=150",
                 "child small SEND bytes match",
                 "child big WRITE again bytes match",
+            ][..],
+        ),
+        (
+            "unpolled",
+            &[
+                "child unpolled WRITE bytes arrived",
+                "parent wr_id=21 opcode=1 status=0",
             ][..],
         ),
         ("rnr", &["parent wr_id=6 opcode=0 status=13"][..]),

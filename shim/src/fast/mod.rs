@@ -30,7 +30,7 @@ pub mod memory;
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use proto::ctl::{FastRing, Request, Response};
@@ -104,12 +104,31 @@ impl Inner {
     }
 }
 
+/// A direction this process runs. Each has a lock of its own, taken after the context's
+/// (never the other way round), so that the backstop can run the work of directions the
+/// application left while the application posts to others (with `-q 16`, perftest posts
+/// to every QP for about a millisecond before it polls).
+struct Running {
+    send_cq: u32,
+    rt: Arc<Mutex<DirectionRt>>,
+}
+
+impl Running {
+    fn lock(&self) -> MutexGuard<'_, DirectionRt> {
+        lock_rt(&self.rt)
+    }
+}
+
+fn lock_rt(rt: &Mutex<DirectionRt>) -> MutexGuard<'_, DirectionRt> {
+    rt.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[derive(Default)]
 struct Inner {
     /// Directions this process runs, by requester QPN.
-    directions: IntMap<DirectionRt>,
-    /// Directions entered with queued work (their QPNs).
-    open: Vec<u32>,
+    directions: IntMap<Running>,
+    /// Directions entered with queued work (their QPNs, and since when).
+    open: Vec<(u32, Instant)>,
     /// Directions whose work ran outside a verb call (by the backstop) and that must be
     /// given back at the next call.
     give_back: Vec<u32>,
@@ -221,7 +240,14 @@ impl FastPath {
             match taken {
                 Ok(d) => {
                     self.shared.used.store(true, Ordering::Relaxed);
-                    inner.directions.insert(qpn, d);
+                    let send_cq = d.send_cq;
+                    inner.directions.insert(
+                        qpn,
+                        Running {
+                            send_cq,
+                            rt: Arc::new(Mutex::new(d)),
+                        },
+                    );
                     if !inner.backstop {
                         inner.backstop = true;
                         spawn_backstop(self.shared.clone());
@@ -235,14 +261,17 @@ impl FastPath {
         }
         let recvs_needed = wrs.iter().filter(|w| takes_receive(w)).count() as u32;
         let to_daemon = wrs.iter().any(daemon_only);
-        let Some(d) = inner.directions.get_mut(&qpn) else {
+        let Some(rt) = inner.directions.get(&qpn).map(|r| r.rt.clone()) else {
             return Posted::Ring;
         };
+        // (Waits while the backstop runs this direction's earlier work.)
+        let mut d = lock_rt(&rt);
         // The receives queued but not run yet count too.
         if to_daemon || !d.receives_available(recvs_needed + d.receives_queued()) {
             trace(format_args!(
                 "qpn={qpn} to the daemon: daemon_only={to_daemon} recvs_needed={recvs_needed}"
             ));
+            drop(d);
             drop(inner);
             self.give_back(ctx, qpn);
             return Posted::Ring;
@@ -250,14 +279,15 @@ impl FastPath {
         let n = wrs.len();
         if !d.queue(wrs) {
             // The daemon took it back first: nothing was queued; post through the ring.
-            let d = inner.directions.remove(&qpn);
-            retire(&mut inner, d);
+            drop(d);
+            let r = inner.directions.remove(&qpn);
+            retire(&mut inner, r);
             return Posted::Ring;
         }
-        let d = inner.directions.get_mut(&qpn).expect("present");
         if d.queued() >= BATCH {
             let outcome = d.close();
-            inner.open.retain(|q| *q != qpn);
+            drop(d);
+            inner.open.retain(|(q, _)| *q != qpn);
             if outcome == Outcome::GiveBack {
                 drop(inner);
                 self.give_back(ctx, qpn);
@@ -266,7 +296,9 @@ impl FastPath {
         }
         if d.queued() == n {
             // Newly entered: the backstop runs it if nobody polls.
-            inner.open.push(qpn);
+            let since = d.open_since().unwrap_or_else(Instant::now);
+            drop(d);
+            inner.open.push((qpn, since));
             self.shared.open.store(true, Ordering::Release);
             if inner.backstop_parked {
                 inner.backstop_parked = false;
@@ -277,27 +309,44 @@ impl FastPath {
     }
 
     /// Runs the work queued on every direction of this context (before completions are
-    /// read, and by the backstop). Returns the directions to give back.
-    fn close_all(inner: &mut Inner, shared: &Shared, older_than: Option<Duration>) -> Vec<u32> {
+    /// read). Returns the directions to give back.
+    fn close_all(inner: &mut Inner, shared: &Shared) -> Vec<u32> {
         let mut back = Vec::new();
-        let now = Instant::now();
-        let open = std::mem::take(&mut inner.open);
-        for qpn in open {
-            let Some(d) = inner.directions.get_mut(&qpn) else {
+        for (qpn, _) in std::mem::take(&mut inner.open) {
+            let Some(r) = inner.directions.get(&qpn) else {
                 continue;
             };
-            let young = older_than
-                .is_some_and(|age| d.open_since().is_some_and(|t| now.duration_since(t) < age));
-            if young {
-                inner.open.push(qpn);
-                continue;
-            }
-            if d.close() == Outcome::GiveBack {
+            if r.lock().close() == Outcome::GiveBack {
                 back.push(qpn);
             }
         }
-        shared.open.store(!inner.open.is_empty(), Ordering::Release);
+        shared.open.store(false, Ordering::Release);
         back
+    }
+
+    /// The directions entered longer than `age` ago, taken out of the open list (for the
+    /// backstop, which runs them without the context's lock).
+    fn take_old(
+        inner: &mut Inner,
+        shared: &Shared,
+        age: Duration,
+    ) -> Vec<(u32, Arc<Mutex<DirectionRt>>)> {
+        let now = Instant::now();
+        let mut old = Vec::new();
+        let Inner {
+            open, directions, ..
+        } = inner;
+        open.retain(|&(qpn, since)| {
+            if now.duration_since(since) < age {
+                return true;
+            }
+            if let Some(r) = directions.get(&qpn) {
+                old.push((qpn, r.rt.clone()));
+            }
+            false
+        });
+        shared.open.store(!open.is_empty(), Ordering::Release);
+        old
     }
 
     /// Gives back what the backstop could not (it makes no daemon calls).
@@ -326,7 +375,7 @@ impl FastPath {
         let qpns: Vec<u32> = inner
             .directions
             .iter()
-            .filter(|(_, d)| d.send_cq == cq)
+            .filter(|(_, r)| r.send_cq == cq)
             .map(|(q, _)| *q)
             .collect();
         for qpn in qpns {
@@ -346,7 +395,7 @@ impl FastPath {
     ) -> Option<Cqe> {
         let mut inner = self.lock();
         if self.shared.open.load(Ordering::Acquire) {
-            let back = FastPath::close_all(&mut inner, &self.shared, None);
+            let back = FastPath::close_all(&mut inner, &self.shared);
             inner.give_back.extend(back);
         }
         self.give_back_pending(ctx, &mut inner);
@@ -357,7 +406,11 @@ impl FastPath {
         if let Some(c) = inner.feed(cq).stash.pop_front() {
             return Some(c);
         }
-        for d in inner.directions.values_mut().filter(|d| d.send_cq == cq) {
+        for r in inner.directions.values().filter(|r| r.send_cq == cq) {
+            // One the backstop is running has its completions a moment later.
+            let Ok(mut d) = r.rt.try_lock() else {
+                continue;
+            };
             if let Some(c) = d.completions.pop_front() {
                 return Some(c);
             }
@@ -409,17 +462,20 @@ impl FastPath {
 
 /// [`FastPath::give_back`] under the lock.
 fn give_back_locked(ctx: &ShimContext, inner: &mut MutexGuard<'_, Inner>, qpn: u32) {
-    inner.open.retain(|q| *q != qpn);
-    let Some(mut d) = inner.directions.remove(&qpn) else {
+    inner.open.retain(|(q, _)| *q != qpn);
+    let Some(r) = inner.directions.remove(&qpn) else {
         return;
     };
     trace(format_args!("give back qpn={qpn}"));
-    if d.publish_now() {
-        let events = std::mem::take(&mut d.events);
-        let _ = ctx.call_done(&Request::FastReturn { qpn, events });
+    {
+        let mut d = r.lock();
+        if d.publish_now() {
+            let events = std::mem::take(&mut d.events);
+            let _ = ctx.call_done(&Request::FastReturn { qpn, events });
+        }
     }
     inner.backoff.insert(qpn, Instant::now() + RETRY_AFTER);
-    retire(inner, Some(d));
+    retire(inner, Some(r));
 }
 
 /// The backstop: runs work the application queued and then left alone (it posted and did
@@ -439,8 +495,22 @@ fn spawn_backstop(shared: std::sync::Arc<Shared>) {
                 }
                 if !inner.open.is_empty() {
                     idle_since = Instant::now();
-                    let back = FastPath::close_all(&mut inner, &shared, Some(BACKSTOP_AFTER));
-                    inner.give_back.extend(back);
+                    let old = FastPath::take_old(&mut inner, &shared, BACKSTOP_AFTER);
+                    if !old.is_empty() {
+                        // Run without the context's lock: the application may post to its
+                        // other directions meanwhile (each direction's own lock orders the
+                        // rest; this thread never takes the context's lock while holding
+                        // one).
+                        drop(inner);
+                        let mut back = Vec::new();
+                        for (qpn, rt) in old {
+                            if lock_rt(&rt).close() == Outcome::GiveBack {
+                                back.push(qpn);
+                            }
+                        }
+                        inner = shared.inner.lock().unwrap_or_else(|e| e.into_inner());
+                        inner.give_back.extend(back);
+                    }
                 }
                 let parked = inner.open.is_empty() && idle_since.elapsed() > BACKSTOP_PARK_AFTER;
                 inner.backstop_parked = parked;
@@ -477,10 +547,10 @@ fn take(ctx: &ShimContext, qpn: u32) -> Result<DirectionRt, Errno> {
 }
 
 /// Keeps the completions of a direction that ended, ahead of the daemon's later ones.
-fn retire(inner: &mut Inner, d: Option<DirectionRt>) {
-    if let Some(mut d) = d {
-        let cq = d.send_cq;
-        inner.feed(cq).stash.extend(d.completions.drain(..));
+fn retire(inner: &mut Inner, r: Option<Running>) {
+    if let Some(r) = r {
+        let completions: Vec<Cqe> = r.lock().completions.drain(..).collect();
+        inner.feed(r.send_cq).stash.extend(completions);
     }
 }
 

@@ -8,6 +8,9 @@
  *           the WRITE again after the source changed (its completion returned the buffer);
  *           bytes compared, and nothing written past the ends
  *   access  a WRITE with a wrong R_Key: REM_ACCESS_ERR, then the next WR flushed
+ *   unpolled a WRITE posted and then left alone (the parent waits on a pipe, it does not poll):
+ *           the bytes must still arrive, as on a device that runs on its own (on the fast
+ *           path only the shim's backstop thread can run it)
  *   rnr     a SEND the child has no receive for (rnr_retry 1): RNR_RETRY_EXC_ERR */
 #include <infiniband/verbs.h>
 #include <signal.h>
@@ -160,6 +163,15 @@ int main(int argc, char **argv)
                     ok &= c.buf[i < 1000 ? 200000 + i : 300001 + i - 1000] == (char)(i * 5 + 3);
                 ok &= c.buf[200000 + 1000] == 0 && c.buf[300001 + 69001] == 0;
                 printf("child big SEND bytes %s\n", ok ? "match" : "DIFFER");
+            } else if (b == 'u') {
+                volatile char *v = c.buf + 8192;
+                double deadline = now() + 5;
+                do {
+                    ok = 1;
+                    for (int i = 0; i < 4096 && ok; i++)
+                        ok &= v[i] == (char)(i * 7 + 1);
+                } while (!ok && now() < deadline);
+                printf("child unpolled WRITE bytes %s\n", ok ? "arrived" : "MISSING");
             } else if (b == 's') {
                 struct ibv_wc wc = one(&c, "child");
                 for (int i = 0; i < 150 && wc.status == IBV_WC_SUCCESS; i++)
@@ -222,6 +234,10 @@ int main(int argc, char **argv)
         post(&p, 14, IBV_WR_RDMA_WRITE, 3, 150001, theirs.addr + 5, theirs.rkey);
         one(&p, "parent");
         ASK('V');
+    } else if (!strcmp(scenario, "unpolled")) {
+        post(&p, 21, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr + 8192, theirs.rkey);
+        ASK('u');
+        one(&p, "parent");
     } else if (!strcmp(scenario, "access")) {
         post(&p, 4, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr, theirs.rkey ^ 0x5a);
         post(&p, 5, IBV_WR_RDMA_WRITE, 0, 64, theirs.addr, theirs.rkey);
