@@ -407,11 +407,10 @@ impl FastPath {
             return Some(c);
         }
         for r in inner.directions.values().filter(|r| r.send_cq == cq) {
-            // One the backstop is running has its completions a moment later.
-            let Ok(mut d) = r.rt.try_lock() else {
-                continue;
-            };
-            if let Some(c) = d.completions.pop_front() {
+            // Waits for one the backstop is running (sleeping in the lock rather than
+            // polling again: that would make a third busy thread beside the backstop and
+            // the copier).
+            if let Some(c) = r.lock().completions.pop_front() {
                 return Some(c);
             }
         }
