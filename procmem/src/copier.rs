@@ -84,7 +84,7 @@ impl Copier {
 
 fn run(jobs: Receiver<Job>) {
     loop {
-        let mut job = match next(&jobs) {
+        let mut job = match recv_spinning(&jobs) {
             Some(job) => job,
             None => return,
         };
@@ -109,29 +109,17 @@ fn run(jobs: Receiver<Job>) {
     }
 }
 
-/// The next job: spun for up to [`SPIN`], then slept for. None: every holder is gone.
-fn next(jobs: &Receiver<Job>) -> Option<Job> {
+/// The next job on `rx`: spun for up to [`SPIN`] (the next one usually comes within
+/// microseconds in a bulk transfer), then slept for. None: every sender is gone (for the
+/// copier's queue, every holder; a holder's reply channel never, it keeps a sender itself).
+pub(crate) fn recv_spinning(rx: &Receiver<Job>) -> Option<Job> {
     let until = Instant::now() + SPIN;
     loop {
-        match jobs.try_recv() {
+        match rx.try_recv() {
             Ok(job) => return Some(job),
             Err(TryRecvError::Disconnected) => return None,
             Err(TryRecvError::Empty) if Instant::now() < until => std::hint::spin_loop(),
-            Err(TryRecvError::Empty) => return jobs.recv().ok(),
-        }
-    }
-}
-
-/// Waits for a job to come back: spun for up to [`SPIN`], then slept for (None: never,
-/// the holder keeps a sender of its own).
-pub(crate) fn wait(reply: &Receiver<Job>) -> Option<Job> {
-    let until = Instant::now() + SPIN;
-    loop {
-        match reply.try_recv() {
-            Ok(job) => return Some(job),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) if Instant::now() < until => std::hint::spin_loop(),
-            Err(TryRecvError::Empty) => return reply.recv().ok(),
+            Err(TryRecvError::Empty) => return rx.recv().ok(),
         }
     }
 }

@@ -524,6 +524,21 @@ struct Ahead {
     first_error: Option<AccessError>,
 }
 
+impl Ahead {
+    /// A job come back from the copier: its outcome counted and blamed (its first error
+    /// returned), its buffers kept for the next job.
+    fn take_back(
+        &mut self,
+        mut job: Job,
+        stats: &mut MemoryStats,
+        writers: &mut Writers,
+    ) -> Option<AccessError> {
+        self.in_flight -= 1;
+        self.spares.push(std::mem::take(&mut job.pending));
+        job.outcome.absorb(stats, writers)
+    }
+}
+
 /// What writing held writes out gave (see [`write_out`]).
 #[derive(Debug, Default)]
 pub(crate) struct WriteOutcome {
@@ -741,17 +756,15 @@ impl ProcessMemory {
         // Take back what the copier finished meanwhile; wait for the oldest at the limit.
         while ahead.in_flight > 0 {
             let job = if ahead.in_flight >= MAX_IN_FLIGHT {
-                copier::wait(&ahead.back)
+                copier::recv_spinning(&ahead.back)
             } else {
                 ahead.back.try_recv().ok()
             };
-            let Some(mut job) = job else {
+            let Some(job) = job else {
                 break;
             };
-            ahead.in_flight -= 1;
-            let error = std::mem::take(&mut job.outcome).absorb(&mut self.stats, &mut self.writers);
+            let error = ahead.take_back(job, &mut self.stats, &mut self.writers);
             ahead.first_error = ahead.first_error.or(error);
-            ahead.spares.push(job.pending);
         }
         ahead.lo = ahead.lo.min(self.pending.lo);
         ahead.hi = ahead.hi.max(self.pending.hi);
@@ -788,13 +801,11 @@ impl ProcessMemory {
         let mut first_error = ahead.first_error.take();
         let joined = ahead.in_flight;
         while ahead.in_flight > 0 {
-            let Some(mut job) = copier::wait(&ahead.back) else {
+            let Some(job) = copier::recv_spinning(&ahead.back) else {
                 break;
             };
-            ahead.in_flight -= 1;
-            let error = std::mem::take(&mut job.outcome).absorb(&mut self.stats, &mut self.writers);
+            let error = ahead.take_back(job, &mut self.stats, &mut self.writers);
             first_error = first_error.or(error);
-            ahead.spares.push(job.pending);
         }
         (ahead.lo, ahead.hi) = (u64::MAX, 0);
         (joined, first_error)
