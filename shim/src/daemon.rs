@@ -486,6 +486,15 @@ fn spawn_monitor(conn: &'static ControlConnection) {
         .spawn(move || {
             conn.wait_for_hangup();
             conn.lost.store(true, Ordering::Release);
+            // One line, so that a program that only reports "a verb failed" (UCX: "failed to
+            // poll receive CQ -1") can be told apart from a bug: every verb from now on fails
+            // with ENODEV, as after the removal of a kernel device.
+            let _ = writeln!(
+                std::io::stderr(),
+                "softroce: the daemon at {} closed this process's connection: its devices are \
+                 gone (IBV_EVENT_DEVICE_FATAL)",
+                conn.path.display()
+            );
             crate::runtime::post_device_fatal_to_all_contexts();
         });
 }

@@ -113,6 +113,12 @@ fn killing_the_daemon_delivers_device_fatal_to_open_contexts() {
     ];
     let lines: Vec<&str> = rest.lines().collect();
     assert_eq!(lines, expect, "stderr:\n{stderr}");
+    // And the program's user is told why every verb fails from now on, once.
+    assert_eq!(
+        stderr.matches("closed this process's connection").count(),
+        1,
+        "stderr:\n{stderr}"
+    );
 }
 
 const FORK_PROGRAM: &str = r#"
