@@ -16,11 +16,11 @@
 //                                      processes, both busy-polling (the shortest hop one process
 //                                      can make to another: a cache line moving between cores);
 //                                      one way = RTT/2, percentiles over N round trips
-//   baseline handoff                   the floor of a live capture on one daemon: a thread copies
-//                                      4 KiB packets into 128 KiB batches that a second thread
-//                                      then reads whole (as a capture's writer computes each
-//                                      frame's ICRC), 8 batches in rotation; ns per packet copy,
-//                                      with the reader reading and (for comparison) without
+//   baseline handoff                   why a live capture's writer never reads what a device
+//                                      wrote: a thread copies 4 KiB packets into 128 KiB batches
+//                                      that a second thread then reads whole, 8 batches in
+//                                      rotation; ns per packet copy, with the reader reading and
+//                                      (for comparison) without
 //
 // Each side is its own process (the receiver/server a forked child). With BASELINE_PIN set the
 // sender runs on CPU 0 and the receiver on CPU 1; by default neither is pinned, like the

@@ -12,10 +12,19 @@
 //!   for it. A batch goes to the capture's writer thread through a bounded queue when it is
 //!   full, when it has waited [`HOLD_NS`], or before the device sleeps; the writer polls the
 //!   queue, so a hand-over wakes no thread (a wake per round of a busy device loop, which on
-//!   a small machine takes a CPU from the pollers, was most of what a capture cost). What
-//!   takes a pass over every byte of a frame (an ICRC the engines never computed, the IPv6
-//!   UDP checksum) the writer does ([`writer::Finish`]). A full queue (a reader that does
-//!   not keep up) drops the batch and counts it: the device never waits for a capture.
+//!   a small machine takes a CPU from the pollers, was most of what a capture cost). Each
+//!   frame is built straight into the batch, complete, by one pass over its bytes: the UDP
+//!   checksums are summed by the pass that copies ([`frame`]). A full queue (a reader that
+//!   does not keep up) drops the batch and counts it: the device never waits for a capture.
+//! - Packets between two QPs of the device are not copied at all. While one capture listens
+//!   and keeps whole frames, the device's queue of them ([`crate::net::LocalFrames`]) seals
+//!   each packet as the engine writes it and leaves room around it; the capture writes its
+//!   Ethernet header and Enhanced Packet Block there ([`DeviceCapture::local_packet`]), and
+//!   at the end of the round the queue's buffer itself goes to the writer with the ranges to
+//!   write ([`DeviceCapture::local_round`]), the queue going on in one the writer gave back.
+//!   On one daemon a copy of every packet was most of what a capture cost.
+//! - The writer never reads a frame: one that read the batches (to finish them) pulled their
+//!   cache lines to its CPU, and the device paid for it when it wrote them again.
 //! - The writer ([`writer`]) writes the section header, one interface per device, the
 //!   batches, and at the end one Interface Statistics Block per interface (packets captured
 //!   and dropped), into the pipe the CLI gave.
@@ -27,19 +36,33 @@ pub mod writer;
 pub use frame::{IpFields, UdpDatagram};
 pub use pcapng::Direction;
 pub use writer::CaptureShared;
-use writer::Finish;
 
+use crate::net::LocalFrames;
+use std::ops::Range;
 use std::sync::Arc;
 
 /// A batch is handed to the writer once it holds this much: small enough that the batches
-/// in use stay in the CPUs' caches (the device writes each frame once, the writer reads it
-/// once), now that a hand-over costs no wake (256 KiB measured a few per cent slower).
+/// in use stay in the device CPU's cache, now that a hand-over costs no wake (256 KiB
+/// measured a few per cent slower).
 const BATCH_BYTES: usize = 64 * 1024;
-/// A batch's room: a full one and the largest frame after it (no reallocation).
-const BATCH_CAPACITY: usize = BATCH_BYTES + 64 * 1024;
+/// A batch's room: a full one and a frame of the largest MTU after it (a larger one grows
+/// it). A batch is zeroed once, when it is made, and keeps its length for ever after (the
+/// writer is told how much of it is used): frames are written into bytes that exist, never
+/// appended to a `Vec` that would zero them first.
+const BATCH_CAPACITY: usize = BATCH_BYTES + 8 * 1024;
 /// How long a busy device keeps a batch that is not full: a live reader
 /// (`tshark -i -`) sees packets this late at most, as libpcap's buffer timeout.
 pub const HOLD_NS: u64 = 5_000_000;
+
+/// The room a capture needs in front of a packet between two QPs of the device to lay its
+/// block around it where it lies ([`DeviceCapture::local_packet`]): the Enhanced Packet
+/// Block's header and the Ethernet header.
+pub const ROOM_BEFORE: usize = pcapng::PACKET_BLOCK_HEAD + 14;
+
+/// The length of the block around a network-layer packet of `len` bytes, completed in place.
+pub const fn block_len_around(len: usize) -> usize {
+    pcapng::packet_block_len(14 + len)
+}
 
 /// A device's end of one capture.
 struct DeviceTap {
@@ -49,23 +72,34 @@ struct DeviceTap {
     /// BTH destination QPNs to keep (empty: all): the QP asked for and, when it is
     /// connected, its peer (the destination of what it sends).
     qpns: Vec<u32>,
+    /// The batch being filled: its first `batch_used` bytes are whole blocks.
     batch: Vec<u8>,
+    batch_used: usize,
     batch_packets: u64,
     /// When the batch's first packet was captured (pcapng time, ns).
     batch_since: u64,
-    /// The batch's frames the writer finishes (their ICRC and checksum).
-    batch_finish: Vec<Finish>,
 }
 
 impl DeviceTap {
-    /// One more packet (captured at `ts`) in the batch: a full batch goes to the writer at
-    /// once.
-    fn packet_added(&mut self, ts: u64) {
+    /// The next `len` bytes of the batch, to write a block into (the batch grows, zeroed,
+    /// only for a block larger than its room).
+    fn room(&mut self, len: usize) -> &mut [u8] {
+        let end = self.batch_used + len;
+        if self.batch.len() < end {
+            self.batch.resize(end, 0);
+        }
+        &mut self.batch[self.batch_used..end]
+    }
+
+    /// A block of `len` bytes was written at the end of the batch, holding one more packet
+    /// (captured at `ts`): a full batch goes to the writer at once.
+    fn packet_added(&mut self, len: usize, ts: u64) {
         if self.batch_packets == 0 {
             self.batch_since = ts;
         }
+        self.batch_used += len;
         self.batch_packets += 1;
-        if self.batch.len() >= BATCH_BYTES {
+        if self.batch_used >= BATCH_BYTES {
             self.hand_over();
         }
     }
@@ -73,13 +107,11 @@ impl DeviceTap {
     /// The batch goes to the writer (if it holds anything).
     fn hand_over(&mut self) {
         if self.batch_packets > 0 {
-            let (bytes, finish) = self.shared.spare_batch(BATCH_CAPACITY);
-            let bytes = std::mem::replace(&mut self.batch, bytes);
-            let finish = std::mem::replace(&mut self.batch_finish, finish);
+            let bytes = std::mem::replace(&mut self.batch, self.shared.spare_batch(BATCH_CAPACITY));
             self.shared.deliver(
                 self.iface,
                 bytes,
-                finish,
+                std::mem::take(&mut self.batch_used),
                 std::mem::take(&mut self.batch_packets),
             );
         }
@@ -144,10 +176,9 @@ impl DeviceCapture {
     /// its QP filter means on this device.
     pub fn attach(&mut self, shared: Arc<CaptureShared>, iface: u32, qpns: Vec<u32>) {
         self.now = pcapng::timestamp_now().max(self.now);
-        let (batch, batch_finish) = shared.spare_batch(BATCH_CAPACITY);
         self.taps.push(DeviceTap {
-            batch,
-            batch_finish,
+            batch: shared.spare_batch(BATCH_CAPACITY),
+            batch_used: 0,
             shared,
             iface,
             qpns,
@@ -162,12 +193,14 @@ impl DeviceCapture {
             Direction::Outbound => (self.mac, frame::peer_mac(d.dst.ip())),
             Direction::Inbound => (frame::peer_mac(d.src.ip()), self.mac),
         };
-        // The UDP checksum (the sockets send one with GSO on) is computed here, while the
-        // bytes are in this CPU's cache: left to the writer, it made the writer read every
-        // byte from the other CPU, which cost more than the sum (two daemons, GSO on:
-        // 0.76 of the uncaptured rate against 0.84, `bench/results/20261201T230736Z.md`).
-        // The writer then never reads a datagram's bytes.
-        self.record(direction, d.payload, None, |out| {
+        // The UDP checksum (the sockets send one with GSO on) is computed here, by the pass
+        // that copies the bytes: left to the writer, it made the writer read every byte from
+        // the other CPU, which cost more than the sum (two daemons, GSO on: 0.76 of the
+        // uncaptured rate against 0.84, `bench/results/20261201T230736Z.md`).
+        let Some(len) = frame::udp_frame_len(d) else {
+            return;
+        };
+        self.record(direction, d.payload, len, |out| {
             frame::udp_frame(out, src_mac, dst_mac, d)
         });
     }
@@ -180,23 +213,80 @@ impl DeviceCapture {
         let Some(transport) = packet.get(bth..) else {
             return;
         };
+        let Some(len) = frame::network_frame_len(packet) else {
+            return;
+        };
         let local = direction == Direction::Outbound;
         let (src_mac, dst_mac) = if local {
             (self.mac, self.mac)
         } else {
             (frame::peer_mac(src_of(packet)), self.mac)
         };
-        // Most received frames need nothing more (IPv4 carries no UDP checksum here): no
-        // work is queued for them.
-        let finish = (local || corrupt || frame::needs_udp_checksum(packet)).then(|| Finish {
-            at: 0,
-            len: 0,
-            seal: local,
-            corrupt_at: corrupt.then_some(14 + bth as u32),
+        self.record(direction, transport, len, |out| {
+            frame::network_frame(out, src_mac, dst_mac, packet, local)?;
+            if corrupt {
+                crate::fault::corrupt(out.get_mut(14 + bth..)?);
+            }
+            Some(())
         });
-        self.record(direction, transport, finish, |out| {
-            frame::copy_network_frame(out, src_mac, dst_mac, packet)
-        });
+    }
+
+    /// Whether packets between two QPs of the device can be captured where they lie
+    /// ([`DeviceCapture::local_packet`]): one capture listens, and it keeps whole frames.
+    pub fn in_place(&self) -> bool {
+        matches!(&self.taps[..], [t] if t.shared.spec().snaplen == 0 && !t.shared.is_finished())
+    }
+
+    /// A packet between two QPs of this device at `block[frame]` (BTH at `bth` in it), on
+    /// its way to the receiving engine. When the frame has its block's room around it
+    /// ([`ROOM_BEFORE`], [`block_len_around`]) and [`DeviceCapture::in_place`] holds, a
+    /// capture that wants it completes the frame (Ethernet header, ICRC) and its block where
+    /// they lie, and true says so: the block goes to the writer with the round's buffer
+    /// ([`DeviceCapture::local_round`]), and the packet's bytes are never copied for the
+    /// capture. Otherwise it is captured as [`DeviceCapture::packet`] does, copied.
+    pub fn local_packet(&mut self, block: &mut [u8], frame: Range<usize>, bth: usize) -> bool {
+        let len = frame.len();
+        let room = frame.start == ROOM_BEFORE && block.len() == block_len_around(len);
+        if !room || !self.in_place() {
+            if let Some(f) = block.get(frame) {
+                self.packet(Direction::Outbound, f, bth, false);
+            }
+            return false;
+        }
+        let (mac, ts) = (self.mac, self.now);
+        let Some(t) = self.taps.first_mut() else {
+            return false;
+        };
+        let Some(transport) = block.get(frame.start + bth..frame.end) else {
+            return false;
+        };
+        if !t.wants(transport) || !t.shared.take_one() {
+            return false;
+        }
+        // The queue sealed the packet when the engine wrote it (`LocalFrames::commit`).
+        let eth = &mut block[ROOM_BEFORE - 14..frame.end];
+        if frame::complete_in_place(eth, mac, mac, false).is_none() {
+            return false;
+        }
+        pcapng::packet_block(block, t.iface, ts, Direction::Outbound, 14 + len, 14 + len);
+        true
+    }
+
+    /// The end of a round of packets between local QPs: when the capture completed blocks in
+    /// the round's buffer, the buffer goes to the writer (after the batch, which holds what
+    /// was captured before), and `frames` goes on in a buffer the writer gave back.
+    pub fn local_round(&mut self, frames: &mut LocalFrames) {
+        if !frames.has_captured() {
+            return;
+        }
+        let Some(t) = self.taps.first_mut() else {
+            return;
+        };
+        t.hand_over();
+        if let Ok(round) = frames.take_captured(t.shared.spare_frames()) {
+            t.shared
+                .deliver_blocks(t.iface, round.data, round.blocks, round.packets);
+        }
     }
 
     /// A whole Ethernet frame (a TAP device's); `bth_offset` is where its BTH starts.
@@ -204,28 +294,32 @@ impl DeviceCapture {
         let Some(bth) = eth_frame.get(bth_offset..) else {
             return;
         };
-        self.record(direction, bth, None, |out| {
-            out.extend_from_slice(eth_frame);
-            Some(eth_frame.len())
+        self.record(direction, bth, eth_frame.len(), |out| {
+            out.copy_from_slice(eth_frame);
+            Some(())
         });
     }
 
-    /// Appends the frame `build` writes (whose BTH and what follows is `bth`) to every
-    /// capture that wants it, to be completed by `finish` (a network frame's ICRC and
-    /// checksum). With one capture, the frame is built straight into its batch and finished by
-    /// the writer; with several, built once, finished and copied.
+    /// Writes the frame of `len` bytes that `build` makes (whose BTH and what follows is
+    /// `bth`; `None` from `build` keeps nothing) into every capture that wants it. With one
+    /// capture, the frame is built straight into its batch, inside its Enhanced Packet Block;
+    /// with several, built once and copied.
     fn record(
         &mut self,
         direction: Direction,
         bth: &[u8],
-        finish: Option<Finish>,
-        build: impl FnOnce(&mut Vec<u8>) -> Option<usize>,
+        len: usize,
+        build: impl FnOnce(&mut [u8]) -> Option<()>,
     ) {
         let wanting = self.taps.iter().filter(|t| t.wants(bth)).count();
         if wanting == 0 {
             return;
         }
         let ts = self.now;
+        let cut = |snaplen: u32| match snaplen as usize {
+            0 => len,
+            n => len.min(n),
+        };
         if wanting == 1 {
             let Some(t) = self.taps.iter_mut().find(|t| t.wants(bth)) else {
                 return;
@@ -233,49 +327,32 @@ impl DeviceCapture {
             if !t.shared.take_one() {
                 return;
             }
-            let snaplen = t.shared.spec().snaplen;
-            let start = pcapng::begin_packet(&mut t.batch, t.iface, ts);
-            let at = t.batch.len();
-            let Some(len) = build(&mut t.batch) else {
-                t.batch.truncate(start);
+            let (iface, captured) = (t.iface, cut(t.shared.spec().snaplen));
+            let block_len = pcapng::packet_block_len(captured);
+            // The whole frame is built, then the block's end is laid over what a snapshot
+            // length cuts off.
+            let room = t.room(block_len.max(28 + len));
+            if build(&mut room[28..28 + len]).is_none() {
                 return;
-            };
-            if let Some(mut f) = finish {
-                (f.at, f.len) = (at as u32, len as u32);
-                if snaplen != 0 && len > snaplen as usize {
-                    // The snapshot cuts the frame: its end is needed now or never.
-                    f.apply(&mut t.batch);
-                } else {
-                    t.batch_finish.push(f);
-                }
             }
-            pcapng::end_packet(&mut t.batch, start, direction, snaplen);
-            t.packet_added(ts);
+            pcapng::packet_block(&mut room[..block_len], iface, ts, direction, captured, len);
+            t.packet_added(block_len, ts);
             return;
         }
-        self.frame.clear();
-        let Some(len) = build(&mut self.frame) else {
+        self.frame.resize(len, 0);
+        if build(&mut self.frame).is_none() {
             return;
-        };
-        if let Some(mut f) = finish {
-            (f.at, f.len) = (0, len as u32);
-            f.apply(&mut self.frame);
         }
         for t in &mut self.taps {
             if !t.wants(bth) || !t.shared.take_one() {
                 continue;
             }
-            let snaplen = t.shared.spec().snaplen;
-            pcapng::enhanced_packet(
-                &mut t.batch,
-                t.iface,
-                ts,
-                direction,
-                &self.frame,
-                snaplen,
-                None,
-            );
-            t.packet_added(ts);
+            let (iface, captured) = (t.iface, cut(t.shared.spec().snaplen));
+            let block_len = pcapng::packet_block_len(captured);
+            let room = t.room(block_len);
+            room[28..28 + captured].copy_from_slice(&self.frame[..captured]);
+            pcapng::packet_block(room, iface, ts, direction, captured, len);
+            t.packet_added(block_len, ts);
         }
     }
 

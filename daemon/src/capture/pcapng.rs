@@ -144,34 +144,51 @@ pub fn enhanced_packet(
     finish(out, start);
 }
 
-/// Starts an Enhanced Packet Block whose frame the caller appends right after; returns where
-/// the block starts, for [`end_packet`].
-pub fn begin_packet(out: &mut Vec<u8>, interface: u32, timestamp_ns: u64) -> usize {
-    let start = begin(out, EPB);
-    put_u32(out, interface);
-    put_u32(out, (timestamp_ns >> 32) as u32);
-    put_u32(out, timestamp_ns as u32);
-    put_u32(out, 0);
-    put_u32(out, 0);
-    start
+/// The bytes of an Enhanced Packet Block in front of its packet data.
+pub const PACKET_BLOCK_HEAD: usize = 28;
+
+/// The length of the Enhanced Packet Block [`packet_block`] writes around `captured` bytes of
+/// a frame: the header (28 bytes), the bytes padded to 4, `epb_flags`, the end of options and
+/// the trailing length.
+pub const fn packet_block_len(captured: usize) -> usize {
+    PACKET_BLOCK_HEAD + captured.next_multiple_of(4) + 8 + 4 + 4
 }
 
-/// Ends the block [`begin_packet`] started: the frame is what was appended since, of which
-/// at most `snaplen` bytes are kept (all when 0).
-pub fn end_packet(out: &mut Vec<u8>, start: usize, direction: Direction, snaplen: u32) {
-    let data = start + 28;
-    let orig_len = out.len() - data;
-    let captured = match snaplen as usize {
-        0 => orig_len,
-        n => orig_len.min(n),
-    };
-    out.truncate(data + captured);
-    out[start + 20..start + 24].copy_from_slice(&(captured as u32).to_ne_bytes());
-    out[start + 24..start + 28].copy_from_slice(&(orig_len as u32).to_ne_bytes());
-    pad4(out, captured);
-    option(out, EPB_FLAGS, &direction.flags().to_ne_bytes());
-    end_of_options(out);
-    finish(out, start);
+/// Completes an Enhanced Packet Block around a frame already in place: `block` is
+/// [`packet_block_len`]`(captured)` bytes long and holds the first `captured` bytes of a
+/// frame `orig_len` bytes long at `block[28..]` (whatever lies after them is overwritten).
+/// The frame is built straight into the block, so a captured packet is copied once.
+pub fn packet_block(
+    block: &mut [u8],
+    interface: u32,
+    timestamp_ns: u64,
+    direction: Direction,
+    captured: usize,
+    orig_len: usize,
+) {
+    let len = packet_block_len(captured);
+    debug_assert_eq!(block.len(), len);
+    let words = [
+        EPB,
+        len as u32,
+        interface,
+        (timestamp_ns >> 32) as u32,
+        timestamp_ns as u32,
+        captured as u32,
+        orig_len as u32,
+    ];
+    for (at, w) in words.iter().enumerate() {
+        block[at * 4..at * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    let pad = 28 + captured;
+    let options = 28 + captured.next_multiple_of(4);
+    block[pad..options].fill(0);
+    let o = &mut block[options..];
+    o[..2].copy_from_slice(&EPB_FLAGS.to_ne_bytes());
+    o[2..4].copy_from_slice(&4u16.to_ne_bytes());
+    o[4..8].copy_from_slice(&direction.flags().to_ne_bytes());
+    o[8..12].copy_from_slice(&[0; 4]); // opt_endofopt
+    o[12..16].copy_from_slice(&(len as u32).to_ne_bytes());
 }
 
 /// An Interface Statistics Block: packets captured and dropped (for want of room between the
@@ -272,9 +289,12 @@ mod tests {
             None,
         );
         enhanced_packet(&mut out, 1, 5, Direction::Inbound, &frame, 16, Some("cut"));
-        let at = begin_packet(&mut out, 0, 7);
+        // Built in place, then cut to 10 bytes: the block is laid around the frame.
+        let at = out.len();
+        out.extend_from_slice(&[0xee; 28]);
         out.extend_from_slice(&frame);
-        end_packet(&mut out, at, Direction::Outbound, 10);
+        out.truncate(at + packet_block_len(10));
+        packet_block(&mut out[at..], 0, 7, Direction::Outbound, 10, frame.len());
         interface_statistics(&mut out, 0, 1, 2, 1, 3);
         let mut r = PcapNgReader::new(&out[..]).unwrap();
         let mut packets = Vec::new();

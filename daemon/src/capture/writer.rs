@@ -2,12 +2,12 @@
 //! reads, fed by the devices' batches.
 
 use super::pcapng;
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TryRecvError};
+use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
 use proto::ctl::CaptureSpec;
-use std::io::Write;
+use std::io::{self, IoSlice, Write};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tracing::{debug, info};
 
 /// Bytes of batches waiting for the writer, per capture; more are dropped (and counted). A
@@ -15,54 +15,57 @@ use tracing::{debug, info};
 /// catches up from here.
 const QUEUE_BYTES: usize = 64 << 20;
 
-/// Written batches kept for the devices to fill again: a fresh batch faults in new pages for
-/// every batch captured.
-const SPARE_BATCHES: usize = 8;
+/// Written buffers of each kind kept for the devices to fill again: a new one is zeroed and
+/// faults in fresh pages, which cost a busy device thread more than the copy of its frames.
+/// A busy device hands over a few per nap of the writer; more are freed.
+const SPARE_BATCHES: usize = 16;
 
-/// How long the writer naps when it finds no batch: it polls, so that handing a batch over
-/// never wakes a thread (a futex wake and a context switch per batch, taken from the
-/// pollers on a small machine, were most of what a capture cost).
-const WRITER_NAP: std::time::Duration = std::time::Duration::from_millis(1);
+/// How long the writer naps when it finds nothing to write: it polls, so that handing a
+/// buffer over never wakes a thread (a futex wake and a context switch per batch, taken from
+/// the pollers on a small machine, were most of what a capture cost). After a write it naps
+/// [`NAP_LOCAL`] or [`NAP_IDLE`], by what it wrote, doubling up to [`NAP_IDLE`] while it
+/// finds nothing.
+///
+/// After a round of packets between local QPs the nap is short ([`NAP_LOCAL`]), because it
+/// bounds what the device has in flight: a round's buffer comes back to be filled again one
+/// nap after it was handed over at most, and the device fills the one that came back last.
+/// At 1 ms a busy device cycled through about 3 MB of them, which the next round found
+/// evicted from its CPU's cache: the engines' frames cost more to write into them than the
+/// capture itself cost. At 100 µs, about one round (256 KiB) is out at a time (ad hoc, one
+/// daemon, `ib_write_bw` captured: on/off 0.64-0.71 with 1 ms against 0.74-0.83 with 50-200
+/// µs, medians of five pairs). A device's batches (what it sent and received on the link)
+/// are not written into again by the engines, and there the wake-ups of a short nap cost
+/// more than they save (two daemons: 0.78 against 0.88): after them, [`NAP_IDLE`].
+const NAP_LOCAL: std::time::Duration = std::time::Duration::from_micros(100);
+const NAP_IDLE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// How long the writer waits at the end for the batches the devices still hold.
 const FINAL_GRACE: std::time::Duration = std::time::Duration::from_millis(10);
 
 enum WriterMsg {
+    /// A buffer holding `count` whole Enhanced Packet Blocks where `extent` says.
     Packets {
         bytes: Vec<u8>,
-        finish: Vec<Finish>,
+        extent: Extent,
         count: u64,
     },
     Stop,
 }
 
-/// A network frame in a batch that the writer completes before writing it (its ICRC, the
-/// IPv6 UDP checksum, and a corruption the fault layer made): work of a pass over every byte,
-/// taken off the device thread.
-#[derive(Clone, Copy, Debug)]
-pub struct Finish {
-    /// Where the Ethernet frame starts in the batch, and its length.
-    pub at: u32,
-    pub len: u32,
-    /// Whether to compute its ICRC (a packet between two QPs of one device was never sealed).
-    pub seal: bool,
-    /// Where its BTH starts in the frame, when a fault layer corrupted it: one bit flipped
-    /// after sealing.
-    pub corrupt_at: Option<u32>,
+/// Where a buffer's blocks are.
+enum Extent {
+    /// A device's batch: its first bytes, this many.
+    Used(usize),
+    /// A round of packets between local QPs that the capture completed in place: these
+    /// ranges, in order (the frames it did not take lie between them).
+    Blocks(Vec<(usize, usize)>),
 }
 
-impl Finish {
-    /// Completes the frame in `batch`.
-    pub fn apply(&self, batch: &mut [u8]) {
-        let at = self.at as usize;
-        let Some(frame) = batch.get_mut(at..at + self.len as usize) else {
-            return;
-        };
-        if super::frame::finish_network_frame(frame, self.seal).is_none() {
-            return;
-        }
-        if let Some(t) = self.corrupt_at.and_then(|c| frame.get_mut(c as usize..)) {
-            crate::fault::corrupt(t);
+impl Extent {
+    fn bytes(&self) -> usize {
+        match self {
+            Extent::Used(n) => *n,
+            Extent::Blocks(b) => b.iter().map(|(s, e)| e - s).sum(),
         }
     }
 }
@@ -83,11 +86,13 @@ pub struct CaptureShared {
     tx: Sender<WriterMsg>,
     /// Bytes queued for the writer and not yet written.
     queued: AtomicUsize,
-    /// Batches the writer has written, emptied, for the devices to reuse (with their lists of
-    /// frames to finish: a batch that had to grow both anew cost the device thread more than
-    /// the copy of its frames).
-    spare_tx: Sender<(Vec<u8>, Vec<Finish>)>,
-    spare_rx: Receiver<(Vec<u8>, Vec<Finish>)>,
+    /// Batches the writer has written, for the devices to fill again: a stack, so that the
+    /// batch filled next is the one written last, the likeliest to be in the device CPU's
+    /// cache still (the writer never reads a batch).
+    spares: Mutex<Vec<Vec<u8>>>,
+    /// The same for the buffers of rounds of packets between local QPs (larger, and grown by
+    /// the device as its queue needs).
+    spare_frames: Mutex<Vec<Vec<u8>>>,
 }
 
 impl CaptureShared {
@@ -95,12 +100,31 @@ impl CaptureShared {
         &self.spec
     }
 
-    /// An empty batch to fill and its empty list of frames to finish: a written one back
-    /// from the writer, else a new one with room for `capacity` bytes.
-    pub(super) fn spare_batch(&self, capacity: usize) -> (Vec<u8>, Vec<Finish>) {
-        self.spare_rx
-            .try_recv()
-            .unwrap_or_else(|_| (Vec::with_capacity(capacity), Vec::with_capacity(64)))
+    /// A batch to fill from its start: a written one back from the writer, else a new one of
+    /// `capacity` zeroed bytes.
+    pub(super) fn spare_batch(&self, capacity: usize) -> Vec<u8> {
+        let spare = self.spares.lock().ok().and_then(|mut s| s.pop());
+        spare.unwrap_or_else(|| vec![0; capacity])
+    }
+
+    /// A buffer for a device's queue of packets between local QPs: one a round used before,
+    /// written and given back, else an empty one (the queue makes it as large as its last).
+    pub(super) fn spare_frames(&self) -> Vec<u8> {
+        let spare = self.spare_frames.lock().ok().and_then(|mut s| s.pop());
+        spare.unwrap_or_default()
+    }
+
+    /// Keeps a written buffer for the devices (unless enough are kept).
+    fn give_back(&self, bytes: Vec<u8>, extent: &Extent) {
+        let spares = match extent {
+            Extent::Used(_) => &self.spares,
+            Extent::Blocks(_) => &self.spare_frames,
+        };
+        if let Ok(mut spares) = spares.lock() {
+            if spares.len() < SPARE_BATCHES {
+                spares.push(bytes);
+            }
+        }
     }
 
     /// Claims one packet of the budget; false once it is spent (or the capture ended).
@@ -114,17 +138,33 @@ impl CaptureShared {
         self.budget.load(Ordering::Relaxed) <= 0
     }
 
-    /// Queues a batch of `count` packets of interface `iface`, whose frames `finish` the
-    /// writer completes, for the writer; a full queue drops it.
-    pub(super) fn deliver(&self, iface: u32, bytes: Vec<u8>, finish: Vec<Finish>, count: u64) {
+    /// Queues a batch of `count` packets of interface `iface` (its first `used` bytes) for
+    /// the writer; a full queue drops it.
+    pub(super) fn deliver(&self, iface: u32, bytes: Vec<u8>, used: usize, count: u64) {
+        self.queue(iface, bytes, Extent::Used(used), count);
+    }
+
+    /// Queues the buffer of a round of packets between local QPs, whose `blocks` hold the
+    /// `count` packets the capture completed in place, for the writer; a full queue drops it.
+    pub(super) fn deliver_blocks(
+        &self,
+        iface: u32,
+        bytes: Vec<u8>,
+        blocks: Vec<(usize, usize)>,
+        count: u64,
+    ) {
+        self.queue(iface, bytes, Extent::Blocks(blocks), count);
+    }
+
+    fn queue(&self, iface: u32, bytes: Vec<u8>, extent: Extent, count: u64) {
         let Some(stats) = self.ifaces.get(iface as usize) else {
             return;
         };
-        let len = bytes.len();
+        let len = extent.bytes();
         let room = self.queued.load(Ordering::Relaxed) + len <= QUEUE_BYTES;
         let msg = WriterMsg::Packets {
             bytes,
-            finish,
+            extent,
             count,
         };
         if room && self.tx.send(msg).is_ok() {
@@ -158,7 +198,6 @@ pub fn start(
     done: Option<OwnedFd>,
 ) -> Arc<CaptureShared> {
     let (tx, rx) = unbounded();
-    let (spare_tx, spare_rx) = bounded(SPARE_BATCHES);
     let budget = spec
         .count
         .map_or(i64::MAX, |c| c.min(i64::MAX as u64) as i64);
@@ -169,8 +208,8 @@ pub fn start(
         ifaces: interfaces.iter().map(|_| IfaceStats::default()).collect(),
         tx,
         queued: AtomicUsize::new(0),
-        spare_tx,
-        spare_rx,
+        spares: Mutex::new(Vec::with_capacity(SPARE_BATCHES)),
+        spare_frames: Mutex::new(Vec::with_capacity(SPARE_BATCHES)),
     });
     let writer = Arc::clone(&shared);
     let spawned = std::thread::Builder::new()
@@ -209,23 +248,30 @@ fn run(
     let mut ok = out.write_all(&head).is_ok();
     info!(devices = ?interfaces, spec = ?shared.spec, "capture started");
     let wanted = shared.spec.count;
+    let mut nap = NAP_IDLE;
     while ok && wanted.is_none_or(|w| written < w) {
         match rx.try_recv() {
             Ok(WriterMsg::Packets {
-                mut bytes,
-                mut finish,
+                bytes,
+                extent,
                 count,
             }) => {
-                ok = write_batch(&mut out, &mut bytes, &finish);
-                shared.queued.fetch_sub(bytes.len(), Ordering::Relaxed);
+                ok = write_batch(&mut out, &bytes, &extent);
+                shared.queued.fetch_sub(extent.bytes(), Ordering::Relaxed);
                 written += count;
-                bytes.clear();
-                finish.clear();
-                let _ = shared.spare_tx.try_send((bytes, finish));
+                nap = match extent {
+                    Extent::Blocks(_) => NAP_LOCAL,
+                    Extent::Used(_) => NAP_IDLE,
+                };
+                shared.give_back(bytes, &extent);
             }
             Ok(WriterMsg::Stop) | Err(TryRecvError::Disconnected) => break,
             Err(TryRecvError::Empty) if shared.is_finished() => break,
-            Err(TryRecvError::Empty) => std::thread::sleep(WRITER_NAP),
+            Err(TryRecvError::Empty) => {
+                std::thread::sleep(nap);
+                nap = (nap * 2).min(NAP_IDLE);
+                continue;
+            }
         }
     }
     shared.finished.store(true, Ordering::Relaxed);
@@ -234,13 +280,13 @@ fn run(
     std::thread::sleep(FINAL_GRACE);
     // Batches still queued (taken before the end) are written too.
     while let Ok(WriterMsg::Packets {
-        mut bytes,
-        finish,
+        bytes,
+        extent,
         count,
     }) = rx.try_recv()
     {
         if ok {
-            ok = write_batch(&mut out, &mut bytes, &finish);
+            ok = write_batch(&mut out, &bytes, &extent);
             written += count;
         }
     }
@@ -270,12 +316,37 @@ fn run(
     (written, dropped)
 }
 
-/// Completes the batch's frames and writes it; false when the reader is gone.
-fn write_batch(out: &mut std::fs::File, bytes: &mut [u8], finish: &[Finish]) -> bool {
-    for f in finish {
-        f.apply(bytes);
+/// Writes the blocks of a buffer; false when the reader is gone. The writer never reads a
+/// buffer's bytes itself: the devices wrote every frame whole (a writer that read the
+/// batches pulled their cache lines to its CPU, and the device paid for it when it wrote
+/// them again).
+fn write_batch(out: &mut std::fs::File, bytes: &[u8], extent: &Extent) -> bool {
+    match extent {
+        Extent::Used(used) => out.write_all(bytes.get(..*used).unwrap_or(bytes)).is_ok(),
+        Extent::Blocks(blocks) => {
+            let mut slices: Vec<IoSlice<'_>> = blocks
+                .iter()
+                .filter_map(|&(s, e)| bytes.get(s..e))
+                .map(IoSlice::new)
+                .collect();
+            write_all_vectored(out, &mut slices).is_ok()
+        }
     }
-    out.write_all(bytes).is_ok()
+}
+
+/// `Write::write_all` for several slices (one `writev` for all of them, unless the file
+/// takes less).
+fn write_all_vectored(out: &mut std::fs::File, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+    IoSlice::advance_slices(&mut slices, 0);
+    while !slices.is_empty() {
+        match out.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -370,7 +441,7 @@ mod tests {
     }
 
     #[test]
-    fn the_writer_seals_engine_packets_and_keeps_a_corruption() {
+    fn engine_packets_are_sealed_and_a_corruption_kept() {
         use proto::wire::frame::IcrcStatus;
         use proto::wire::FrameRepr;
         let (r, w) = pipe();
@@ -392,8 +463,108 @@ mod tests {
             .map(|frame| FrameRepr::parse_ethernet(frame, frame.len()).unwrap().icrc)
             .collect();
         assert_eq!(icrcs.len(), 2);
-        assert_eq!(icrcs[0], IcrcStatus::Ok, "sealed by the writer");
+        assert_eq!(icrcs[0], IcrcStatus::Ok, "sealed on the way into the batch");
         assert_ne!(icrcs[1], IcrcStatus::Ok, "corrupted after sealing");
+    }
+
+    /// Runs one round of packets between local QPs through `dev` as the device does: queued
+    /// (with room when a capture can take them in place), delivered, and the round ended.
+    fn local_round(dev: &mut DeviceCapture, packets: &[Vec<u8>]) -> Vec<bool> {
+        let mut q = crate::net::LocalFrames::new();
+        q.set_capture_room(dev.in_place());
+        for p in packets {
+            q.push(p, 28);
+        }
+        let mut in_place = Vec::new();
+        q.drain_blocks(|_, block, frame, bth| {
+            let taken = dev.local_packet(block, frame, bth);
+            in_place.push(taken);
+            taken
+        });
+        dev.local_round(&mut q);
+        in_place
+    }
+
+    #[test]
+    fn local_packets_are_captured_where_they_lie_after_what_the_batch_holds() {
+        use proto::wire::frame::IcrcStatus;
+        use proto::wire::FrameRepr;
+        let (r, w) = pipe();
+        let shared = start(CaptureSpec::default(), vec!["srxe0".into()], w, None);
+        let mut dev = DeviceCapture::new(0x0211_22ff_fe33_4455);
+        dev.attach(Arc::clone(&shared), 0, vec![0x11]);
+        assert!(dev.in_place());
+        let to_11 = super::super::frame::engine_ipv4_packet();
+        let mut to_12 = to_11.clone();
+        to_12[28 + 7] = 0x12; // another QP: the filter leaves it out
+        let mut longer = to_11.clone();
+        longer.splice(40..40, [0x5a; 64]); // 64 bytes more payload...
+        let n = longer.len();
+        longer[2..4].copy_from_slice(&(n as u16).to_be_bytes()); // ...in the IP
+        longer[24..26].copy_from_slice(&(n as u16 - 20).to_be_bytes()); // and UDP lengths
+        longer[10..12].fill(0);
+        let sum = longer[..20]
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], w[1]])))
+            .sum::<u32>();
+        let sum = (sum & 0xffff) + (sum >> 16);
+        longer[10..12].copy_from_slice(&(!((sum & 0xffff) + (sum >> 16)) as u16).to_be_bytes());
+        dev.datagram(Direction::Inbound, &datagram(&bth(0x04, 0x11)));
+        let taken = local_round(&mut dev, &[to_11.clone(), to_12, longer.clone()]);
+        assert_eq!(taken, [true, false, true]);
+        // A duplicate goes by copy, into the next batch.
+        dev.packet(Direction::Outbound, &to_11, 28, false);
+        dev.close();
+        let frames = captured_frames(r);
+        assert_eq!(frames.len(), 4, "the datagram, two local packets, the copy");
+        assert_eq!(
+            frames[0].len(),
+            14 + 20 + 8 + 16,
+            "what the batch held comes first"
+        );
+        for (frame, packet) in frames[1..].iter().zip([&to_11, &longer, &to_11]) {
+            let parsed = FrameRepr::parse_ethernet(frame, frame.len()).unwrap();
+            assert_eq!(parsed.icrc, IcrcStatus::Ok, "sealed where it lay");
+            assert_eq!(&frame[14..frame.len() - 4], &packet[..packet.len() - 4]);
+        }
+        assert_eq!(frames[1], frames[3], "in place and copied alike");
+    }
+
+    #[test]
+    fn with_a_snapshot_length_or_two_captures_local_packets_are_copied() {
+        use proto::wire::frame::IcrcStatus;
+        use proto::wire::FrameRepr;
+        let packet = super::super::frame::engine_ipv4_packet();
+        let cut = CaptureSpec {
+            snaplen: 60,
+            ..CaptureSpec::default()
+        };
+        for specs in [vec![cut], vec![CaptureSpec::default(); 2]] {
+            let mut dev = DeviceCapture::new(1);
+            let mut readers = Vec::new();
+            for spec in specs {
+                let (r, w) = pipe();
+                dev.attach(start(spec, vec!["srxe0".into()], w, None), 0, Vec::new());
+                readers.push(r);
+            }
+            assert!(!dev.in_place());
+            assert_eq!(
+                local_round(&mut dev, std::slice::from_ref(&packet)),
+                [false]
+            );
+            dev.close();
+            for r in readers {
+                let frames = captured_frames(r);
+                assert_eq!(frames.len(), 1);
+                let f = &frames[0];
+                if f.len() == 14 + packet.len() {
+                    let parsed = FrameRepr::parse_ethernet(f, f.len()).unwrap();
+                    assert_eq!(parsed.icrc, IcrcStatus::Ok);
+                } else {
+                    assert_eq!(f.len(), 60, "cut");
+                }
+            }
+        }
     }
 
     #[test]

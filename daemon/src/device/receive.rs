@@ -111,18 +111,20 @@ impl DeviceThread {
             &mut self.link,
             &mut self.drops,
         );
-        self.local.drain_with_offsets(|dqpn, frame, bth| {
+        self.local.drain_blocks(|dqpn, block, frame, bth| {
             let to = Destination {
                 dqpn,
                 bth,
                 way: Way::Local,
             };
-            link.local(frame, bth, &mut |f: &[u8]| {
+            link.local(block, frame, bth, &mut |f: &[u8]| {
                 if !deliver_packet(clients, blocks, naks, now, to, f, broken) {
                     drops.unknown_qp += 1;
                 }
-            });
+            })
         });
+        // What a capture completed in the queue's buffer goes to its writer with the buffer.
+        self.link.capture.local_round(&mut self.local);
     }
 }
 

@@ -34,6 +34,9 @@ impl DeviceThread {
         let mut local_mcast: Vec<(Vec<u8>, usize)> = Vec::new();
         let via_socket = self.local_via_socket;
         self.fast.prune_retired();
+        // A capture that can lays its blocks around the packets between local QPs where the
+        // engines write them (`capture::DeviceCapture::local_packet`).
+        self.local.set_capture_room(self.link.capture.in_place());
         for round in 0..LOCAL_ROUNDS {
             let (link, gids, local, local_mcast, fast) = (
                 &mut self.link,

@@ -16,6 +16,7 @@ use crate::fault::{Decision, FaultInjector, HeldPackets, Way};
 use proto::transport::{GidType, Nanos, Transmit};
 use std::io;
 use std::net::IpAddr;
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 /// A received packet held back by a fault rule.
@@ -129,56 +130,75 @@ impl Layers {
         }
     }
 
-    /// A packet between two QPs of this device (the engine's network-layer packet, BTH at
-    /// `bth`, ICRC not computed), on its way to `deliver`: it meets the fault rules and the
-    /// capture, and is delivered now (once, twice) or later ([`Layers::release_local`]).
-    pub fn local(&mut self, frame: &[u8], bth: usize, deliver: &mut dyn FnMut(&[u8])) {
+    /// A packet between two QPs of this device (the engine's network-layer packet at
+    /// `block[frame]`, BTH at `bth` in it, ICRC not computed), on its way to `deliver`: it
+    /// meets the fault rules and the capture, and is delivered now (once, twice) or later
+    /// ([`Layers::release_local`]). Returns whether the capture completed its block in place
+    /// ([`DeviceCapture::local_packet`]; `block` is the frame alone when the queue left no
+    /// room around it).
+    pub fn local(
+        &mut self,
+        block: &mut [u8],
+        frame: Range<usize>,
+        bth: usize,
+        deliver: &mut dyn FnMut(&[u8]),
+    ) -> bool {
         if !self.active() {
-            deliver(frame);
-            return;
+            if let Some(f) = block.get(frame) {
+                deliver(f);
+            }
+            return false;
         }
+        let Some(bytes) = block.get(frame.clone()) else {
+            return false;
+        };
         // The clock only for what needs it: with a capture alone, a clock read per packet
         // was a tenth of what the capture cost the device thread.
         let timed = self.faults.is_on() || !self.held_local.is_empty();
         let now = if timed { self.now() } else { 0 };
         let decision = if self.faults.is_on() {
             self.faults
-                .decide(now, Way::Local, frame.get(bth..).unwrap_or(&[]))
+                .decide(now, Way::Local, bytes.get(bth..).unwrap_or(&[]))
         } else {
             Decision::Pass
         };
-        let capture = |c: &mut DeviceCapture, corrupt| {
-            if c.is_on() {
-                c.packet(Direction::Outbound, frame, bth, corrupt);
-            }
-        };
+        let on = self.capture.is_on();
+        let mut in_place = false;
         match decision {
-            Decision::Pass | Decision::Nak { .. } => {
-                capture(&mut self.capture, false);
-                deliver(frame);
-                if timed {
+            Decision::Pass | Decision::Nak { .. } | Decision::Duplicate => {
+                if on {
+                    in_place = self.capture.local_packet(block, frame.clone(), bth);
+                }
+                let Some(bytes) = block.get(frame) else {
+                    return in_place;
+                };
+                deliver(bytes);
+                if decision == Decision::Duplicate {
+                    // The second one is a copy in the capture's batch.
+                    if on {
+                        self.capture.packet(Direction::Outbound, bytes, bth, false);
+                    }
+                    deliver(bytes);
+                    self.held_local.passed(now, Way::Local);
+                } else if timed {
                     self.held_local.passed(now, Way::Local);
                 }
             }
             Decision::Drop => {}
-            Decision::Duplicate => {
-                for _ in 0..2 {
-                    capture(&mut self.capture, false);
-                    deliver(frame);
-                }
-                self.held_local.passed(now, Way::Local);
-            }
             Decision::Corrupt => {
-                capture(&mut self.capture, true);
+                if on {
+                    self.capture.packet(Direction::Outbound, bytes, bth, true);
+                }
                 self.corrupt_dropped += 1;
             }
             Decision::Delay(due) => self
                 .held_local
-                .delay(due, Way::Local, (frame.to_vec(), bth)),
+                .delay(due, Way::Local, (bytes.to_vec(), bth)),
             Decision::Reorder => self
                 .held_local
-                .reorder(now, Way::Local, (frame.to_vec(), bth)),
+                .reorder(now, Way::Local, (bytes.to_vec(), bth)),
         }
+        in_place
     }
 
     /// Hands the held packets between local QPs that are due to `deliver` (with where each

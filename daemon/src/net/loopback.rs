@@ -9,18 +9,55 @@
 
 /// Whole IP frames (as `poll_transmit` writes them) waiting for local delivery, in one
 /// reused buffer: nothing is allocated or cleared per packet once the queue has grown.
+///
+/// While a capture listens, each frame is sealed (its ICRC computed) as it is committed and
+/// written with room around it for the capture's block (`capture::ROOM_BEFORE` bytes in front, the rest of `capture::block_len_around`
+/// after): the capture then completes each frame and its pcapng block where it lies, and
+/// takes the whole buffer for its writer at the end of the round ([`LocalFrames::take_captured`])
+/// instead of copying every packet.
 #[derive(Debug, Default)]
 pub struct LocalFrames {
     /// Grows to the largest batch and stays; `data[..used]` holds the queued frames.
     data: Vec<u8>,
     used: usize,
-    /// (end offset in `data`, offset of the BTH inside the frame)
-    frames: Vec<(usize, usize)>,
+    /// (start, end) of each frame in `data`, and the offset of the BTH inside the frame.
+    frames: Vec<(usize, usize, usize)>,
+    /// Whether frames get room for a capture's block around them.
+    capture_room: bool,
+    /// The blocks a capture completed in place this round (adjacent ones merged), and how
+    /// many packets they hold.
+    captured: Vec<(usize, usize)>,
+    captured_packets: u64,
+}
+
+/// A round's buffer whose blocks a capture completed in place, for its writer.
+#[derive(Debug)]
+pub struct CapturedFrames {
+    pub data: Vec<u8>,
+    /// The ranges of `data` to write, in order.
+    pub blocks: Vec<(usize, usize)>,
+    pub packets: u64,
 }
 
 impl LocalFrames {
     pub fn new() -> LocalFrames {
         LocalFrames::default()
+    }
+
+    /// Whether the frames queued from now on get room for a capture's block; only between
+    /// rounds (the queue is empty then).
+    pub fn set_capture_room(&mut self, on: bool) {
+        if self.frames.is_empty() {
+            self.capture_room = on;
+        }
+    }
+
+    fn room_before(&self) -> usize {
+        if self.capture_room {
+            crate::capture::ROOM_BEFORE
+        } else {
+            0
+        }
     }
 
     /// Queues a copy of `frame`, whose BTH starts at `transport_offset`.
@@ -32,16 +69,31 @@ impl LocalFrames {
     /// Room for the next frame, `len` bytes, to be written in place (no copy) and kept with
     /// [`LocalFrames::commit`]; anything not committed is overwritten by the next frame.
     pub fn reserve(&mut self, len: usize) -> &mut [u8] {
-        if self.data.len() < self.used + len {
-            self.data.resize(self.used + len, 0);
+        let start = self.used + self.room_before();
+        if self.data.len() < start + len {
+            self.data.resize(start + len, 0);
         }
-        &mut self.data[self.used..self.used + len]
+        &mut self.data[start..start + len]
     }
 
     /// Keeps the first `len` bytes written into the last [`LocalFrames::reserve`] as a frame.
     pub fn commit(&mut self, len: usize, transport_offset: usize) {
-        self.used = (self.used + len).min(self.data.len());
-        self.frames.push((self.used, transport_offset));
+        let start = self.used + self.room_before();
+        let end = (start + len).min(self.data.len());
+        self.used = if self.capture_room {
+            // Sealed now, while the engine's bytes are in the nearest cache (the capture's
+            // pass over them at delivery, a round later, read them from farther away); the
+            // receiving engine does not look at the ICRC of a local packet.
+            let _ = crate::capture::frame::seal(&mut self.data[start..end]);
+            let block_end = self.used + crate::capture::block_len_around(end - start);
+            if self.data.len() < block_end {
+                self.data.resize(block_end, 0);
+            }
+            block_end
+        } else {
+            end
+        };
+        self.frames.push((start, end, transport_offset));
     }
 
     pub fn len(&self) -> usize {
@@ -60,22 +112,71 @@ impl LocalFrames {
     /// Hands every queued frame, in order, to `deliver` with the destination QPN from its BTH
     /// (frames too short to hold a BTH are skipped), and empties the queue.
     pub fn drain(&mut self, mut deliver: impl FnMut(u32, &[u8])) {
-        self.drain_with_offsets(|qpn, frame, _| deliver(qpn, frame));
+        self.drain_blocks(|qpn, block, frame, _| {
+            deliver(qpn, &block[frame]);
+            false
+        });
     }
 
-    /// [`LocalFrames::drain`], also giving where each frame's BTH starts.
-    pub fn drain_with_offsets(&mut self, mut deliver: impl FnMut(u32, &[u8], usize)) {
-        let mut start = 0;
-        for &(end, offset) in &self.frames {
-            let frame = &self.data[start..end];
-            start = end;
-            let Some(q) = frame.get(offset + 5..offset + 8) else {
+    /// [`LocalFrames::drain`] for a capture: each frame is handed inside its block (the frame
+    /// alone without capture room) with its range in the block and where its BTH starts;
+    /// `deliver` returns whether a capture completed the block in place, to be written by
+    /// its writer ([`LocalFrames::take_captured`]).
+    pub fn drain_blocks(
+        &mut self,
+        mut deliver: impl FnMut(u32, &mut [u8], std::ops::Range<usize>, usize) -> bool,
+    ) {
+        let before = self.room_before();
+        // What a capture took in an earlier round and nobody took away is not this round's.
+        self.captured.clear();
+        self.captured_packets = 0;
+        for &(start, end, offset) in &self.frames {
+            let block_start = start - before;
+            let block_end = if self.capture_room {
+                block_start + crate::capture::block_len_around(end - start)
+            } else {
+                end
+            };
+            let Some(block) = self.data.get_mut(block_start..block_end) else {
                 continue;
             };
-            deliver(u32::from_be_bytes([0, q[0], q[1], q[2]]), frame, offset);
+            let frame = before..before + (end - start);
+            let Some(q) = block.get(before + offset + 5..before + offset + 8) else {
+                continue;
+            };
+            let qpn = u32::from_be_bytes([0, q[0], q[1], q[2]]);
+            if deliver(qpn, block, frame, offset) && self.capture_room {
+                self.captured_packets += 1;
+                match self.captured.last_mut() {
+                    Some(last) if last.1 == block_start => last.1 = block_end,
+                    _ => self.captured.push((block_start, block_end)),
+                }
+            }
         }
         self.frames.clear();
         self.used = 0;
+    }
+
+    /// The buffer of the round just drained, when a capture completed blocks in it; the queue
+    /// goes on in `spare` (an empty one is replaced by a new buffer as large as the one taken,
+    /// so that the queue does not grow it again step by step, copying at each step).
+    pub fn take_captured(&mut self, mut spare: Vec<u8>) -> Result<CapturedFrames, Vec<u8>> {
+        if self.captured.is_empty() {
+            return Err(spare);
+        }
+        if spare.is_empty() {
+            spare = vec![0; self.data.len()];
+        }
+        Ok(CapturedFrames {
+            data: std::mem::replace(&mut self.data, spare),
+            blocks: std::mem::take(&mut self.captured),
+            packets: std::mem::take(&mut self.captured_packets),
+        })
+    }
+
+    /// Whether a capture completed blocks in this round's buffer.
+    pub fn has_captured(&self) -> bool {
+        !self.captured.is_empty()
     }
 }
 
@@ -114,5 +215,54 @@ mod tests {
         let mut got = Vec::new();
         q.drain(|qpn, f| got.push((qpn, f.len(), f[0])));
         assert_eq!(got, vec![(0xaaaa09, 44, 0xaa), (0xbbbbbb, 44, 0xbb)]);
+    }
+
+    #[test]
+    fn with_capture_room_each_frame_lies_inside_its_block() {
+        let mut q = LocalFrames::new();
+        q.set_capture_room(true);
+        let mut a = vec![0xa1u8; 28 + 12 + 5];
+        a[28 + 5..28 + 8].copy_from_slice(&[0, 0, 1]);
+        let mut b = vec![0xb2u8; 28 + 12 + 8];
+        b[28 + 5..28 + 8].copy_from_slice(&[0, 0, 2]);
+        let mut c = b.clone();
+        c[28 + 7] = 3;
+        q.push(&a, 28);
+        q.push(&b, 28);
+        q.push(&c, 28);
+        let blocks: Vec<usize> = [&a, &b, &c]
+            .iter()
+            .map(|f| crate::capture::block_len_around(f.len()))
+            .collect();
+        assert_eq!(q.bytes(), blocks.iter().sum::<usize>());
+        let mut got = Vec::new();
+        q.drain_blocks(|qpn, block, frame, bth| {
+            assert_eq!(frame.start, crate::capture::ROOM_BEFORE);
+            got.push((qpn, block.len(), block[frame].to_vec(), bth));
+            qpn != 2 // the capture takes the first and the last
+        });
+        let sizes: Vec<usize> = got.iter().map(|g| g.1).collect();
+        assert_eq!(sizes, blocks);
+        assert_eq!(got[0].2, a);
+        assert_eq!(got[1].2, b);
+        assert_eq!(got[2].2, c);
+        let taken = q.take_captured(Vec::new()).unwrap();
+        let (ab, abc) = (blocks[0] + blocks[1], blocks.iter().sum::<usize>());
+        assert_eq!(
+            taken.blocks,
+            vec![(0, blocks[0]), (ab, abc)],
+            "the second skipped"
+        );
+        assert_eq!(taken.packets, 2);
+        assert!(!q.has_captured());
+        assert!(q.take_captured(Vec::new()).is_err(), "nothing more");
+        // Without room, frames follow one another and nothing is taken.
+        q.set_capture_room(false);
+        q.push(&a, 28);
+        q.drain_blocks(|_, block, frame, _| {
+            assert_eq!((frame.start, block.len()), (0, a.len()));
+            true
+        });
+        assert!(q.take_captured(Vec::new()).is_err());
     }
 }
