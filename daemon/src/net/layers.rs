@@ -131,7 +131,8 @@ impl Layers {
     }
 
     /// A packet between two QPs of this device (the engine's network-layer packet at
-    /// `block[frame]`, BTH at `bth` in it, ICRC not computed), on its way to `deliver`: it
+    /// `block[frame]`, BTH at `bth` in it; its ICRC computed only when the queue left room
+    /// for a capture, [`crate::net::LocalFrames`]), on its way to `deliver`: it
     /// meets the fault rules and the capture, and is delivered now (once, twice) or later
     /// ([`Layers::release_local`]). Returns whether the capture completed its block in place
     /// ([`DeviceCapture::local_packet`]; `block` is the frame alone when the queue left no
