@@ -1029,6 +1029,36 @@ impl ProcessMemory {
         access_error(self.pid, e, addr, len)
     }
 
+    /// Makes the `len` bytes at `addr` lie in the read-ahead window, for a caller that copies
+    /// them itself ([`ProcessMemory::lent`]): what [`ProcessMemory::read`] does for a read the
+    /// window serves (flushing held writes that overlap them first, filling the window when
+    /// the read is long enough). False when the window cannot serve them (outside a pass, a
+    /// read shorter than [`BULK`] and not in the window, or one the process does not map):
+    /// then `read` is the way.
+    pub fn lend(&mut self, addr: u64, len: usize) -> bool {
+        if !self.in_pass || len == 0 {
+            return false;
+        }
+        if self.pending.overlaps(addr, len) || self.in_flight_overlaps(addr, len) {
+            let _ = self.flush();
+        }
+        if self.window.contains(addr, len) {
+            self.stats.reads_from_window += 1;
+            return true;
+        }
+        (BULK..=READ_AHEAD).contains(&len) && self.fill_window(addr, len)
+    }
+
+    /// The `len` bytes at `addr` where [`ProcessMemory::lend`] put them, while nothing else
+    /// has been read or written since.
+    pub fn lent(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        if !self.in_pass || !self.window.contains(addr, len) {
+            return None;
+        }
+        let at = (addr - self.window.addr) as usize;
+        self.window.bytes().get(at..at + len)
+    }
+
     /// Copies `out.len()` bytes from `addr` in the client into `out`.
     pub fn read(&mut self, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
         let len = out.len();
@@ -1488,6 +1518,33 @@ mod tests {
         m.read(page, &mut eight).unwrap();
         m.read(base, &mut one).unwrap();
         assert_eq!(m.stats().read_calls, before + 2);
+    }
+
+    #[test]
+    fn lent_bytes_are_the_windows_and_a_held_write_lands_first() {
+        let mut m = me();
+        let src: Vec<u8> = (0..100_000u32).map(|i| (i * 11) as u8).collect();
+        let base = src.as_ptr() as u64 + 3;
+        assert!(!m.lend(base, 4096), "outside a pass nothing is lent");
+        m.begin_pass();
+        assert!(!m.lend(base, BULK - 1), "too short to open the window");
+        for k in 0..4u64 {
+            assert!(m.lend(base + k * 4096, 4096));
+            let lent = m.lent(base + k * 4096, 4096).unwrap();
+            assert_eq!(lent, &src[3 + k as usize * 4096..][..4096]);
+        }
+        assert_eq!(m.stats().read_calls, 1, "one window for all four");
+        assert!(m.lend(base + 8, 16), "a short one the window holds");
+        // A write held for the same bytes is flushed before they are lent (it lands in the
+        // process; the window, a snapshot, is refilled by the next pass).
+        let dst = vec![0u8; 8192];
+        let to = dst.as_ptr() as u64;
+        m.write(to, &[0x77; 4096]).unwrap();
+        assert!(m.lend(to, 4096));
+        assert_eq!(m.lent(to, 4096).unwrap(), &[0x77; 4096][..]);
+        m.end_pass();
+        assert!(m.lent(to, 4096).is_none(), "nothing outlives the pass");
+        drop(dst);
     }
 
     #[test]

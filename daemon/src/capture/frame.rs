@@ -319,14 +319,11 @@ pub fn network_frame(
 }
 
 /// Computes the ICRC of a network-layer packet as the engine speaks it (IPv4 or IPv6 + UDP +
-/// BTH..ICRC, or a RoCE v1 GRH + BTH..ICRC) and writes it into its last 4 bytes, by a pass
-/// that only reads the rest. `None` (nothing changed) for a packet too short to hold its
-/// headers, a BTH and an ICRC.
-///
-/// For packets between two QPs of one device while a capture lays its blocks around them
-/// ([`crate::net::LocalFrames`]): the queue seals each one right after the engine wrote it,
-/// while its bytes are in the nearest cache.
-pub fn seal(packet: &mut [u8]) -> Option<()> {
+/// BTH..ICRC, or a RoCE v1 GRH + BTH..ICRC) and writes it into its last 4 bytes, as an engine
+/// with `seal_icrc` does: the tests' stand-in for the engines that seal the packets a capture
+/// takes in place.
+#[cfg(test)]
+pub(crate) fn seal(packet: &mut [u8]) -> Option<()> {
     use proto::wire::{icrc, ICRC_LEN};
     let shape = Shape::of_network(packet)?;
     let covered_end = packet.len() - ICRC_LEN;
@@ -342,20 +339,15 @@ pub fn seal(packet: &mut [u8]) -> Option<()> {
 }
 
 /// Completes, in place, the Ethernet frame around a network-layer packet already at
-/// `eth_frame[14..]`: what [`network_frame`] makes of it, without copying it. The Ethernet
-/// header goes into the first 14 bytes, the IPv4 UDP checksum is zeroed (IPv6's computed
-/// over the packet as it is) and, with `seal`, the ICRC is computed first ([`seal`]). `None`
-/// (nothing changed) for a packet too short to hold its headers, a BTH and an ICRC.
+/// `eth_frame[14..]`, sealed by its engine: what [`network_frame`] makes of it, without
+/// copying it. The Ethernet header goes into the first 14 bytes and the IPv4 UDP checksum is
+/// zeroed (IPv6's computed over the packet as it is). `None` (nothing changed) for a packet
+/// too short to hold its headers, a BTH and an ICRC.
 ///
 /// For packets between two QPs of one device, which a capture lays its blocks around while
 /// they wait in the device's own buffer ([`crate::net::LocalFrames`]): their bytes are
 /// never copied for the capture.
-pub fn complete_in_place(
-    eth_frame: &mut [u8],
-    src_mac: [u8; 6],
-    dst_mac: [u8; 6],
-    seal_it: bool,
-) -> Option<()> {
+pub fn complete_in_place(eth_frame: &mut [u8], src_mac: [u8; 6], dst_mac: [u8; 6]) -> Option<()> {
     let shape = Shape::of_network(eth_frame.get(14..)?)?;
     ethernet_header(eth_frame, src_mac, dst_mac, shape.ethertype);
     let frame = &mut eth_frame[14..];
@@ -363,9 +355,6 @@ pub fn complete_in_place(
     if shape.udp {
         // The ICRC masks the UDP checksum: zeroing it after sealing changes nothing.
         frame[net_len + 6..net_len + 8].fill(0);
-    }
-    if seal_it {
-        seal(frame)?;
     }
     if shape.udp && net_len == 40 {
         let src = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[8..24]).ok()?);
@@ -639,23 +628,16 @@ mod tests {
         v6[n - 4..].fill(0);
         let mac = guid_mac(0x0211_22ff_fe33_4455);
         for packet in [v4, v6] {
-            for seal in [true, false] {
-                let copied = network_frame_vec(mac, &packet, seal).unwrap();
-                let mut in_place = vec![0xeeu8; 14];
-                in_place.extend_from_slice(&packet);
-                complete_in_place(&mut in_place, mac, mac, seal).unwrap();
-                assert_eq!(in_place, copied, "seal {seal}");
-                // Sealed first (as the queue does), then completed without sealing.
-                let mut sealed = packet.clone();
-                super::seal(&mut sealed).unwrap();
-                let mut later = vec![0xeeu8; 14];
-                later.extend_from_slice(&sealed);
-                complete_in_place(&mut later, mac, mac, false).unwrap();
-                assert_eq!(later, network_frame_vec(mac, &packet, true).unwrap());
-            }
+            // Sealed by its engine, then completed where it lies.
+            let mut sealed = packet.clone();
+            seal(&mut sealed).unwrap();
+            let mut in_place = vec![0xeeu8; 14];
+            in_place.extend_from_slice(&sealed);
+            complete_in_place(&mut in_place, mac, mac).unwrap();
+            assert_eq!(in_place, network_frame_vec(mac, &packet, true).unwrap());
         }
         let mut short = vec![0u8; 14 + 30];
-        assert!(complete_in_place(&mut short, mac, mac, true).is_none());
+        assert!(complete_in_place(&mut short, mac, mac).is_none());
     }
 
     #[test]
@@ -679,7 +661,8 @@ mod tests {
         assert_eq!(&out[out.len() - 4..], &want.to_le_bytes());
         let mut in_place = vec![0u8; 14];
         in_place.extend_from_slice(&packet);
-        complete_in_place(&mut in_place, [2; 6], [2; 6], true).unwrap();
+        seal(&mut in_place[14..]).unwrap();
+        complete_in_place(&mut in_place, [2; 6], [2; 6]).unwrap();
         assert_eq!(in_place, out);
     }
 }

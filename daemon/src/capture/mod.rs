@@ -17,8 +17,9 @@
 //!   checksums are summed by the pass that copies ([`frame`]). A full queue (a reader that
 //!   does not keep up) drops the batch and counts it: the device never waits for a capture.
 //! - Packets between two QPs of the device are not copied at all. While one capture listens
-//!   and keeps whole frames, the device's queue of them ([`crate::net::LocalFrames`]) seals
-//!   each packet as the engine writes it and leaves room around it; the capture writes its
+//!   and keeps whole frames, the engines seal them (the ICRC computed by the pass that copies
+//!   the payload out of the client's memory) and the device's queue of them
+//!   ([`crate::net::LocalFrames`]) leaves room around each; the capture writes its
 //!   Ethernet header and Enhanced Packet Block there ([`DeviceCapture::local_packet`]), and
 //!   at the end of the round the queue's buffer itself goes to the writer with the ranges to
 //!   write ([`DeviceCapture::local_round`]), the queue going on in one the writer gave back.
@@ -263,9 +264,10 @@ impl DeviceCapture {
         if !t.wants(transport) || !t.shared.take_one() {
             return false;
         }
-        // The queue sealed the packet when the engine wrote it (`LocalFrames::commit`).
+        // The engine sealed the packet as it wrote it (engines seal while a queue leaves room
+        // for a capture: `DeviceThread::transmit`).
         let eth = &mut block[ROOM_BEFORE - 14..frame.end];
-        if frame::complete_in_place(eth, mac, mac, false).is_none() {
+        if frame::complete_in_place(eth, mac, mac).is_none() {
             return false;
         }
         pcapng::packet_block(block, t.iface, ts, Direction::Outbound, 14 + len, 14 + len);

@@ -468,12 +468,17 @@ mod tests {
     }
 
     /// Runs one round of packets between local QPs through `dev` as the device does: queued
-    /// (with room when a capture can take them in place), delivered, and the round ended.
+    /// (with room when a capture can take them in place, and then sealed as the engines
+    /// seal them meanwhile), delivered, and the round ended.
     fn local_round(dev: &mut DeviceCapture, packets: &[Vec<u8>]) -> Vec<bool> {
         let mut q = crate::net::LocalFrames::new();
         q.set_capture_room(dev.in_place());
         for p in packets {
-            q.push(p, 28);
+            let mut p = p.clone();
+            if q.capture_room() {
+                super::super::frame::seal(&mut p).unwrap();
+            }
+            q.push(&p, 28);
         }
         let mut in_place = Vec::new();
         q.drain_blocks(|_, block, frame, bth| {

@@ -48,6 +48,26 @@ impl MemoryAccess for ProcMem {
             len: data.len(),
         })
     }
+
+    /// The payload as it lies in the read-ahead window, for the engine to copy into a sealed
+    /// packet by the pass that computes the ICRC (while a capture takes the packets between
+    /// local QPs, the engines seal them: `DeviceThread::transmit`). Unsealed packets take the
+    /// same bytes by the same copy as [`ProcMem::read`] would make.
+    fn lend(&self, _space: u64, addr: u64, len: usize) -> Option<&[u8]> {
+        if !self.0.borrow_mut().lend(addr, len) {
+            return None;
+        }
+        // SAFETY: `try_borrow_unguarded` hands out a shared reference to the memory without
+        // marking it borrowed; that is sound while nothing borrows it mutably. The only
+        // mutable borrows of the cell through `&self` are this method's, just above and
+        // ended, and `read`'s; the engine copies a lent slice before it calls into its
+        // memory again (`MemoryAccess::lend`'s contract: the two callers, the requester's
+        // `gather` and the responder's READ response, copy it in `packet_io::emit` right
+        // after). Everything else that changes the memory takes `&mut self`, which cannot
+        // coexist with the `&self` the slice borrows from.
+        let memory = unsafe { self.0.try_borrow_unguarded() }.ok()?;
+        memory.lent(addr, len)
+    }
 }
 
 impl ProcMem {

@@ -35,8 +35,12 @@ impl DeviceThread {
         let via_socket = self.local_via_socket;
         self.fast.prune_retired();
         // A capture that can lays its blocks around the packets between local QPs where the
-        // engines write them (`capture::DeviceCapture::local_packet`).
+        // engines write them (`capture::DeviceCapture::local_packet`), and the engines seal
+        // their packets meanwhile: the ICRC a capture shows, which nothing else needs for
+        // local packets, computed by the pass that copies the payload out of the client's
+        // memory (`ProcMem::lend`) instead of a pass of its own.
         self.local.set_capture_room(self.link.capture.in_place());
+        let seal = self.local.capture_room();
         for round in 0..LOCAL_ROUNDS {
             let (link, gids, local, local_mcast, fast) = (
                 &mut self.link,
@@ -53,6 +57,7 @@ impl DeviceThread {
                         c.engine.handle_timeout(now);
                         busy = true;
                     }
+                    c.engine.set_seal_icrc(seal);
                     c.settle(true);
                     // Work that waited for room in the engine.
                     busy |= retry_pending(c);

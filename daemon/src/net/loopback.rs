@@ -10,8 +10,8 @@
 /// Whole IP frames (as `poll_transmit` writes them) waiting for local delivery, in one
 /// reused buffer: nothing is allocated or cleared per packet once the queue has grown.
 ///
-/// While a capture listens, each frame is sealed (its ICRC computed) as it is committed and
-/// written with room around it for the capture's block (`capture::ROOM_BEFORE` bytes in front, the rest of `capture::block_len_around`
+/// While a capture listens, each frame is written, sealed by its engine, with room around it
+/// for the capture's block (`capture::ROOM_BEFORE` bytes in front, the rest of `capture::block_len_around`
 /// after): the capture then completes each frame and its pcapng block where it lies, and
 /// takes the whole buffer for its writer at the end of the round ([`LocalFrames::take_captured`])
 /// instead of copying every packet.
@@ -52,6 +52,12 @@ impl LocalFrames {
         }
     }
 
+    /// Whether frames get room for a capture's block (the engines that write them then
+    /// seal them: `DeviceThread::transmit`).
+    pub fn capture_room(&self) -> bool {
+        self.capture_room
+    }
+
     fn room_before(&self) -> usize {
         if self.capture_room {
             crate::capture::ROOM_BEFORE
@@ -81,10 +87,6 @@ impl LocalFrames {
         let start = self.used + self.room_before();
         let end = (start + len).min(self.data.len());
         self.used = if self.capture_room {
-            // Sealed now, while the engine's bytes are in the nearest cache (the capture's
-            // pass over them at delivery, a round later, read them from farther away); the
-            // receiving engine does not look at the ICRC of a local packet.
-            let _ = crate::capture::frame::seal(&mut self.data[start..end]);
             let block_end = self.used + crate::capture::block_len_around(end - start);
             if self.data.len() < block_end {
                 self.data.resize(block_end, 0);

@@ -64,10 +64,15 @@ pub trait MemoryAccess {
         Ok(orig)
     }
 
-    /// The `len` bytes at `addr` as a slice, when this memory can lend them directly (it is
-    /// in this process); `None`, the default, means "use [`MemoryAccess::read`]". The
+    /// The `len` bytes at `addr` as a slice, when this memory can lend them directly (they
+    /// are in this process); `None`, the default, means "use [`MemoryAccess::read`]". The
     /// transmit path copies a lent payload into the packet by the same pass that computes
     /// the ICRC, instead of a copy and then a hash.
+    ///
+    /// The engine copies a lent slice before its next call into this memory (other than
+    /// [`MemoryAccess::leave_in_place`]): a memory may lend from a buffer of its own that a
+    /// later read refills (the daemon lends from its read-ahead window of another process's
+    /// memory).
     fn lend(&self, _space: u64, _addr: u64, _len: usize) -> Option<&[u8]> {
         None
     }
