@@ -241,8 +241,8 @@ impl DeviceCapture {
     /// A packet between two QPs of this device at `block[frame]` (BTH at `bth` in it), on
     /// its way to the receiving engine. When the frame has its block's room around it
     /// ([`ROOM_BEFORE`], [`block_len_around`]) and [`DeviceCapture::in_place`] holds, a
-    /// capture that wants it completes the frame (Ethernet header, ICRC) and its block where
-    /// they lie, and true says so: the block goes to the writer with the round's buffer
+    /// capture that wants it completes the frame (its Ethernet header: the engine sealed the
+    /// packet) and its block where they lie, and true says so: the block goes to the writer with the round's buffer
     /// ([`DeviceCapture::local_round`]), and the packet's bytes are never copied for the
     /// capture. Otherwise it is captured as [`DeviceCapture::packet`] does, copied.
     pub fn local_packet(&mut self, block: &mut [u8], frame: Range<usize>, bth: usize) -> bool {
