@@ -308,13 +308,20 @@ pub fn network_frame(
         rest.copy_from_slice(&packet[head..]);
     }
     if checksummed {
-        let src = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[8..24]).ok()?);
-        let dst = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[24..40]).ok()?);
-        let udp_len = frame.len() - net_len;
-        let pseudo = pseudo_sum(src.into(), dst.into(), udp_len)?;
-        let sum = pseudo + sum_words(&frame[net_len..head]) + be_sum(rest_sum);
-        frame[net_len + 6..net_len + 8].copy_from_slice(&checksum_field(sum).to_be_bytes());
+        let udp_sum = sum_words(&frame[net_len..head]) + be_sum(rest_sum);
+        set_ipv6_udp_checksum(frame, udp_sum)?;
     }
+    Some(())
+}
+
+/// Writes the UDP checksum of an IPv6 packet (`frame`, IPv6 header first) whose UDP header
+/// (checksum field 0) and payload sum to `udp_sum` (big-endian sums).
+fn set_ipv6_udp_checksum(frame: &mut [u8], udp_sum: u64) -> Option<()> {
+    let src = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(frame.get(8..24)?).ok()?);
+    let dst = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(frame.get(24..40)?).ok()?);
+    let pseudo = pseudo_sum(src.into(), dst.into(), frame.len().checked_sub(40)?)?;
+    let field = frame.get_mut(40 + 6..40 + 8)?;
+    field.copy_from_slice(&checksum_field(pseudo + udp_sum).to_be_bytes());
     Some(())
 }
 
@@ -357,12 +364,8 @@ pub fn complete_in_place(eth_frame: &mut [u8], src_mac: [u8; 6], dst_mac: [u8; 6
         frame[net_len + 6..net_len + 8].fill(0);
     }
     if shape.udp && net_len == 40 {
-        let src = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[8..24]).ok()?);
-        let dst = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(&frame[24..40]).ok()?);
-        let udp = &frame[net_len..];
-        let pseudo = pseudo_sum(src.into(), dst.into(), udp.len())?;
-        let c = checksum_field(pseudo + sum_words(udp));
-        frame[net_len + 6..net_len + 8].copy_from_slice(&c.to_be_bytes());
+        let udp_sum = sum_words(&frame[net_len..]);
+        set_ipv6_udp_checksum(frame, udp_sum)?;
     }
     Some(())
 }

@@ -242,9 +242,10 @@ impl DeviceCapture {
     /// its way to the receiving engine. When the frame has its block's room around it
     /// ([`ROOM_BEFORE`], [`block_len_around`]) and [`DeviceCapture::in_place`] holds, a
     /// capture that wants it completes the frame (its Ethernet header: the engine sealed the
-    /// packet) and its block where they lie, and true says so: the block goes to the writer with the round's buffer
-    /// ([`DeviceCapture::local_round`]), and the packet's bytes are never copied for the
-    /// capture. Otherwise it is captured as [`DeviceCapture::packet`] does, copied.
+    /// packet) and its block where they lie, and true says so: the block goes to the writer
+    /// with the round's buffer ([`DeviceCapture::local_round`]), and the packet's bytes are
+    /// never copied for the capture. Otherwise it is captured as [`DeviceCapture::packet`]
+    /// does, copied.
     pub fn local_packet(&mut self, block: &mut [u8], frame: Range<usize>, bth: usize) -> bool {
         let len = frame.len();
         let room = frame.start == ROOM_BEFORE && block.len() == block_len_around(len);
@@ -333,8 +334,9 @@ impl DeviceCapture {
             let block_len = pcapng::packet_block_len(captured);
             // The whole frame is built, then the block's end is laid over what a snapshot
             // length cuts off.
-            let room = t.room(block_len.max(28 + len));
-            if build(&mut room[28..28 + len]).is_none() {
+            let head = pcapng::PACKET_BLOCK_HEAD;
+            let room = t.room(block_len.max(head + len));
+            if build(&mut room[head..head + len]).is_none() {
                 return;
             }
             pcapng::packet_block(&mut room[..block_len], iface, ts, direction, captured, len);
@@ -352,7 +354,8 @@ impl DeviceCapture {
             let (iface, captured) = (t.iface, cut(t.shared.spec().snaplen));
             let block_len = pcapng::packet_block_len(captured);
             let room = t.room(block_len);
-            room[28..28 + captured].copy_from_slice(&self.frame[..captured]);
+            let head = pcapng::PACKET_BLOCK_HEAD;
+            room[head..head + captured].copy_from_slice(&self.frame[..captured]);
             pcapng::packet_block(room, iface, ts, direction, captured, len);
             t.packet_added(block_len, ts);
         }

@@ -12,7 +12,6 @@ const BYTE_ORDER_MAGIC: u32 = 0x1a2b_3c4d;
 
 /// Option codes.
 const OPT_END: u16 = 0;
-const OPT_COMMENT: u16 = 1;
 const SHB_USERAPPL: u16 = 4;
 const IF_NAME: u16 = 2;
 const IF_DESCRIPTION: u16 = 3;
@@ -108,38 +107,6 @@ pub fn interface_description(out: &mut Vec<u8>, name: &str, description: &str, s
     option(out, IF_NAME, name.as_bytes());
     option(out, IF_DESCRIPTION, description.as_bytes());
     option(out, IF_TSRESOL, &[9]);
-    end_of_options(out);
-    finish(out, start);
-}
-
-/// An Enhanced Packet Block holding `data` (at most `snaplen` bytes of it when `snaplen` is
-/// not 0) of a frame `orig_len` bytes long. `comment`, when given, is an `opt_comment`.
-pub fn enhanced_packet(
-    out: &mut Vec<u8>,
-    interface: u32,
-    timestamp_ns: u64,
-    direction: Direction,
-    data: &[u8],
-    snaplen: u32,
-    comment: Option<&str>,
-) {
-    let orig_len = data.len();
-    let data = match snaplen as usize {
-        0 => data,
-        n => &data[..orig_len.min(n)],
-    };
-    let start = begin(out, EPB);
-    put_u32(out, interface);
-    put_u32(out, (timestamp_ns >> 32) as u32);
-    put_u32(out, timestamp_ns as u32);
-    put_u32(out, data.len() as u32);
-    put_u32(out, orig_len as u32);
-    out.extend_from_slice(data);
-    pad4(out, data.len());
-    option(out, EPB_FLAGS, &direction.flags().to_ne_bytes());
-    if let Some(c) = comment {
-        option(out, OPT_COMMENT, c.as_bytes());
-    }
     end_of_options(out);
     finish(out, start);
 }
@@ -279,22 +246,17 @@ mod tests {
         interface_description(&mut out, "srxe0", "softroce srxe0", 0);
         interface_description(&mut out, "srxe1", "softroce srxe1", 128);
         let frame: Vec<u8> = (0..61u8).collect();
-        enhanced_packet(
-            &mut out,
-            0,
-            1_700_000_000_123_456_789,
-            Direction::Outbound,
-            &frame,
-            0,
-            None,
-        );
-        enhanced_packet(&mut out, 1, 5, Direction::Inbound, &frame, 16, Some("cut"));
-        // Built in place, then cut to 10 bytes: the block is laid around the frame.
-        let at = out.len();
-        out.extend_from_slice(&[0xee; 28]);
-        out.extend_from_slice(&frame);
-        out.truncate(at + packet_block_len(10));
-        packet_block(&mut out[at..], 0, 7, Direction::Outbound, 10, frame.len());
+        // Each frame built in place, then the block laid around it (cut to `captured`).
+        let mut epb = |iface, ts, direction, captured: usize| {
+            let at = out.len();
+            out.extend_from_slice(&[0xee; PACKET_BLOCK_HEAD]);
+            out.extend_from_slice(&frame);
+            out.resize(at + packet_block_len(captured), 0xee);
+            packet_block(&mut out[at..], iface, ts, direction, captured, frame.len());
+        };
+        epb(0, 1_700_000_000_123_456_789, Direction::Outbound, 61);
+        epb(1, 5, Direction::Inbound, 16);
+        epb(0, 7, Direction::Outbound, 10);
         interface_statistics(&mut out, 0, 1, 2, 1, 3);
         let mut r = PcapNgReader::new(&out[..]).unwrap();
         let mut packets = Vec::new();

@@ -11,10 +11,10 @@
 /// reused buffer: nothing is allocated or cleared per packet once the queue has grown.
 ///
 /// While a capture listens, each frame is written, sealed by its engine, with room around it
-/// for the capture's block (`capture::ROOM_BEFORE` bytes in front, the rest of `capture::block_len_around`
-/// after): the capture then completes each frame and its pcapng block where it lies, and
-/// takes the whole buffer for its writer at the end of the round ([`LocalFrames::take_captured`])
-/// instead of copying every packet.
+/// for the capture's block (`capture::ROOM_BEFORE` bytes in front, the rest of
+/// `capture::block_len_around` after): the capture then completes each frame and its pcapng
+/// block where it lies, and takes the whole buffer for its writer at the end of the round
+/// ([`LocalFrames::take_captured`]) instead of copying every packet.
 #[derive(Debug, Default)]
 pub struct LocalFrames {
     /// Grows to the largest batch and stays; `data[..used]` holds the queued frames.
@@ -85,7 +85,7 @@ impl LocalFrames {
     /// Keeps the first `len` bytes written into the last [`LocalFrames::reserve`] as a frame.
     pub fn commit(&mut self, len: usize, transport_offset: usize) {
         let start = self.used + self.room_before();
-        let end = (start + len).min(self.data.len());
+        let end = (start + len).min(self.data.len()).max(start);
         self.used = if self.capture_room {
             let block_end = self.used + crate::capture::block_len_around(end - start);
             if self.data.len() < block_end {
