@@ -7,55 +7,13 @@
 
 mod shim_support;
 
+use shim_support::captures::{self, udp_checksums, LiveCapture};
 use shim_support::operator::{counters, delta, ProgramPair};
-use shim_support::programs::{loopback_daemon, scratch};
-use shim_support::{check_output, require_program, softroce_bin, workspace_root, Daemon};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use shim_support::programs::loopback_daemon;
+use shim_support::{check_output, require_program, softroce_bin};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
-
-/// A running `softroce capture -i srxe0 -w FILE`, started once the daemon has it.
-struct Capture {
-    child: Child,
-    file: PathBuf,
-}
-
-impl Capture {
-    fn start(d: &Daemon, name: &str) -> Capture {
-        let file = scratch("operator", "capture").join(format!("{name}.pcapng"));
-        let mut child = Command::new(softroce_bin())
-            .args(["capture", "-i", "srxe0", "-w"])
-            .arg(&file)
-            .env("SOFTROCE_SOCKET", &d.socket)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start softroce capture");
-        let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        err.read_line(&mut line).unwrap();
-        assert!(
-            line.contains("capturing on srxe0"),
-            "capture did not start: {line}\n{}",
-            d.log()
-        );
-        std::thread::spawn(move || {
-            let mut rest = String::new();
-            let _ = std::io::Read::read_to_string(&mut err, &mut rest);
-            eprint!("{rest}");
-        });
-        Capture { child, file }
-    }
-
-    /// Ctrl-C: the capture ends with whole blocks and exits 0.
-    fn stop(mut self) -> PathBuf {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "softroce capture exited {status}");
-        self.file
-    }
-}
 
 /// Checks a capture with the three checkers; returns how many RoCE packets it holds.
 fn check_capture(file: &Path) -> u64 {
@@ -80,19 +38,9 @@ fn check_capture(file: &Path) -> u64 {
         "every frame a whole RoCE packet with a good ICRC:\n{report}"
     );
 
-    // The oracle reads classic pcap.
-    let classic = file.with_extension("pcap");
-    let out = Command::new(require_program("editcap"))
-        .args(["-F", "pcap"])
-        .arg(file)
-        .arg(&classic)
-        .output()
-        .unwrap();
-    check_output("editcap -F pcap", out);
-    let oracle = workspace_root().join("../shared/tools/roce-pcap-check");
     let out = Command::new("python3")
-        .arg(&oracle)
-        .arg(&classic)
+        .arg(captures::oracle())
+        .arg(captures::classic_pcap(file))
         .output()
         .unwrap();
     let line = check_output("roce-pcap-check", out);
@@ -120,18 +68,14 @@ fn check_capture(file: &Path) -> u64 {
         roce,
         "nothing but RoCE packets"
     );
-    assert_eq!(
-        tshark_count(file, "udp.checksum.status == 0"),
-        0,
-        "bad UDP checksums"
-    );
+    assert_eq!(udp_checksums(file).1, 0, "bad UDP checksums");
     roce
 }
 
-/// How many frames of a capture tshark's display `filter` takes, UDP checksums verified.
+/// How many frames of a capture tshark's display `filter` takes.
 fn tshark_count(file: &Path, filter: &str) -> u64 {
     let out = Command::new(require_program("tshark"))
-        .args(["-n", "-o", "udp.check_checksum:TRUE", "-r"])
+        .args(["-n", "-r"])
         .arg(file)
         .args(["-Y", filter, "-T", "fields", "-e", "frame.number"])
         .output()
@@ -142,7 +86,7 @@ fn tshark_count(file: &Path, filter: &str) -> u64 {
 #[test]
 fn a_same_host_pingpong_is_captured_whole_and_verified() {
     let d = loopback_daemon("op-capture-pp", 120);
-    let cap = Capture::start(&d, "pingpong");
+    let cap = LiveCapture::start(&d, "pingpong");
     let before = counters(&d, "srxe0");
     ProgramPair::start(
         &d,
@@ -181,7 +125,7 @@ fn a_same_host_pingpong_is_captured_whole_and_verified() {
 fn a_two_daemon_write_bw_with_gso_is_captured_packet_by_packet() {
     let a = loopback_daemon("op-capture-bw-a", 121);
     let b = loopback_daemon("op-capture-bw-b", 122);
-    let cap = Capture::start(&a, "write_bw");
+    let cap = LiveCapture::start(&a, "write_bw");
     let before = counters(&a, "srxe0");
     ProgramPair::start(
         &b,
@@ -215,9 +159,9 @@ fn a_two_daemon_write_bw_with_gso_is_captured_packet_by_packet() {
     // Every datagram sent went out with the UDP checksum its socket computed (GSO needs
     // one), and the capture shows it right: summed by the pass that copied the datagram.
     assert_eq!(
-        tshark_count(&file, "udp.checksum.status == 1"),
-        sent,
-        "good UDP checksums, one per datagram sent"
+        udp_checksums(&file),
+        (sent, 0),
+        "good UDP checksums, one per datagram sent, and no bad one"
     );
 }
 

@@ -11,14 +11,14 @@
 
 mod shim_support;
 
+use shim_support::captures::{self, LiveCapture};
 use shim_support::netns::Netns;
 use shim_support::operator::{counters, delta, softroce, softroce_json, softroce_ok};
 use shim_support::programs::{scratch, Logged};
-use shim_support::{captures, check_output, require_program, softroce_bin, Daemon};
+use shim_support::{require_program, softroce_bin, Daemon};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -137,56 +137,6 @@ fn listening(pid: u32, port: u16) -> bool {
     })
 }
 
-/// A running `softroce capture -i DEVICE -w FILE`, started once the daemon has it.
-struct SoftCapture {
-    child: Child,
-    file: PathBuf,
-}
-
-impl SoftCapture {
-    fn start(d: &Daemon, device: &str, file: PathBuf) -> SoftCapture {
-        let mut child = Command::new(softroce_bin())
-            .args(["capture", "-i", device, "-w"])
-            .arg(&file)
-            .env("SOFTROCE_SOCKET", &d.socket)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start softroce capture");
-        let mut err = BufReader::new(child.stderr.take().unwrap());
-        let mut line = String::new();
-        err.read_line(&mut line).unwrap();
-        assert!(
-            line.contains(&format!("capturing on {device}")),
-            "capture did not start: {line}\n{}",
-            d.log()
-        );
-        std::thread::spawn(move || {
-            let mut rest = String::new();
-            let _ = std::io::Read::read_to_string(&mut err, &mut rest);
-            eprint!("{rest}");
-        });
-        SoftCapture { child, file }
-    }
-
-    /// Ctrl-C: the capture ends with whole blocks and exits 0. Returns it as classic pcap
-    /// (what the oracle reads).
-    fn stop(mut self) -> PathBuf {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "softroce capture exited {status}");
-        let classic = self.file.with_extension("pcap");
-        let out = Command::new(require_program("editcap"))
-            .args(["-F", "pcap"])
-            .arg(&self.file)
-            .arg(&classic)
-            .output()
-            .unwrap();
-        check_output("editcap -F pcap", out);
-        classic
-    }
-}
-
 /// `softroce pcap check -v FILE`'s per-packet lines (addresses, opcode, QPN, PSN, headers),
 /// sorted: what the packets were, whatever order two capture points saw them in.
 fn packet_lines(file: &Path) -> Vec<String> {
@@ -239,7 +189,7 @@ fn a_tap_device_added_at_run_time_is_captured_frame_for_frame_as_the_bridge_carr
         "{l}"
     );
 
-    let soft = SoftCapture::start(&pair.a, "srxe1", pair.dir.join("softroce.pcapng"));
+    let soft = LiveCapture::on(&pair.a, "srxe1", pair.dir.join("softroce.pcapng"));
     let wire = pair.ns.capture("br0", &pair.dir.join("bridge.pcap"));
     let before = counters(&pair.a, "srxe1");
     pair.run(

@@ -5,6 +5,7 @@
 
 mod shim_support;
 
+use shim_support::captures::{self, LiveCapture};
 use shim_support::programs::{captured_loopback_daemon, loopback_daemon};
 use shim_support::rdmacm::{
     rping_data, rping_expected, run_pair, start, start_exe, start_replacement, wait_for_output,
@@ -71,7 +72,22 @@ fn rping_over_ipv6_on_one_daemon() {
             Err(e) => std::panic::resume_unwind(e),
         }
     };
+    // A live capture takes the packets between the two rpings' QPs where they lie (in place,
+    // sealed by the engines) and the CM MADs the daemon sends itself: every frame RoCE v2 over
+    // IPv6 with a right ICRC (three readers) and a right UDP checksum, which IPv6 requires.
+    let cap = LiveCapture::start(&d, "rping-v6");
     rping_pair("rping-v6", &d, &d, "::1");
+    let file = cap.stop();
+    let report = captures::check(&file);
+    assert!(
+        report.v2 >= 2 * 100 * 2,
+        "rping's pings, at least two packets each way: {report:?}"
+    );
+    assert_eq!(
+        captures::udp_checksums(&file),
+        (report.v2 as u64, 0),
+        "every IPv6 frame with a good UDP checksum"
+    );
 }
 
 #[test]

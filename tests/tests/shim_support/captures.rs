@@ -3,10 +3,12 @@
 //! right), and the oracle `../shared/tools/roce-pcap-check` (the same, in plain Python). Each
 //! must be present: a missing one fails the test with the way to install it.
 
-use super::{check_output, require_program, softroce_bin, workspace_root};
+use super::programs::scratch;
+use super::{check_output, require_program, softroce_bin, workspace_root, Daemon};
 use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 
 /// One frame of a capture, as tshark decodes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +49,25 @@ pub fn oracle() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// `file` as classic pcap, which the oracle reads: itself when it is one, else a copy
+/// converted by `editcap -F pcap` beside it.
+pub fn classic_pcap(file: &Path) -> PathBuf {
+    let magic = std::fs::read(file).expect("read the capture");
+    // A pcapng file begins with its Section Header Block's type, 0x0A0D0D0A.
+    if !magic.starts_with(&[0x0a, 0x0d, 0x0d, 0x0a]) {
+        return file.to_path_buf();
+    }
+    let classic = file.with_extension("pcap");
+    let out = Command::new(require_program("editcap"))
+        .args(["-F", "pcap"])
+        .arg(file)
+        .arg(&classic)
+        .output()
+        .expect("run editcap");
+    check_output("editcap -F pcap", out);
+    classic
 }
 
 fn hex_u32(s: &str) -> Option<u32> {
@@ -137,10 +158,10 @@ pub fn check(file: &Path) -> CaptureReport {
         .output()
         .expect("run softroce pcap check");
     let summary = check_output("softroce pcap check", out);
-    // The oracle, on the same file.
+    // The oracle, on the same packets (it reads classic pcap).
     let out = Command::new("python3")
         .arg(oracle())
-        .arg(file)
+        .arg(classic_pcap(file))
         .output()
         .expect("run the oracle (python3)");
     let verdict = check_output("roce-pcap-check", out);
@@ -156,4 +177,67 @@ pub fn check(file: &Path) -> CaptureReport {
         v1,
         v2,
     }
+}
+
+/// A running `softroce capture -i DEVICE -w FILE` (the daemon's own live capture), started
+/// once the daemon has it.
+pub struct LiveCapture {
+    child: Child,
+    file: PathBuf,
+}
+
+impl LiveCapture {
+    /// Captures `srxe0` into a scratch file named after `name`.
+    pub fn start(d: &Daemon, name: &str) -> LiveCapture {
+        let file = scratch("operator", "capture").join(format!("{name}.pcapng"));
+        LiveCapture::on(d, "srxe0", file)
+    }
+
+    pub fn on(d: &Daemon, device: &str, file: PathBuf) -> LiveCapture {
+        let mut child = Command::new(softroce_bin())
+            .args(["capture", "-i", device, "-w"])
+            .arg(&file)
+            .env("SOFTROCE_SOCKET", &d.socket)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start softroce capture");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        err.read_line(&mut line).unwrap();
+        assert!(
+            line.contains(&format!("capturing on {device}")),
+            "capture did not start: {line}\n{}",
+            d.log()
+        );
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+            eprint!("{rest}");
+        });
+        LiveCapture { child, file }
+    }
+
+    /// Ctrl-C: the capture ends with whole blocks and exits 0.
+    pub fn stop(mut self) -> PathBuf {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "softroce capture exited {status}");
+        self.file
+    }
+}
+
+/// The UDP checksums of a capture as tshark verifies them: (good, bad). Frames without one
+/// (IPv4 with 0, as rxe sends) count in neither.
+pub fn udp_checksums(file: &Path) -> (u64, u64) {
+    let out = Command::new(require_program("tshark"))
+        .args(["-n", "-o", "udp.check_checksum:TRUE", "-r"])
+        .arg(file)
+        .args(["-T", "fields", "-e", "udp.checksum.status"])
+        .output()
+        .expect("run tshark");
+    let statuses = check_output("tshark -e udp.checksum.status", out);
+    // Wireshark's checksum status: 0 bad, 1 good, 2 unverified, 3 not present.
+    let count = |s: &str| statuses.lines().filter(|l| l.trim() == s).count() as u64;
+    (count("1"), count("0"))
 }
