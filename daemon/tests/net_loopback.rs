@@ -512,3 +512,72 @@ fn push_packet_without_gso_sends_each_packet_alone() {
     drain_tx(&mut a);
     assert_eq!(a.counters().tx_packets, 6);
 }
+
+/// The voluntary context switches of the calling thread so far.
+fn voluntary_switches() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("voluntary_ctxt_switches in /proc/thread-self/status")
+}
+
+/// The thread that opens a transport (the daemon's main or control thread) is not the one
+/// that polls it (the device thread), and it must not do the receiving: io_uring runs a
+/// multishot receive's work as task work of the thread that submitted it, which is woken for
+/// every batch of datagrams if that thread armed it. Here the opening thread blocks while
+/// another polls 2,000 datagrams sent in 200 bursts; it is woken only to be told the others
+/// are done.
+#[test]
+fn the_thread_that_polls_does_the_receiving_not_the_one_that_opened() {
+    let mut rx = UdpTransport::open(&NetConfig {
+        backend: BackendChoice::IoUring,
+        ..cfg()
+    })
+    .unwrap();
+    let mut tx = UdpTransport::open(&NetConfig {
+        backend: BackendChoice::IoUring,
+        ..cfg()
+    })
+    .unwrap();
+    assert_eq!(rx.backend(), Backend::IoUring);
+    let (src, dst) = (local(&tx, IpAddr::V4(LO4)), local(&rx, IpAddr::V4(LO4)));
+    let (bursts, per_burst) = (200u32, 10u32);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let poller = std::thread::spawn(move || {
+        // The first poll arms the receives, on this thread.
+        rx.poll(Some(Duration::ZERO), &mut |_: &RxDatagram<'_>| {})
+            .unwrap();
+        ready_tx.send(()).unwrap();
+        let got = recv_n(&mut rx, (bursts * per_burst) as usize).len();
+        (got, rx.counters().rx_packets)
+    });
+    let sender = std::thread::spawn(move || {
+        ready_rx.recv().unwrap();
+        let pb = builder(src, dst);
+        for b in 0..bursts {
+            for i in 0..per_burst {
+                let pkt = build(&pb, 0, b * per_burst + i, 256, false);
+                tx.send(&TxMeta::to(dst), &pkt).unwrap();
+            }
+            tx.flush().unwrap();
+            // A gap, so that each burst wakes the receive again.
+            std::thread::sleep(Duration::from_micros(300));
+            tx.poll(Some(Duration::ZERO), &mut |_: &RxDatagram<'_>| {})
+                .unwrap();
+        }
+    });
+    let before = voluntary_switches();
+    sender.join().unwrap();
+    let (got, counted) = poller.join().unwrap();
+    let woken = voluntary_switches() - before;
+    assert_eq!(got as u32, bursts * per_burst);
+    assert_eq!(counted, u64::from(bursts * per_burst));
+    // Two joins block at most twice each; a receive armed by this thread woke it about once
+    // per burst (200 times).
+    assert!(
+        woken <= 8,
+        "the opening thread was woken {woken} times while others sent and received"
+    );
+}

@@ -413,7 +413,42 @@ impl UringTap {
                 format!("io_uring multishot read on the TAP: {e}"),
             ));
         }
+        u.end_read()?;
         Ok(u)
+    }
+
+    /// Ends the multishot read, for the device thread's first poll to arm it again. io_uring
+    /// runs a multishot request's work (the copy of each frame, on every wake-up of the
+    /// TAP) as task work of the thread that submitted it, and this driver is built by the
+    /// thread that creates the device: left armed, that thread would do every read, woken
+    /// for each. Frames read before the end stay in the stash.
+    fn end_read(&mut self) -> io::Result<()> {
+        let timeout = types::Timespec::from(Duration::from_millis(100));
+        let _ = self
+            .ring
+            .submitter()
+            .register_sync_cancel(Some(timeout), types::CancelBuilder::user_data(TAG_READ));
+        let deadline = std::time::Instant::now() + Duration::from_millis(100);
+        while self.read_armed {
+            if std::time::Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "io_uring: the TAP's first multishot read did not end when cancelled",
+                ));
+            }
+            self.submit_and_wait(Some(Duration::from_millis(1)))?;
+            for cqe in self.ring.completion() {
+                let c = (cqe.user_data(), cqe.result(), cqe.flags());
+                if c.0 == TAG_READ && !cqueue::more(c.2) {
+                    self.read_armed = false;
+                    if c.1 < 0 {
+                        continue;
+                    }
+                }
+                self.stash.push_back(c);
+            }
+        }
+        Ok(())
     }
 
     fn push(&mut self, sqe: &io_uring::squeue::Entry) -> io::Result<()> {
@@ -620,11 +655,12 @@ impl UringTap {
         counters: &mut TapCounters,
         on_frame: &mut dyn FnMut(&[u8]),
     ) -> io::Result<usize> {
-        self.arm(fd)?;
         let mut delivered = 0;
+        // The stash first: it may hold the end of a read armed elsewhere (`end_read`).
         while let Some(c) = self.stash.pop_front() {
             delivered += self.handle(c, counters, on_frame);
         }
+        self.arm(fd)?;
         if self.unsubmitted > 0 {
             counters.tx_calls += 1;
         }

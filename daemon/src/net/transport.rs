@@ -478,10 +478,6 @@ impl UdpTransport {
         } else {
             cfg.max_datagram.max(256)
         };
-        let fds: [Option<RawFd>; 2] = [
-            socks[0].as_ref().map(|s| s.fd.as_raw_fd()),
-            socks[1].as_ref().map(|s| s.fd.as_raw_fd()),
-        ];
         let mut fallback_reason = None;
         let driver = match cfg.backend {
             BackendChoice::Syscalls => Driver::Syscalls(Box::new(SyscallDriver::new(
@@ -490,13 +486,12 @@ impl UdpTransport {
                 cfg.syscall_batch,
             ))),
             BackendChoice::IoUring => Driver::Uring(Box::new(UringDriver::new(
-                fds,
                 cfg.rx_buffers,
                 rx_buf_len,
                 cfg.tx_slots,
             )?)),
             BackendChoice::Auto => {
-                match UringDriver::new(fds, cfg.rx_buffers, rx_buf_len, cfg.tx_slots) {
+                match UringDriver::new(cfg.rx_buffers, rx_buf_len, cfg.tx_slots) {
                     Ok(d) => Driver::Uring(Box::new(d)),
                     Err(e) => {
                         let why = format!("io_uring unavailable ({e}); using recvmmsg/sendmmsg");
