@@ -147,6 +147,10 @@ pub struct DeviceCapture {
     /// The time stamped on what is captured now (pcapng time, ns): read once per round of
     /// the device loop ([`DeviceCapture::tick`]), not per packet, as a NIC stamps a burst.
     now: u64,
+    /// A round of packets between local QPs has blocks completed in place: the batch was
+    /// handed over before the first, and what is copied into it from now on follows the
+    /// round's buffer.
+    round_open: bool,
 }
 
 impl DeviceCapture {
@@ -156,6 +160,7 @@ impl DeviceCapture {
             mac: frame::guid_mac(node_guid),
             frame: Vec::new(),
             now: pcapng::timestamp_now(),
+            round_open: false,
         }
     }
 
@@ -265,6 +270,13 @@ impl DeviceCapture {
         if !t.wants(transport) || !t.shared.take_one() {
             return false;
         }
+        if !self.round_open {
+            // What the batch holds came before this packet, and goes to the writer before
+            // the round's buffer; what is copied during the round (a duplicate's second
+            // packet) comes after it, in the next batch, as it followed on the wire.
+            t.hand_over();
+            self.round_open = true;
+        }
         // The engine sealed the packet as it wrote it (engines seal while a queue leaves room
         // for a capture: `DeviceThread::transmit`).
         let eth = &mut block[ROOM_BEFORE - 14..frame.end];
@@ -276,16 +288,17 @@ impl DeviceCapture {
     }
 
     /// The end of a round of packets between local QPs: when the capture completed blocks in
-    /// the round's buffer, the buffer goes to the writer (after the batch, which holds what
-    /// was captured before), and `frames` goes on in a buffer the writer gave back.
+    /// the round's buffer, the buffer goes to the writer (after the batch that held what was
+    /// captured before the round: [`DeviceCapture::local_packet`] handed it over), and
+    /// `frames` goes on in a buffer the writer gave back.
     pub fn local_round(&mut self, frames: &mut LocalFrames) {
+        self.round_open = false;
         if !frames.has_captured() {
             return;
         }
         let Some(t) = self.taps.first_mut() else {
             return;
         };
-        t.hand_over();
         if let Ok(round) = frames.take_captured(t.shared.spare_frames()) {
             t.shared
                 .deliver_blocks(t.iface, round.data, round.blocks, round.packets);

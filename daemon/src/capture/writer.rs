@@ -471,6 +471,16 @@ mod tests {
     /// (with room when a capture can take them in place, and then sealed as the engines
     /// seal them meanwhile), delivered, and the round ended.
     fn local_round(dev: &mut DeviceCapture, packets: &[Vec<u8>]) -> Vec<bool> {
+        local_round_duplicating(dev, packets, usize::MAX)
+    }
+
+    /// [`local_round`], where the packet at `dup` is delivered twice, the second a copy (as
+    /// `Layers::local` does for a `duplicate` fault).
+    fn local_round_duplicating(
+        dev: &mut DeviceCapture,
+        packets: &[Vec<u8>],
+        dup: usize,
+    ) -> Vec<bool> {
         let mut q = crate::net::LocalFrames::new();
         q.set_capture_room(dev.in_place());
         for p in packets {
@@ -482,7 +492,10 @@ mod tests {
         }
         let mut in_place = Vec::new();
         q.drain_blocks(|_, block, frame, bth| {
-            let taken = dev.local_packet(block, frame, bth);
+            let taken = dev.local_packet(block, frame.clone(), bth);
+            if in_place.len() == dup {
+                dev.packet(Direction::Outbound, &block[frame], bth, false);
+            }
             in_place.push(taken);
             taken
         });
@@ -515,10 +528,9 @@ mod tests {
         let sum = (sum & 0xffff) + (sum >> 16);
         longer[10..12].copy_from_slice(&(!((sum & 0xffff) + (sum >> 16)) as u16).to_be_bytes());
         dev.datagram(Direction::Inbound, &datagram(&bth(0x04, 0x11)));
-        let taken = local_round(&mut dev, &[to_11.clone(), to_12, longer.clone()]);
+        // The first packet is duplicated: its second goes by copy, into the batch.
+        let taken = local_round_duplicating(&mut dev, &[to_11.clone(), to_12, longer.clone()], 0);
         assert_eq!(taken, [true, false, true]);
-        // A duplicate goes by copy, into the next batch.
-        dev.packet(Direction::Outbound, &to_11, 28, false);
         dev.close();
         let frames = captured_frames(r);
         assert_eq!(frames.len(), 4, "the datagram, two local packets, the copy");
@@ -532,7 +544,10 @@ mod tests {
             assert_eq!(parsed.icrc, IcrcStatus::Ok, "sealed where it lay");
             assert_eq!(&frame[14..frame.len() - 4], &packet[..packet.len() - 4]);
         }
-        assert_eq!(frames[1], frames[3], "in place and copied alike");
+        assert_eq!(
+            frames[1], frames[3],
+            "in place and copied alike, the duplicate after its original"
+        );
     }
 
     #[test]
