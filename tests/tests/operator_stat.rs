@@ -2,7 +2,9 @@
 //! names) move as they should through a pingpong, under injected loss and duplication
 //! (sequence errors, duplicates, retries) and on an R_Key violation (mlx5's access error
 //! counters); `res show qp` lists a running pingpong's QPs with its pids and command, per-QP
-//! counters are there while it runs, and nothing is listed once it has exited.
+//! counters are there while it runs, and nothing is listed once it has exited. Between two
+//! daemons the counters move with the traffic, which each daemon's device thread receives
+//! itself.
 
 mod shim_support;
 
@@ -81,6 +83,56 @@ fn a_pingpong_moves_the_packet_and_message_counters() {
     assert!(
         out.lines().count() >= 2 && out.lines().all(|l| l.starts_with("link srxe0/1 ")),
         "{out}"
+    );
+}
+
+/// The voluntary context switches of a daemon's main thread (which only accepts clients).
+fn main_thread_wakes(d: &shim_support::Daemon) -> u64 {
+    let pid = d.pid();
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("voluntary_ctxt_switches of the daemon's main thread")
+}
+
+/// Between two daemons the receive counters move with the packets, and each daemon's packet
+/// I/O is its device thread's: the main thread, which built the device and only accepts
+/// clients, is not woken for the datagrams. (io_uring runs a multishot receive's work on
+/// the thread that submitted it; when the main thread armed the receives, it was woken for
+/// every batch.)
+#[test]
+fn two_daemons_count_the_traffic_and_receive_it_on_their_device_threads() {
+    let a = loopback_daemon("op-stat-two-a", 117);
+    let b = loopback_daemon("op-stat-two-b", 118);
+    let (before_a, before_b) = (counters(&a, "srxe0"), counters(&b, "srxe0"));
+    let (wakes_a, wakes_b) = (main_thread_wakes(&a), main_thread_wakes(&b));
+    ProgramPair::start(
+        &b,
+        &a,
+        "ib_write_bw",
+        19515,
+        &["-d", "srxe0", "-x", "0", "-F", "-s", "65536", "-n", "500"],
+        "stat-two",
+    )
+    .succeed(Duration::from_secs(120), &a);
+    let (after_a, after_b) = (counters(&a, "srxe0"), counters(&b, "srxe0"));
+    let sent = delta(&before_a, &after_a, "sent_pkts");
+    let rcvd = delta(&before_b, &after_b, "rcvd_pkts");
+    assert!(sent >= 500 * 16, "16 packets per 64 KiB message: {sent}");
+    assert!(rcvd >= 500 * 16, "{rcvd}");
+    assert!(delta(&before_b, &after_b, "net.rx_packets") >= rcvd);
+    // A client connects to each daemon for its context (and its CM, if any): a few wakes of
+    // the main thread. Thousands of datagram batches arrived meanwhile.
+    let (woken_a, woken_b) = (
+        main_thread_wakes(&a) - wakes_a,
+        main_thread_wakes(&b) - wakes_b,
+    );
+    assert!(
+        woken_a <= 20 && woken_b <= 20,
+        "the main threads were woken {woken_a} (sender) and {woken_b} (receiver) times for \
+         {rcvd} packets received"
     );
 }
 
