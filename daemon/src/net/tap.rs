@@ -403,6 +403,10 @@ impl UringTap {
             if cqe.user_data() == TAG_READ && cqe.result() < 0 && !cqueue::more(cqe.flags()) {
                 refused = Some(io::Error::from_raw_os_error(-cqe.result()));
             } else {
+                if cqe.user_data() == TAG_READ && !cqueue::more(cqe.flags()) {
+                    // Ended already (with a frame): nothing for `end_read` to wait for.
+                    u.read_armed = false;
+                }
                 u.stash
                     .push_back((cqe.user_data(), cqe.result(), cqe.flags()));
             }
@@ -423,6 +427,9 @@ impl UringTap {
     /// thread that creates the device: left armed, that thread would do every read, woken
     /// for each. Frames read before the end stay in the stash.
     fn end_read(&mut self) -> io::Result<()> {
+        if !self.read_armed {
+            return Ok(());
+        }
         let timeout = types::Timespec::from(Duration::from_millis(100));
         let _ = self
             .ring
