@@ -3,6 +3,7 @@
 //!   without computing the ICRC again (so even a wrong ICRC passes), while its headers are
 //!   still checked; `handle_packet` keeps refusing the same bytes;
 //! - `Engine::set_seal_icrc(false)`: frames without the ICRC, for a caller that seals them;
+//!   `Engine::set_seal_only_to`: sealed only toward the listed destinations;
 //! - `Engine::sq_room`: whether `post_send` would take one more request.
 
 use proto::sim::{LinkModel, QpOptions, Sim};
@@ -10,14 +11,19 @@ use proto::transport::*;
 use proto::types::Qpn;
 
 fn setup(data: &[u8]) -> (Sim, Qpn, u64, Vec<Vec<u8>>) {
-    setup_with(data, true)
+    setup_with(data, true, None)
 }
 
-/// Node 0 (sealing the ICRC or not) sends `data` on an RC QP; returns node 1's QP, its
-/// receive buffer and the frames node 0 emitted.
-fn setup_with(data: &[u8], seal: bool) -> (Sim, Qpn, u64, Vec<Vec<u8>>) {
+/// Node 0 (sealing the ICRC or not; with `only_to`, sealing only packets to that node's
+/// addresses) sends `data` on an RC QP; returns node 1's QP, its receive buffer and the
+/// frames node 0 emitted.
+fn setup_with(data: &[u8], seal: bool, only_to: Option<usize>) -> (Sim, Qpn, u64, Vec<Vec<u8>>) {
     let mut sim = Sim::pair(7, LinkModel::default());
     sim.dev(0).set_seal_icrc(seal);
+    if let Some(node) = only_to {
+        let gids = sim.dev(node).gids().to_vec();
+        sim.dev(0).set_seal_only_to(Some(&gids));
+    }
     let o = QpOptions {
         mtu: Mtu::Mtu1024,
         ..Default::default()
@@ -99,8 +105,8 @@ fn a_verified_packet_skips_the_icrc_but_not_the_headers() {
 #[test]
 fn unsealed_frames_differ_only_in_the_icrc() {
     let data: Vec<u8> = (0..2500u32).map(|i| (i * 7) as u8).collect();
-    let (_, _, _, sealed) = setup_with(&data, true);
-    let (mut sim, _, b, unsealed) = setup_with(&data, false);
+    let (_, _, _, sealed) = setup_with(&data, true, None);
+    let (mut sim, _, b, unsealed) = setup_with(&data, false, None);
     assert_eq!(sealed.len(), unsealed.len());
     for (s, u) in sealed.iter().zip(&unsealed) {
         let n = s.len();
@@ -117,6 +123,21 @@ fn unsealed_frames_differ_only_in_the_icrc() {
         Some(WcStatus::Success)
     );
     assert_eq!(sim.read_mem(1, b, 2500), data);
+}
+
+/// Sealing only toward listed destinations (a daemon's own addresses, while a capture takes
+/// its local packets): packets to another address are left as without sealing, those to a
+/// listed one are sealed as always.
+#[test]
+fn only_packets_to_the_listed_destinations_are_sealed() {
+    let data: Vec<u8> = (0..2500u32).map(|i| (i * 5) as u8).collect();
+    let (_, _, _, sealed) = setup_with(&data, true, None);
+    let (_, _, _, unsealed) = setup_with(&data, false, None);
+    let (_, _, _, to_self) = setup_with(&data, true, Some(0));
+    let (_, _, _, to_peer) = setup_with(&data, true, Some(1));
+    assert_eq!(sealed.len(), 3);
+    assert_eq!(to_self, unsealed, "node 1 is not listed: nothing sealed");
+    assert_eq!(to_peer, sealed, "node 1 is listed: every packet sealed");
 }
 
 /// `sq_room` counts down to the point where `post_send` refuses a request as "SQ full".

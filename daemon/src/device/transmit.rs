@@ -36,10 +36,12 @@ impl DeviceThread {
         self.fast.prune_retired();
         // A capture that can lays its blocks around the packets between local QPs where the
         // engines write them (`capture::DeviceCapture::local_packet`), and the engines seal
-        // their packets meanwhile: the ICRC a capture shows, which nothing else needs for
+        // those packets meanwhile: the ICRC a capture shows, which nothing else needs for
         // local packets, computed by the pass that copies the payload out of the client's
-        // memory (`ProcMem::lend`) instead of a pass of its own.
-        self.local.set_capture_room(self.link.capture.in_place());
+        // memory (`ProcMem::lend`) instead of a pass of its own. Packets to other hosts the
+        // link seals for the headers its socket writes: the engines leave them alone.
+        self.local
+            .set_capture_room(self.link.capture.in_place() && !via_socket);
         let seal = self.local.capture_room();
         for round in 0..LOCAL_ROUNDS {
             let (link, gids, local, local_mcast, fast) = (
@@ -58,6 +60,9 @@ impl DeviceThread {
                         busy = true;
                     }
                     c.engine.set_seal_icrc(seal);
+                    if seal {
+                        c.engine.set_seal_only_to(Some(gids));
+                    }
                     c.settle(true);
                     // Work that waited for room in the engine.
                     busy |= retry_pending(c);

@@ -67,6 +67,11 @@ pub struct EngineConfig {
     /// seals each packet itself for the headers its socket writes, or delivers it to an
     /// engine of its own with `handle_verified_packet`, turns it off to compute it once.
     pub seal_icrc: bool,
+    /// With [`EngineConfig::seal_icrc`], the destinations whose packets are sealed; `None`
+    /// (the default): every packet. A daemon that seals only what it hands between QPs of
+    /// its own device (for a capture: its link seals the rest for the headers its socket
+    /// writes) lists the device's addresses, so that no packet is sealed twice.
+    pub seal_only_to: Option<Vec<IpAddr>>,
     /// Let a SEND or WRITE that another follows at once leave its AckReq bit clear, so that
     /// a burst costs one ACK (IBTA §9.7.5.1.2, coalesced acknowledgement). Off by default:
     /// rxe asks for an ACK on the last packet of every message, and on the wire softroce does
@@ -77,6 +82,17 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// Whether `poll_transmit` computes the ICRC of a packet to `dst`
+    /// ([`EngineConfig::seal_icrc`], [`EngineConfig::seal_only_to`]).
+    #[inline]
+    pub fn seals(&self, dst: IpAddr) -> bool {
+        self.seal_icrc
+            && self
+                .seal_only_to
+                .as_ref()
+                .is_none_or(|to| to.contains(&dst))
+    }
+
     pub fn new(gid: IpAddr, key_seed: u64) -> EngineConfig {
         EngineConfig {
             gids: vec![gid],
@@ -90,6 +106,7 @@ impl EngineConfig {
             max_inline_data: 512,
             port_mtu: Mtu::Mtu4096,
             seal_icrc: true,
+            seal_only_to: None,
             coalesce_acks: false,
             congestion: CongestionConfig::default(),
         }
@@ -319,6 +336,14 @@ impl<M: MemoryAccess> Engine<M> {
     /// Whether `poll_transmit` computes the ICRC ([`EngineConfig::seal_icrc`]).
     pub fn set_seal_icrc(&mut self, on: bool) {
         self.ctx.config.seal_icrc = on;
+    }
+
+    /// Which destinations' packets `poll_transmit` seals ([`EngineConfig::seal_only_to`]);
+    /// the list is replaced only when it differs.
+    pub fn set_seal_only_to(&mut self, to: Option<&[IpAddr]>) {
+        if self.ctx.config.seal_only_to.as_deref() != to {
+            self.ctx.config.seal_only_to = to.map(<[IpAddr]>::to_vec);
+        }
     }
 
     /// `ibv_alloc_pd` in address space 0 (one-process use, tests).

@@ -402,7 +402,8 @@ pub(crate) fn emit_request<M: MemoryAccess>(
             let ack_req = ty == QpType::Rc && qp.noack_pkts + 1 > MAX_PKT_PER_ACK;
             let pd = qp.init.pd;
             let sges = &w.wr.sg_list;
-            let res = tpl.emit(psn, ack_req, buf, ctx.config.seal_icrc, |out| {
+            let seal = ctx.config.seals(tpl.transmit().dst);
+            let res = tpl.emit(psn, ack_req, buf, seal, |out| {
                 ctx.gather(pd, sges, offset, out)
             });
             if ty == QpType::Rc {
@@ -587,7 +588,8 @@ pub(crate) fn emit_request<M: MemoryAccess>(
     };
     let pd = qp.init.pd;
     let w = qp.sq.get(idx)?;
-    let res = super::packet_io::emit(&route, &t, buf, ctx.config.seal_icrc, |out| {
+    let seal = ctx.config.seals(route.net.dst_addr());
+    let res = super::packet_io::emit(&route, &t, buf, seal, |out| {
         if let SendOp::AtomicWrite { value, .. } = w.wr.op {
             out.copy_from_slice(&value.to_ne_bytes());
             Ok(Payload::Written)

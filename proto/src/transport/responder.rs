@@ -896,7 +896,8 @@ pub(crate) fn poll_response<M: MemoryAccess>(
                 .set_traffic_class(crate::wire::ecn::tos_of_dscp(dscp, crate::wire::Ecn::Ect0));
         }
         let (pd, qpn) = (qp.init.pd, qp.qpn);
-        let res = super::packet_io::emit(&route, &t, buf, ctx.config.seal_icrc, |out| match read {
+        let seal = ctx.config.seals(route.net.dst_addr());
+        let res = super::packet_io::emit(&route, &t, buf, seal, |out| match read {
             Some((va, rkey, plen, _)) if plen > 0 => {
                 // The MR is validated again for each packet: it may have been invalidated
                 // since the request (and replays re-check it, facts §4.5).
