@@ -28,7 +28,7 @@
 //!   cache lines to its CPU, and the device paid for it when it wrote them again.
 //! - The writer ([`writer`]) writes the section header, one interface per device, the
 //!   batches, and at the end one Interface Statistics Block per interface (packets captured
-//!   and dropped), into the pipe the CLI gave.
+//!   and dropped), into the file, stdout or pipe the CLI gave.
 
 pub mod frame;
 pub mod pcapng;

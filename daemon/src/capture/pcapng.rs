@@ -123,7 +123,7 @@ pub const fn packet_block_len(captured: usize) -> usize {
 
 /// Completes an Enhanced Packet Block around a frame already in place: `block` is
 /// [`packet_block_len`]`(captured)` bytes long and holds the first `captured` bytes of a
-/// frame `orig_len` bytes long at `block[28..]` (whatever lies after them is overwritten).
+/// frame `orig_len` bytes long at `block[PACKET_BLOCK_HEAD..]` (whatever lies after them is overwritten).
 /// The frame is built straight into the block, so a captured packet is copied once.
 pub fn packet_block(
     block: &mut [u8],
@@ -147,8 +147,8 @@ pub fn packet_block(
     for (at, w) in words.iter().enumerate() {
         block[at * 4..at * 4 + 4].copy_from_slice(&w.to_ne_bytes());
     }
-    let pad = 28 + captured;
-    let options = 28 + captured.next_multiple_of(4);
+    let pad = PACKET_BLOCK_HEAD + captured;
+    let options = PACKET_BLOCK_HEAD + captured.next_multiple_of(4);
     block[pad..options].fill(0);
     let o = &mut block[options..];
     o[..2].copy_from_slice(&EPB_FLAGS.to_ne_bytes());

@@ -1,5 +1,5 @@
-//! The writer thread of one capture: the pcapng stream into the pipe `softroce capture`
-//! reads, fed by the devices' batches.
+//! The writer thread of one capture: the pcapng stream into the file, stdout or pipe that
+//! `softroce capture` handed the daemon, fed by the devices' batches and rounds.
 
 use super::pcapng;
 use crossbeam_channel::{unbounded, Receiver, Sender, TryRecvError};
@@ -604,22 +604,20 @@ mod tests {
             );
         }
         dev.close();
-        let sums: Vec<(u16, u16)> = captured_frames(r)
+        let sums: Vec<(u16, bool)> = captured_frames(r)
             .iter()
             .map(|frame| {
-                let mut udp = frame[14 + 20..].to_vec();
-                let sent = u16::from_be_bytes([udp[6], udp[7]]);
-                udp[6..8].fill(0);
-                let want = super::super::frame::udp_checksum(
+                let udp = &frame[14 + 20..];
+                let right = super::super::frame::tests::udp_checksum_right(
                     "127.0.0.1".parse().unwrap(),
                     "127.0.0.2".parse().unwrap(),
-                    &udp,
+                    udp,
                 );
-                (sent, want)
+                (u16::from_be_bytes([udp[6], udp[7]]), right)
             })
             .collect();
         assert_eq!(sums.len(), 2);
-        assert_eq!(sums[0].0, sums[0].1, "the socket's checksum");
+        assert!(sums[0].1, "the socket's checksum");
         assert_ne!(sums[0].0, 0);
         assert_eq!(sums[1].0, 0, "no checksum sent, none shown");
     }
