@@ -408,9 +408,9 @@ fn local_packets_through_the_link_stay_on_the_daemons_path() {
 /// (bytes compared on both sides), messages of many packets at odd offsets (a receive of two
 /// SGEs split inside a packet, a source changed once its WRITE completed: the fast path
 /// writes each payload from the sender's buffer in place, so a byte read too late or from
-/// the wrong place shows), a WRITE with a wrong R_Key (REM_ACCESS_ERR, then a flush)
-/// a SEND with no receive posted (RNR_RETRY_EXC_ERR) and a WRITE the sender posts and leaves
-/// alone (only the backstop can run it on the fast path): every completion either side sees,
+/// the wrong place shows), a WRITE with a wrong R_Key (REM_ACCESS_ERR; a WR posted after it
+/// is flushed), a SEND with no receive posted (RNR_RETRY_EXC_ERR) and a WRITE the sender posts
+/// and leaves alone (only the backstop can run it on the fast path): every completion either side sees,
 /// and every error counter, is the same with the fast path as with `SOFTROCE_FAST_PATH=0`.
 #[test]
 fn completions_and_errors_on_the_fast_path_are_the_daemons() {

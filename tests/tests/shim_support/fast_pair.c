@@ -7,7 +7,7 @@
  *           into a receive of two SGEs (the boundary inside a packet), a SEND of 150 B, and
  *           the WRITE again after the source changed (its completion returned the buffer);
  *           bytes compared, and nothing written past the ends
- *   access  a WRITE with a wrong R_Key: REM_ACCESS_ERR, then the next WR flushed
+ *   access  a WRITE with a wrong R_Key: REM_ACCESS_ERR, then a WR posted after it flushed
  *   unpolled a WRITE posted and then left alone (the parent waits on a pipe, it does not poll):
  *           the bytes must still arrive, as on a device that runs on its own (on the fast
  *           path only the shim's backstop thread can run it)
@@ -239,9 +239,12 @@ int main(int argc, char **argv)
         ASK('u');
         one(&p, "parent");
     } else if (!strcmp(scenario, "access")) {
+        /* WR 5 is posted once WR 4 has failed, so that it is flushed without reaching the
+         * wire: posted together, it would reach the errored responder (one more
+         * drop_qp_state) or not, depending on whether the NAK came first. */
         post(&p, 4, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr, theirs.rkey ^ 0x5a);
-        post(&p, 5, IBV_WR_RDMA_WRITE, 0, 64, theirs.addr, theirs.rkey);
         one(&p, "parent");
+        post(&p, 5, IBV_WR_RDMA_WRITE, 0, 64, theirs.addr, theirs.rkey);
         one(&p, "parent");
     } else {
         post(&p, 6, IBV_WR_SEND, 4096, 100, 0, 0);
