@@ -111,3 +111,48 @@ fn rc_send_write_read_atomics_complete_with_data() {
     assert_eq!(sim.dev(0).counters().rdma_sends, 1);
     sim.check();
 }
+
+/// Two QPs that each send a long message take turns of [`TRANSMIT_QUANTUM`] bytes (16
+/// packets of 4 KiB), not of one packet: each turn's payload is one stretch of the sender's
+/// memory, which the daemon reads in one call (with turns of one packet, `ib_write_bw -q 2`
+/// ran at a tenth of `-q 1`). Each QP's own packets stay in PSN order.
+#[test]
+fn qps_sending_side_by_side_take_turns_of_a_quantum() {
+    let mut sim = Sim::pair(3, LinkModel::default());
+    let o = QpOptions {
+        mtu: Mtu::Mtu4096,
+        ..Default::default()
+    };
+    let acc = Access::ALL_REMOTE.union(Access::LOCAL_WRITE);
+    let len = 128 * 1024;
+    let mut dests = Vec::new();
+    for _ in 0..2 {
+        let (qa, qb) = sim.connect(0, 1, &o);
+        let (src, ks) = sim.alloc_mr(0, len, acc);
+        let (dst, kd) = sim.alloc_mr(1, len, acc);
+        let remote = RemoteAddr {
+            va: dst,
+            rkey: kd.rkey,
+        };
+        let sg = Some(sge(src, len as u32, ks));
+        let wr = SendWr::new(1, SendOp::Write(remote), sg);
+        sim.dev(0).post_send(qa, wr).unwrap();
+        dests.push(qb.value());
+    }
+    let mut buf = vec![0u8; MAX_FRAME_LEN];
+    let mut order = Vec::new();
+    while let Some(t) = sim.dev(0).poll_transmit(0, &mut buf) {
+        // IPv4 (20 bytes) and UDP (8) before the BTH, whose bytes 5..8 are the destination QP.
+        let bth = &buf[28..t.len];
+        order.push(u32::from_be_bytes([0, bth[5], bth[6], bth[7]]));
+    }
+    // A packet of 4 KiB payload is 4,140 bytes (4,156 with the RETH): 15 of them stay
+    // below the quantum, the 16th ends the turn.
+    assert_eq!(TRANSMIT_QUANTUM, 64 * 1024);
+    let per_turn = 16;
+    let expected: Vec<u32> = [0, 1, 0, 1]
+        .iter()
+        .flat_map(|&q| std::iter::repeat_n(dests[q], per_turn))
+        .collect();
+    assert_eq!(order, expected);
+}

@@ -84,7 +84,9 @@ pub mod verbs;
 
 pub use congestion::{Algorithm, CongestionConfig, Params as CcParams, QpCongestion};
 pub use counters::Counters;
-pub use engine::{Engine, EngineConfig, ForcedNak, GidType, MrKeys, Transmit, MAX_FRAME_LEN};
+pub use engine::{
+    Engine, EngineConfig, ForcedNak, GidType, MrKeys, Transmit, MAX_FRAME_LEN, TRANSMIT_QUANTUM,
+};
 pub use handoff::{QpConfig, QpSequence};
 pub use inventory::{CqSummary, MrSummary, PdSummary, QpSummary, SrqSummary};
 pub use memory::{MemoryAccess, MemoryError, VecMemory};
