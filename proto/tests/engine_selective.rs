@@ -804,3 +804,38 @@ fn seed_sweep_selective_delivers_what_go_back_n_does_with_fewer_retransmissions(
         "{report:?}"
     );
 }
+
+/// A message longer than the window asks for an ACK often enough that the window never
+/// fills unasked: at MTU 4096 the default window is 32 packets, and asking only every 64
+/// packets, as go-back-N does against its window of 128, left the requester waiting for its
+/// probe timer once per window (between two daemons, 1 MiB WRITEs ran at a quarter of the
+/// rate of 64 KiB ones). Lossless, a 256 KiB WRITE (64 packets) completes with no probe,
+/// and no 17 request packets in a row go without one that asks for an ACK.
+#[test]
+fn a_message_longer_than_the_window_never_waits_for_a_probe() {
+    let o = QpOptions {
+        mtu: Mtu::Mtu4096,
+        ..options(selective())
+    };
+    let window = SelectiveParams::default().window(4096);
+    assert_eq!(window, 32);
+    let mut p = setup_with(LinkModel::default(), o, 5);
+    let bytes = data(LEN, 3);
+    p.sim.write_mem(0, p.a, &bytes);
+    p.write(1, 0, LEN as u32);
+    p.sim.run(2 * MS);
+    assert_eq!(p.statuses(0), vec![(1, WcStatus::Success)]);
+    same(&p.sim.read_mem(1, p.b, LEN), &bytes, "data");
+    assert_eq!(p.counters(0).sel_probes, 0);
+    let asks: Vec<bool> = p.requests().iter().map(|r| r.ack_req).collect();
+    assert_eq!(asks.len(), LEN / 4096, "each packet once");
+    // As rxe counts: AckReq once more than half a window went unasked.
+    let most_unasked = window as usize / 2;
+    for (i, run) in asks.windows(most_unasked + 1).enumerate() {
+        assert!(
+            run.contains(&true),
+            "packets {i}.. ask for no ACK: {asks:?}"
+        );
+    }
+    p.sim.check();
+}
