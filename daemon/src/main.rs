@@ -170,7 +170,7 @@ struct DaemonArgs {
     #[arg(long)]
     loss_recovery: Option<config::LossRecoveryMode>,
     /// The bandwidth-delay product, in bytes, that selective retransmission's window is
-    /// capped at (default 131072: 128 packets at MTU 1024).
+    /// capped at (default 524288: 128 packets at MTU 4096, 512 at MTU 1024).
     #[arg(long)]
     selective_bdp: Option<u32>,
     /// Congestion control: dcqcn (the default: data packets ECT(0), CNPs for CE marks,

@@ -806,18 +806,22 @@ fn seed_sweep_selective_delivers_what_go_back_n_does_with_fewer_retransmissions(
 }
 
 /// A message longer than the window asks for an ACK often enough that the window never
-/// fills unasked: at MTU 4096 the default window is 32 packets, and asking only every 64
+/// fills unasked: at MTU 4096 a BDP of 128 KiB is a window of 32 packets, and asking only every 64
 /// packets, as go-back-N does against its window of 128, left the requester waiting for its
 /// probe timer once per window (between two daemons, 1 MiB WRITEs ran at a quarter of the
 /// rate of 64 KiB ones). Lossless, a 256 KiB WRITE (64 packets) completes with no probe,
 /// and no 17 request packets in a row go without one that asks for an ACK.
 #[test]
 fn a_message_longer_than_the_window_never_waits_for_a_probe() {
+    // `--selective-bdp 131072`, the default until the window grew to 128 packets.
+    let params = SelectiveParams {
+        bdp_bytes: 128 * 1024,
+    };
     let o = QpOptions {
         mtu: Mtu::Mtu4096,
-        ..options(selective())
+        ..options(LossRecovery::Selective(params))
     };
-    let window = SelectiveParams::default().window(4096);
+    let window = params.window(4096);
     assert_eq!(window, 32);
     let mut p = setup_with(LinkModel::default(), o, 5);
     let bytes = data(LEN, 3);

@@ -73,12 +73,13 @@ impl Default for SelectiveParams {
     }
 }
 
-/// Default bandwidth-delay product: 128 KiB, 128 packets at MTU 1024 (rxe's fixed window),
-/// 32 at MTU 4096: a 10 Gbit/s LAN with a 100 µs round trip, more than two daemons move on
-/// loopback or a veth (1-3 Gbit/s per QP). Larger windows recover faster at high loss but,
-/// lossless, overrun the receiving daemon's 256 receive buffers in bursts
-/// (`docs/loss-recovery.md` has the measurements).
-pub const DEFAULT_BDP_BYTES: u32 = 128 * 1024;
+/// Default bandwidth-delay product: 512 KiB, 128 packets at MTU 4096 (the daemon's default
+/// path MTU), as many bytes as rxe's fixed window of 128 PSNs holds there; 512 at MTU 1024.
+/// It was 128 KiB (32 packets at MTU 4096) until 2026-12-06, when a larger window overran
+/// the receiving daemon's receive buffers; since the device thread receives for itself
+/// (`docs/architecture.md`, "The data path") 512 KiB costs nothing lossless and holds far
+/// more at loss (`docs/loss-recovery.md` has the measurements).
+pub const DEFAULT_BDP_BYTES: u32 = 512 * 1024;
 /// The smallest window, whatever the BDP.
 pub const MIN_WINDOW: u32 = 16;
 /// The largest window: one SACK bitmap's worth of PSNs.
@@ -1301,9 +1302,9 @@ mod tests {
     #[test]
     fn windows_follow_the_bdp_within_bounds() {
         let p = SelectiveParams::default();
-        assert_eq!(p.window(4096), 32);
-        assert_eq!(p.window(1024), 128);
-        assert_eq!(p.window(256), 512);
+        assert_eq!(p.window(4096), 128);
+        assert_eq!(p.window(1024), 512);
+        assert_eq!(p.window(256), 2048);
         assert_eq!(SelectiveParams { bdp_bytes: 1 }.window(4096), MIN_WINDOW);
         assert_eq!(
             SelectiveParams {
