@@ -1223,7 +1223,7 @@ mod tests {
         assert_eq!(c.devices[0].loss_recovery, LossRecoveryMode::Gbn);
         assert_eq!(c.devices[1].loss_recovery, LossRecoveryMode::Auto);
         assert_eq!(c.devices[1].selective_bdp, 65536);
-        assert_eq!(DeviceConfig::loopback_default().selective_bdp, 128 * 1024);
+        assert_eq!(DeviceConfig::loopback_default().selective_bdp, 512 * 1024);
         assert!(Config::from_toml("[[device]]\nname=\"a\"\nloss_recovery=\"irn\"").is_err());
         assert_eq!("selective".parse(), Ok(LossRecoveryMode::Selective));
         assert!("sack".parse::<LossRecoveryMode>().is_err());
