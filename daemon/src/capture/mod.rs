@@ -13,8 +13,8 @@
 //!   full, when it has waited [`HOLD_NS`], or before the device sleeps; the writer polls the
 //!   queue, so a hand-over wakes no thread (a wake per round of a busy device loop, which on
 //!   a small machine takes a CPU from the pollers, was most of what a capture cost). Each
-//!   frame is built straight into the batch, complete, by one pass over its bytes: the UDP
-//!   checksums are summed by the pass that copies ([`frame`]). A full queue (a reader that
+//!   frame is built straight into the batch, complete: the UDP checksums are summed by the
+//!   device thread right after the copy, while the bytes are in its L1 cache ([`frame`]). A full queue (a reader that
 //!   does not keep up) drops the batch and counts it: the device never waits for a capture.
 //! - Packets between two QPs of the device are not copied at all. While one capture listens
 //!   and keeps whole frames, the engines seal them (the ICRC computed by the pass that copies
