@@ -198,3 +198,53 @@ fn a_live_stream_feeds_tshark() {
     assert_eq!(lines.len(), 20, "{lines:?}");
     assert!(lines.iter().all(|l| l == "4"), "{lines:?}");
 }
+
+/// QPs that send long messages side by side take turns of a message, not of a packet
+/// (`transport::engine::TRANSMIT_QUANTUM`): in a capture of an unmodified `ib_write_bw -q 2
+/// -s 65536` on one daemon (a capture keeps it on the daemon's path), the WRITE packets to
+/// the two responder QPs come in runs of a message's 16 packets. With turns of one packet
+/// they alternated packet by packet, and the daemon read 64 KiB of the sender's memory for
+/// every 4 KiB it sent.
+#[test]
+fn qps_sending_side_by_side_show_whole_messages_in_turn() {
+    let d = loopback_daemon("op-capture-turns", 124);
+    let cap = LiveCapture::start(&d, "turns");
+    ProgramPair::start(
+        &d,
+        &d,
+        "ib_write_bw",
+        19523,
+        &[
+            "-d", "srxe0", "-x", "0", "-F", "-s", "65536", "-q", "2", "-n", "100",
+        ],
+        "capture-turns",
+    )
+    .succeed(Duration::from_secs(120), &d);
+    let file = cap.stop();
+    let report = captures::check(&file);
+    // The two QPs that receive the WRITEs get 16 packets per message; the requesters only
+    // the ACKs.
+    let mut per_qp = std::collections::BTreeMap::<u32, usize>::new();
+    for q in report.frames.iter().filter_map(|f| f.dest_qp) {
+        *per_qp.entry(q).or_default() += 1;
+    }
+    let mut by_count: Vec<(usize, u32)> = per_qp.iter().map(|(q, n)| (*n, *q)).collect();
+    by_count.sort_unstable_by(|a, b| b.cmp(a));
+    let responders: Vec<u32> = by_count.iter().take(2).map(|(_, q)| *q).collect();
+    let writes: Vec<u32> = report
+        .frames
+        .iter()
+        .filter_map(|f| f.dest_qp)
+        .filter(|q| responders.contains(q))
+        .collect();
+    assert!(
+        writes.len() >= 2 * 100 * 16,
+        "16 packets per message, 100 messages per QP: {per_qp:?}"
+    );
+    let runs = 1 + writes.windows(2).filter(|w| w[0] != w[1]).count();
+    assert!(
+        runs * 8 <= writes.len(),
+        "{runs} runs of WRITE packets for {} packets: the QPs alternated within messages",
+        writes.len()
+    );
+}

@@ -10,7 +10,7 @@ mod shim_support;
 
 use shim_support::operator::{counters, delta, softroce, softroce_json, softroce_ok, ProgramPair};
 use shim_support::programs::{gbn_loopback_daemon, loopback_daemon};
-use shim_support::{check_output, compile_c};
+use shim_support::{check_output, compile_c, Daemon};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -133,6 +133,56 @@ fn two_daemons_count_the_traffic_and_receive_it_on_their_device_threads() {
         woken_a <= 20 && woken_b <= 20,
         "the main threads were woken {woken_a} (sender) and {woken_b} (receiver) times for \
          {rcvd} packets received"
+    );
+}
+
+/// Between two daemons (which use selective retransmission with each other) an unmodified
+/// `ib_write_bw -s 1048576` does not wait for the probe timer: the requester asks for an ACK
+/// at least every half window. The daemons run with `--selective-bdp 131072` (the default
+/// until 2026-12-06), a window of 32 packets at MTU 4096: when the requester asked only
+/// every 64 packets, each 1 MiB message filled that window unasked and waited for probes,
+/// about 8 per message (`sel_probes`), all answered by duplicates.
+#[test]
+fn two_daemons_move_long_messages_without_probing() {
+    let small_window = |name: &str, addr: &str| {
+        Daemon::start(
+            name,
+            &[
+                "--addr",
+                addr,
+                "--port",
+                "4791",
+                "--selective-bdp",
+                "131072",
+            ],
+        )
+    };
+    let a = small_window("op-stat-long-a", "127.0.0.125");
+    let b = small_window("op-stat-long-b", "127.0.0.126");
+    let before = counters(&a, "srxe0");
+    ProgramPair::start(
+        &b,
+        &a,
+        "ib_write_bw",
+        19516,
+        &["-d", "srxe0", "-x", "0", "-F", "-s", "1048576", "-n", "100"],
+        "stat-long",
+    )
+    .succeed(Duration::from_secs(120), &a);
+    let after = counters(&a, "srxe0");
+    assert!(
+        a.log().contains("QP uses selective retransmission"),
+        "the daemons did not switch to selective retransmission:\n{}",
+        a.log()
+    );
+    let sent = delta(&before, &after, "sent_pkts");
+    assert!(sent >= 100 * 256, "256 packets per 1 MiB message: {sent}");
+    // Lossless: a probe now and then (a round trip longer than the probe timer on a busy
+    // machine: 0.6-0.7 per message here), not one per window (7-8 per message).
+    let (probes, messages) = (delta(&before, &after, "sel_probes"), sent / 256);
+    assert!(
+        probes <= 2 * messages,
+        "{probes} probes for {messages} messages"
     );
 }
 
