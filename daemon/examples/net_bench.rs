@@ -123,12 +123,13 @@ fn run(mode: &Mode, payload_len: usize, secs: f64) -> std::io::Result<Result> {
         let mut idle = 0;
         while idle < 5 {
             let n = rx
-                .poll(Some(Duration::from_millis(20)), &mut |d: &RxDatagram<
-                    '_,
-                >| {
-                    pkts += 1;
-                    bytes += d.bytes.len() as u64;
-                })
+                .poll(
+                    Some(Duration::from_millis(20)),
+                    &mut |d: &mut RxDatagram<'_>| {
+                        pkts += 1;
+                        bytes += d.bytes().len() as u64;
+                    },
+                )
                 .unwrap_or(0);
             if stop_rx.load(Ordering::Relaxed) && n == 0 {
                 idle += 1;
@@ -145,13 +146,14 @@ fn run(mode: &Mode, payload_len: usize, secs: f64) -> std::io::Result<Result> {
                 .map_err(|e| std::io::Error::other(e.to_string()))?;
             sends += 1;
         }
-        tx.poll(Some(Duration::ZERO), &mut |_: &RxDatagram<'_>| {})?;
+        tx.poll(Some(Duration::ZERO), &mut |_: &mut RxDatagram<'_>| {})?;
     }
     tx.flush()?;
     while tx.tx_in_flight() > 0 {
-        tx.poll(Some(Duration::from_millis(10)), &mut |_: &RxDatagram<
-            '_,
-        >| {})?;
+        tx.poll(
+            Some(Duration::from_millis(10)),
+            &mut |_: &mut RxDatagram<'_>| {},
+        )?;
     }
     let elapsed = start.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);

@@ -43,7 +43,7 @@ fn exchange(a: &mut UdpTransport, b: &mut UdpTransport, family: IpAddr, count: u
             assert_eq!(g.ident, family.is_ipv4().then_some(0));
         }
         // Reap send completions so the slots come back.
-        a.poll(Some(Duration::ZERO), &mut |_: &RxDatagram<'_>| {})
+        a.poll(Some(Duration::ZERO), &mut |_: &mut RxDatagram<'_>| {})
             .unwrap();
     }
     assert!(sent.is_empty());
@@ -58,10 +58,11 @@ fn drain_tx(t: &mut UdpTransport) {
         if t.tx_in_flight() == 0 {
             break;
         }
-        t.poll(Some(Duration::from_millis(10)), &mut |_: &RxDatagram<
-            '_,
-        >| {})
-            .unwrap();
+        t.poll(
+            Some(Duration::from_millis(10)),
+            &mut |_: &mut RxDatagram<'_>| {},
+        )
+        .unwrap();
     }
     assert_eq!(t.tx_in_flight(), 0);
 }
@@ -224,7 +225,7 @@ fn gso_segments_arrive_verified_with_and_without_gro() {
                         let want = sent.remove(&psn_of(&g.bytes)).unwrap();
                         assert_eq!(g.bytes, want);
                     }
-                    a.poll(Some(Duration::ZERO), &mut |_: &RxDatagram<'_>| {})
+                    a.poll(Some(Duration::ZERO), &mut |_: &mut RxDatagram<'_>| {})
                         .unwrap();
                 }
                 let c = b.counters();
@@ -391,10 +392,11 @@ fn a_write_to_the_wake_fd_ends_a_blocking_poll() {
         t.set_wake_fd(efd.as_raw_fd());
         // Nothing pending: a short poll times out.
         let start = std::time::Instant::now();
-        t.poll(Some(Duration::from_millis(50)), &mut |_: &RxDatagram<
-            '_,
-        >| {})
-            .unwrap();
+        t.poll(
+            Some(Duration::from_millis(50)),
+            &mut |_: &mut RxDatagram<'_>| {},
+        )
+        .unwrap();
         assert!(
             start.elapsed() >= Duration::from_millis(40),
             "{backend:?} returned early"
@@ -411,7 +413,9 @@ fn a_write_to_the_wake_fd_ends_a_blocking_poll() {
             };
             let start = std::time::Instant::now();
             while start.elapsed() < Duration::from_secs(5) {
-                t.poll(Some(Duration::from_secs(10)), &mut |_: &RxDatagram<'_>| {})
+                t.poll(Some(Duration::from_secs(10)), &mut |_: &mut RxDatagram<
+                    '_,
+                >| {})
                     .unwrap();
                 if efd.read().is_ok() {
                     break;
@@ -547,7 +551,7 @@ fn the_thread_that_polls_does_the_receiving_not_the_one_that_opened() {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let poller = std::thread::spawn(move || {
         // The first poll arms the receives, on this thread.
-        rx.poll(Some(Duration::ZERO), &mut |_: &RxDatagram<'_>| {})
+        rx.poll(Some(Duration::ZERO), &mut |_: &mut RxDatagram<'_>| {})
             .unwrap();
         ready_tx.send(()).unwrap();
         let got = recv_n(&mut rx, (bursts * per_burst) as usize).len();
@@ -564,7 +568,7 @@ fn the_thread_that_polls_does_the_receiving_not_the_one_that_opened() {
             tx.flush().unwrap();
             // A gap, so that each burst wakes the receive again.
             std::thread::sleep(Duration::from_micros(300));
-            tx.poll(Some(Duration::ZERO), &mut |_: &RxDatagram<'_>| {})
+            tx.poll(Some(Duration::ZERO), &mut |_: &mut RxDatagram<'_>| {})
                 .unwrap();
         }
     });

@@ -129,9 +129,39 @@ impl PacketBuilder {
         Ok(())
     }
 
-    /// The ICRC of `covered` (BTH through pad) sent in this flow with Identification `ident`.
-    pub fn icrc(&self, ident: u16, covered: &[u8]) -> wire::Result<u32> {
-        let udp_len = wire::udp::HEADER_LEN + covered.len() + wire::ICRC_LEN;
+    /// Copies a whole transport packet (BTH..ICRC) into `out` (its length) and seals the
+    /// copy for the IPv4 Identification `ident`: [`PacketBuilder::seal`] computed by the pass
+    /// that copies (the fused kernel of `icrc::v2_copying_payload`), where a copy and then a
+    /// seal went over the bytes twice.
+    pub fn seal_copying(&self, ident: u16, packet: &[u8], out: &mut [u8]) -> wire::Result<()> {
+        let len = packet.len();
+        let need = wire::bth::HEADER_LEN + wire::ICRC_LEN;
+        if len < need || out.len() != len {
+            return Err(wire::Error::Truncated {
+                layer: "transport packet",
+                need: need.max(len),
+                have: len.min(out.len()),
+            });
+        }
+        let covered_end = len - wire::ICRC_LEN;
+        let (bth, rest) = packet[..covered_end].split_at(wire::bth::HEADER_LEN);
+        let (ip, udp) = self.headers(ident, len)?;
+        out[..wire::bth::HEADER_LEN].copy_from_slice(bth);
+        let crc = icrc::v2_copying_payload(
+            ip.as_slice(),
+            &udp,
+            bth,
+            rest,
+            &mut out[wire::bth::HEADER_LEN..covered_end],
+        );
+        out[covered_end..].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// The IP header (as far as the ICRC sees it) and UDP header of a datagram of
+    /// `transport_len` bytes (BTH..ICRC) in this flow, with Identification `ident`.
+    fn headers(&self, ident: u16, transport_len: usize) -> wire::Result<(IpHeader, [u8; 8])> {
+        let udp_len = wire::udp::HEADER_LEN + transport_len;
         if udp_len > u16::MAX as usize {
             return Err(wire::Error::Unsupported("datagram longer than 65535 bytes"));
         }
@@ -140,23 +170,47 @@ impl PacketBuilder {
             src_port: self.src_port,
             dst_port: self.dst_port,
             checksum: 0,
-            payload_len: udp_len - wire::udp::HEADER_LEN,
+            payload_len: transport_len,
         }
         .emit(&mut udp);
         match (self.local, self.remote) {
             (IpAddr::V4(src), IpAddr::V4(dst)) => {
                 let mut ip = [0u8; wire::ipv4::HEADER_LEN];
                 ipv4_header(src, dst, ident, true, udp_len, &mut ip);
-                Ok(icrc::v2_ipv4(&ip, &udp, covered))
+                Ok((IpHeader::V4(ip), udp))
             }
             (IpAddr::V6(src), IpAddr::V6(dst)) => {
                 let mut ip = [0u8; wire::ipv6::HEADER_LEN];
                 ipv6_header(src, dst, udp_len, &mut ip);
-                Ok(icrc::v2_ipv6(&ip, &udp, covered))
+                Ok((IpHeader::V6(ip), udp))
             }
             _ => Err(wire::Error::Unsupported(
                 "local and remote of different IP versions",
             )),
+        }
+    }
+
+    /// The ICRC of `covered` (BTH through pad) sent in this flow with Identification `ident`.
+    pub fn icrc(&self, ident: u16, covered: &[u8]) -> wire::Result<u32> {
+        let (ip, udp) = self.headers(ident, covered.len() + wire::ICRC_LEN)?;
+        Ok(match ip {
+            IpHeader::V4(ip) => icrc::v2_ipv4(&ip, &udp, covered),
+            IpHeader::V6(ip) => icrc::v2_ipv6(&ip, &udp, covered),
+        })
+    }
+}
+
+/// An IPv4 or IPv6 header, on the stack.
+enum IpHeader {
+    V4([u8; wire::ipv4::HEADER_LEN]),
+    V6([u8; wire::ipv6::HEADER_LEN]),
+}
+
+impl IpHeader {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            IpHeader::V4(h) => h,
+            IpHeader::V6(h) => h,
         }
     }
 }
@@ -279,5 +333,36 @@ mod tests {
             .emit(0, &send_only_hello(), b"hello", &mut out[..10])
             .is_err());
         assert!(b.seal(0, &mut out[..8]).is_err());
+    }
+
+    /// The copy sealed by the pass that copies is the packet a copy and then a seal give,
+    /// for both IP versions, every GSO segment's Identification, any length and extended
+    /// headers (a WRITE's RETH) alike; a short packet or a wrong output length is refused.
+    #[test]
+    fn seal_copying_is_a_copy_then_a_seal() {
+        let flows = [("192.168.1.10", "192.168.1.20"), ("fd00::1", "fd00::2")];
+        for (src, dst) in flows {
+            let b = PacketBuilder::new(src.parse().unwrap(), dst.parse().unwrap(), 0xc132);
+            for len in [16, 17, 24, 28 + 13, 300, 1024 + 28 + 4, 4096 + 12 + 4] {
+                let packet: Vec<u8> = (0..len).map(|i| (i * 31 + 7) as u8).collect();
+                for ident in [0u16, 1, 43] {
+                    let mut want = packet.clone();
+                    b.seal(ident, &mut want).unwrap();
+                    let mut got = vec![0u8; len];
+                    b.seal_copying(ident, &packet, &mut got).unwrap();
+                    assert_eq!(got, want, "{src} len {len} ident {ident}");
+                }
+            }
+            let mut out = [0u8; 15];
+            assert!(
+                b.seal_copying(0, &[0u8; 15], &mut out).is_err(),
+                "shorter than a BTH + ICRC"
+            );
+            let mut out = [0u8; 40];
+            assert!(
+                b.seal_copying(0, &[0u8; 41], &mut out).is_err(),
+                "output of another length"
+            );
+        }
     }
 }

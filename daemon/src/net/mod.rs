@@ -37,8 +37,8 @@
 //!     net.local_addr_v4().unwrap().ip(), peer.ip(), 0xc132) };
 //! let meta = TxMeta { tos: flow.tos, ttl: Some(flow.ttl), ..TxMeta::to(peer) };
 //! net.send_packet(&meta, &flow, &repr, &payload)?; // queued; submitted by poll/flush
-//! net.poll(Some(std::time::Duration::from_millis(1)), &mut |d: &RxDatagram<'_>| {
-//!     // d.bytes is a verified BTH..ICRC; d.src/d.dst for the QP's address check (rxe
+//! net.poll(Some(std::time::Duration::from_millis(1)), &mut |d: &mut RxDatagram<'_>| {
+//!     // d.bytes() is a verified BTH..ICRC; d.src/d.dst for the QP's address check (rxe
 //!     // drops mismatches), d.tos & 3 == 3 is an ECN CE mark.
 //! })?;
 //! # Ok(()) }

@@ -12,6 +12,10 @@ use std::time::Duration;
 /// Receive rounds per socket per poll, so that one flooded socket cannot starve the caller.
 const MAX_RX_ROUNDS: usize = 16;
 
+/// Bytes kept free in front of each receive buffer: the link rebuilds a packet's IP and UDP
+/// headers there (`RxDatagram::with_room`) instead of copying it.
+const RX_HEADROOM: usize = 64;
+
 pub(crate) struct SyscallDriver {
     batch: usize,
     rx_buf_len: usize,
@@ -38,7 +42,7 @@ impl SyscallDriver {
         SyscallDriver {
             batch,
             rx_buf_len,
-            rx_data: vec![0u8; rx * rx_buf_len].into_boxed_slice(),
+            rx_data: vec![0u8; rx * (RX_HEADROOM + rx_buf_len)].into_boxed_slice(),
             rx_names: vec![SockAddrBuf::default(); rx].into_boxed_slice(),
             rx_control: vec![ControlBuf::default(); rx].into_boxed_slice(),
             rx_iov: (0..rx)
@@ -126,12 +130,13 @@ impl SyscallDriver {
         fd: RawFd,
         local: SocketAddr,
         rx: &mut RxState,
-        on_rx: &mut dyn FnMut(&RxDatagram<'_>),
+        on_rx: &mut dyn FnMut(&mut RxDatagram<'_>),
         delivered: &mut usize,
     ) -> io::Result<usize> {
         let n = self.rx_msgs.len();
         for i in 0..n {
-            self.rx_iov[i].iov_base = self.rx_data[i * self.rx_buf_len..].as_mut_ptr().cast();
+            let at = i * (RX_HEADROOM + self.rx_buf_len) + RX_HEADROOM;
+            self.rx_iov[i].iov_base = self.rx_data[at..].as_mut_ptr().cast();
             self.rx_iov[i].iov_len = self.rx_buf_len;
             let h = &mut self.rx_msgs[i].msg_hdr;
             h.msg_name = self.rx_names[i].0.as_mut_ptr().cast();
@@ -171,15 +176,18 @@ impl SyscallDriver {
             #[allow(clippy::unnecessary_cast)]
             let control_len = (m.msg_hdr.msg_controllen as usize).min(CONTROL_LEN);
             let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-            let payload = &self.rx_data[i * self.rx_buf_len..i * self.rx_buf_len + len];
-            *delivered += rx.deliver(
+            let Some(head) = rx.head(
                 local,
                 &self.rx_names[i].0[..name_len],
                 &self.rx_control[i].0[..control_len],
-                payload,
+                len,
                 truncated,
-                on_rx,
-            );
+            ) else {
+                continue;
+            };
+            let start = i * (RX_HEADROOM + self.rx_buf_len);
+            let buf = &mut self.rx_data[start..start + RX_HEADROOM + len];
+            *delivered += rx.deliver(head, buf, RX_HEADROOM, on_rx);
         }
         Ok(got as usize)
     }
@@ -189,7 +197,7 @@ impl SyscallDriver {
         rx: &mut RxState,
         locals: [Option<SocketAddr>; 2],
         fds: [Option<RawFd>; 2],
-        on_rx: &mut dyn FnMut(&RxDatagram<'_>),
+        on_rx: &mut dyn FnMut(&mut RxDatagram<'_>),
     ) -> io::Result<(usize, usize)> {
         let (mut read, mut delivered) = (0, 0);
         for i in 0..2 {
@@ -214,7 +222,7 @@ impl SyscallDriver {
         rx: &mut RxState,
         locals: [Option<SocketAddr>; 2],
         fds: [Option<RawFd>; 2],
-        on_rx: &mut dyn FnMut(&RxDatagram<'_>),
+        on_rx: &mut dyn FnMut(&mut RxDatagram<'_>),
     ) -> io::Result<usize> {
         self.flush(tx, fds, &mut rx.counters);
         let (read, mut delivered) = self.recv_all(rx, locals, fds, on_rx)?;

@@ -118,18 +118,74 @@ impl TxMeta {
     }
 }
 
-/// One received, verified datagram (one GRO segment), borrowed from a receive buffer.
-#[derive(Debug, Clone, Copy)]
+/// One received, verified datagram (one GRO segment), borrowed from a receive buffer, with
+/// the bytes in front of it in that buffer, which are free to write: what the kernel put
+/// before the payload (the receive metadata, read already) or, for a later segment of a GRO
+/// aggregate, the segments before it, handed on already. A link rebuilds the packet's IP and
+/// UDP headers there ([`RxDatagram::with_room`]) instead of copying the datagram behind
+/// headers of its own.
+#[derive(Debug)]
 pub struct RxDatagram<'a> {
     pub src: SocketAddr,
     /// The datagram's destination: the IP header's address and the socket's port.
     pub dst: SocketAddr,
     /// IPv4 TOS / IPv6 traffic class, ECN bits included (0 if the kernel did not report it).
     pub tos: u8,
-    /// The UDP payload: BTH..ICRC.
-    pub bytes: &'a [u8],
     /// For IPv4 with verification on: the Identification and DF that explain the ICRC.
     pub ipv4: Option<Ipv4Ident>,
+    /// The buffer up to the datagram's end; the datagram starts at `at`.
+    buf: &'a mut [u8],
+    at: usize,
+}
+
+impl<'a> RxDatagram<'a> {
+    /// `buf[at..]` is the datagram; `buf[..at]` may be written over.
+    pub fn new(
+        src: SocketAddr,
+        dst: SocketAddr,
+        tos: u8,
+        ipv4: Option<Ipv4Ident>,
+        buf: &'a mut [u8],
+        at: usize,
+    ) -> RxDatagram<'a> {
+        let at = at.min(buf.len());
+        RxDatagram {
+            src,
+            dst,
+            tos,
+            ipv4,
+            buf,
+            at,
+        }
+    }
+
+    /// The UDP payload: BTH..ICRC.
+    pub fn bytes(&self) -> &[u8] {
+        &self.buf[self.at..]
+    }
+
+    /// How many bytes lie free in front of the datagram.
+    pub fn room(&self) -> usize {
+        self.at
+    }
+
+    /// The datagram with `room` bytes in front of it to write (headers), if the buffer has
+    /// them: `None` when it has less.
+    pub fn with_room(&mut self, room: usize) -> Option<&mut [u8]> {
+        let start = self.at.checked_sub(room)?;
+        self.buf.get_mut(start..)
+    }
+}
+
+/// What a received datagram's metadata says, read before its bytes are handed on (the
+/// metadata lies in the buffer in front of them, where headers may then be written).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RxHead {
+    src: SocketAddr,
+    dst: SocketAddr,
+    tos: u8,
+    /// The GRO segment size, when the kernel aggregated several.
+    segment: Option<usize>,
 }
 
 /// Packet counters (cumulative). `softroce stat` shows every field by name.
@@ -306,44 +362,69 @@ pub(crate) struct RxState {
 }
 
 impl RxState {
-    /// Handles one received datagram (possibly a GRO aggregate): splits, verifies, counts and
-    /// delivers. `name` is the sender's sockaddr, `control` the control messages.
-    pub fn deliver(
+    /// Reads one received datagram's metadata: `name` is the sender's sockaddr, `control`
+    /// the control messages, `payload_len` the datagram's length (possibly a GRO aggregate).
+    /// `None` (counted) for a datagram to drop.
+    pub fn head(
         &mut self,
         local: SocketAddr,
         name: &[u8],
         control: &[u8],
-        payload: &[u8],
+        payload_len: usize,
         truncated: bool,
-        on_rx: &mut dyn FnMut(&RxDatagram<'_>),
-    ) -> usize {
+    ) -> Option<RxHead> {
         if truncated {
             self.counters.rx_truncated += 1;
-            return 0;
+            return None;
         }
         let Some(src) = cmsg::decode_sockaddr(name) else {
             self.counters.rx_malformed += 1;
-            return 0;
+            return None;
         };
         let ctl = RxControl::parse(control);
         let dst = SocketAddr::new(ctl.dst.unwrap_or(local.ip()), local.port());
         if dst.ip().is_unspecified() {
             // Without IP_PKTINFO the ICRC cannot be checked on a wildcard socket.
             self.counters.rx_malformed += 1;
-            return 0;
+            return None;
         }
-        let tos = ctl.tos.unwrap_or(0);
-        let seg = match ctl.gro_segment {
-            Some(s) if s > 0 && (s as usize) < payload.len() => {
+        let segment = match ctl.gro_segment {
+            Some(s) if s > 0 && (s as usize) < payload_len => {
                 self.counters.rx_gro_batches += 1;
-                s as usize
+                Some(s as usize)
             }
-            _ => payload.len().max(1),
+            _ => None,
         };
+        Some(RxHead {
+            src,
+            dst,
+            tos: ctl.tos.unwrap_or(0),
+            segment,
+        })
+    }
+
+    /// Splits, verifies, counts and delivers the datagram at `buf[at..]` that `head`
+    /// describes. Each segment goes to `on_rx` with the bytes in front of it, which are free
+    /// by then (`buf[..at]`, then the segments before it): [`RxDatagram::with_room`].
+    pub fn deliver(
+        &mut self,
+        head: RxHead,
+        buf: &mut [u8],
+        at: usize,
+        on_rx: &mut dyn FnMut(&mut RxDatagram<'_>),
+    ) -> usize {
+        let end = buf.len();
+        let seg = head.segment.unwrap_or(end.saturating_sub(at)).max(1);
         let mut delivered = 0;
-        for bytes in payload.chunks(seg) {
+        let mut start = at;
+        while start < end {
+            let stop = end.min(start + seg);
+            let segment = &mut buf[..stop];
+            let this = start;
+            start = stop;
+            let bytes = &segment[this..];
             let ipv4 = if self.verify {
-                match self.verifier.verify(src, dst, bytes) {
+                match self.verifier.verify(head.src, head.dst, bytes) {
                     RxVerdict::Good { ipv4 } => {
                         if ipv4.is_some_and(|i| i.ident != 0 || !i.dont_frag) {
                             self.counters.rx_ident_recovered += 1;
@@ -364,13 +445,9 @@ impl RxState {
             };
             self.counters.rx_packets += 1;
             self.counters.rx_bytes += bytes.len() as u64;
-            on_rx(&RxDatagram {
-                src,
-                dst,
-                tos,
-                bytes,
-                ipv4,
-            });
+            on_rx(&mut RxDatagram::new(
+                head.src, head.dst, head.tos, ipv4, segment, this,
+            ));
             delivered += 1;
         }
         delivered
@@ -744,8 +821,7 @@ impl UdpTransport {
                 let Some(out) = buf.get_mut(..len) else {
                     return 0;
                 };
-                out.copy_from_slice(packet);
-                match builder.seal(0, out) {
+                match builder.seal_copying(0, packet, out) {
                     Ok(()) => len,
                     Err(e) => {
                         err = Some(e);
@@ -796,8 +872,7 @@ impl UdpTransport {
             }
         };
         let out = &mut self.tx.slots[batch.slot as usize].buf[batch.len..batch.len + len];
-        out.copy_from_slice(packet);
-        let sealed = builder.seal(batch.count as u16, out);
+        let sealed = builder.seal_copying(batch.count as u16, packet, out);
         if sealed.is_ok() {
             self.last_queued = Some((batch.slot, batch.len, len, batch.count as u16));
         }
@@ -881,7 +956,7 @@ impl UdpTransport {
     pub fn poll(
         &mut self,
         timeout: Option<Duration>,
-        on_rx: &mut dyn FnMut(&RxDatagram<'_>),
+        on_rx: &mut dyn FnMut(&mut RxDatagram<'_>),
     ) -> io::Result<usize> {
         self.close_batch().map_err(into_io)?;
         let locals = [
@@ -907,5 +982,62 @@ impl UdpTransport {
     /// Sends still in flight (queued or submitted, not completed).
     pub fn tx_in_flight(&self) -> usize {
         self.tx.slots.len() - self.tx.free.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each segment of a GRO aggregate is handed on with the segments before it as its room,
+    /// and what a receiver writes there (the headers it rebuilds) never reaches a later one.
+    #[test]
+    fn gro_segments_are_handed_on_with_the_bytes_before_them_free() {
+        let mut rx = RxState {
+            verifier: RxVerifier::new(),
+            verify: false,
+            counters: NetCounters::default(),
+        };
+        let src: SocketAddr = "127.0.0.1:4791".parse().unwrap();
+        let head = RxHead {
+            src,
+            dst: src,
+            tos: 0,
+            segment: Some(100),
+        };
+        let payload: Vec<u8> = (0..250u32).map(|i| i as u8).collect();
+        let mut buf = vec![0xeeu8; 40];
+        buf.extend_from_slice(&payload);
+        let mut seen = Vec::new();
+        let n = rx.deliver(head, &mut buf, 40, &mut |d: &mut RxDatagram<'_>| {
+            seen.push((d.room(), d.bytes().to_vec()));
+            // What a link does: headers written over the room in front.
+            d.with_room(40).unwrap()[..40].fill(0xaa);
+        });
+        assert_eq!(n, 3);
+        let rooms: Vec<usize> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(
+            rooms,
+            [40, 140, 240],
+            "the metadata, then the segments before"
+        );
+        for (k, (_, bytes)) in seen.iter().enumerate() {
+            let want = &payload[k * 100..(k * 100 + 100).min(250)];
+            assert_eq!(&bytes[..], want, "segment {k} intact");
+        }
+        assert_eq!(rx.counters.rx_packets, 3);
+        assert_eq!(rx.counters.rx_bytes, 250);
+    }
+
+    /// A datagram whose room is too small for the headers gets none.
+    #[test]
+    fn with_room_refuses_more_than_lies_in_front() {
+        let mut buf = [1u8, 2, 3, 4, 5];
+        let src: SocketAddr = "[::1]:4791".parse().unwrap();
+        let mut d = RxDatagram::new(src, src, 0, None, &mut buf, 3);
+        assert_eq!(d.bytes(), [4, 5]);
+        assert_eq!(d.room(), 3);
+        assert!(d.with_room(4).is_none());
+        assert_eq!(d.with_room(2).unwrap(), [2, 3, 4, 5]);
     }
 }

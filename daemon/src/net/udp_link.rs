@@ -3,8 +3,9 @@
 //! The kernel writes the IP and UDP headers, so the link seals each engine packet's ICRC for
 //! the headers the kernel will write (its own source port, the Identification an unconnected
 //! DF socket sends), and on receive rebuilds the headers the packet had on the wire in front
-//! of each verified datagram, because the engine wants whole IP packets and the ICRC covers
-//! them ([`crate::net::RxVerifier`] recovered the IPv4 Identification).
+//! of each verified datagram, where it lies in the receive buffer, because the engine wants
+//! whole IP packets and the ICRC covers them ([`crate::net::RxVerifier`] recovered the IPv4
+//! Identification).
 //!
 //! Multicast groups each get a socket of their own ([`MulticastGroup`]); those sockets are
 //! read by polling, so an idle device that holds a group wakes every [`GROUP_POLL`].
@@ -25,8 +26,9 @@ use tracing::{debug, info, warn};
 /// The longest an idle device sleeps while it has joined multicast groups: their sockets are
 /// polled between waits (the packet driver waits on the main sockets only).
 pub const GROUP_POLL: Duration = Duration::from_millis(2);
-/// The receive buffer: a received packet with its IP and UDP headers rebuilt in front (and,
-/// for the multicast group sockets, the datagram as received, in the back half).
+/// The receive buffer: in its front half, a received packet copied behind its rebuilt IP and
+/// UDP headers when its own buffer had no room in front of it (the drivers leave room, so
+/// this is a fallback); in its back half, what the multicast group sockets receive.
 const RX_BUF_LEN: usize = 64 * 1024;
 
 /// What a UDP link is opened with.
@@ -152,17 +154,18 @@ impl UdpLink {
     /// dropped: its QPs got them from the local path already.
     fn poll_groups(&mut self, deliver: &mut dyn FnMut(&RxPacket<'_>)) -> usize {
         let mut delivered = 0;
-        // Datagrams land in the back half of the receive buffer and are rebuilt into its
-        // front half. One byte beyond the longest RoCE packet, so that a longer datagram
-        // shows as too long.
+        // Datagrams land in the back half of the receive buffer, behind room for the headers
+        // that are rebuilt in front of them. One byte beyond the longest RoCE packet, so that
+        // a longer datagram shows as too long.
+        const ROOM: usize = 64;
         let (front, back) = self.rx_buf.split_at_mut(RX_BUF_LEN / 2);
-        let buf = &mut back[..MAX_ROCE_PACKET + 1];
+        let buf = &mut back[..ROOM + MAX_ROCE_PACKET + 1];
         for socket in self.groups.values() {
-            while let Some((src, n)) = socket.recv(buf) {
+            while let Some((src, n)) = socket.recv(&mut buf[ROOM..]) {
                 if self.addrs.contains(&src.ip()) {
                     continue;
                 }
-                let Some(bytes) = buf.get(..n) else {
+                let Some(bytes) = buf.get(ROOM..ROOM + n) else {
                     continue;
                 };
                 let dst = socket.group();
@@ -171,14 +174,8 @@ impl UdpLink {
                     debug!(%src, %dst, "multicast datagram refused by verification");
                     continue;
                 };
-                let d = RxDatagram {
-                    src,
-                    dst,
-                    tos: 0,
-                    bytes,
-                    ipv4,
-                };
-                if let Some(p) = rebuild_ip(&d, front) {
+                let mut d = RxDatagram::new(src, dst, 0, ipv4, &mut buf[..ROOM + n], ROOM);
+                if let Some(p) = rebuild_ip(&mut d, front) {
                     delivered += 1;
                     deliver(&p);
                 }
@@ -192,7 +189,7 @@ impl Link for UdpLink {
     fn poll(&mut self, wait: Duration, deliver: &mut dyn FnMut(&RxPacket<'_>)) -> usize {
         let (addrs, rx_buf, not_ours) = (&self.addrs, &mut self.rx_buf, &mut self.not_our_address);
         let mut delivered = 0;
-        let _ = self.net.poll(Some(wait), &mut |d: &RxDatagram<'_>| {
+        let _ = self.net.poll(Some(wait), &mut |d: &mut RxDatagram<'_>| {
             if !addrs.contains(&d.dst.ip()) && !d.dst.ip().is_multicast() {
                 *not_ours += 1;
                 debug!(dst = %d.dst, "packet for an address that is not one of our GIDs dropped");
@@ -370,61 +367,129 @@ fn flow_of(meta: &TxMeta, builder: &PacketBuilder) -> (SocketAddr, SocketAddr, u
 }
 
 /// Rebuilds the IPv4 or IPv6 and UDP headers of a verified datagram in front of its bytes, as
-/// they were on the wire (the ICRC covers them), into `out`.
-fn rebuild_ip<'a>(d: &RxDatagram<'_>, out: &'a mut [u8]) -> Option<RxPacket<'a>> {
+/// they were on the wire (the ICRC covers them): in the receive buffer itself when it has the
+/// room there ([`RxDatagram::with_room`]: the metadata the kernel wrote before the datagram,
+/// or the GRO segment before it, both read already), else in `spare`, behind a copy.
+fn rebuild_ip<'a>(d: &'a mut RxDatagram<'_>, spare: &'a mut [u8]) -> Option<RxPacket<'a>> {
     use proto::wire::{Ipv4Repr, Ipv6Repr, UdpRepr};
-    let udp = UdpRepr {
-        src_port: d.src.port(),
-        dst_port: d.dst.port(),
-        checksum: 0,
-        payload_len: d.bytes.len(),
+    let (src, dst, len) = (d.src, d.dst, d.bytes().len());
+    let hl = match (src.ip(), dst.ip()) {
+        (IpAddr::V4(_), IpAddr::V4(_)) => 20,
+        (IpAddr::V6(_), IpAddr::V6(_)) => 40,
+        _ => return None,
     };
-    let (hl, total) = match (d.src.ip(), d.dst.ip()) {
+    let total = hl + 8 + len;
+    let (tos, ipv4) = (d.tos, d.ipv4);
+    let out = if d.room() >= hl + 8 {
+        d.with_room(hl + 8)?
+    } else {
+        let out = spare.get_mut(..total)?;
+        out[hl + 8..].copy_from_slice(d.bytes());
+        out
+    };
+    match (src.ip(), dst.ip()) {
         (IpAddr::V4(src), IpAddr::V4(dst)) => {
-            let id = d.ipv4?;
-            let ip = Ipv4Repr {
+            let id = ipv4?;
+            Ipv4Repr {
                 src,
                 dst,
-                tos: d.tos,
+                tos,
                 ident: id.ident,
                 dont_frag: id.dont_frag,
                 ttl: 64,
                 protocol: 17,
-                payload_len: 8 + d.bytes.len(),
-            };
-            let total = 20 + 8 + d.bytes.len();
-            if out.len() < total {
-                return None;
+                payload_len: 8 + len,
             }
-            ip.emit(&mut out[..20]);
-            (20, total)
+            .emit(&mut out[..20]);
         }
-        (IpAddr::V6(src), IpAddr::V6(dst)) => {
-            let ip = Ipv6Repr {
-                src,
-                dst,
-                traffic_class: d.tos,
-                flow_label: 0,
-                next_header: 17,
-                hop_limit: 64,
-                payload_len: 8 + d.bytes.len(),
-            };
-            let total = 40 + 8 + d.bytes.len();
-            if out.len() < total {
-                return None;
-            }
-            ip.emit(&mut out[..40]);
-            (40, total)
+        (IpAddr::V6(src), IpAddr::V6(dst)) => Ipv6Repr {
+            src,
+            dst,
+            traffic_class: tos,
+            flow_label: 0,
+            next_header: 17,
+            hop_limit: 64,
+            payload_len: 8 + len,
         }
+        .emit(&mut out[..40]),
         _ => return None,
-    };
-    udp.emit(&mut out[hl..hl + 8]);
-    out[hl + 8..total].copy_from_slice(d.bytes);
+    }
+    UdpRepr {
+        src_port: src.port(),
+        dst_port: dst.port(),
+        checksum: 0,
+        payload_len: len,
+    }
+    .emit(&mut out[hl..hl + 8]);
     Some(RxPacket {
         gid_type: proto::transport::GidType::RoceV2,
-        src: d.src.ip(),
-        dst: d.dst.ip(),
-        packet: &out[..total],
+        src: src.ip(),
+        dst: dst.ip(),
+        packet: out,
         bth: hl + 8,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::Ipv4Ident;
+    use proto::wire::{Ipv4Packet, Ipv6Packet};
+
+    fn datagram(room: usize) -> (Vec<u8>, Vec<u8>) {
+        let bytes: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
+        let mut buf = vec![0x55u8; room];
+        buf.extend_from_slice(&bytes);
+        (buf, bytes)
+    }
+
+    /// The headers go into the room in front of the datagram, in the receive buffer itself:
+    /// the packet the engine gets is the buffer, no copy (and, without the room, a copy in
+    /// the spare buffer with the same bytes).
+    #[test]
+    fn headers_are_rebuilt_in_front_of_the_datagram_where_it_lies() {
+        let src: SocketAddr = "10.1.0.1:49152".parse().unwrap();
+        let dst: SocketAddr = "10.1.0.2:4791".parse().unwrap();
+        let ident = Some(Ipv4Ident {
+            ident: 7,
+            dont_frag: true,
+        });
+        let mut spare = vec![0u8; RX_BUF_LEN];
+        let mut packets = Vec::new();
+        for room in [64, 28, 27, 0] {
+            let (mut buf, bytes) = datagram(room);
+            let inside = buf.as_ptr_range();
+            let mut d = RxDatagram::new(src, dst, 0x02, ident, &mut buf, room);
+            let p = rebuild_ip(&mut d, &mut spare).unwrap();
+            let in_place = inside.contains(&p.packet.as_ptr());
+            assert_eq!(in_place, room >= 28, "room {room}");
+            assert_eq!(p.bth, 28);
+            assert_eq!(&p.packet[28..], &bytes[..]);
+            let ip = Ipv4Packet::new_checked(p.packet).unwrap();
+            assert_eq!(ip.ident(), 7);
+            assert_eq!(usize::from(ip.total_len()), 28 + bytes.len());
+            assert!(ip.verify_checksum());
+            packets.push(p.packet.to_vec());
+        }
+        assert!(
+            packets.windows(2).all(|w| w[0] == w[1]),
+            "in place or copied alike"
+        );
+    }
+
+    #[test]
+    fn ipv6_headers_are_rebuilt_in_front_too() {
+        let src: SocketAddr = "[fd00::1]:49152".parse().unwrap();
+        let dst: SocketAddr = "[fd00::2]:4791".parse().unwrap();
+        let mut spare = vec![0u8; RX_BUF_LEN];
+        let (mut buf, bytes) = datagram(48);
+        let inside = buf.as_ptr_range();
+        let mut d = RxDatagram::new(src, dst, 0x02, None, &mut buf, 48);
+        let p = rebuild_ip(&mut d, &mut spare).unwrap();
+        assert!(inside.contains(&p.packet.as_ptr()));
+        assert_eq!(p.bth, 48);
+        assert_eq!(&p.packet[48..], &bytes[..]);
+        let ip = Ipv6Packet::new_checked(p.packet).unwrap();
+        assert_eq!(usize::from(ip.payload_len()), 8 + bytes.len());
+    }
 }

@@ -99,6 +99,15 @@ impl BufRing {
         let start = bid as usize * self.buf_len;
         self.data.get(start..start + len.min(self.buf_len))
     }
+
+    /// [`BufRing::buffer`], to write in (until it is pushed back to the kernel).
+    pub(super) fn buffer_mut(&mut self, bid: u16, len: usize) -> Option<&mut [u8]> {
+        if bid >= self.entries {
+            return None;
+        }
+        let start = bid as usize * self.buf_len;
+        self.data.get_mut(start..start + len.min(self.buf_len))
+    }
 }
 
 /// A completion kept aside while waiting for a send slot, processed by the next poll.
@@ -327,7 +336,7 @@ impl UringDriver {
         rx: &mut RxState,
         locals: [Option<SocketAddr>; 2],
         (ud, res, flags): StashedCqe,
-        on_rx: &mut dyn FnMut(&RxDatagram<'_>),
+        on_rx: &mut dyn FnMut(&mut RxDatagram<'_>),
     ) -> usize {
         let tag = ud & !0xffff_ffff;
         let idx = (ud & 0xffff_ffff) as usize;
@@ -353,27 +362,42 @@ impl UringDriver {
             rx.counters.rx_errors += 1;
             return 0;
         };
-        let delivered = match (bufs.buffer(bid, res as usize), locals[idx]) {
+        // The metadata first (it lies in the buffer in front of the payload, where the link
+        // may then write headers), then the payload, by its place in the buffer.
+        let len = res as usize;
+        let parsed = match (bufs.buffer(bid, len), locals[idx]) {
             (Some(buf), Some(local)) => {
                 match io_uring::types::RecvMsgOut::parse(buf, &recv_msg[idx]) {
-                    Ok(out) => rx.deliver(
-                        local,
-                        out.name_data(),
-                        out.control_data(),
-                        out.payload_data(),
-                        out.is_payload_truncated(),
-                        on_rx,
-                    ),
+                    Ok(out) => {
+                        let payload = out.payload_data();
+                        let at = payload.as_ptr() as usize - buf.as_ptr() as usize;
+                        rx.head(
+                            local,
+                            out.name_data(),
+                            out.control_data(),
+                            payload.len(),
+                            out.is_payload_truncated(),
+                        )
+                        .map(|head| (head, at, at + payload.len()))
+                        .ok_or(())
+                    }
                     Err(()) => {
                         rx.counters.rx_errors += 1;
-                        0
+                        Err(())
                     }
                 }
             }
             _ => {
                 rx.counters.rx_errors += 1;
-                0
+                Err(())
             }
+        };
+        let delivered = match parsed {
+            Ok((head, at, end)) => match bufs.buffer_mut(bid, end) {
+                Some(buf) => rx.deliver(head, buf, at, on_rx),
+                None => 0,
+            },
+            Err(()) => 0,
         };
         if bid < bufs.entries {
             bufs.push(bid);
@@ -388,7 +412,7 @@ impl UringDriver {
         rx: &mut RxState,
         locals: [Option<SocketAddr>; 2],
         fds: [Option<RawFd>; 2],
-        on_rx: &mut dyn FnMut(&RxDatagram<'_>),
+        on_rx: &mut dyn FnMut(&mut RxDatagram<'_>),
     ) -> io::Result<usize> {
         self.arm(fds)?;
         let mut delivered = 0;

@@ -85,17 +85,18 @@ pub fn recv_n(t: &mut UdpTransport, want: usize) -> Vec<Got> {
     let mut idle = 0;
     while got.len() < want && idle < 200 {
         let n = t
-            .poll(Some(Duration::from_millis(50)), &mut |d: &RxDatagram<
-                '_,
-            >| {
-                got.push(Got {
-                    src: d.src,
-                    dst: d.dst,
-                    tos: d.tos,
-                    bytes: d.bytes.to_vec(),
-                    ident: d.ipv4.map(|i| i.ident),
-                })
-            })
+            .poll(
+                Some(Duration::from_millis(50)),
+                &mut |d: &mut RxDatagram<'_>| {
+                    got.push(Got {
+                        src: d.src,
+                        dst: d.dst,
+                        tos: d.tos,
+                        bytes: d.bytes().to_vec(),
+                        ident: d.ipv4.map(|i| i.ident),
+                    })
+                },
+            )
             .unwrap();
         idle = if n == 0 { idle + 1 } else { 0 };
     }
@@ -107,9 +108,10 @@ pub fn settle(t: &mut UdpTransport) -> usize {
     let mut n = 0;
     for _ in 0..5 {
         n += t
-            .poll(Some(Duration::from_millis(20)), &mut |_: &RxDatagram<
-                '_,
-            >| {})
+            .poll(
+                Some(Duration::from_millis(20)),
+                &mut |_: &mut RxDatagram<'_>| {},
+            )
             .unwrap();
     }
     n
