@@ -76,6 +76,9 @@ pub struct Got {
     pub tos: u8,
     pub bytes: Vec<u8>,
     pub ident: Option<u16>,
+    /// The free bytes in front of the datagram in the driver's buffer (where a link
+    /// rebuilds the IP and UDP headers instead of copying the datagram).
+    pub room: usize,
 }
 
 /// Polls `t` until `want` datagrams arrived, or until 10 s pass without progress (a hang
@@ -94,6 +97,7 @@ pub fn recv_n(t: &mut UdpTransport, want: usize) -> Vec<Got> {
                         tos: d.tos,
                         bytes: d.bytes().to_vec(),
                         ident: d.ipv4.map(|i| i.ident),
+                        room: d.room(),
                     })
                 },
             )
