@@ -39,8 +39,20 @@
 //! | 1024 | 4.9 GB/s, 4.7 Mpkt/s | 15.3 GB/s | 0.32 (0.21-0.35) | 0.67 |
 //!
 //! The engine's own rate is well below the table above's on the same machine (the same
-//! bisection found no single commit that slowed it: it drifts down over many); where the
-//! time goes now has not been profiled again.
+//! bisection found no single commit that slowed it: it drifts down over many).
+//!
+//! On 2026-12-06 (`scripts/bench engine`, `bench/results/20261206T134938Z.md`, a quieter
+//! machine): 12.0 GB/s (2.94 Mpkt/s) and 5.82 GB/s (5.68 Mpkt/s) against 22.4 and 18.8 GB/s,
+//! ratios 0.57 and 0.32, the data work alone 0.93 and 0.69. A bisection of the ratio at MTU
+//! 4096 (0.77 before, 0.57 after) puts its whole fall at the page-aligned buffers: the aligned
+//! baseline is faster, and the engine's payload, copied from a page-aligned registered
+//! buffer to 40-56 bytes into a page-aligned frame, pays 4 KiB aliasing (loads that match a
+//! pending store's address modulo 4 KiB wait for it): with the frame 2 KiB along the engine
+//! ran about 7 % faster (ad hoc). `perf` of the engine alone at MTU 4096: 67 % of its time in
+//! the two fused passes (`wire::icrc::fold::kernel`), the rest the engines' own work per
+//! packet, about 100 ns for both, spread thin (`poll_transmit` 6 %, `emit_request` 4.5 %,
+//! `gather` 4 %, `poll_request` 3 %, the predicted WRITE 2 %, the QP lookup 1.8 %, ...);
+//! callgrind counts about 1,150 instructions per packet outside the ICRC and copies.
 //!
 //! Session 2 ended at 0.46 and 0.21; what moved it:
 //! - the receiver places the payload of an RDMA WRITE's MIDDLE and LAST packets by the pass
