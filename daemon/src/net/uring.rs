@@ -369,17 +369,28 @@ impl UringDriver {
             (Some(buf), Some(local)) => {
                 match io_uring::types::RecvMsgOut::parse(buf, &recv_msg[idx]) {
                     Ok(out) => {
+                        // The payload is a piece of `buf` (the crate slices it out): its
+                        // place is the distance between the two starts.
                         let payload = out.payload_data();
-                        let at = payload.as_ptr() as usize - buf.as_ptr() as usize;
-                        rx.head(
-                            local,
-                            out.name_data(),
-                            out.control_data(),
-                            payload.len(),
-                            out.is_payload_truncated(),
-                        )
-                        .map(|head| (head, at, at + payload.len()))
-                        .ok_or(())
+                        let at = (payload.as_ptr() as usize)
+                            .checked_sub(buf.as_ptr() as usize)
+                            .filter(|at| at + payload.len() <= buf.len());
+                        match at {
+                            Some(at) => rx
+                                .head(
+                                    local,
+                                    out.name_data(),
+                                    out.control_data(),
+                                    payload.len(),
+                                    out.is_payload_truncated(),
+                                )
+                                .map(|head| (head, at, at + payload.len()))
+                                .ok_or(()),
+                            None => {
+                                rx.counters.rx_errors += 1;
+                                Err(())
+                            }
+                        }
                     }
                     Err(()) => {
                         rx.counters.rx_errors += 1;
