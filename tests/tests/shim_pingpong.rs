@@ -12,6 +12,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use shim_support::netns::{ip, TwoHosts};
+use shim_support::operator::{counters, delta};
 use shim_support::programs::{loopback_daemon, scratch, tcp_listening, Logged};
 use shim_support::{check_output, require_program, softroce_bin, Daemon};
 
@@ -20,12 +22,25 @@ const RUN_LIMIT: Duration = Duration::from_secs(120);
 
 /// Starts `program` as a server on `daemon`, waiting until it listens on `port`.
 fn start_server(daemon: &Daemon, program: &str, port: u16, args: &[&str], dir: &Path) -> Logged {
+    start_server_until(daemon, program, port, args, dir, || tcp_listening(port))
+}
+
+/// [`start_server`], waiting until `listening` says the server listens (in the daemon's
+/// network namespace, where the test's own view does not reach).
+fn start_server_until(
+    daemon: &Daemon,
+    program: &str,
+    port: u16,
+    args: &[&str],
+    dir: &Path,
+    listening: impl Fn() -> bool,
+) -> Logged {
     let mut cmd = daemon.command(&require_program(program));
     cmd.args(["-d", "srxe0", "-g", "0", "-p", &port.to_string()])
         .args(args);
     let mut server = Logged::spawn(cmd, dir.join(format!("{program}-{port}-server.log")));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !tcp_listening(port) {
+    while !listening() {
         if let Some(status) = server.wait_for(Duration::ZERO) {
             panic!(
                 "{program} server exited before listening ({status}):\n{}\n--- daemon\n{}",
@@ -43,11 +58,19 @@ fn start_server(daemon: &Daemon, program: &str, port: u16, args: &[&str], dir: &
     server
 }
 
-fn start_client(daemon: &Daemon, program: &str, port: u16, args: &[&str], dir: &Path) -> Logged {
+/// Starts `program` as a client on `daemon` of the server at `server` (its out-of-band TCP).
+fn start_client(
+    daemon: &Daemon,
+    program: &str,
+    port: u16,
+    args: &[&str],
+    dir: &Path,
+    server: &str,
+) -> Logged {
     let mut cmd = daemon.command(&require_program(program));
     cmd.args(["-d", "srxe0", "-g", "0", "-p", &port.to_string()])
         .args(args)
-        .arg("127.0.0.1");
+        .arg(server);
     Logged::spawn(cmd, dir.join(format!("{program}-{port}-client.log")))
 }
 
@@ -62,7 +85,7 @@ fn pingpong(
 ) -> (String, String) {
     let dir = scratch("pingpong", program);
     let mut server = start_server(server_daemon, program, port, args, &dir);
-    let mut client = start_client(client_daemon, program, port, args, &dir);
+    let mut client = start_client(client_daemon, program, port, args, &dir, "127.0.0.1");
     let client_status = client.wait_for(RUN_LIMIT);
     let server_status = server.wait_for(if client_status.is_some() {
         Duration::from_secs(30)
@@ -223,6 +246,71 @@ fn pingpongs_across_two_daemons() {
     );
 }
 
+/// RC between two hosts over IPv6 (two namespaces on a veth). Each 1 MiB message crosses the
+/// daemons' UDP sockets as GSO sends (IPv6 uses GSO on any path) and arrives in GRO
+/// aggregates, whose segments the receiving link hands to the engine with their IPv6 and UDP
+/// headers rebuilt in the receive buffer itself, over the last 48 bytes of the segment
+/// before. `-c` compares every buffer; the receiver's counters show the aggregates.
+#[test]
+fn rc_pingpong_over_ipv6_between_two_hosts() {
+    let hosts = TwoHosts::new("pp6", ["fd00:94::1", "fd00:94::2"]);
+    let [ns_a, ns_b] = &hosts.names;
+    // The programs' out-of-band exchange is TCP over IPv4 (their server listens on IPv4
+    // only); the devices have the IPv6 addresses alone, so every RoCE packet is IPv6.
+    for (ns, dev, addr) in [
+        (ns_a, "mc6a", "10.94.0.1/24"),
+        (ns_b, "mc6b", "10.94.0.2/24"),
+    ] {
+        ip(&["-n", ns, "addr", "add", addr, "dev", dev]);
+    }
+    let a = Daemon::start_in(
+        "pp6-a",
+        Some(ns_a),
+        &["--addr", "fd00:94::1", "--port", "4791"],
+    );
+    let b = Daemon::start_in(
+        "pp6-b",
+        Some(ns_b),
+        &["--addr", "fd00:94::2", "--port", "4791"],
+    );
+    let before = counters(&b, "srxe0");
+    let args = ["-s", "1048576", "-n", "5", "-c"];
+    let dir = scratch("pingpong", "rc-ipv6-two-hosts");
+    let program = "ibv_rc_pingpong";
+    let listening = || {
+        let ss = Command::new("ip")
+            .args(["netns", "exec", ns_b, "ss", "-Hltn", "sport = :18676"])
+            .output()
+            .expect("run ss in the namespace");
+        !String::from_utf8_lossy(&ss.stdout).trim().is_empty()
+    };
+    let mut server = start_server_until(&b, program, 18676, &args, &dir, listening);
+    let mut client = start_client(&a, program, 18676, &args, &dir, "10.94.0.2");
+    let client_status = client.wait_for(RUN_LIMIT);
+    let server_status = server.wait_for(Duration::from_secs(30));
+    let report = format!(
+        "--- server ({server_status:?})\n{}\n--- client ({client_status:?})\n{}\n--- daemon a\n{}\n--- daemon b\n{}",
+        server.output(),
+        client.output(),
+        a.log(),
+        b.log()
+    );
+    assert!(
+        client_status.is_some_and(|s| s.success()) && server_status.is_some_and(|s| s.success()),
+        "IPv6 pingpong failed or hung: {report}"
+    );
+    for out in [server.output(), client.output()] {
+        assert_eq!(bytes_moved(&out), 2 * 5 * 1048576, "{report}");
+    }
+    assert!(client.output().contains("GID fd00:94::2"), "{report}");
+    let after = counters(&b, "srxe0");
+    assert!(
+        delta(&before, &after, "net.rx_gro_batches") > 0,
+        "no GRO aggregate reached the receiver: {after:?}"
+    );
+    assert_eq!(delta(&before, &after, "net.rx_bad_icrc"), 0, "{after:?}");
+}
+
 #[test]
 fn xsrq_pingpong_fails_clearly() {
     let d = loopback_daemon("pp-xsrq", 30);
@@ -275,7 +363,7 @@ fn killed_pingpong_is_cleaned_up_and_the_device_keeps_working() {
     let dir = scratch("pingpong", "kill");
     let args = ["-e", "-n", "100000000", "-s", "65536"];
     let mut server = start_server(&d, "ibv_rc_pingpong", 18691, &args, &dir);
-    let mut client = start_client(&d, "ibv_rc_pingpong", 18691, &args, &dir);
+    let mut client = start_client(&d, "ibv_rc_pingpong", 18691, &args, &dir, "127.0.0.1");
     // Mid-run: both programs hold their QP (stdout is a file, so their address lines are
     // still buffered) and have had time to connect and move data.
     let client_pid = client.child.id();

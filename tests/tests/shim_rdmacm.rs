@@ -6,6 +6,7 @@
 mod shim_support;
 
 use shim_support::captures::{self, LiveCapture};
+use shim_support::netns::TwoHosts;
 use shim_support::programs::{captured_loopback_daemon, loopback_daemon};
 use shim_support::rdmacm::{
     rping_data, rping_expected, run_pair, start, start_exe, start_replacement, wait_for_output,
@@ -261,65 +262,6 @@ fn mckey_ud_multicast_across_two_daemons() {
     for f in [&sender, &receiver] {
         assert!(f.output.contains("data transfers complete"), "{}", f.output);
         assert!(f.output.contains("return status 0"), "{}", f.output);
-    }
-}
-
-/// Two network namespaces joined by a veth pair, each end with an IPv6 address (no DAD, so
-/// they are usable at once): two hosts of one link. Deleted when dropped.
-struct TwoHosts {
-    names: [String; 2],
-}
-
-impl TwoHosts {
-    fn new(tag: &str, addrs: [&str; 2]) -> TwoHosts {
-        let id = std::process::id();
-        let names = [
-            format!("hclient-{id}-{tag}-a"),
-            format!("hclient-{id}-{tag}-b"),
-        ];
-        let ip = |args: &[&str]| {
-            let out = std::process::Command::new("ip")
-                .args(args)
-                .output()
-                .expect("run ip");
-            assert!(
-                out.status.success(),
-                "ip {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        let hosts = TwoHosts { names };
-        let [a, b] = &hosts.names;
-        ip(&["netns", "add", a]);
-        ip(&["netns", "add", b]);
-        ip(&[
-            "link", "add", "mc6a", "netns", a, "type", "veth", "peer", "name", "mc6b", "netns", b,
-        ]);
-        for (ns, dev, addr) in [(a, "mc6a", addrs[0]), (b, "mc6b", addrs[1])] {
-            ip(&["-n", ns, "link", "set", "lo", "up"]);
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{addr}/64"),
-                "dev",
-                dev,
-                "nodad",
-            ]);
-            ip(&["-n", ns, "link", "set", dev, "up"]);
-        }
-        hosts
-    }
-}
-
-impl Drop for TwoHosts {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", n])
-                .status();
-        }
     }
 }
 

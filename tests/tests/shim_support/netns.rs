@@ -217,3 +217,49 @@ impl Drop for Capture {
         self.end();
     }
 }
+
+/// Two network namespaces joined by a veth pair, each end with an IPv6 address (no DAD, so
+/// they are usable at once): two hosts of one link. Deleted when dropped.
+pub struct TwoHosts {
+    pub names: [String; 2],
+}
+
+impl TwoHosts {
+    pub fn new(tag: &str, addrs: [&str; 2]) -> TwoHosts {
+        let id = std::process::id();
+        let names = [
+            format!("hclient-{id}-{tag}-a"),
+            format!("hclient-{id}-{tag}-b"),
+        ];
+        let hosts = TwoHosts { names };
+        let [a, b] = &hosts.names;
+        ip(&["netns", "add", a]);
+        ip(&["netns", "add", b]);
+        ip(&[
+            "link", "add", "mc6a", "netns", a, "type", "veth", "peer", "name", "mc6b", "netns", b,
+        ]);
+        for (ns, dev, addr) in [(a, "mc6a", addrs[0]), (b, "mc6b", addrs[1])] {
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ip(&[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{addr}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ]);
+            ip(&["-n", ns, "link", "set", dev, "up"]);
+        }
+        hosts
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
