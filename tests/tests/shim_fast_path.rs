@@ -299,8 +299,22 @@ fn srq_pingpong_on_the_fast_path_while_the_srq_feeds_one_qp() {
                 assert_eq!(get(&fast, name), get(&slow, name), "size {size}: {name}");
             }
         }
-        assert_eq!(trouble(&fast), vec![], "size {size} x{qps}: fast path");
-        assert_eq!(trouble(&slow), vec![], "size {size} x{qps}: daemon path");
+        // With several QPs the program's loop stops on totals over all of them, so a side
+        // can destroy a QP while a packet of its peer's is still on its way to it (seen once
+        // in a full run: 8 packets to 4 QPs): such packets find no QP and are dropped, as rxe
+        // drops them. Only that reason is let through, and only there.
+        let teardown = |c: &[(String, u64)]| -> Vec<(String, u64)> {
+            let unknown = get(c, "drop_unknown_qp");
+            trouble(c)
+                .into_iter()
+                .filter(|(n, v)| {
+                    qps == "1"
+                        || !(n == "drop_unknown_qp" || (n == "dropped_pkts" && *v == unknown))
+                })
+                .collect()
+        };
+        assert_eq!(teardown(&fast), vec![], "size {size} x{qps}: fast path");
+        assert_eq!(teardown(&slow), vec![], "size {size} x{qps}: daemon path");
     }
 }
 
