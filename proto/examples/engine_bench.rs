@@ -38,8 +38,9 @@
 //! | 4096 | 6.2 GB/s, 1.5 Mpkt/s | 16.8 GB/s | 0.37 (0.30-0.55) | 0.72 |
 //! | 1024 | 4.9 GB/s, 4.7 Mpkt/s | 15.3 GB/s | 0.32 (0.21-0.35) | 0.67 |
 //!
-//! The engine's own rate is well below the table above's on the same machine (the same
-//! bisection found no single commit that slowed it: it drifts down over many).
+//! That run's engine rate (6.2 GB/s at MTU 4096) was far below the table above's 15.3-15.8;
+//! the run below gave 12.0 GB/s with much the same engine, so the rate moves with the
+//! machine's state more than with the code, and only ratios within one run compare.
 //!
 //! On 2026-12-06 (`scripts/bench engine`, `bench/results/20261206T134938Z.md`, a quieter
 //! machine): 12.0 GB/s (2.94 Mpkt/s) and 5.82 GB/s (5.68 Mpkt/s) against 22.4 and 18.8 GB/s,

@@ -14,8 +14,9 @@
 //!   queue, so a hand-over wakes no thread (a wake per round of a busy device loop, which on
 //!   a small machine takes a CPU from the pollers, was most of what a capture cost). Each
 //!   frame is built straight into the batch, complete: the UDP checksums are summed by the
-//!   device thread right after the copy, while the bytes are in its L1 cache ([`frame`]). A full queue (a reader that
-//!   does not keep up) drops the batch and counts it: the device never waits for a capture.
+//!   device thread right after the copy, while the bytes are in its L1 cache ([`frame`]). A
+//!   full queue (a reader that does not keep up) drops the batch and counts it: the device
+//!   never waits for a capture.
 //! - Packets between two QPs of the device are not copied at all. While one capture listens
 //!   and keeps whole frames, the engines seal them (the ICRC computed by the pass that copies
 //!   the payload out of the client's memory) and the device's queue of them

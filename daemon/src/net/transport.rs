@@ -418,11 +418,11 @@ impl RxState {
         let mut delivered = 0;
         let mut start = at;
         while start < end {
-            let stop = end.min(start + seg);
-            let segment = &mut buf[..stop];
-            let this = start;
+            // This segment is `buf[this..stop]`; what lies before it goes along as its room.
+            let (this, stop) = (start, end.min(start + seg));
             start = stop;
-            let bytes = &segment[this..];
+            let upto = &mut buf[..stop];
+            let bytes = &upto[this..];
             let ipv4 = if self.verify {
                 match self.verifier.verify(head.src, head.dst, bytes) {
                     RxVerdict::Good { ipv4 } => {
@@ -446,7 +446,7 @@ impl RxState {
             self.counters.rx_packets += 1;
             self.counters.rx_bytes += bytes.len() as u64;
             on_rx(&mut RxDatagram::new(
-                head.src, head.dst, head.tos, ipv4, segment, this,
+                head.src, head.dst, head.tos, ipv4, upto, this,
             ));
             delivered += 1;
         }

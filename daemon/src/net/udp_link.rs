@@ -373,54 +373,55 @@ fn flow_of(meta: &TxMeta, builder: &PacketBuilder) -> (SocketAddr, SocketAddr, u
 fn rebuild_ip<'a>(d: &'a mut RxDatagram<'_>, spare: &'a mut [u8]) -> Option<RxPacket<'a>> {
     use proto::wire::{Ipv4Repr, Ipv6Repr, UdpRepr};
     let (src, dst, len) = (d.src, d.dst, d.bytes().len());
+    // The headers first, on the stack (48 bytes at most), then into place.
+    let mut head = [0u8; 48];
     let hl = match (src.ip(), dst.ip()) {
-        (IpAddr::V4(_), IpAddr::V4(_)) => 20,
-        (IpAddr::V6(_), IpAddr::V6(_)) => 40,
-        _ => return None,
-    };
-    let total = hl + 8 + len;
-    let (tos, ipv4) = (d.tos, d.ipv4);
-    let out = if d.room() >= hl + 8 {
-        d.with_room(hl + 8)?
-    } else {
-        let out = spare.get_mut(..total)?;
-        out[hl + 8..].copy_from_slice(d.bytes());
-        out
-    };
-    match (src.ip(), dst.ip()) {
-        (IpAddr::V4(src), IpAddr::V4(dst)) => {
-            let id = ipv4?;
+        (IpAddr::V4(s), IpAddr::V4(t)) => {
+            let id = d.ipv4?;
             Ipv4Repr {
-                src,
-                dst,
-                tos,
+                src: s,
+                dst: t,
+                tos: d.tos,
                 ident: id.ident,
                 dont_frag: id.dont_frag,
                 ttl: 64,
                 protocol: 17,
                 payload_len: 8 + len,
             }
-            .emit(&mut out[..20]);
+            .emit(&mut head[..20]);
+            20
         }
-        (IpAddr::V6(src), IpAddr::V6(dst)) => Ipv6Repr {
-            src,
-            dst,
-            traffic_class: tos,
-            flow_label: 0,
-            next_header: 17,
-            hop_limit: 64,
-            payload_len: 8 + len,
+        (IpAddr::V6(s), IpAddr::V6(t)) => {
+            Ipv6Repr {
+                src: s,
+                dst: t,
+                traffic_class: d.tos,
+                flow_label: 0,
+                next_header: 17,
+                hop_limit: 64,
+                payload_len: 8 + len,
+            }
+            .emit(&mut head[..40]);
+            40
         }
-        .emit(&mut out[..40]),
         _ => return None,
-    }
+    };
     UdpRepr {
         src_port: src.port(),
         dst_port: dst.port(),
         checksum: 0,
         payload_len: len,
     }
-    .emit(&mut out[hl..hl + 8]);
+    .emit(&mut head[hl..hl + 8]);
+    let headers = &head[..hl + 8];
+    let out = if d.room() >= headers.len() {
+        d.with_room(headers.len())?
+    } else {
+        let out = spare.get_mut(..headers.len() + len)?;
+        out[headers.len()..].copy_from_slice(d.bytes());
+        out
+    };
+    out[..headers.len()].copy_from_slice(headers);
     Some(RxPacket {
         gid_type: proto::transport::GidType::RoceV2,
         src: src.ip(),

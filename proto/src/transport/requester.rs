@@ -21,10 +21,10 @@ pub const MAX_PKT_PER_ACK: u32 = 64;
 /// How many request packets may follow one another without AckReq: rxe's
 /// [`MAX_PKT_PER_ACK`], half its window of [`MAX_UNACKED_PSNS`]; on a selective QP, whose
 /// window is the bandwidth-delay product in packets, half that window when it is smaller
-/// (`--selective-bdp 131072` is 32 packets at MTU 4096; the default, 128). A requester whose window fills before it asked for an ACK hears nothing until its
-/// retransmit timer sends a probe: between two daemons, 1 MiB WRITEs (one AckReq per 64
-/// packets against a window of 32) ran at a quarter of the rate of 64 KiB ones, with one
-/// probe every 0.6 ms.
+/// (`--selective-bdp 131072` is 32 packets at MTU 4096; the default, 128). A requester whose
+/// window fills before it asked for an ACK hears nothing until its retransmit timer sends a
+/// probe: between two daemons, 1 MiB WRITEs (one AckReq per 64 packets against a window of
+/// 32) ran at a quarter of the rate of 64 KiB ones, with one probe every 0.6 ms.
 fn ack_interval(qp: &Qp, mtu: u32) -> u32 {
     match qp.selective.as_deref() {
         Some(sel) => (sel.params().window(mtu) / 2).clamp(1, MAX_PKT_PER_ACK),

@@ -75,10 +75,10 @@ impl Default for SelectiveParams {
 
 /// Default bandwidth-delay product: 512 KiB, 128 packets at MTU 4096 (the daemon's default
 /// path MTU), as many bytes as rxe's fixed window of 128 PSNs holds there; 512 at MTU 1024.
-/// It was 128 KiB (32 packets at MTU 4096) until 2026-12-06, when a larger window overran
-/// the receiving daemon's receive buffers; since the device thread receives for itself
-/// (`docs/architecture.md`, "The data path") 512 KiB costs nothing lossless and holds far
-/// more at loss (`docs/loss-recovery.md` has the measurements).
+/// Until 2026-12-06 it was 128 KiB (32 packets at MTU 4096), because a larger window
+/// overran the receiving daemon's receive buffers in bursts; since the device thread
+/// receives for itself (`docs/architecture.md`, "The data path") 512 KiB costs nothing
+/// lossless and holds far more at loss (`docs/loss-recovery.md` has the measurements).
 pub const DEFAULT_BDP_BYTES: u32 = 512 * 1024;
 /// The smallest window, whatever the BDP.
 pub const MIN_WINDOW: u32 = 16;
