@@ -12,6 +12,7 @@
 //! to a UDP socket, so the frames carry a locally administered address derived from the
 //! peer's IP address.
 
+use proto::wire::checksum;
 use std::net::{IpAddr, SocketAddr};
 
 /// Ethernet + the largest IP header + UDP.
@@ -58,53 +59,9 @@ pub fn guid_mac(node_guid: u64) -> [u8; 6] {
     [g[0] ^ 2, g[1], g[2], g[5], g[6], g[7]]
 }
 
-/// The one's-complement sum of `data` as native 32-bit words into `acc`, unfolded. The sum
-/// does not depend on byte order (RFC 1071 §2(B): sum native words, swap the result) and
-/// wider words with their carries folded back give the same sum (§2(C)); as 2^16 is 1
-/// modulo 2^16 - 1, sums of pieces that start at even offsets add up to the sum of the
-/// whole. A 64-bit accumulator, which the compiler vectorises.
-fn native_sum(mut acc: u64, data: &[u8]) -> u64 {
-    let mut words = data.chunks_exact(4);
-    for w in &mut words {
-        acc += u64::from(u32::from_ne_bytes(
-            <[u8; 4]>::try_from(w).unwrap_or_default(),
-        ));
-    }
-    let rest = words.remainder();
-    let mut tail = [0u8; 4];
-    tail[..rest.len()].copy_from_slice(rest);
-    acc + u64::from(u32::from_ne_bytes(tail))
-}
-
-/// [`native_sum`] of `src`, copied into `dst` (of the same length). A copy and then a sum of
-/// the copy, which is in the L1 cache by then: measured, 147 ns per 4 KiB against 231 ns for
-/// one pass that stored each 64-byte block and summed it from registers (which the compiler
-/// does not vectorise as well as the plain sum).
-fn copy_summing(acc: u64, dst: &mut [u8], src: &[u8]) -> u64 {
-    debug_assert_eq!(dst.len(), src.len());
-    dst.copy_from_slice(src);
-    native_sum(acc, dst)
-}
-
-/// A [`native_sum`] folded to 16 bits and read as big-endian words.
-fn be_sum(native: u64) -> u64 {
-    let mut acc = native;
-    while acc >> 16 != 0 {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    u64::from(u16::from_be(acc as u16))
-}
-
 /// The one's-complement sum of `data` as 16-bit big-endian words, folded to 16 bits.
 fn sum_words(data: &[u8]) -> u64 {
-    be_sum(native_sum(0, data))
-}
-
-fn fold(mut sum: u64) -> u16 {
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
+    checksum::fold_be(checksum::sum(0, data))
 }
 
 /// The sum of the UDP pseudo-header (RFC 768, RFC 8200 §8.1) for a datagram of `udp_len`
@@ -134,7 +91,7 @@ fn pseudo_sum(src: IpAddr, dst: IpAddr, udp_len: usize) -> Option<u64> {
 /// The checksum field for a datagram whose pseudo-header, header and payload sum to `sum`
 /// (big-endian sums): a result of 0 is sent as 0xffff.
 fn checksum_field(sum: u64) -> u16 {
-    match fold(sum) {
+    match checksum::complement(sum) {
         0 => 0xffff,
         c => c,
     }
@@ -210,7 +167,8 @@ pub fn udp_frame(
     }
     .emit(header);
     if d.checksum {
-        let payload_sum = be_sum(copy_summing(0, payload, d.payload));
+        // The lengths are equal: `out` has `udp_frame_len`.
+        let payload_sum = checksum::fold_be(checksum::copy_summing(0, payload, d.payload)?);
         let pseudo = pseudo_sum(d.src.ip(), d.dst.ip(), udp_len)?;
         let c = checksum_field(pseudo + sum_words(header) + payload_sum);
         header[6..8].copy_from_slice(&c.to_be_bytes());
@@ -235,8 +193,8 @@ pub fn network_frame_len(packet: &[u8]) -> Option<usize> {
 /// as they would be on a wire.
 ///
 /// All of it happens here, on the device thread, in the pass that copies the packet (the ICRC
-/// by `icrc::v2_copying_payload`, the IPv6 sum by [`copy_summing`]): a capture's writer that
-/// read the bytes again to finish them pulled every cache line of every batch to the other
+/// by `icrc::v2_copying_payload`, the IPv6 sum by [`checksum::copy_summing`]): a capture's
+/// writer that read the bytes again to finish them pulled every cache line of every batch to the other
 /// CPU and back, and on this class of machine that crossing cost the device thread more than
 /// the copy (`bench/baseline.c handoff`: 470-690 ns per 4 KiB packet, against 52-58 ns when
 /// nobody reads the batch).
@@ -280,15 +238,15 @@ pub fn network_frame(
         icrc_field.copy_from_slice(&crc.to_le_bytes());
         if checksummed {
             // The bytes are in this CPU's cache from the pass just made.
-            rest_sum = native_sum(0, rest);
+            rest_sum = checksum::sum(0, rest);
         }
     } else if checksummed {
-        rest_sum = copy_summing(0, rest, &packet[head..]);
+        rest_sum = checksum::copy_summing(0, rest, &packet[head..])?;
     } else {
         rest.copy_from_slice(&packet[head..]);
     }
     if checksummed {
-        let udp_sum = sum_words(&frame[net_len..head]) + be_sum(rest_sum);
+        let udp_sum = sum_words(&frame[net_len..head]) + checksum::fold_be(rest_sum);
         set_ipv6_udp_checksum(frame, udp_sum)?;
     }
     Some(())
@@ -515,43 +473,6 @@ pub(crate) mod tests {
                 let udp = &out[14 + ip_len..];
                 assert!(udp_checksum_right(src.ip(), dst.ip(), udp));
                 assert_ne!(u16::from_be_bytes([udp[6], udp[7]]), 0);
-            }
-        }
-    }
-
-    #[test]
-    fn the_word_sum_is_rfc_1071s_for_every_length() {
-        // The textbook sum, 16 bits at a time, an odd byte padded with zero.
-        let naive = |d: &[u8]| -> u16 {
-            let mut sum: u64 = 0;
-            for c in d.chunks(2) {
-                sum += u64::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-            }
-            fold(sum)
-        };
-        let data: Vec<u8> = (0..4200u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 | 0x80)
-            .collect();
-        for len in (0..64).chain([1023, 1024, 1025, 4095, 4096, 4097, 4200]) {
-            let d = &data[..len];
-            assert_eq!(fold(sum_words(d)), naive(d), "length {len}");
-        }
-        let ones = vec![0xffu8; 4096];
-        assert_eq!(fold(sum_words(&ones)), naive(&ones));
-    }
-
-    #[test]
-    fn the_copying_sum_copies_and_sums_as_the_plain_one() {
-        let data: Vec<u8> = (0..4300u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
-            .collect();
-        for at in [0, 1, 3] {
-            for len in (0..130).chain([1023, 1024, 1027, 4095, 4096, 4200]) {
-                let src = &data[at..at + len];
-                let mut dst = vec![0x55u8; len];
-                let acc = copy_summing(7, &mut dst, src);
-                assert_eq!(dst, src, "copied: at {at}, length {len}");
-                assert_eq!(acc, native_sum(7, src), "summed: at {at}, length {len}");
             }
         }
     }

@@ -14,6 +14,7 @@
 pub mod aeth;
 pub mod arp;
 pub mod bth;
+pub mod checksum;
 pub mod ecn;
 pub mod ethernet;
 pub mod ext;
