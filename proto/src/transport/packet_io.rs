@@ -21,9 +21,9 @@
 use super::engine::{GidType, RxPacket, Transmit};
 use crate::types::Rkey;
 use crate::wire::{
-    bth, icrc, ipv4, ipv6, udp, AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth, BthRepr, DethRepr,
-    FethRepr, HeaderSet, Ipv4Packet, NetRepr, OpInfo, Opcode, RethRepr, TransportRepr, UdpRepr,
-    ROCE_V2_PORT,
+    bth, icrc, ipv4, ipv6, payload_copy, udp, AethRepr, AtomicAckEthRepr, AtomicEthRepr, Bth,
+    BthRepr, DethRepr, FethRepr, HeaderSet, Ipv4Packet, NetRepr, OpInfo, Opcode, RethRepr,
+    TransportRepr, UdpRepr, ROCE_V2_PORT,
 };
 use std::net::IpAddr;
 use std::sync::OnceLock;
@@ -288,7 +288,7 @@ impl SegmentTemplate {
         let net_len = if v1 { bth_at } else { bth_at - udp::HEADER_LEN };
         let crc = match (seal, lent) {
             (false, Some(bytes)) => {
-                payload_out.copy_from_slice(bytes);
+                payload_copy::copy(payload_out, bytes);
                 0
             }
             (false, None) => 0,
@@ -399,7 +399,7 @@ pub(crate) fn emit<'a, E>(
     if !seal {
         let out = &mut body[l.header_len..];
         if let Some(payload) = lent {
-            out[..payload.len()].copy_from_slice(payload);
+            payload_copy::copy(&mut out[..payload.len()], payload);
         }
         out[t.payload_len..].fill(0);
         trailer.fill(0);

@@ -36,7 +36,7 @@ pub fn copy_summing(acc: u64, dst: &mut [u8], src: &[u8]) -> Option<u64> {
     if dst.len() != src.len() {
         return None;
     }
-    dst.copy_from_slice(src);
+    super::payload_copy::copy(dst, src);
     Some(sum(acc, dst))
 }
 

@@ -26,6 +26,7 @@ pub mod mad;
 pub mod ndisc;
 pub mod opcode;
 pub mod packet;
+pub mod payload_copy;
 pub mod sack;
 pub mod udp;
 
