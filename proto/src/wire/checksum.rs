@@ -137,10 +137,13 @@ mod simd {
         unsafe { sum_avx2_body(acc, data) }
     }
 
+    /// A compiled form of the sum, named, for the tests.
     #[cfg(test)]
-    pub(super) fn forms() -> Vec<(&'static str, fn(u64, &[u8]) -> u64)> {
-        let mut forms: Vec<(&'static str, fn(u64, &[u8]) -> u64)> =
-            vec![("portable", super::sum_portable)];
+    pub(super) type Form = (&'static str, fn(u64, &[u8]) -> u64);
+
+    #[cfg(test)]
+    pub(super) fn forms() -> Vec<Form> {
+        let mut forms: Vec<Form> = vec![("portable", super::sum_portable)];
         if is_x86_feature_detected!("avx2") {
             forms.push(("avx2", sum_avx2));
         }
@@ -185,7 +188,7 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         let forms = simd::forms();
         #[cfg(not(target_arch = "x86_64"))]
-        let forms: Vec<(&str, fn(u64, &[u8]) -> u64)> = vec![("portable", sum_portable)];
+        let forms = [("portable", sum_portable as fn(u64, &[u8]) -> u64)];
         for (name, form) in forms {
             for at in 0..8 {
                 for len in (0..200).chain([1023, 1024, 1025, 4095, 4096, 4112, 4128]) {
