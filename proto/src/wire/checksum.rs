@@ -157,6 +157,7 @@ mod simd {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::icrc::tests::noise;
 
     /// RFC 1071's definition, word by word: big-endian 16-bit words, an odd last byte padded
     /// with zero, carries folded back at each step.
@@ -170,21 +171,9 @@ mod tests {
         !(acc as u16)
     }
 
-    fn bytes(len: usize, seed: u32) -> Vec<u8> {
-        let mut x = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect()
-    }
-
     #[test]
     fn every_form_gives_rfc_1071s_checksum_at_every_length_and_alignment() {
-        let data = bytes(4200, 7);
+        let data = noise(4200, 7);
         #[cfg(target_arch = "x86_64")]
         let forms = simd::forms();
         #[cfg(not(target_arch = "x86_64"))]
@@ -208,7 +197,7 @@ mod tests {
 
     #[test]
     fn sums_of_pieces_at_even_offsets_add_up_and_the_copy_is_exact() {
-        let src = bytes(4112, 3);
+        let src = noise(4112, 3);
         let whole = sum(0, &src);
         for cut in [0, 2, 14, 70, 4096, 4112] {
             let parts = sum(sum(0, &src[..cut]), &src[cut..]);

@@ -1085,7 +1085,7 @@ impl IdentSolver {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn hex(s: &str) -> Vec<u8> {
@@ -1229,7 +1229,7 @@ mod tests {
     }
 
     /// Pseudo-random bytes, so that no block repeats.
-    fn noise(len: usize, mut seed: u64) -> Vec<u8> {
+    pub(crate) fn noise(len: usize, mut seed: u64) -> Vec<u8> {
         (0..len)
             .map(|_| {
                 seed ^= seed << 13;
