@@ -315,7 +315,10 @@ impl Link for Layers {
             self.inner.send(frame, t);
             return;
         }
-        let now = self.now();
+        // The clock only when a fault rule or a held packet needs it (as in `local`): a
+        // capture alone reads it once per round of the loop, not per packet.
+        let timed = self.faults.is_on() || !self.held_tx.is_empty();
+        let now = if timed { self.now() } else { 0 };
         let decision = if self.faults.is_on() {
             let bth = frame.get(t.transport_offset..t.len).unwrap_or(&[]);
             self.faults.decide(now, Way::Tx, bth)
