@@ -194,10 +194,10 @@ pub fn network_frame_len(packet: &[u8]) -> Option<usize> {
 ///
 /// All of it happens here, on the device thread, in the pass that copies the packet (the ICRC
 /// by `icrc::v2_copying_payload`, the IPv6 sum by [`checksum::copy_summing`]): a capture's
-/// writer that read the bytes again to finish them pulled every cache line of every batch to the other
-/// CPU and back, and on this class of machine that crossing cost the device thread more than
-/// the copy (`bench/baseline.c handoff`: 470-690 ns per 4 KiB packet, against 52-58 ns when
-/// nobody reads the batch).
+/// writer that read the bytes again to finish them pulled every cache line of every batch to
+/// the other CPU and back, and on this class of machine that crossing cost the device thread
+/// more than the copy (`bench/baseline.c handoff`: 470-690 ns per 4 KiB packet, against 52-58
+/// ns when nobody reads the batch).
 pub fn network_frame(
     out: &mut [u8],
     src_mac: [u8; 6],
