@@ -1,8 +1,10 @@
 //! The Internet checksum (RFC 1071) over the bytes of a packet: the sum of its words, taken
-//! alone or by the pass that copies them. A live capture rebuilds the UDP checksum of every
-//! datagram it writes (the kernel computed the one on the wire, and a socket does not show it)
-//! and sums each packet while it copies it into its batch, so this loop runs over every byte
-//! a captured link carries.
+//! alone or by the pass that copies them, and [`of`], the checksum itself, behind
+//! `ipv4::header_checksum` and `ipv6::pseudo_header_checksum`. Headers are short; the long
+//! inputs are payloads: a live capture rebuilds the UDP checksum of every datagram it writes
+//! (the kernel computed the one on the wire, and a socket does not show it) and sums each
+//! packet while it copies it into its batch, and the L2 device checksums every IPv6 UDP
+//! datagram it sends, so this loop runs over every byte such a link carries.
 //!
 //! The sum is of native 32-bit words into a 64-bit accumulator, unfolded. It does not depend
 //! on byte order (RFC 1071 §2(B): sum native words, swap the result), wider words with their
@@ -17,10 +19,16 @@
 //! was slower than the copy followed by the vectorised sum of the copy, which is in the L1
 //! cache by then.
 
+/// Inputs shorter than this take the plain loop inline: a header (the IPv4 header's 20
+/// bytes, a pseudo-header) is summed in a few instructions, less than the call into a wider
+/// form would cost.
+const WIDE_FROM: usize = 256;
+
 /// The one's-complement sum of `data` as native 32-bit words, added to `acc`, unfolded.
+#[inline]
 pub fn sum(acc: u64, data: &[u8]) -> u64 {
     #[cfg(target_arch = "x86_64")]
-    {
+    if data.len() >= WIDE_FROM {
         match simd::level() {
             simd::Level::Avx512 => return simd::sum_avx512(acc, data),
             simd::Level::Avx2 => return simd::sum_avx2(acc, data),
@@ -48,6 +56,13 @@ pub fn fold_be(native: u64) -> u64 {
         acc = (acc & 0xffff) + (acc >> 16);
     }
     u64::from(u16::from_be(acc as u16))
+}
+
+/// The Internet checksum of `data` (RFC 1071): its words summed, folded and complemented; 0
+/// when `data` holds a right checksum.
+#[inline]
+pub fn of(data: &[u8]) -> u16 {
+    complement(fold_be(sum(0, data)))
 }
 
 /// The checksum field for a sum of big-endian words: the sum folded to 16 bits and

@@ -137,24 +137,11 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
     }
 }
 
-/// The Internet checksum (RFC 1071) of `data`; 0 when `data` holds a valid checksum.
+/// The Internet checksum (RFC 1071) of `data`; 0 when `data` holds a valid checksum
+/// ([`super::checksum::of`]: 32-bit words summed and folded afterwards, RFC 1071 §2, five for
+/// an IPv4 header instead of ten 16-bit ones).
 pub fn header_checksum(data: &[u8]) -> u16 {
-    // One's-complement sums may be taken over wider words and folded afterwards (RFC 1071
-    // §2): 32-bit words here, five for an IPv4 header, instead of ten 16-bit ones.
-    let mut sum: u64 = 0;
-    let mut words = data.chunks_exact(4);
-    for w in &mut words {
-        sum += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
-    }
-    // The last 1-3 bytes, as 16-bit words with an odd byte padded by zero.
-    let rest = words.remainder();
-    let mut tail = [0u8; 4];
-    tail[..rest.len()].copy_from_slice(rest);
-    sum += u64::from(u32::from_be_bytes(tail));
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
+    super::checksum::of(data)
 }
 
 /// An IPv4 header without options, which is all RoCE v2 sends (rxe hashes exactly 20 bytes
