@@ -724,6 +724,19 @@ impl ProcessMemory {
         }
     }
 
+    /// Hands every held write to the copier now, however little is held, where the holder
+    /// allows it (as [`ProcessMemory::allow_copy_ahead`] said for the last writes): for a
+    /// holder with other work to do before it must wait for them, which
+    /// [`ProcessMemory::flush`] does. The fast path's close of several directions hands each
+    /// one's writes over and flushes them only after it has run the others, so that the
+    /// kernel's copies (a page pinned per piece: small writes are mostly that) run on the
+    /// other CPU meanwhile.
+    pub fn hand_off(&mut self) {
+        if self.ahead.as_ref().is_some_and(|a| a.allowed) {
+            self.make_room();
+        }
+    }
+
     /// Once enough is held, hands it to the copier (with [`ProcessMemory::copy_ahead`]).
     fn maybe_copy_ahead(&mut self) {
         if self

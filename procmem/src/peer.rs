@@ -51,6 +51,9 @@ pub struct ClientProcess {
     /// `/proc/PID/mem`, when the daemon may open it (the same right `process_vm_*` needs:
     /// same user or CAP_SYS_PTRACE). Without it liveness falls back to the pidfd alone.
     address_space: Option<File>,
+    /// Where the liveness probe reads: an address on the process's stack (see
+    /// [`probe_address`]), 0 when unknown.
+    probe_at: u64,
 }
 
 impl ClientProcess {
@@ -92,6 +95,7 @@ impl ClientProcess {
             pid,
             pidfd,
             address_space,
+            probe_at: probe_address(pid).unwrap_or(0),
         };
         // Opened by pid: it is the pidfd's process's only if that one is still alive now.
         if process.exited() {
@@ -125,17 +129,15 @@ impl ClientProcess {
     }
 
     /// Whether the address space the process had when it connected still exists: false
-    /// after exit and after an exec. One system call (a read of address 0 from
-    /// `/proc/PID/mem`, which fails with EIO while the address space lives and reads
-    /// nothing once it is gone).
+    /// after exit and after an exec. One system call: a read of one byte from
+    /// `/proc/PID/mem`, which reads nothing once the address space is gone, and while it lives
+    /// reads the byte (or fails with EIO, where nothing is mapped).
     pub fn address_space_alive(&self) -> bool {
         match &self.address_space {
             Some(mem) => {
                 let mut byte = [0u8; 1];
-                match mem.read_at(&mut byte, 0) {
+                match mem.read_at(&mut byte, self.probe_at) {
                     Ok(0) => false,
-                    // Address 0 is never mapped for a client we serve (mmap_min_addr); were
-                    // it, the address space is still alive.
                     Ok(_) => true,
                     Err(e) => e.raw_os_error() == Some(libc::EIO),
                 }
@@ -180,6 +182,22 @@ fn process_uid(pid: i32) -> Option<u32> {
         .next()?
         .parse()
         .ok()
+}
+
+/// An address that stays mapped while the process lives: where its arguments start on its
+/// stack (`arg_start`, field 48 of `/proc/PID/stat`, readable with the same right as
+/// `/proc/PID/mem`). The liveness probe reads there because a read where nothing is mapped
+/// is not free for the process: the kernel then tries to grow a stack down to the address
+/// (`expand_stack`), which takes the process's mmap lock for writing, so every
+/// `process_vm_*` call on the process waits behind each probe. Probing address 0 that way
+/// cost a fast-path sender of `ib_write_bw -s 8 -q 16` about a tenth of its time (the lock's
+/// slow path, the wake-ups and the stack walk in `perf`, at 12,000 probes a second).
+fn probe_address(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let arg_start = after_name.split_whitespace().nth(48 - 3)?.parse().ok()?;
+    (arg_start != 0).then_some(arg_start)
 }
 
 /// The peer's supplementary groups at connect time (`SO_PEERGROUPS`); empty if unknown.
@@ -239,6 +257,23 @@ mod tests {
         mine.sort_unstable();
         theirs.sort_unstable();
         assert_eq!(theirs, mine);
+    }
+
+    #[test]
+    fn the_liveness_probe_reads_a_mapped_byte_of_the_process() {
+        // Where nothing is mapped the probe would cost the process its mmap lock (see
+        // `probe_address`): it must find a byte, for this process and for a child.
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        for pid in [std::process::id() as i32, child.id() as i32] {
+            let p = ClientProcess::open(pid).unwrap();
+            assert_ne!(p.probe_at, 0, "no stack address found for pid {pid}");
+            let mem = p.address_space.as_ref().expect("/proc/PID/mem opened");
+            let mut byte = [0u8; 1];
+            assert_eq!(mem.read_at(&mut byte, p.probe_at).unwrap(), 1);
+            assert!(p.address_space_alive());
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

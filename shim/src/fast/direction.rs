@@ -353,6 +353,19 @@ impl DirectionRt {
         self.open.then_some(self.opened_at)
     }
 
+    /// The first half of a close, for a caller about to close several directions: runs the
+    /// engines and hands what they wrote for the peer to the copier, which copies while the
+    /// caller starts the others. [`DirectionRt::close`] then waits for those copies before
+    /// any completion leaves (it runs the engines again first, in case work was queued in
+    /// between, which costs a poll of each when there is none).
+    pub fn start_close(&mut self) {
+        if !self.open {
+            return;
+        }
+        self.pump();
+        self.mirror.memory_mut().hand_off();
+    }
+
     /// Runs what was queued: both engines until neither has anything to send, then the
     /// completions out and the state published, and leaves the direction.
     pub fn close(&mut self) -> Outcome {

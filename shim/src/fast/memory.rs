@@ -219,6 +219,11 @@ impl PeerMemory {
         self.process.get_mut().allow_copy_ahead(yes);
     }
 
+    /// Hands the held writes to the copier now, where allowed ([`ProcessMemory::hand_off`]).
+    pub fn hand_off(&mut self) {
+        self.process.get_mut().hand_off();
+    }
+
     pub fn begin_pass(&mut self) {
         self.process.get_mut().begin_pass();
     }

@@ -11,7 +11,12 @@
  *   unpolled a WRITE posted and then left alone (the parent waits on a pipe, it does not poll):
  *           the bytes must still arrive, as on a device that runs on its own (on the fast
  *           path only the shim's backstop thread can run it)
- *   rnr     a SEND the child has no receive for (rnr_retry 1): RNR_RETRY_EXC_ERR */
+ *   rnr     a SEND the child has no receive for (rnr_retry 1): RNR_RETRY_EXC_ERR
+ *   many    8 more QPs a side; in each of 40 rounds the parent posts 64 WRITEs of 8 bytes at
+ *           a stride of 64 on every QP (perftest's pattern for small messages) before it
+ *           polls the 8 signaled completions; then the child checks every value of the round,
+ *           and that nothing was written between them: a completion must mean the bytes are
+ *           in place, however many directions one poll runs */
 #include <infiniband/verbs.h>
 #include <signal.h>
 #include <stdint.h>
@@ -46,11 +51,51 @@ static void open_side(struct side *s)
     if (!s->mr || !(s->qp = ibv_create_qp(s->pd, &ia))) die("resources");
 }
 
+#define NQ 8      /* "many": the extra QPs of each side */
+#define PER 64    /* "many": WRITEs per QP and round */
+#define ROUNDS 40
+
+static struct ibv_qp *more_qp(struct side *s)
+{
+    struct ibv_qp_init_attr ia = { .send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
+                                   .cap = { .max_send_wr = PER, .max_recv_wr = 1,
+                                            .max_send_sge = 1, .max_recv_sge = 1 } };
+    struct ibv_qp *qp = ibv_create_qp(s->pd, &ia);
+    if (!qp) die("more QPs");
+    return qp;
+}
+
+static void qp_to_rts(struct side *s, struct ibv_qp *qp, uint32_t remote, int rnr_retry);
+
 static void to_rts(struct side *s, uint32_t remote, int rnr_retry)
+{
+    qp_to_rts(s, s->qp, remote, rnr_retry);
+}
+
+/* The "many" QPs: created, their numbers exchanged over the pipes, moved to RTS. */
+static void many_qps(struct side *s, struct ibv_qp **qps, int out, int in)
+{
+    uint32_t mine[NQ], theirs[NQ];
+    for (int q = 0; q < NQ; q++) {
+        qps[q] = more_qp(s);
+        mine[q] = qps[q]->qp_num;
+    }
+    if (write(out, mine, sizeof mine) != sizeof mine || read(in, theirs, sizeof theirs) != sizeof theirs)
+        die("many exchange");
+    for (int q = 0; q < NQ; q++)
+        qp_to_rts(s, qps[q], theirs[q], 7);
+}
+
+static uint64_t many_value(int round, int q, int i)
+{
+    return ((uint64_t)round << 32) | ((uint64_t)q << 16) | (uint64_t)(i + 1);
+}
+
+static void qp_to_rts(struct side *s, struct ibv_qp *qp, uint32_t remote, int rnr_retry)
 {
     struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
                              .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
-    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
         die("INIT");
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTR;
@@ -62,7 +107,7 @@ static void to_rts(struct side *s, uint32_t remote, int rnr_retry)
     a.ah_attr.grh.dgid = s->gid;
     a.ah_attr.grh.hop_limit = 64;
     a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
         die("RTR");
     memset(&a, 0, sizeof a);
@@ -71,7 +116,7 @@ static void to_rts(struct side *s, uint32_t remote, int rnr_retry)
     a.retry_cnt = 7;
     a.rnr_retry = rnr_retry;
     a.max_rd_atomic = 1;
-    if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                       IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
         die("RTS");
 }
@@ -125,6 +170,10 @@ int main(int argc, char **argv)
             read(down[0], &theirs, sizeof theirs) != sizeof theirs)
             die("child exchange");
         to_rts(&c, theirs.qpn, 7);
+        struct ibv_qp *cq_many[NQ];
+        int many_round = 0, many_ok = 0;
+        if (!strcmp(scenario, "many"))
+            many_qps(&c, cq_many, up[1], down[0]);
         if (!strcmp(scenario, "big")) {
             struct ibv_sge two[2] = { { (uintptr_t)(c.buf + 200000), 1000, c.mr->lkey },
                                       { (uintptr_t)(c.buf + 300001), 70000, c.mr->lkey } };
@@ -172,6 +221,23 @@ int main(int argc, char **argv)
                         ok &= v[i] == (char)(i * 7 + 1);
                 } while (!ok && now() < deadline);
                 printf("child unpolled WRITE bytes %s\n", ok ? "arrived" : "MISSING");
+            } else if (b == 'm') {
+                many_round++;
+                for (int q = 0; q < NQ; q++)
+                    for (int i = 0; i < PER; i++) {
+                        const char *at = c.buf + (q * PER + i) * 64;
+                        uint64_t v;
+                        memcpy(&v, at, 8);
+                        ok &= v == many_value(many_round, q, i);
+                        for (int g = 8; g < 64; g++)
+                            ok &= at[g] == 0;
+                    }
+                if (ok)
+                    many_ok++;
+                else
+                    printf("child many round %d DIFFERS\n", many_round);
+            } else if (b == 'M') {
+                printf("child many WRITEs: %d of %d rounds matched\n", many_ok, many_round);
             } else if (b == 's') {
                 struct ibv_wc wc = one(&c, "child");
                 for (int i = 0; i < 150 && wc.status == IBV_WC_SUCCESS; i++)
@@ -191,6 +257,9 @@ int main(int argc, char **argv)
     mine = (struct card){ p.qp->qp_num, p.mr->rkey, (uintptr_t)p.buf };
     if (write(down[1], &mine, sizeof mine) != sizeof mine) die("parent exchange");
     to_rts(&p, theirs.qpn, rnr ? 1 : 7);
+    struct ibv_qp *pq_many[NQ];
+    if (!strcmp(scenario, "many"))
+        many_qps(&p, pq_many, down[1], up[0]);
     char b;
     if (read(up[0], &b, 1) != 1) die("child not ready");
 #define ASK(c) do { b = c; if (write(down[1], &b, 1) != 1 || read(up[0], &b, 1) != 1) die("ask"); } while (0)
@@ -234,6 +303,39 @@ int main(int argc, char **argv)
         post(&p, 14, IBV_WR_RDMA_WRITE, 3, 150001, theirs.addr + 5, theirs.rkey);
         one(&p, "parent");
         ASK('V');
+    } else if (!strcmp(scenario, "many")) {
+        int failed = 0;
+        for (int round = 1; round <= ROUNDS; round++) {
+            for (int q = 0; q < NQ; q++)
+                for (int i = 0; i < PER; i++) {
+                    int k = q * PER + i;
+                    char *src = p.buf + 262144 + k * 8;
+                    uint64_t v = many_value(round, q, i);
+                    memcpy(src, &v, 8);
+                    struct ibv_sge g = { (uintptr_t)src, 8, p.mr->lkey };
+                    struct ibv_send_wr w = { .wr_id = 1000 + k, .sg_list = &g, .num_sge = 1,
+                                             .opcode = IBV_WR_RDMA_WRITE,
+                                             .send_flags = i == PER - 1 ? IBV_SEND_SIGNALED : 0 },
+                                       *bad;
+                    w.wr.rdma.remote_addr = theirs.addr + (uint64_t)k * 64;
+                    w.wr.rdma.rkey = theirs.rkey;
+                    if (ibv_post_send(pq_many[q], &w, &bad)) die("post_send many");
+                }
+            struct ibv_wc wcs[16];
+            double deadline = now() + 20;
+            for (int got = 0; got < NQ;) {
+                int n = ibv_poll_cq(p.cq, 16, wcs);
+                if (n < 0) die("poll_cq");
+                for (int j = 0; j < n; j++)
+                    failed += wcs[j].status != IBV_WC_SUCCESS;
+                got += n;
+                if (!n && now() > deadline) die("no completion within 20 s");
+            }
+            ASK('m');
+        }
+        printf("parent many WRITEs: %d failed\n", failed);
+        fflush(stdout);
+        ASK('M');
     } else if (!strcmp(scenario, "unpolled")) {
         post(&p, 21, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr + 8192, theirs.rkey);
         ASK('u');
