@@ -8,7 +8,11 @@
 //   baseline udp ADDR PORT SEG MODE    a UDP stream over loopback of SEG-byte datagrams (a RoCE
 //                                      packet: headers + payload + ICRC); MODE `pkt` is one
 //                                      sendmsg/recvmsg per datagram, `gso` is UDP GSO on send
-//                                      (up to 64 KiB per call) and GRO on receive
+//                                      (up to 64 KiB per call) and GRO on receive, `gso_zc` is
+//                                      `gso` sent with MSG_ZEROCOPY (issue 17 asks whether
+//                                      zero-copy sends pay): the completions are reaped from the
+//                                      error queue, and the line says how many of the sends the
+//                                      kernel reported it copied after all
 //   baseline tcp ADDR PORT             one TCP stream over loopback, 64 KiB writes
 //   baseline pingpong ADDR PORT N      UDP ping-pong of 2-byte datagrams, both sides busy-poll;
 //                                      one-way latency = RTT/2, percentiles over N round trips
@@ -29,6 +33,7 @@
 // 127.0.0.200..220.
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <linux/errqueue.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -53,6 +58,18 @@
 #endif
 #ifndef UDP_GRO
 #define UDP_GRO 104
+#endif
+#ifndef SO_ZEROCOPY
+#define SO_ZEROCOPY 60
+#endif
+#ifndef MSG_ZEROCOPY
+#define MSG_ZEROCOPY 0x4000000
+#endif
+#ifndef SO_EE_ORIGIN_ZEROCOPY
+#define SO_EE_ORIGIN_ZEROCOPY 5
+#endif
+#ifndef SO_EE_CODE_ZEROCOPY_COPIED
+#define SO_EE_CODE_ZEROCOPY_COPIED 1
 #endif
 
 // How long each streaming figure is measured for, seconds (BASELINE_SECONDS overrides).
@@ -236,11 +253,29 @@ static void udp_receiver(int fd, int seg, int gro, int ready_fd) {
     // The payload figure counts the RoCE payload only (SEG minus 16 bytes of BTH + ICRC), so it
     // compares with perftest's message bandwidth.
     printf("baseline=udp_%s seg=%d datagrams_per_s=%.0f wire_GBps=%.3f payload_GBps=%.3f datagrams_per_read=%.1f\n",
-           gro ? "gso_gro" : "per_packet", seg, datagrams / t, datagrams * (double)seg / t / 1e9,
+           gro == 2 ? "gso_zc_gro" : gro ? "gso_gro" : "per_packet", seg, datagrams / t, datagrams * (double)seg / t / 1e9,
            datagrams * (double)(seg - 16) / t / 1e9, (double)datagrams / calls);
     fflush(stdout);
 }
 
+// Reaps MSG_ZEROCOPY completions from the error queue without waiting: each notification
+// covers a range of sends; `copied` counts those the kernel says it copied after all.
+static void reap_zerocopy(int fd, long *done, long *copied) {
+    for (;;) {
+        char control[128];
+        struct msghdr msg = {.msg_control = control, .msg_controllen = sizeof control};
+        if (recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) return;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+            struct sock_extended_err *e = (struct sock_extended_err *)CMSG_DATA(c);
+            if (e->ee_errno != 0 || e->ee_origin != SO_EE_ORIGIN_ZEROCOPY) continue;
+            long n = (long)(e->ee_data - e->ee_info) + 1;
+            *done += n;
+            if (e->ee_code & SO_EE_CODE_ZEROCOPY_COPIED) *copied += n;
+        }
+    }
+}
+
+// gso: 0 one datagram per call, 1 UDP GSO, 2 UDP GSO with MSG_ZEROCOPY.
 static void mode_udp(const char *ip, int port, int seg, int gso) {
     struct sockaddr_in sa = address(ip, port);
     int rx = socket(AF_INET, SOCK_DGRAM, 0);
@@ -269,17 +304,33 @@ static void mode_udp(const char *ip, int port, int seg, int gso) {
         if (per_call > 64) per_call = 64;
         if (setsockopt(tx, IPPROTO_UDP, UDP_SEGMENT, &seg, sizeof seg)) die("UDP_SEGMENT");
     }
-    static char buf[65536];
+    int flags = 0;
+    if (gso == 2) {
+        int one = 1;
+        if (setsockopt(tx, SOL_SOCKET, SO_ZEROCOPY, &one, sizeof one)) die("SO_ZEROCOPY");
+        flags = MSG_ZEROCOPY;
+    }
+    // Page aligned, as a zero-copy sender's buffers would be (the kernel pins its pages). Its
+    // bytes never change, so a send may reuse it before its completion arrives.
+    static char buf[65536] __attribute__((aligned(4096)));
     memset(buf, 0xa5, sizeof buf);
     size_t len = (size_t)seg * per_call;
+    long sends = 0, zc_done = 0, zc_copied = 0;
     double t0 = now();
     while (now() - t0 < run_seconds) {
         for (int i = 0; i < 16; i++) {
             struct iovec iov = {buf, len};
             struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-            if (sendmsg(tx, &msg, 0) < 0 && errno != ENOBUFS && errno != EAGAIN && errno != ECONNREFUSED)
-                die("sendmsg");
+            if (sendmsg(tx, &msg, flags) >= 0) sends++;
+            else if (errno != ENOBUFS && errno != EAGAIN && errno != ECONNREFUSED) die("sendmsg");
         }
+        if (gso == 2) reap_zerocopy(tx, &zc_done, &zc_copied);
+    }
+    if (gso == 2) {
+        for (double t_end = now() + 0.5; zc_done < sends && now() < t_end;)
+            reap_zerocopy(tx, &zc_done, &zc_copied);
+        printf("baseline=udp_zerocopy sends=%ld completed=%ld copied=%ld\n", sends, zc_done, zc_copied);
+        fflush(stdout);
     }
     waitpid(child, NULL, 0);
 }
@@ -464,7 +515,8 @@ int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "memcpy")) mode_memcpy(argc - 2, argv + 2);
     else if (argc >= 3 && !strcmp(argv[1], "pvm")) mode_pvm(argc - 2, argv + 2);
     else if (argc == 6 && !strcmp(argv[1], "udp"))
-        mode_udp(argv[2], atoi(argv[3]), atoi(argv[4]), !strcmp(argv[5], "gso"));
+        mode_udp(argv[2], atoi(argv[3]), atoi(argv[4]),
+                 !strcmp(argv[5], "gso") ? 1 : !strcmp(argv[5], "gso_zc") ? 2 : 0);
     else if (argc == 4 && !strcmp(argv[1], "tcp")) mode_tcp(argv[2], atoi(argv[3]));
     else if (argc == 5 && !strcmp(argv[1], "pingpong")) mode_pingpong(argv[2], atoi(argv[3]), atol(argv[4]));
     else if (argc == 3 && !strcmp(argv[1], "shmpingpong")) mode_shm_pingpong(atol(argv[2]));
