@@ -260,6 +260,17 @@ impl SharedRing {
     /// Copies the next entry into `out` (which must hold a whole slot) and frees its slot.
     /// Returns `Ok(false)` when the ring is empty.
     pub fn pop(&mut self, out: &mut [u8]) -> Result<bool, RingError> {
+        self.next_entry(out, true)
+    }
+
+    /// Copies the next entry into `out` as [`SharedRing::pop`] does, but leaves its slot
+    /// taken: this handle moves on, the ring's consumer index does not (a look at what
+    /// waits, through a [`SharedRing::consumer_handle`]).
+    pub fn peek(&mut self, out: &mut [u8]) -> Result<bool, RingError> {
+        self.next_entry(out, false)
+    }
+
+    fn next_entry(&mut self, out: &mut [u8], free: bool) -> Result<bool, RingError> {
         if out.len() < self.geometry.slot_size as usize {
             return Err(RingError::TooLarge {
                 len: self.geometry.slot_size as usize,
@@ -279,7 +290,9 @@ impl SharedRing {
             )
         };
         self.local = self.local.wrapping_add(1);
-        self.word(OFF_CONSUMER).store(self.local, Ordering::Release);
+        if free {
+            self.word(OFF_CONSUMER).store(self.local, Ordering::Release);
+        }
         Ok(true)
     }
 
@@ -310,6 +323,20 @@ impl SharedRing {
         self.used(producer, shared)?;
         self.local = shared;
         Ok(())
+    }
+
+    /// A consumer's handle on the ring this producer fills, at the consumer index the ring
+    /// holds now: for a producer that takes over its own ring's unread entries while the
+    /// usual consumer does not read it (the same-host fast path's taker reads what waited in
+    /// its QP's send ring; the daemon resynchronises when the direction comes back).
+    pub fn consumer_handle(&self) -> Result<SharedRing, RingError> {
+        let mut ring = SharedRing {
+            base: self.base,
+            geometry: self.geometry,
+            local: 0,
+        };
+        ring.resync_consumer()?;
+        Ok(ring)
     }
 
     // ---- the same-host fast path (see [`fast`]) ----
@@ -480,6 +507,43 @@ mod tests {
         );
         cons.consumer_awake();
         assert!(!prod.push(&[3]).unwrap());
+    }
+
+    #[test]
+    fn a_producer_reads_its_own_ring_from_where_the_consumer_stopped() {
+        let g = RingGeometry::new(8, 64).unwrap();
+        let mut mem = Mem::new(g.byte_len());
+        let mut prod = unsafe { SharedRing::init(mem.ptr(), g) };
+        let mut daemon = unsafe { SharedRing::attach(mem.ptr(), mem.len(), false) }.unwrap();
+        let mut out = [0u8; 64];
+        for i in 0..5u8 {
+            prod.push(&[i]).unwrap();
+        }
+        daemon.pop(&mut out).unwrap();
+        // A look leaves the slots taken.
+        let mut look = prod.consumer_handle().unwrap();
+        for want in 1..5u8 {
+            assert!(look.peek(&mut out).unwrap());
+            assert_eq!(out[0], want);
+        }
+        assert!(!look.peek(&mut out).unwrap());
+        assert_eq!(prod.free().unwrap(), 4);
+        // The producer takes over what the daemon left, in order, and frees the slots.
+        let mut own = prod.consumer_handle().unwrap();
+        for want in 1..5u8 {
+            assert!(own.pop(&mut out).unwrap());
+            assert_eq!(out[0], want);
+        }
+        assert!(!own.pop(&mut out).unwrap());
+        assert_eq!(prod.free().unwrap(), 8);
+        // Then the daemon comes back where the producer stopped.
+        prod.push(&[9]).unwrap();
+        daemon.resync_consumer().unwrap();
+        assert!(daemon.pop(&mut out).unwrap());
+        assert_eq!(out[0], 9);
+        // A consumer index moved past the producer is refused.
+        unsafe { (mem.ptr().add(OFF_CONSUMER) as *mut u32).write(100) };
+        assert!(prod.consumer_handle().is_err());
     }
 
     #[test]

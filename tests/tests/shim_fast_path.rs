@@ -164,20 +164,12 @@ fn pingpong_with(
     let port_s = port.to_string();
     let mut common = vec!["-d", "srxe0", "-g", "0", "-p", &port_s, "-c"];
     common.extend_from_slice(args);
-    let mut server = Logged::spawn(
+    let mut server = listening_server(
+        daemon,
         command(daemon, server_as, &program, &common),
-        dir.join("server.log"),
+        port,
+        &dir,
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !tcp_listening(port) {
-        assert!(
-            Instant::now() < deadline && server.wait_for(Duration::ZERO).is_none(),
-            "server never listened:\n{}\n--- daemon\n{}",
-            server.output(),
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
     common.extend_from_slice(client_only);
     common.push("127.0.0.1");
     let mut client = Logged::spawn(
@@ -206,6 +198,22 @@ fn pingpong_with(
     for out in [server.output(), client.output()] {
         assert!(out.contains(" bytes in "), "no transfer line: {}", report());
     }
+}
+
+/// Starts a program's server (`cmd`, logged into `dir`) and waits until it listens on `port`.
+fn listening_server(daemon: &Daemon, cmd: Command, port: u16, dir: &Path) -> Logged {
+    let mut server = Logged::spawn(cmd, dir.join("server.log"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !tcp_listening(port) {
+        assert!(
+            Instant::now() < deadline && server.wait_for(Duration::ZERO).is_none(),
+            "server never listened:\n{}\n--- daemon\n{}",
+            server.output(),
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
 }
 
 type Counted = Vec<(String, u64)>;
@@ -523,4 +531,76 @@ fn completions_and_errors_on_the_fast_path_are_the_daemons() {
             "{scenario}: error counters"
         );
     }
+}
+
+/// A capture takes every direction back (the packets between local QPs must exist for it),
+/// and once it ends the QPs that ran through it go back to the fast path, even while their
+/// program keeps its send queue full: the daemon holds the QP's send ring until what is in
+/// flight has drained, and the taker runs what waited there first. An unmodified
+/// `ib_write_bw -D 6` is granted a direction, loses it to a capture of about a second, and
+/// is granted one again after the capture while it still runs; it ends with its report.
+#[test]
+fn a_stream_goes_back_to_the_fast_path_after_a_capture() {
+    let d = loopback_daemon("fast-after-capture", 77);
+    let program = require_program("ib_write_bw");
+    let dir = scratch("fast-path", "after-capture");
+    let args = [
+        "-d", "srxe0", "-x", "0", "-F", "-s", "65536", "-D", "6", "-p", "19570",
+    ];
+    let mut server = listening_server(&d, command(&d, As::Me(&[]), &program, &args), 19570, &dir);
+    let mut client_args = args.to_vec();
+    client_args.push("127.0.0.1");
+    let mut client = Logged::spawn(
+        command(&d, As::Me(&[]), &program, &client_args),
+        dir.join("client.log"),
+    );
+    let grants = || get(&counters(&d), "device_fast_grants");
+    // Granted within the first seconds of the stream (its setup included).
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while grants() == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before_capture = grants();
+    let cap = shim_support::captures::LiveCapture::start(&d, "fast-after-capture");
+    std::thread::sleep(Duration::from_secs(1));
+    // Nothing is granted while a capture runs.
+    let during = counters(&d);
+    let (grants_during, returns_during) = (
+        get(&during, "device_fast_grants"),
+        get(&during, "device_fast_returns"),
+    );
+    cap.stop();
+    // The stream runs on for about three seconds more: granted again within two.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while grants() == grants_during && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let regranted = grants();
+    let c = client.wait_for(RUN_LIMIT);
+    let s = server.wait_for(Duration::from_secs(30));
+    let report = format!(
+        "grants: {before_capture} before the capture, {grants_during} during it, {regranted} \
+         after it; returns during it {returns_during}\n--- server ({s:?})\n{}\n--- client \
+         ({c:?})\n{}\n--- daemon\n{}",
+        server.output(),
+        client.output(),
+        d.log()
+    );
+    assert!(
+        c.is_some_and(|s| s.success()) && s.is_some_and(|s| s.success()),
+        "ib_write_bw failed: {report}"
+    );
+    assert!(
+        client.output().contains("65536"),
+        "no bandwidth line: {report}"
+    );
+    assert!(before_capture >= 1, "never on the fast path: {report}");
+    assert!(
+        returns_during >= 1,
+        "the capture took nothing back: {report}"
+    );
+    assert!(
+        regranted > grants_during,
+        "not taken over again after the capture: {report}"
+    );
 }

@@ -137,6 +137,11 @@ pub(super) struct QpHost {
     pub fast: Option<(OwnedFd, proto::ctl::RingPlace, u64)>,
     pub away: bool,
     pub lent: bool,
+    /// The send ring is not read for a while, so that the work in flight drains and the
+    /// fast path can take the QP over (`DeviceThread::hold_for_take`); `hold_ended`: when
+    /// the last hold ended without a take.
+    pub held: bool,
+    pub hold_ended: Option<proto::transport::Nanos>,
     /// A ring held a WQE that could not be decoded: the QP is in ERR and its rings are not
     /// read again.
     pub corrupt: bool,

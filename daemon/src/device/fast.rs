@@ -30,7 +30,7 @@ use crate::shm::SharedRegion;
 use proto::ctl::{self, FastEvent, FastGrant, FastQp, FastRing, Request, Response};
 use proto::ring::fast::{Direction, MrEntry, MrTable, CONTROL_LEN, PUBLISHED_ERROR};
 use proto::ring::{wqe, RingGeometry};
-use proto::transport::{AttrMask, Counters, QpAttr, QpState, QpType, RecvWr};
+use proto::transport::{AttrMask, Counters, Nanos, QpAttr, QpState, QpType, RecvWr};
 use proto::{Psn, Qpn};
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -134,7 +134,40 @@ pub(super) struct FastPaths {
     /// `device_fast_returns` in its counters).
     pub grants: u64,
     pub returns: u64,
+    /// Send rings held for a take ([`DeviceThread::hold_for_take`]), with when each hold ends.
+    pub holds: Vec<Hold>,
 }
+
+/// A QP's send ring held for a take (device time): since when, and since when what was in
+/// flight has drained.
+pub(super) struct Hold {
+    client: u64,
+    qpn: u32,
+    since: Nanos,
+    drained_at: Option<Nanos>,
+}
+
+impl Hold {
+    /// When the hold ends if nothing changes.
+    pub fn until(&self) -> Nanos {
+        match self.drained_at {
+            Some(t) => t + HOLD_DRAINED_NS,
+            None => self.since + HOLD_MAX_NS,
+        }
+    }
+}
+
+/// The longest a send ring is held while its work drains: a full send queue of large
+/// messages takes a few milliseconds (perftest's 128 WRITEs of 64 KiB are 8 MiB, about 2 ms
+/// on the device's path here; a debug build is ten times slower).
+const HOLD_MAX_NS: Nanos = 100_000_000;
+/// How long a drained, held ring waits for the take: the program asks again every 200 µs
+/// while it posts or polls (`shim::fast`, `RETRY_HELD`), when it gets a CPU (on a busy
+/// machine, milliseconds later).
+const HOLD_DRAINED_NS: Nanos = 20_000_000;
+/// After a hold that ended without a take, the QP is not held again for this long: a QP the
+/// fast path cannot take for another reason loses little.
+const HOLD_AGAIN_NS: Nanos = 1_000_000_000;
 
 impl FastPaths {
     pub fn new(enabled: bool) -> FastPaths {
@@ -146,6 +179,7 @@ impl FastPaths {
             retired: Vec::new(),
             grants: 0,
             returns: 0,
+            holds: Vec::new(),
         }
     }
 
@@ -294,8 +328,7 @@ impl DeviceThread {
     fn fast_eligible(&self, client: u64, qpn: u32) -> Option<(u64, u32)> {
         // A capture or a fault rule sees or alters the packets between local QPs: those
         // packets must exist (they go through the link's layers).
-        let observed = self.link.capture.is_on() || self.link.faults.is_on() || self.naks.is_on();
-        if !self.fast.enabled || observed || self.local_via_socket {
+        if !self.fast.enabled || self.observed_now() || self.local_via_socket {
             return None;
         }
         let c = self.clients.get(&client)?;
@@ -382,6 +415,86 @@ impl DeviceThread {
         ok.then_some((peer, dest))
     }
 
+    /// A take of a QP with work in flight. A requester that is never idle (a stream that
+    /// keeps its send queue full, as perftest does) would never be granted, and a QP taken
+    /// back once (a capture, a query) would stay on the device's path for the rest of its
+    /// life: so the device stops reading the QP's send ring until what is in flight has
+    /// completed (at most [`HOLD_MAX_NS`]). What the program posts meanwhile waits in the
+    /// ring, its next posts ask again soon (EBUSY), and the taker reads the ring's entries
+    /// first. A drained ring waits [`HOLD_DRAINED_NS`] for the take; a hold that ends without
+    /// one is not tried again for [`HOLD_AGAIN_NS`].
+    fn hold_for_take(&mut self, client: u64, qpn: u32) -> (Response, Vec<OwnedFd>) {
+        let now = self.now();
+        let Some(q) = self
+            .clients
+            .get_mut(&client)
+            .and_then(|c| c.qps.get_mut(&qpn))
+        else {
+            return again("client gone");
+        };
+        if !q.held {
+            if q.hold_ended
+                .is_some_and(|t| now.saturating_sub(t) < HOLD_AGAIN_NS)
+            {
+                return again("work in flight");
+            }
+            q.held = true;
+            self.fast.holds.push(Hold {
+                client,
+                qpn,
+                since: now,
+                drained_at: None,
+            });
+            debug!(
+                client,
+                qpn, "fast path: send ring held until the work in flight drains"
+            );
+        }
+        (
+            Response::Error {
+                errno: libc::EBUSY,
+                message: "work in flight: the send ring is held until it drains".to_string(),
+            },
+            vec![],
+        )
+    }
+
+    /// Notes the holds whose work has drained, and ends those whose time is up without a
+    /// take: their rings are read again.
+    pub(super) fn fast_expire_holds(&mut self) {
+        if self.fast.holds.is_empty() {
+            return;
+        }
+        let now = self.now();
+        let mut i = 0;
+        while i < self.fast.holds.len() {
+            let h = &self.fast.holds[i];
+            if h.drained_at.is_none() && self.requester_drained(h.client, h.qpn) {
+                self.fast.holds[i].drained_at = Some(now);
+            }
+            if self.fast.holds[i].until() > now {
+                i += 1;
+                continue;
+            }
+            let h = self.fast.holds.swap_remove(i);
+            if let Some(c) = self.clients.get_mut(&h.client) {
+                if let Some(q) = c.qps.get_mut(&h.qpn) {
+                    q.held = false;
+                    q.hold_ended = Some(now);
+                }
+                c.revisit.push(super::doorbells::Bell::Qp(h.qpn));
+            }
+        }
+    }
+
+    /// Whether nothing the QP's requester was given is left to complete (or the QP is gone).
+    fn requester_drained(&self, client: u64, qpn: u32) -> bool {
+        self.clients.get(&client).is_none_or(|c| {
+            c.engine.requester_idle(Qpn::new(qpn))
+                && c.qps.get(&qpn).is_none_or(|q| q.pending_send.is_empty())
+        })
+    }
+
     /// Sets the offer on `(client, qpn)`'s send ring as the conditions say now.
     pub(super) fn fast_refresh(&self, client: u64, qpn: u32) {
         let offer = self.fast_eligible(client, qpn).is_some();
@@ -424,6 +537,8 @@ impl DeviceThread {
             return again("the fast path is not offered for this QP");
         };
         let index = self.index;
+        // What waits in the send ring unread goes with the direction: the taker reads it
+        // first (`shim::fast`), and this thread reads the ring no more once the QP is away.
         let idle = {
             let (Some(c), Some(p)) = (self.clients.get(&client), self.clients.get(&peer)) else {
                 return again("client gone");
@@ -431,13 +546,12 @@ impl DeviceThread {
             let q = &c.qps[&qpn];
             let pq = &p.qps[&pqpn];
             c.engine.requester_idle(Qpn::new(qpn))
-                && q.sq.available().unwrap_or(1) == 0
                 && q.pending_send.is_empty()
                 && p.engine.responder_idle(Qpn::new(pqpn))
                 && pq.pending_recv.is_empty()
         };
         if !idle {
-            return again("work in flight");
+            return self.hold_for_take(client, qpn);
         }
         // Everything older than the direction is in the completion rings before it starts.
         for id in [client, peer] {
@@ -613,7 +727,11 @@ impl DeviceThread {
         let c = self.clients.get_mut(&client).expect("checked above");
         let q = c.qps.get_mut(&qpn).expect("checked above");
         q.away = true;
+        q.held = false;
         q.sq.set_fast_offer(false);
+        self.fast
+            .holds
+            .retain(|h| (h.client, h.qpn) != (client, qpn));
         let config = c.engine.qp_config(Qpn::new(qpn)).expect("checked above");
         let grant = FastGrant {
             direction: id,
@@ -766,6 +884,13 @@ impl DeviceThread {
                 .absorb_counters(q, &Counters::from_words(&d.control.counters(0)));
             if let Some(h) = c.qps.get_mut(&d.taker_qpn) {
                 h.away = false;
+                // The taker read what its send ring held when it took the direction.
+                if h.sq.resync_consumer().is_err() {
+                    debug!(
+                        qpn = d.taker_qpn,
+                        "the fast path's send ring came back corrupt"
+                    );
+                }
             }
             // Its send ring's doorbell may have rung while the ring was not read: read it.
             c.revisit.push(super::doorbells::Bell::Qp(d.taker_qpn));
@@ -835,6 +960,24 @@ impl DeviceThread {
         // Offered again (the taker asks after a pause) if the conditions still hold.
         self.fast_refresh(d.taker, d.taker_qpn);
         true
+    }
+
+    /// Whether a capture or a fault rule observes the device (the packets between its QPs
+    /// must then exist).
+    pub(super) fn observed_now(&self) -> bool {
+        self.link.capture.is_on() || self.link.faults.is_on() || self.naks.is_on()
+    }
+
+    /// Once the last capture has ended (a capture ends on its own: its reader went away or
+    /// took its count) and no fault rule is left, the QPs are offered again: a capture of a
+    /// few seconds must not leave the programs that ran through it on the device's path for
+    /// the rest of their lives. Each round; three tests when nothing changed.
+    pub(super) fn notice_observers_gone(&mut self) {
+        let observed = self.observed_now();
+        if self.observed && !observed {
+            self.fast_observed(false);
+        }
+        self.observed = observed;
     }
 
     /// A capture or a fault rule starts (`observed`) or the last one ends on this device. The

@@ -161,6 +161,9 @@ pub struct DeviceThread {
     fast: fast::FastPaths,
     /// Requests, replies and revocations waiting for directions to come back.
     fast_waiting: Vec<Waiting>,
+    /// A capture or a fault rule observed the device at the end of the last round: the
+    /// same-host fast path is offered again once none does ([`DeviceThread::fast_observed`]).
+    observed: bool,
     /// Which peers are softroce devices, and the QPs waiting to know ([`loss_recovery`]).
     negotiation: loss_recovery::Negotiation,
     /// What every engine of the device runs (`--cc`, `--cc-param`).
@@ -251,6 +254,7 @@ impl DeviceThread {
             groups: HashMap::new(),
             fast: fast::FastPaths::new(true),
             fast_waiting: Vec::new(),
+            observed: false,
             congestion,
             drops: DeviceDrops::default(),
             departed: tp::Counters::default(),
@@ -476,6 +480,7 @@ impl DeviceThread {
     fn pump(&mut self, wait: Duration) -> bool {
         // Clients whose engine panicked on the way: dropped at the end of the round.
         let mut broken: Vec<u64> = Vec::new();
+        self.fast_expire_holds();
         let mut busy = self.take_posted_work(&mut broken);
         busy |= self.receive(wait, &mut broken);
         busy |= self.negotiation_timers();
@@ -491,6 +496,7 @@ impl DeviceThread {
         if busy {
             self.link.flush();
         }
+        self.notice_observers_gone();
         busy
     }
 
@@ -503,6 +509,7 @@ impl DeviceThread {
             .values()
             .filter_map(|c| c.engine.poll_timeout())
             .chain(self.negotiation.poll_timeout())
+            .chain(self.fast.holds.iter().map(|h| h.until()))
             .min();
         let timeout = match due {
             Some(t) if t <= now => Duration::ZERO,

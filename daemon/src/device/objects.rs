@@ -250,6 +250,8 @@ pub(super) fn create_qp(
                     fast,
                     away: false,
                     lent: false,
+                    held: false,
+                    hold_ended: None,
                     corrupt: false,
                     doorbell,
                 },

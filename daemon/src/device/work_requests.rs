@@ -136,10 +136,10 @@ fn pump_qp(
     if q.corrupt {
         return false;
     }
-    // Stop taking from the ring while earlier work still waits for the engine, and while
-    // the requester runs in the client (the same-host fast path: the ring is read again
-    // once the direction is back).
-    while q.pending_send.is_empty() && !q.away {
+    // Stop taking from the ring while earlier work still waits for the engine, while the
+    // requester runs in the client (the same-host fast path: the ring is read again once the
+    // direction is back), and while the ring is held for the fast path to take over.
+    while q.pending_send.is_empty() && !q.away && !q.held {
         match q.sq.pop(slot) {
             Ok(true) => {}
             Ok(false) => break,

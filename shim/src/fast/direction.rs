@@ -304,14 +304,8 @@ impl DirectionRt {
     /// backstop (`super::Backstop`), so that a burst of posts costs one pass, one ACK and one
     /// `process_vm_writev`; the direction stays entered meanwhile (a revoke waits for it).
     pub fn queue(&mut self, wrs: Vec<SendWr>) -> bool {
-        if !self.open {
-            if !self.control.enter() {
-                return false;
-            }
-            self.open = true;
-            self.opened_at = Instant::now();
-            self.own_mrs.sync(&mut self.own);
-            self.peer_mrs.sync(&mut self.mirror);
+        if !self.enter() {
+            return false;
         }
         for wr in wrs {
             self.queued += 1;
@@ -334,6 +328,21 @@ impl DirectionRt {
                     ..Cqe::default()
                 });
             }
+        }
+        true
+    }
+
+    /// Enters the direction if this process is outside it (false: the daemon revoked it).
+    /// Inside, the daemon waits for this process before it takes the QPs back.
+    pub fn enter(&mut self) -> bool {
+        if !self.open {
+            if !self.control.enter() {
+                return false;
+            }
+            self.open = true;
+            self.opened_at = Instant::now();
+            self.own_mrs.sync(&mut self.own);
+            self.peer_mrs.sync(&mut self.mirror);
         }
         true
     }

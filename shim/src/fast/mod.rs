@@ -24,6 +24,7 @@
 //! sources, then the daemon ring, so that each queue's completions come out in order across a
 //! grant and a revoke.
 
+pub mod backlog;
 pub mod direction;
 pub mod memory;
 
@@ -53,6 +54,9 @@ pub(crate) fn trace(what: std::fmt::Arguments<'_>) {
 
 /// How long a QP whose grant was refused or given back waits before it asks again.
 const RETRY_AFTER: Duration = Duration::from_millis(5);
+/// The same after a refusal while the daemon holds the QP's send ring for a take (EBUSY):
+/// the hold lasts a few milliseconds, and the take must come within it.
+const RETRY_HELD: Duration = Duration::from_micros(200);
 
 /// Whether this process takes directions at all (`SOFTROCE_FAST_PATH=0` turns it off).
 pub fn enabled() -> bool {
@@ -148,6 +152,10 @@ struct Inner {
     give_back: Vec<u32>,
     /// QPs that may not ask for a grant before the given time.
     backoff: IntMap<Instant>,
+    /// QPs whose send ring the daemon holds for a take (it answered EBUSY): the take is
+    /// asked again at the next post or at the next poll of the QP's send CQ (the program
+    /// may have a full send queue and only poll), with the ring it carries.
+    awaiting: IntMap<Awaiting>,
     /// What feeds each CQ of this context besides its daemon ring (a few CQs: a list).
     feeds: Vec<CqFeed>,
     /// The backstop thread: started with the first direction; parked (waiting without a
@@ -155,6 +163,12 @@ struct Inner {
     backstop: bool,
     backstop_parked: bool,
     shutdown: bool,
+}
+
+/// A QP waiting for its take ([`Inner::awaiting`]).
+struct Awaiting {
+    ring: backlog::SendRing,
+    send_cq: u32,
 }
 
 /// What the context and its backstop thread share.
@@ -212,6 +226,13 @@ fn daemon_only(wr: &SendWr) -> bool {
     ) || wr.ud.is_some()
 }
 
+/// Whether a work request that waited in the send ring may go with a take: the program's
+/// newer requests are checked against the receives the peer has after the take, but these
+/// would have to run before that check could send them back to the daemon.
+pub fn takeable_from_ring(wr: &SendWr) -> bool {
+    !daemon_only(wr) && !takes_receive(wr)
+}
+
 fn takes_receive(wr: &SendWr) -> bool {
     matches!(
         wr.op,
@@ -231,46 +252,26 @@ impl FastPath {
 
     /// Queues `wrs` (validated and decoded from the QP's own encoding, see `verbs::qp`) on
     /// the direction of `qpn`, taking it first if the daemon offers it. `offered`: the
-    /// QP's send ring says so; `sq_empty`: nothing waits in that ring (a grant needs it).
+    /// QP's send ring says so; `ring`: that send ring, whose waiting requests a take carries
+    /// (`None` while the direction runs here).
     pub fn post(
         &self,
         ctx: &ShimContext,
         qpn: u32,
         offered: bool,
-        sq_empty: bool,
+        ring: Option<backlog::SendRing>,
         wrs: Vec<SendWr>,
     ) -> Posted {
         let mut inner = self.lock();
         self.give_back_pending(ctx, &mut inner);
+        let mut carried = 0;
         if !inner.directions.contains_key(&qpn) {
-            if !offered || !sq_empty {
+            let Some(ring) = ring.filter(|_| offered) else {
                 return Posted::Ring;
-            }
-            if inner.backoff.get(&qpn).is_some_and(|t| Instant::now() < *t) {
-                return Posted::Ring;
-            }
-            let taken = take(ctx, qpn);
-            trace(format_args!("take qpn={qpn}: {}", taken.is_ok()));
-            match taken {
-                Ok(d) => {
-                    self.shared.used.store(true, Ordering::Relaxed);
-                    let send_cq = d.send_cq;
-                    inner.directions.insert(
-                        qpn,
-                        Running {
-                            send_cq,
-                            rt: Arc::new(Mutex::new(d)),
-                        },
-                    );
-                    if !inner.backstop {
-                        inner.backstop = true;
-                        spawn_backstop(self.shared.clone());
-                    }
-                }
-                Err(_) => {
-                    inner.backoff.insert(qpn, Instant::now() + RETRY_AFTER);
-                    return Posted::Ring;
-                }
+            };
+            match self.take_over(ctx, &mut inner, qpn, ring) {
+                Some(n) => carried = n,
+                None => return Posted::Ring,
             }
         }
         let recvs_needed = wrs.iter().filter(|w| takes_receive(w)).count() as u32;
@@ -308,7 +309,7 @@ impl FastPath {
             }
             return Posted::Done;
         }
-        if d.queued() == n {
+        if d.queued() == n + carried {
             // Newly entered: the backstop runs it if nobody polls.
             let since = d.open_since().unwrap_or_else(Instant::now);
             drop(d);
@@ -320,6 +321,114 @@ impl FastPath {
             }
         }
         Posted::Done
+    }
+
+    /// Asks for the direction of `qpn` whose send ring is `ring` (if the QP's pause is over),
+    /// enters it and queues what waited in the ring. Returns how many requests that was, or
+    /// `None` when the direction is not granted; an EBUSY answer (the daemon holds the ring
+    /// until the work in flight drains) leaves the QP waiting for its take
+    /// ([`Inner::awaiting`]), asked again shortly.
+    fn take_over(
+        &self,
+        ctx: &ShimContext,
+        inner: &mut Inner,
+        qpn: u32,
+        ring: backlog::SendRing,
+    ) -> Option<usize> {
+        if inner.backoff.get(&qpn).is_some_and(|t| Instant::now() < *t) || !ring.takeable() {
+            return None;
+        }
+        let taken = take(ctx, qpn);
+        trace(format_args!("take qpn={qpn}: {:?}", taken.as_ref().err()));
+        let d = match taken {
+            Ok(d) => d,
+            Err(e) => {
+                inner.awaiting.remove(&qpn);
+                let pause = if e == Errno::BUSY {
+                    inner.awaiting.insert(
+                        qpn,
+                        Awaiting {
+                            send_cq: ring.send_cq,
+                            ring,
+                        },
+                    );
+                    self.shared.used.store(true, Ordering::Relaxed);
+                    RETRY_HELD
+                } else {
+                    RETRY_AFTER
+                };
+                inner.backoff.insert(qpn, Instant::now() + pause);
+                return None;
+            }
+        };
+        inner.awaiting.remove(&qpn);
+        self.shared.used.store(true, Ordering::Relaxed);
+        let send_cq = d.send_cq;
+        let rt = Arc::new(Mutex::new(d));
+        inner.directions.insert(
+            qpn,
+            Running {
+                send_cq,
+                rt: rt.clone(),
+            },
+        );
+        if !inner.backstop {
+            inner.backstop = true;
+            spawn_backstop(self.shared.clone());
+        }
+        // Entered before the ring is read: a revoke now waits for this process, and one
+        // that came first leaves the ring unread, for the daemon.
+        let mut d = lock_rt(&rt);
+        if !d.enter() {
+            drop(d);
+            let r = inner.directions.remove(&qpn);
+            retire(inner, r);
+            return None;
+        }
+        let older = ring.take_all();
+        let carried = older.len();
+        if carried > 0 {
+            trace(format_args!(
+                "qpn={qpn}: took {carried} WRs from the send ring"
+            ));
+            d.queue(older);
+        }
+        Some(carried)
+    }
+
+    /// Asks again for the takes of the QPs that feed CQ `cq` whose send rings the daemon
+    /// holds (their program polls and may not post: its send queue is full, the rest of it
+    /// in the held ring), and runs what each carried.
+    fn take_awaiting(&self, ctx: &ShimContext, inner: &mut Inner, cq: u32) {
+        let qpns: Vec<u32> = inner
+            .awaiting
+            .iter()
+            .filter(|(_, a)| a.send_cq == cq)
+            .map(|(q, _)| *q)
+            .collect();
+        for qpn in qpns {
+            if inner.directions.contains_key(&qpn) {
+                inner.awaiting.remove(&qpn);
+                continue;
+            }
+            let Some(a) = inner.awaiting.remove(&qpn) else {
+                continue;
+            };
+            if inner.backoff.get(&qpn).is_some_and(|t| Instant::now() < *t) {
+                inner.awaiting.insert(qpn, a);
+                continue;
+            }
+            if self.take_over(ctx, inner, qpn, a.ring).is_none() {
+                continue;
+            }
+            let Some(rt) = inner.directions.get(&qpn).map(|r| r.rt.clone()) else {
+                continue;
+            };
+            let outcome = lock_rt(&rt).close();
+            if outcome == Outcome::GiveBack {
+                inner.give_back.push(qpn);
+            }
+        }
     }
 
     /// Runs the work queued on every direction of this context (before completions are
@@ -409,6 +518,11 @@ impl FastPath {
             inner.give_back.extend(back);
         }
         self.give_back_pending(ctx, &mut inner);
+        // Before the sources are counted: a direction granted now adds one, and the older
+        // completions of the daemon's ring are moved aside first.
+        if !inner.awaiting.is_empty() {
+            self.take_awaiting(ctx, &mut inner, cq);
+        }
         let sources = daemon_ring.fast_sources();
         if inner.feed(cq).seen != sources {
             attach(ctx, &mut inner, cq, sources, daemon_ring);
@@ -472,6 +586,8 @@ impl FastPath {
 /// [`FastPath::give_back`] under the lock.
 fn give_back_locked(ctx: &ShimContext, inner: &mut MutexGuard<'_, Inner>, qpn: u32) {
     inner.open.retain(|(q, _)| *q != qpn);
+    // (Its send ring lives only as long as the QP.)
+    inner.awaiting.remove(&qpn);
     let Some(r) = inner.directions.remove(&qpn) else {
         return;
     };

@@ -210,11 +210,24 @@ impl ShimQp {
         }
         let qpn = self.qp.qp_base.qp_num;
         let offered = sq.ring.fast_offered();
-        if !offered && !ctx.fast.runs(qpn) {
+        let runs = ctx.fast.runs(qpn);
+        if !offered && !runs {
             return None;
         }
-        let slot_count = sq.ring.geometry().slot_count;
-        let sq_empty = sq.ring.free().is_ok_and(|f| f == slot_count);
+        // A take carries what waits in the send ring (posted while the daemon had the QP).
+        let ring = if runs {
+            None
+        } else {
+            let send_cq = super::cq::cq_context_handle(self.qp.qp_base.send_cq)
+                .ok()?
+                .0;
+            crate::fast::backlog::SendRing::of(
+                &sq.ring,
+                self.cap.max_send_sge as usize,
+                self.cap.max_inline_data as usize,
+                send_cq,
+            )
+        };
         let mut wrs = Vec::new();
         let mut failed = None;
         let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
@@ -241,7 +254,7 @@ impl ShimQp {
             }
             cur = w.next;
         }
-        match ctx.fast.post(ctx, qpn, offered, sq_empty, wrs) {
+        match ctx.fast.post(ctx, qpn, offered, ring, wrs) {
             crate::fast::Posted::Ring => None,
             crate::fast::Posted::Done => Some(match failed {
                 None => Ok(()),

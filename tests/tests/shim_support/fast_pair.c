@@ -14,9 +14,11 @@
  *   rnr     a SEND the child has no receive for (rnr_retry 1): RNR_RETRY_EXC_ERR
  *   many    8 more QPs a side; in each of 40 rounds the parent posts 64 WRITEs of 8 bytes at
  *           a stride of 64 on every QP (perftest's pattern for small messages) before it
- *           polls the 8 signaled completions; then the child checks every value of the round,
- *           and that nothing was written between them: a completion must mean the bytes are
- *           in place, however many directions one poll runs */
+ *           polls the 8 signaled completions, and queries one QP halfway through its 64
+ *           (the daemon takes it back with work in flight; it is taken over again with what
+ *           waited in its send ring); then the child checks every value of the round, and
+ *           that nothing was written between them: a completion must mean the bytes are in
+ *           place, however many directions one poll runs */
 #include <infiniband/verbs.h>
 #include <signal.h>
 #include <stdint.h>
@@ -320,6 +322,15 @@ int main(int argc, char **argv)
                     w.wr.rdma.remote_addr = theirs.addr + (uint64_t)k * 64;
                     w.wr.rdma.rkey = theirs.rkey;
                     if (ibv_post_send(pq_many[q], &w, &bad)) die("post_send many");
+                    if (i == PER / 2 && q == round % NQ) {
+                        /* A query takes the QP back to the daemon with work in flight: the
+                         * rest of the round waits in its send ring, and the fast path takes
+                         * the QP over again with what waits there. */
+                        struct ibv_qp_attr qa;
+                        struct ibv_qp_init_attr qi;
+                        if (ibv_query_qp(pq_many[q], &qa, IBV_QP_STATE, &qi) || qa.qp_state != IBV_QPS_RTS)
+                            die("query_qp many");
+                    }
                 }
             struct ibv_wc wcs[16];
             double deadline = now() + 20;
