@@ -15,7 +15,10 @@
 //!   engines, handing over the configuration, the sequence numbers, the peer's receive queue
 //!   (its ring, and the WQEs the device already took from it, in a ring of the direction's
 //!   memfd), and the MR tables it publishes for both clients (updated at every registration;
-//!   a deregistration is answered only once no direction is using the table);
+//!   a deregistration is answered only once no direction is using the table); what waits
+//!   unread in the QP's send ring goes with it (the taker reads it first), and a take that
+//!   finds work in flight holds the send ring until that work drains
+//!   ([`DeviceThread::hold_for_take`]), so that a stream is taken over too;
 //! - it **takes it back** ([`DeviceThread::reclaim`]) whenever it needs the QPs itself (a
 //!   modify, a query, a destroy, a memory window, a client gone, a second QP on its SRQ, an
 //!   arm of a CQ it feeds) or the taker gives it back
