@@ -463,7 +463,8 @@ impl DeviceThread {
     }
 
     /// Notes the holds whose work has drained, and ends those whose time is up without a
-    /// take: their rings are read again.
+    /// take, or whose QP may no longer be taken (it changed state, a capture started): their
+    /// rings are read again.
     pub(super) fn fast_expire_holds(&mut self) {
         if self.fast.holds.is_empty() {
             return;
@@ -475,7 +476,9 @@ impl DeviceThread {
             if h.drained_at.is_none() && self.requester_drained(h.client, h.qpn) {
                 self.fast.holds[i].drained_at = Some(now);
             }
-            if self.fast.holds[i].until() > now {
+            let h = &self.fast.holds[i];
+            let still_offered = self.fast_eligible(h.client, h.qpn).is_some();
+            if still_offered && self.fast.holds[i].until() > now {
                 i += 1;
                 continue;
             }
