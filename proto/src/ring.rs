@@ -328,7 +328,9 @@ impl SharedRing {
     /// A consumer's handle on the ring this producer fills, at the consumer index the ring
     /// holds now: for a producer that takes over its own ring's unread entries while the
     /// usual consumer does not read it (the same-host fast path's taker reads what waited in
-    /// its QP's send ring; the daemon resynchronises when the direction comes back).
+    /// its QP's send ring; the daemon resynchronises when the direction comes back). It is
+    /// one more handle on the same memory: the contract of [`SharedRing::init`] and
+    /// [`SharedRing::attach`] (mapped for as long as any handle lives) covers it.
     pub fn consumer_handle(&self) -> Result<SharedRing, RingError> {
         let mut ring = SharedRing {
             base: self.base,

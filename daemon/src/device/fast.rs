@@ -315,10 +315,15 @@ fn mr_entry(c: &ClientDev, index: u32) -> Option<MrEntry> {
 }
 
 fn again(why: &str) -> (Response, Vec<OwnedFd>) {
+    refused(libc::EAGAIN, why)
+}
+
+/// A take refused with `errno` (EAGAIN: ask again later; EBUSY: soon, the send ring is held).
+fn refused(errno: i32, why: &str) -> (Response, Vec<OwnedFd>) {
     debug!("fast path: not granted: {why}");
     (
         Response::Error {
-            errno: libc::EAGAIN,
+            errno,
             message: why.to_string(),
         },
         vec![],
@@ -453,12 +458,9 @@ impl DeviceThread {
                 qpn, "fast path: send ring held until the work in flight drains"
             );
         }
-        (
-            Response::Error {
-                errno: libc::EBUSY,
-                message: "work in flight: the send ring is held until it drains".to_string(),
-            },
-            vec![],
+        refused(
+            libc::EBUSY,
+            "work in flight: the send ring is held until it drains",
         )
     }
 

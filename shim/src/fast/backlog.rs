@@ -72,13 +72,21 @@ impl SendRing {
             }
             // Only a program that wrote into the ring's memory makes an entry that does not
             // decode: it is skipped, as the daemon skips a malformed receive WQE.
-            let decoded = SendWqe::decode(&slot, self.max_sge, self.max_inline, &mut sges);
-            if let Some(wr) = decoded
-                .ok()
-                .and_then(|d| wqe::convert::send_wr(&d, |ah| ah).ok())
-            {
+            if let Some(wr) = decode(&slot, self.max_sge, self.max_inline, &mut sges) {
                 wrs.push(wr);
             }
         }
     }
+}
+
+/// A send WQE of this process's encoding (`verbs::qp`), as the fast path runs it: decoded
+/// with the QP's limits, as the daemon decodes its ring, into the engine's work request.
+pub fn decode(
+    slot: &[u8],
+    max_sge: usize,
+    max_inline: usize,
+    sges: &mut [wqe::Sge; wqe::MAX_SGE],
+) -> Option<SendWr> {
+    let d = SendWqe::decode(slot, max_sge, max_inline, sges).ok()?;
+    wqe::convert::send_wr(&d, |ah| ah).ok()
 }

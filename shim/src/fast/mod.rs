@@ -168,6 +168,18 @@ struct Inner {
     shutdown: bool,
 }
 
+/// What [`FastPath::take_over`] came to.
+enum Take {
+    /// Granted and entered, with this many requests from the send ring queued.
+    Taken(Arc<Mutex<DirectionRt>>, usize),
+    /// The daemon holds the send ring until the work in flight drains: ask again soon.
+    Held,
+    /// Not asked: the QP's pause after its last refusal is not over.
+    Paused,
+    /// Not granted, or the ring holds work the fast path leaves to the daemon.
+    Refused,
+}
+
 /// A QP waiting for its take ([`Inner::awaiting`]).
 struct Awaiting {
     ring: backlog::SendRing,
@@ -272,9 +284,23 @@ impl FastPath {
             let Some(ring) = ring.filter(|_| offered) else {
                 return Posted::Ring;
             };
-            match self.take_over(ctx, &mut inner, qpn, ring) {
-                Some(n) => carried = n,
-                None => return Posted::Ring,
+            match self.take_over(ctx, &mut inner, qpn, &ring) {
+                Take::Taken(_, n) => {
+                    inner.awaiting.remove(&qpn);
+                    carried = n;
+                }
+                Take::Held => {
+                    let send_cq = ring.send_cq;
+                    inner.awaiting.insert(qpn, Awaiting { ring, send_cq });
+                    // (`ibv_poll_cq` looks for fast sources only once this is set.)
+                    self.shared.used.store(true, Ordering::Relaxed);
+                    return Posted::Ring;
+                }
+                Take::Paused => return Posted::Ring,
+                Take::Refused => {
+                    inner.awaiting.remove(&qpn);
+                    return Posted::Ring;
+                }
             }
         }
         let recvs_needed = wrs.iter().filter(|w| takes_receive(w)).count() as u32;
@@ -327,44 +353,36 @@ impl FastPath {
     }
 
     /// Asks for the direction of `qpn` whose send ring is `ring` (if the QP's pause is over),
-    /// enters it and queues what waited in the ring. Returns how many requests that was, or
-    /// `None` when the direction is not granted; an EBUSY answer (the daemon holds the ring
-    /// until the work in flight drains) leaves the QP waiting for its take
-    /// ([`Inner::awaiting`]), asked again shortly.
+    /// enters it and queues what waited in the ring. What waits there must all be work the
+    /// fast path runs ([`takeable_from_ring`]); if not, the QP pauses as after a refusal, so
+    /// that the ring is looked at once in [`RETRY_AFTER`] and not at every post.
     fn take_over(
         &self,
         ctx: &ShimContext,
         inner: &mut Inner,
         qpn: u32,
-        ring: backlog::SendRing,
-    ) -> Option<usize> {
-        if inner.backoff.get(&qpn).is_some_and(|t| Instant::now() < *t) || !ring.takeable() {
-            return None;
+        ring: &backlog::SendRing,
+    ) -> Take {
+        if inner.backoff.get(&qpn).is_some_and(|t| Instant::now() < *t) {
+            return Take::Paused;
+        }
+        if !ring.takeable() {
+            inner.backoff.insert(qpn, Instant::now() + RETRY_AFTER);
+            return Take::Refused;
         }
         let taken = take(ctx, qpn);
         trace(format_args!("take qpn={qpn}: {:?}", taken.as_ref().err()));
         let d = match taken {
             Ok(d) => d,
             Err(e) => {
-                inner.awaiting.remove(&qpn);
-                let pause = if e == Errno::BUSY {
-                    inner.awaiting.insert(
-                        qpn,
-                        Awaiting {
-                            send_cq: ring.send_cq,
-                            ring,
-                        },
-                    );
-                    self.shared.used.store(true, Ordering::Relaxed);
-                    RETRY_HELD
-                } else {
-                    RETRY_AFTER
-                };
+                // EBUSY: work was in flight, and the daemon holds the QP's send ring until
+                // it drains (`hold_for_take`): ask again soon.
+                let held = e == Errno::BUSY;
+                let pause = if held { RETRY_HELD } else { RETRY_AFTER };
                 inner.backoff.insert(qpn, Instant::now() + pause);
-                return None;
+                return if held { Take::Held } else { Take::Refused };
             }
         };
-        inner.awaiting.remove(&qpn);
         self.shared.used.store(true, Ordering::Relaxed);
         let send_cq = d.send_cq;
         let rt = Arc::new(Mutex::new(d));
@@ -386,7 +404,7 @@ impl FastPath {
             drop(d);
             let r = inner.directions.remove(&qpn);
             retire(inner, r);
-            return None;
+            return Take::Refused;
         }
         let older = ring.take_all();
         let carried = older.len();
@@ -396,7 +414,8 @@ impl FastPath {
             ));
             d.queue(older);
         }
-        Some(carried)
+        drop(d);
+        Take::Taken(rt, carried)
     }
 
     /// Asks again for the takes of the QPs that feed CQ `cq` whose send rings the daemon
@@ -410,26 +429,22 @@ impl FastPath {
             .map(|(q, _)| *q)
             .collect();
         for qpn in qpns {
-            if inner.directions.contains_key(&qpn) {
-                inner.awaiting.remove(&qpn);
-                continue;
-            }
             let Some(a) = inner.awaiting.remove(&qpn) else {
                 continue;
             };
-            if inner.backoff.get(&qpn).is_some_and(|t| Instant::now() < *t) {
-                inner.awaiting.insert(qpn, a);
+            if inner.directions.contains_key(&qpn) {
                 continue;
             }
-            if self.take_over(ctx, inner, qpn, a.ring).is_none() {
-                continue;
-            }
-            let Some(rt) = inner.directions.get(&qpn).map(|r| r.rt.clone()) else {
-                continue;
-            };
-            let outcome = lock_rt(&rt).close();
-            if outcome == Outcome::GiveBack {
-                inner.give_back.push(qpn);
+            match self.take_over(ctx, inner, qpn, &a.ring) {
+                Take::Taken(rt, _) => {
+                    if lock_rt(&rt).close() == Outcome::GiveBack {
+                        inner.give_back.push(qpn);
+                    }
+                }
+                Take::Held | Take::Paused => {
+                    inner.awaiting.insert(qpn, a);
+                }
+                Take::Refused => {}
             }
         }
     }

@@ -236,14 +236,13 @@ impl ShimQp {
             // SAFETY: non-null and part of the caller's list of valid WRs (verb contract).
             let w = unsafe { &*cur };
             let converted = self.encode_send(sq, w).and_then(|len| {
-                let d = SendWqe::decode(
+                crate::fast::backlog::decode(
                     &sq.slot[..len],
                     self.cap.max_send_sge as usize,
                     self.cap.max_inline_data as usize,
                     &mut sges,
                 )
-                .map_err(|_| Errno::INVAL)?;
-                wqe::convert::send_wr(&d, |ah| ah).map_err(|_| Errno::INVAL)
+                .ok_or(Errno::INVAL)
             });
             match converted {
                 Ok(x) => wrs.push(x),
