@@ -5,6 +5,11 @@
 //   baseline memcpy SIZE...            memcpy of SIZE bytes, cache-hot source and destination
 //   baseline pvm SIZE...               process_vm_writev of SIZE bytes into another process
 //                                      (both buffers 4 KiB-aligned), one call per message
+//   baseline pvm_pieces N STRIDE SIZE  the ceiling of small RDMA WRITEs between two processes:
+//                                      process_vm_writev of N remote pieces of SIZE bytes, STRIDE
+//                                      bytes apart, per call (perftest's `-s 8` writes sit 64
+//                                      bytes apart, so no two merge), against the same pieces
+//                                      stored into a mapping both processes share; pieces/s each
 //   baseline udp ADDR PORT SEG MODE    a UDP stream over loopback of SEG-byte datagrams (a RoCE
 //                                      packet: headers + payload + ICRC); MODE `pkt` is one
 //                                      sendmsg/recvmsg per datagram, `gso` is UDP GSO on send
@@ -195,6 +200,66 @@ static void mode_pvm(int argc, char **argv) {
         printf("baseline=pvm_writev size=%zu GBps=%.4g Mmsgps=%.4g\n", size, size * best / 1e9, best / 1e6);
         fflush(stdout);
     }
+    (void)!write(to_child[1], "x", 1);
+    waitpid(child, NULL, 0);
+}
+
+// The kernel pins the remote page of every piece of a process_vm_writev anew (no two pieces
+// of perftest's small writes share a call's iovec), which bounds how many small writes per
+// second any writer through it can place, whatever it does around the call. Stores into a
+// shared mapping are the other way one process can place bytes in another: what that costs
+// per piece, with one release store per call's worth of pieces (a consumer's flag).
+static void mode_pvm_pieces(int n, size_t stride, size_t size) {
+    if (n < 1 || n > 1024 || size < 1 || size > stride) {
+        fprintf(stderr, "pvm_pieces: N in 1..1024, SIZE in 1..STRIDE\n");
+        exit(2);
+    }
+    size_t span = 1 << 22;  // 4 MiB of targets, walked through as perftest walks its buffer
+    char *shared = mmap(NULL, span + 64, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (shared == MAP_FAILED) die("mmap shared");
+    memset(shared, 0, span + 64);
+    int to_parent[2], to_child[2];
+    if (pipe(to_parent) || pipe(to_child)) die("pipe");
+    pid_t child = fork_child();
+    if (child == 0) {
+        pin(1);
+        void *buf = aligned(span);
+        uintptr_t addr = (uintptr_t)buf;
+        if (write(to_parent[1], &addr, sizeof addr) != sizeof addr) _exit(1);
+        char c;
+        (void)!read(to_child[0], &c, 1);
+        _exit(0);
+    }
+    pin(0);
+    uintptr_t remote;
+    if (read(to_parent[0], &remote, sizeof remote) != sizeof remote) die("read child address");
+    char *src = aligned((size_t)n * size);
+    struct iovec local = {src, (size_t)n * size}, far[1024];
+    size_t calls = span / ((size_t)n * stride), call = 0;
+    if (calls == 0) calls = 1;
+    double best;
+    BEST_RATE(best, 1, {
+        size_t base = (call++ % calls) * (size_t)n * stride;
+        for (int i = 0; i < n; i++) {
+            far[i].iov_base = (void *)(remote + base + i * stride);
+            far[i].iov_len = size;
+        }
+        if (process_vm_writev(child, &local, 1, far, n, 0) != (ssize_t)(n * size))
+            die("process_vm_writev");
+    });
+    double pvm = best * n;
+    call = 0;
+    volatile uint64_t *flag = (volatile uint64_t *)(shared + span);
+    BEST_RATE(best, 64, {
+        size_t base = (call++ % calls) * (size_t)n * stride;
+        for (int i = 0; i < n; i++) memcpy(shared + base + i * stride, src + i * size, size);
+        __atomic_store_n(flag, call, __ATOMIC_RELEASE);
+    });
+    double stores = best * n;
+    printf("baseline=pvm_pieces pieces=%d stride=%zu size=%zu pvm_Mpieces=%.4g pvm_ns_per_piece=%.1f "
+           "shared_Mpieces=%.4g\n",
+           n, stride, size, pvm / 1e6, 1e9 / pvm, stores / 1e6);
+    fflush(stdout);
     (void)!write(to_child[1], "x", 1);
     waitpid(child, NULL, 0);
 }
@@ -514,6 +579,8 @@ int main(int argc, char **argv) {
     if (getenv("BASELINE_SECONDS")) run_seconds = atof(getenv("BASELINE_SECONDS"));
     if (argc >= 3 && !strcmp(argv[1], "memcpy")) mode_memcpy(argc - 2, argv + 2);
     else if (argc >= 3 && !strcmp(argv[1], "pvm")) mode_pvm(argc - 2, argv + 2);
+    else if (argc == 5 && !strcmp(argv[1], "pvm_pieces"))
+        mode_pvm_pieces(atoi(argv[2]), strtoull(argv[3], NULL, 0), strtoull(argv[4], NULL, 0));
     else if (argc == 6 && !strcmp(argv[1], "udp"))
         mode_udp(argv[2], atoi(argv[3]), atoi(argv[4]),
                  !strcmp(argv[5], "gso") ? 1 : !strcmp(argv[5], "gso_zc") ? 2 : 0);

@@ -5,7 +5,10 @@ One run measures, on this machine:
   * the baselines (bench/baseline.c, before and after softroce's runs, the better kept):
     one process_vm_writev of 64 KiB, a busy-polled shared-memory ping-pong between two
     processes, a busy-polled UDP ping-pong, one TCP stream, a UDP GSO/GRO stream, and the
-    same stream sent with MSG_ZEROCOPY (does a zero-copy send pay between daemons here?);
+    same stream sent with MSG_ZEROCOPY (does a zero-copy send pay between daemons here?), and
+    the ceiling of small RDMA WRITEs between two processes: process_vm_writev of perftest's
+    8-byte pieces 64 bytes apart, 100 a call, against the same pieces stored into a shared
+    mapping (pieces per second);
   * on one daemon, unmodified perftest through the release shim, twice: with the same-host
     fast path (the default) and with `SOFTROCE_FAST_PATH=0` (the daemon's path, "today"):
     `ib_write_bw -s 65536`, `ib_send_lat -s 2`, `ib_write_bw -s 8 -q 16`;
@@ -68,6 +71,19 @@ class FastPathBench(Bench):
         if old is None or float(stream["payload_GBps"]) > float(old["payload_GBps"]):
             self.results["zerocopy"] = stream
 
+    # perftest's `-s 8` writes, as the fast path's copier hands them to the kernel: about a
+    # hundred pieces a call (a poll's worth of held writes), 64 bytes apart (perftest rounds
+    # each message up to a cache line), so that no two merge.
+    PIECES = (100, 64, 8)
+
+    def pvm_pieces(self):
+        got = self.baseline("pvm_pieces", *self.PIECES)
+        if not got:
+            return
+        old = self.results.get("pieces")
+        if old is None or float(got[0]["pvm_Mpieces"]) > float(old["pvm_Mpieces"]):
+            self.results["pieces"] = got[0]
+
     def shm_pingpong(self):
         got = self.baseline("shmpingpong", 20000 if self.quick else 100000)
         if not got:
@@ -107,6 +123,7 @@ class FastPathBench(Bench):
         try:
             self.run_baselines(sizes)
             self.shm_pingpong()
+            self.pvm_pieces()
             self.start_daemon("a", ADDR_A)
             self.start_daemon("b", ADDR_B)
             for path, env in (("fast", {}), ("daemon", {"SOFTROCE_FAST_PATH": "0"})):
@@ -122,6 +139,7 @@ class FastPathBench(Bench):
             self.stop_daemons()
             self.run_baselines(sizes)
             self.shm_pingpong()
+            self.pvm_pieces()
         finally:
             self.stop_daemons()
         print(self.table())
@@ -130,6 +148,7 @@ class FastPathBench(Bench):
         r = self.results
         out = []
         w = out.append
+        bound_rows = []
         pvm = r.get("pvm", {}).get(64 * KIB)
         shm = r.get("shm")
         shm_med = float(shm["oneway_us_median"]) if shm else None
@@ -176,6 +195,13 @@ class FastPathBench(Bench):
                       if "copied" in zc else "")
             w(f"| the same stream sent with MSG_ZEROCOPY | {fmt(zc_bw)} GB/s, {fmt(ratio(zc_bw, gso_bw), 2)} of "
               f"the plain stream{copied} |")
+        pieces = r.get("pieces")
+        if pieces:
+            w(f"| process_vm_writev of {pieces['pieces']} pieces of {pieces['size']} B, {pieces['stride']} B apart, "
+              f"per call (perftest's `-s 8` writes) | {fmt(float(pieces['pvm_Mpieces']))} M pieces/s "
+              f"({pieces['pvm_ns_per_piece']} ns each) |")
+            w(f"| the same pieces stored into a mapping both processes share | "
+              f"{fmt(float(pieces['shared_Mpieces']))} M pieces/s |")
         w("")
         w("### The rows\n")
         w("| goal | target | daemon path (today) | ratio | fast path | ratio | load (daemon; fast) | met? |")
@@ -194,6 +220,16 @@ class FastPathBench(Bench):
         w(f"| one daemon, `ib_write_bw -s 8 -q 16` | ≥ 3 M msg/s | {fmt(md / 1e6 if md else None)} M/s | "
           f"{fmt(ratio(md, 3e6), 2)} | {fmt(mf / 1e6 if mf else None)} M/s | {fmt(ratio(mf, 3e6), 2)} | "
           f"{load(('rate', 'daemon'))}; {load(('rate', 'fast'))} | {state(None if mf is None else mf >= 3e6)} |")
+        if pieces:
+            ceiling = float(pieces["pvm_Mpieces"]) * 1e6
+            bound_rows.append(
+                f"The message-rate row's bound (this run): every small RDMA WRITE into another process is a "
+                f"piece of a `process_vm_writev`, and the kernel pins each piece's page anew: "
+                f"{fmt(ceiling / 1e6)} M pieces/s for a thread that does nothing else, "
+                f"{fmt(ratio(ceiling, 3e6), 2)} × the 3 M msg/s asked for. The fast path reached "
+                f"{fmt(ratio(mf, ceiling), 2)} of it. Stores into a shared mapping place "
+                f"{fmt(float(pieces['shared_Mpieces']))} M pieces/s: only registered memory that both "
+                f"processes map (`docs/architecture.md`, \"Small writes\") gets past the bound.")
         b2 = r.get(("bw", "two"))
         q = ratio(b2, tcp)
         w(f"| two daemons, `ib_write_bw -s 65536` / one TCP stream ({fmt(tcp)} GB/s) | ≥ 1.0 | {fmt(b2)} GB/s | "
@@ -207,6 +243,8 @@ class FastPathBench(Bench):
         w(f"| two daemons, `ib_send_lat -s 2` / UDP ping-pong one way ({fmt(pp_med)} µs) | ≤ 1.5 × | {lat(l2)} | "
           f"{fmt(q, 2)} | | | {load(('lat', 'two'))} | {state(None if q is None else q <= 1.5)} |")
         w("")
+        for b in bound_rows:
+            w(b + "\n")
         if self.runs:
             w("Each run of the medians above, sorted (GB/s; message rate in M/s):\n")
             for (what, path), vals in self.runs.items():

@@ -533,6 +533,66 @@ fn completions_and_errors_on_the_fast_path_are_the_daemons() {
     }
 }
 
+/// A QP whose send ring the daemon holds for a take (the take came while the daemon's
+/// requester was busy) is taken over at the program's next poll, not only at its next post:
+/// a program whose send queue is full, or that has nothing more to send, only polls, and its
+/// last requests would otherwise wait in the held ring until the hold ran out. `fast_pair
+/// held`: a WRITE on the fast path; a query takes the QP back; a SEND the child has no
+/// receive for keeps the daemon's requester busy (RNR NAKs); the WRITE posted after it asks
+/// for a take and finds the ring held; then the parent only polls. Both completions, the
+/// child's receive and both WRITEs' bytes are checked against a run on the daemon's path,
+/// and the device must have granted a second direction (the take from the poll).
+#[test]
+fn a_held_qp_is_taken_over_at_a_poll() {
+    let exe = compile_c(
+        "fast_pair",
+        include_str!("shim_support/fast_pair.c"),
+        &["ibverbs"],
+    );
+    let d = loopback_daemon("fast-held", 78);
+    let run = |env: &[(&str, &str)]| {
+        let before = counters(&d);
+        let mut cmd = d.command(&exe);
+        cmd.arg("held");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run fast_pair");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && text.ends_with("done\n"),
+            "fast_pair held {env:?}: {}\n{text}\n{}\n--- daemon\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            d.log()
+        );
+        (text, delta(&before, &counters(&d)))
+    };
+    let (fast, fast_counters) = run(&[]);
+    let (slow, slow_counters) = run(&[("SOFTROCE_FAST_PATH", "0")]);
+    for line in [
+        "parent wr_id=31 opcode=1 status=0",
+        "child WRITE bytes match",
+        "parent wr_id=32 opcode=0 status=0",
+        "parent wr_id=33 opcode=1 status=0",
+        "child wr_id=7 opcode=128 status=0 byte_len=100",
+        "child SEND bytes match",
+        "child unpolled WRITE bytes arrived",
+    ] {
+        assert!(fast.contains(line), "no {line:?} in\n{fast}");
+    }
+    assert_eq!(fast, slow, "the fast path's completions differ");
+    assert_eq!(get(&slow_counters, "device_fast_grants"), 0);
+    assert!(
+        get(&fast_counters, "rcvd_rnr_err") >= 1,
+        "the SEND met no RNR NAK, so nothing was in flight at the take: {fast_counters:?}"
+    );
+    assert!(
+        get(&fast_counters, "device_fast_grants") >= 2,
+        "the WRITE waiting in the held ring was not taken over at the poll: {fast_counters:?}"
+    );
+}
+
 /// A capture takes every direction back (the packets between local QPs must exist for it),
 /// and once it ends the QPs that ran through it go back to the fast path, even while their
 /// program keeps its send queue full: the daemon holds the QP's send ring until what is in

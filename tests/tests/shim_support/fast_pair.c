@@ -18,7 +18,12 @@
  *           (the daemon takes it back with work in flight; it is taken over again with what
  *           waited in its send ring); then the child checks every value of the round, and
  *           that nothing was written between them: a completion must mean the bytes are in
- *           place, however many directions one poll runs */
+ *           place, however many directions one poll runs
+ *   held    after a WRITE on the fast path, a query takes the QP back; a SEND the child has
+ *           no receive for yet keeps the daemon's requester busy (RNR, retried for ever), and
+ *           the WRITE posted after it finds the QP's send ring held for a take; from then on
+ *           the parent only polls (once the child has posted its receive): the take must
+ *           come from the poll, and the WRITE run on the fast path (the test counts grants) */
 #include <infiniband/verbs.h>
 #include <signal.h>
 #include <stdint.h>
@@ -160,6 +165,7 @@ int main(int argc, char **argv)
 {
     const char *scenario = argc > 1 ? argv[1] : "ok";
     int rnr = !strcmp(scenario, "rnr");
+    int held = !strcmp(scenario, "held");
     int up[2], down[2];
     if (pipe(up) || pipe(down)) die("pipes");
     pid_t pid = fork();
@@ -183,7 +189,7 @@ int main(int argc, char **argv)
             struct ibv_recv_wr r2 = { .wr_id = 9, .sg_list = &small, .num_sge = 1 };
             struct ibv_recv_wr r = { .wr_id = 8, .sg_list = two, .num_sge = 2, .next = &r2 }, *bad;
             if (ibv_post_recv(c.qp, &r, &bad)) die("post_recv");
-        } else if (!rnr) {
+        } else if (!rnr && !held) {
             struct ibv_sge g = { (uintptr_t)(c.buf + 4096), 4096, c.mr->lkey };
             struct ibv_recv_wr r = { .wr_id = 7, .sg_list = &g, .num_sge = 1 }, *bad;
             if (ibv_post_recv(c.qp, &r, &bad)) die("post_recv");
@@ -238,6 +244,10 @@ int main(int argc, char **argv)
                     many_ok++;
                 else
                     printf("child many round %d DIFFERS\n", many_round);
+            } else if (b == 'p') {
+                struct ibv_sge g = { (uintptr_t)(c.buf + 4096), 4096, c.mr->lkey };
+                struct ibv_recv_wr r = { .wr_id = 7, .sg_list = &g, .num_sge = 1 }, *bad;
+                if (ibv_post_recv(c.qp, &r, &bad)) die("post_recv");
             } else if (b == 'M') {
                 printf("child many WRITEs: %d of %d rounds matched\n", many_ok, many_round);
             } else if (b == 's') {
@@ -347,6 +357,27 @@ int main(int argc, char **argv)
         printf("parent many WRITEs: %d failed\n", failed);
         fflush(stdout);
         ASK('M');
+    } else if (held) {
+        post(&p, 31, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr, theirs.rkey);
+        one(&p, "parent");
+        ASK('w');
+        struct ibv_qp_attr qa;
+        struct ibv_qp_init_attr qi;
+        if (ibv_query_qp(p.qp, &qa, IBV_QP_STATE, &qi) || qa.qp_state != IBV_QPS_RTS)
+            die("query_qp held");
+        /* The query gave the QP back (the shim waits 5 ms before it asks again): the SEND
+         * goes to the daemon, which meets RNR NAKs until the child posts its receive. */
+        post(&p, 32, IBV_WR_SEND, 4096, 100, 0, 0);
+        for (double until = now() + 0.02; now() < until;)
+            ;
+        /* Asks for a take while the daemon's requester is busy: the daemon holds the send
+         * ring, and this WRITE waits in it. */
+        post(&p, 33, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr + 8192, theirs.rkey);
+        ASK('p');
+        one(&p, "parent");
+        one(&p, "parent");
+        ASK('r');
+        ASK('u');
     } else if (!strcmp(scenario, "unpolled")) {
         post(&p, 21, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr + 8192, theirs.rkey);
         ASK('u');
