@@ -38,6 +38,8 @@ const D_PUBLISHED: usize = 192;
 const D_COUNTERS: usize = 256;
 /// Counters kept per engine of a direction (the taker's and the peer's mirror).
 pub const COUNTER_WORDS: usize = 64;
+// Every counter an engine keeps has its word.
+const _: () = assert!(crate::transport::counters::COUNTER_COUNT <= COUNTER_WORDS);
 
 /// Published flag: the taker's engines ended in an error state (the daemon moves both QPs
 /// to ERR when it takes them back).
@@ -185,14 +187,16 @@ impl Direction {
     /// [`Direction::write_counters`] of only the words that differ from `published`, what
     /// this writer stored last (a pass changes a few counters of 64: storing all of them
     /// made the daemon's copy of 16 cache lines move to this CPU at every pass).
+    /// The words past `words.len()` (at most [`COUNTER_WORDS`]) are left alone.
     pub fn write_changed_counters(
         &self,
         which: usize,
-        words: &[u64; COUNTER_WORDS],
+        words: &[u64],
         published: &mut [u64; COUNTER_WORDS],
     ) {
         let at = D_COUNTERS + which.min(1) * COUNTER_WORDS * 8;
-        for (i, (v, p)) in words.iter().zip(published.iter_mut()).enumerate() {
+        let n = words.len().min(COUNTER_WORDS);
+        for (i, (v, p)) in words[..n].iter().zip(&mut published[..n]).enumerate() {
             if *v != *p {
                 self.word64(at + 8 * i).store(*v, Ordering::Relaxed);
                 *p = *v;

@@ -152,6 +152,9 @@ pub(crate) enum Dropped {
     WrongPath,
 }
 
+/// How many counters [`Counters::to_words`] writes.
+pub const COUNTER_COUNT: usize = 50;
+
 impl Counters {
     /// The rxe counters as (name, value) pairs, in rxe's order: what `rdma statistic` prints.
     pub fn rxe_counters(&self) -> [(&'static str, u64); 17] {
@@ -238,9 +241,69 @@ impl Counters {
     /// [`Counters::to_words`] into `out` (as many as fit; the rest of `out` is left as it
     /// was), allocating nothing.
     pub fn write_words(&self, out: &mut [u64]) {
-        for (o, (_, v)) in out.iter_mut().zip(self.named_iter()) {
-            *o = v;
-        }
+        let words = self.words();
+        let n = out.len().min(words.len());
+        out[..n].copy_from_slice(&words[..n]);
+    }
+
+    /// Every counter as one word, in the order of [`Counters::named`], spelt out: the
+    /// same-host fast path publishes both of its engines' counters at the end of every pass,
+    /// and walking the named pairs took about 1,200 instructions per engine (callgrind of
+    /// `ib_send_lat`: a seventh of a round trip's). A test holds the order to `named`.
+    pub fn words(&self) -> [u64; COUNTER_COUNT] {
+        let d = &self.drops;
+        [
+            self.sent_pkts,
+            self.rcvd_pkts,
+            self.duplicate_request,
+            self.out_of_seq_request,
+            self.rcvd_rnr_err,
+            self.send_rnr_err,
+            self.rcvd_seq_err,
+            self.ack_deferred,
+            self.retry_exceeded_err,
+            self.retry_rnr_exceeded_err,
+            self.completer_retry_err,
+            self.send_err,
+            self.link_downed,
+            self.rdma_sends,
+            self.rdma_recvs,
+            self.sent_bytes,
+            self.rcvd_bytes,
+            self.req_remote_access_errors,
+            self.resp_remote_access_errors,
+            self.req_remote_invalid_request,
+            u64::from(self.qkey_viol_cntr),
+            u64::from(self.bad_pkey_cntr),
+            self.icrc_errors,
+            self.dropped_pkts,
+            self.np_ecn_marked_roce_packets,
+            self.np_cnp_sent,
+            self.rp_cnp_handled,
+            self.rp_cnp_ignored,
+            self.sack_sent,
+            self.sack_rcvd,
+            self.ooo_held,
+            self.sel_retransmits,
+            self.sel_probes,
+            d.malformed,
+            d.unknown_opcode,
+            d.unknown_qp,
+            d.wrong_transport,
+            d.wrong_path,
+            d.bad_pkey,
+            d.no_group,
+            d.qp_state,
+            d.psn_gap,
+            d.duplicate_ignored,
+            d.response_ignored,
+            d.uc_abandoned,
+            d.ud_bad_qkey,
+            d.ud_not_received,
+            d.nak_remote_access,
+            d.nak_invalid_request,
+            d.nak_remote_operational,
+        ]
     }
 
     /// The counters [`Counters::to_words`] wrote (missing words are 0).
@@ -339,6 +402,28 @@ impl Counters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_words_are_the_named_counters_in_order() {
+        // Every counter a different value (the two saturating ones below 0xFFFF), so that a
+        // word out of place shows.
+        let words: Vec<u64> = (1..=COUNTER_COUNT as u64).map(|i| i * 1000 + 7).collect();
+        let c = Counters::from_words(&words);
+        let named: Vec<u64> = c.named().into_iter().map(|(_, v)| v).collect();
+        assert_eq!(named, words, "from_words and named disagree");
+        assert_eq!(c.to_words(), words);
+        let mut out = [u64::MAX; COUNTER_COUNT + 3];
+        c.write_words(&mut out);
+        assert_eq!(out[..COUNTER_COUNT], words[..]);
+        assert_eq!(
+            out[COUNTER_COUNT..],
+            [u64::MAX; 3],
+            "words past the counters kept"
+        );
+        let mut short = [0u64; 5];
+        c.write_words(&mut short);
+        assert_eq!(short[..], words[..5]);
+    }
 
     #[test]
     fn accumulate_adds_every_named_counter() {

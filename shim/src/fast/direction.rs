@@ -598,11 +598,10 @@ impl DirectionRt {
             recvs_used: self.recvs_used - u32::from(self.given_unused()),
             flags: if failed { PUBLISHED_ERROR } else { 0 },
         });
-        let mut words = [0u64; proto::ring::fast::COUNTER_WORDS];
-        self.own.counters().write_words(&mut words);
+        let words = self.own.counters().words();
         self.control
             .write_changed_counters(0, &words, &mut self.published[0]);
-        self.mirror.counters().write_words(&mut words);
+        let words = self.mirror.counters().words();
         self.control
             .write_changed_counters(1, &words, &mut self.published[1]);
         if failed || events || !idle || held {
