@@ -207,6 +207,10 @@ const BATCH: usize = 256;
 /// The backstop runs queued work the application left for this long without calling
 /// `ibv_poll_cq` (an application that posts and then waits on memory, or elsewhere).
 const BACKSTOP_AFTER: Duration = Duration::from_micros(200);
+/// The backstop's sleeps grow up to this while the application runs its own work (it
+/// enters directions and closes them before they are old): each wake preempts a spinner on
+/// a small machine. Work left alone after such a stretch waits at most this long once.
+const BACKSTOP_LONGEST: Duration = Duration::from_micros(1600);
 /// The backstop parks (waits without a timeout, woken by the next post) after this long
 /// without queued work.
 const BACKSTOP_PARK_AFTER: Duration = Duration::from_millis(100);
@@ -664,11 +668,12 @@ fn backstop(shared: &Shared) {
     let mut idle_since = Instant::now();
     let mut entered = 0;
     let mut parked = false;
+    let mut sleep = BACKSTOP_AFTER;
     loop {
         if parked {
             std::thread::park();
         } else {
-            std::thread::park_timeout(BACKSTOP_AFTER);
+            std::thread::park_timeout(sleep);
         }
         let mut inner = match shared.inner.try_lock() {
             Ok(g) => g,
@@ -684,10 +689,12 @@ fn backstop(shared: &Shared) {
         // Idle is no direction entered since the last look, not an empty list at the look:
         // a ping-pong enters and leaves between two looks, and a backstop that parked
         // then was woken by every post (a system call each, and a preemption of a spinner).
-        if !inner.open.is_empty() || inner.entered != entered {
+        let active = inner.entered != entered;
+        if !inner.open.is_empty() || active {
             entered = inner.entered;
             idle_since = Instant::now();
         }
+        sleep = next_sleep(sleep, !inner.open.is_empty(), active);
         if !inner.open.is_empty() {
             let old = FastPath::take_old(&mut inner, shared, BACKSTOP_AFTER);
             if !old.is_empty() {
@@ -702,6 +709,19 @@ fn backstop(shared: &Shared) {
         }
         parked = inner.open.is_empty() && idle_since.elapsed() > BACKSTOP_PARK_AFTER;
         inner.backstop_parked = parked;
+    }
+}
+
+/// How long the backstop sleeps after a look that found directions `open` (entered with
+/// work not run yet) or none, and the application `active` (it entered some since the last
+/// look) or not. Entered and closed again between two looks: the application runs its own
+/// work, so it looks half as often each time, down to once per [`BACKSTOP_LONGEST`];
+/// anything open: again once it may be old.
+fn next_sleep(last: Duration, open: bool, active: bool) -> Duration {
+    if !open && active {
+        (last * 2).min(BACKSTOP_LONGEST)
+    } else {
+        BACKSTOP_AFTER
     }
 }
 
@@ -798,4 +818,28 @@ fn place(addr: u64, data: &[u8]) {
     // it registered with local write access (checked by the engine that placed it); the
     // application gave that buffer to the device until this completion.
     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backstop_looks_less_often_while_the_application_runs_its_own_work() {
+        let mut sleep = BACKSTOP_AFTER;
+        let mut seen = Vec::new();
+        // A ping-pong: the application enters and closes its directions between two looks.
+        for _ in 0..6 {
+            sleep = next_sleep(sleep, false, true);
+            seen.push(sleep.as_micros());
+        }
+        assert_eq!(seen, [400, 800, 1600, 1600, 1600, 1600]);
+        // Something left open: looked at again within BACKSTOP_AFTER, so that it runs once
+        // it is that old.
+        assert_eq!(next_sleep(sleep, true, true), BACKSTOP_AFTER);
+        assert_eq!(next_sleep(sleep, true, false), BACKSTOP_AFTER);
+        // Nothing entered since the last look: the application may have stopped: the short
+        // look again (it parks after BACKSTOP_PARK_AFTER of this).
+        assert_eq!(next_sleep(sleep, false, false), BACKSTOP_AFTER);
+    }
 }
