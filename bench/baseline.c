@@ -163,6 +163,27 @@ static void mode_memcpy(int argc, char **argv) {
     }
 }
 
+// A child process (on CPU 1 with BASELINE_PIN) holding a buffer of `size` bytes, its pages
+// faulted in: its pid, the buffer's address in it, and a descriptor to write a byte to when
+// the parent is done with it (the child then exits; reap it with waitpid).
+static pid_t buffer_child(size_t size, uintptr_t *remote, int *done) {
+    int to_parent[2], to_child[2];
+    if (pipe(to_parent) || pipe(to_child)) die("pipe");
+    pid_t child = fork_child();
+    if (child == 0) {
+        pin(1);
+        uintptr_t addr = (uintptr_t)aligned(size);
+        if (write(to_parent[1], &addr, sizeof addr) != sizeof addr) _exit(1);
+        char c;
+        (void)!read(to_child[0], &c, 1);  // until the parent is done
+        _exit(0);
+    }
+    pin(0);
+    if (read(to_parent[0], remote, sizeof *remote) != sizeof *remote) die("read child address");
+    *done = to_child[1];
+    return child;
+}
+
 // The child holds one buffer of the largest size and tells the parent its address; the parent
 // writes into it with process_vm_writev, one call per message, as a daemon moving a message
 // into an application's registered memory would.
@@ -172,21 +193,9 @@ static void mode_pvm(int argc, char **argv) {
         size_t s = strtoull(argv[i], NULL, 0);
         if (s > max) max = s;
     }
-    int to_parent[2], to_child[2];
-    if (pipe(to_parent) || pipe(to_child)) die("pipe");
-    pid_t child = fork_child();
-    if (child == 0) {
-        pin(1);
-        void *buf = aligned(max);
-        uintptr_t addr = (uintptr_t)buf;
-        if (write(to_parent[1], &addr, sizeof addr) != sizeof addr) _exit(1);
-        char c;
-        (void)!read(to_child[0], &c, 1);  // until the parent is done
-        _exit(0);
-    }
-    pin(0);
     uintptr_t remote;
-    if (read(to_parent[0], &remote, sizeof remote) != sizeof remote) die("read child address");
+    int done;
+    pid_t child = buffer_child(max, &remote, &done);
     char *src = aligned(max);
     for (int i = 0; i < argc; i++) {
         size_t size = strtoull(argv[i], NULL, 0);
@@ -200,7 +209,7 @@ static void mode_pvm(int argc, char **argv) {
         printf("baseline=pvm_writev size=%zu GBps=%.4g Mmsgps=%.4g\n", size, size * best / 1e9, best / 1e6);
         fflush(stdout);
     }
-    (void)!write(to_child[1], "x", 1);
+    (void)!write(done, "x", 1);
     waitpid(child, NULL, 0);
 }
 
@@ -218,21 +227,9 @@ static void mode_pvm_pieces(int n, size_t stride, size_t size) {
     char *shared = mmap(NULL, span + 64, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) die("mmap shared");
     memset(shared, 0, span + 64);
-    int to_parent[2], to_child[2];
-    if (pipe(to_parent) || pipe(to_child)) die("pipe");
-    pid_t child = fork_child();
-    if (child == 0) {
-        pin(1);
-        void *buf = aligned(span);
-        uintptr_t addr = (uintptr_t)buf;
-        if (write(to_parent[1], &addr, sizeof addr) != sizeof addr) _exit(1);
-        char c;
-        (void)!read(to_child[0], &c, 1);
-        _exit(0);
-    }
-    pin(0);
     uintptr_t remote;
-    if (read(to_parent[0], &remote, sizeof remote) != sizeof remote) die("read child address");
+    int done;
+    pid_t child = buffer_child(span, &remote, &done);
     char *src = aligned((size_t)n * size);
     struct iovec local = {src, (size_t)n * size}, far[1024];
     size_t calls = span / ((size_t)n * stride), call = 0;
@@ -260,7 +257,7 @@ static void mode_pvm_pieces(int n, size_t stride, size_t size) {
            "shared_Mpieces=%.4g\n",
            n, stride, size, pvm / 1e6, 1e9 / pvm, stores / 1e6);
     fflush(stdout);
-    (void)!write(to_child[1], "x", 1);
+    (void)!write(done, "x", 1);
     waitpid(child, NULL, 0);
 }
 

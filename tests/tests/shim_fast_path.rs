@@ -81,6 +81,41 @@ fn delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)
         .collect()
 }
 
+/// The `fast_pair` C program (tests/tests/shim_support/fast_pair.c), compiled once per test.
+fn fast_pair() -> std::path::PathBuf {
+    compile_c(
+        "fast_pair",
+        include_str!("shim_support/fast_pair.c"),
+        &["ibverbs"],
+    )
+}
+
+/// Runs `fast_pair SCENARIO` on `d` with extra environment: its output, which must end in
+/// "done" (the program exits early on any error), and how the device's counters moved.
+fn run_fast_pair(
+    d: &Daemon,
+    exe: &Path,
+    scenario: &str,
+    env: &[(&str, &str)],
+) -> (String, Vec<(String, u64)>) {
+    let before = counters(d);
+    let mut cmd = d.command(exe);
+    cmd.arg(scenario);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run fast_pair");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && text.ends_with("done\n"),
+        "fast_pair {scenario} {env:?}: {}\n{text}\n{}\n--- daemon\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    (text, delta(&before, &counters(d)))
+}
+
 /// The counters that say something went wrong (errors, drops, NAKs, retries).
 fn trouble(c: &[(String, u64)]) -> Vec<(String, u64)> {
     c.iter()
@@ -440,30 +475,9 @@ fn local_packets_through_the_link_stay_on_the_daemons_path() {
 /// with `SOFTROCE_FAST_PATH=0`.
 #[test]
 fn completions_and_errors_on_the_fast_path_are_the_daemons() {
-    let exe = compile_c(
-        "fast_pair",
-        include_str!("shim_support/fast_pair.c"),
-        &["ibverbs"],
-    );
+    let exe = fast_pair();
     let d = loopback_daemon("fast-errors", 74);
-    let run = |scenario: &str, env: &[(&str, &str)]| {
-        let before = counters(&d);
-        let mut cmd = d.command(&exe);
-        cmd.arg(scenario);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().expect("run fast_pair");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success() && text.ends_with("done\n"),
-            "fast_pair {scenario} {env:?}: {}\n{text}\n{}\n--- daemon\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            d.log()
-        );
-        (text, delta(&before, &counters(&d)))
-    };
+    let run = |scenario: &str, env: &[(&str, &str)]| run_fast_pair(&d, &exe, scenario, env);
     for (scenario, expect) in [
         (
             "ok",
@@ -544,32 +558,10 @@ fn completions_and_errors_on_the_fast_path_are_the_daemons() {
 /// and the device must have granted a second direction (the take from the poll).
 #[test]
 fn a_held_qp_is_taken_over_at_a_poll() {
-    let exe = compile_c(
-        "fast_pair",
-        include_str!("shim_support/fast_pair.c"),
-        &["ibverbs"],
-    );
+    let exe = fast_pair();
     let d = loopback_daemon("fast-held", 78);
-    let run = |env: &[(&str, &str)]| {
-        let before = counters(&d);
-        let mut cmd = d.command(&exe);
-        cmd.arg("held");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().expect("run fast_pair");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success() && text.ends_with("done\n"),
-            "fast_pair held {env:?}: {}\n{text}\n{}\n--- daemon\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr),
-            d.log()
-        );
-        (text, delta(&before, &counters(&d)))
-    };
-    let (fast, fast_counters) = run(&[]);
-    let (slow, slow_counters) = run(&[("SOFTROCE_FAST_PATH", "0")]);
+    let (fast, fast_counters) = run_fast_pair(&d, &exe, "held", &[]);
+    let (slow, slow_counters) = run_fast_pair(&d, &exe, "held", &[("SOFTROCE_FAST_PATH", "0")]);
     for line in [
         "parent wr_id=31 opcode=1 status=0",
         "child WRITE bytes match",
