@@ -226,7 +226,7 @@ class FastPathBench(Bench):
                 f"The message-rate row's bound (this run): every small RDMA WRITE into another process is a "
                 f"piece of a `process_vm_writev`, and the kernel pins each piece's page anew: "
                 f"{fmt(ceiling / 1e6)} M pieces/s for a thread that does nothing else, "
-                f"{fmt(ratio(ceiling, 3e6), 2)} × the 3 M msg/s asked for. The fast path reached "
+                f"{ceiling / 3e6:.2f} × the 3 M msg/s asked for. The fast path reached "
                 f"{fmt(ratio(mf, ceiling), 2)} of it. Stores into a shared mapping place "
                 f"{fmt(float(pieces['shared_Mpieces']))} M pieces/s: only registered memory that both "
                 f"processes map (`docs/architecture.md`, \"Small writes\") gets past the bound.")
