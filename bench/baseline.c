@@ -219,11 +219,11 @@ static void mode_pvm(int argc, char **argv) {
 // shared mapping are the other way one process can place bytes in another: what that costs
 // per piece, with one release store per call's worth of pieces (a consumer's flag).
 static void mode_pvm_pieces(int n, size_t stride, size_t size) {
-    if (n < 1 || n > 1024 || size < 1 || size > stride) {
-        fprintf(stderr, "pvm_pieces: N in 1..1024, SIZE in 1..STRIDE\n");
+    size_t span = 1 << 22;  // 4 MiB of targets, walked through as perftest walks its buffer
+    if (n < 1 || n > 1024 || size < 1 || size > stride || (size_t)n * stride > span) {
+        fprintf(stderr, "pvm_pieces: N in 1..1024, SIZE in 1..STRIDE, N x STRIDE at most 4 MiB\n");
         exit(2);
     }
-    size_t span = 1 << 22;  // 4 MiB of targets, walked through as perftest walks its buffer
     char *shared = mmap(NULL, span + 64, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (shared == MAP_FAILED) die("mmap shared");
     memset(shared, 0, span + 64);
