@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use proto::ctl::{self, QpAttr, Request};
 use proto::ring::wqe::WrOpcode;
 use raw::{ok, send_wqe, Side};
-use shim_support::programs::{scratch, tcp_listening, Logged};
+use shim_support::programs::{listening_server, scratch, Logged};
 use shim_support::{require_program, Daemon};
 
 /// `enum ibv_event_type` and `enum ibv_wc_status` values (verbs.h).
@@ -56,17 +56,7 @@ impl Pingpong {
         };
         let mut cmd = daemon.command(&program);
         args(&mut cmd);
-        let mut server = Logged::spawn(cmd, dir.join(format!("server-{port}.log")));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !tcp_listening(port) {
-            assert!(
-                Instant::now() < deadline && server.wait_for(Duration::ZERO).is_none(),
-                "pingpong server never listened:\n{}\n{}",
-                server.output(),
-                daemon.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let server = listening_server(daemon, cmd, port, dir.join(format!("server-{port}.log")));
         let mut cmd = daemon.command(&program);
         args(&mut cmd);
         cmd.arg("127.0.0.1");

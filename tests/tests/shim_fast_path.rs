@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use proto::ctl::{self, Request, Response};
-use shim_support::programs::{loopback_daemon, scratch, tcp_listening, Logged};
+use shim_support::programs::{listening_server, loopback_daemon, scratch, Logged};
 use shim_support::{compile_c, require_program, shim_libs, Daemon};
 
 const RUN_LIMIT: Duration = Duration::from_secs(120);
@@ -203,7 +203,7 @@ fn pingpong_with(
         daemon,
         command(daemon, server_as, &program, &common),
         port,
-        &dir,
+        dir.join("server.log"),
     );
     common.extend_from_slice(client_only);
     common.push("127.0.0.1");
@@ -233,22 +233,6 @@ fn pingpong_with(
     for out in [server.output(), client.output()] {
         assert!(out.contains(" bytes in "), "no transfer line: {}", report());
     }
-}
-
-/// Starts a program's server (`cmd`, logged into `dir`) and waits until it listens on `port`.
-fn listening_server(daemon: &Daemon, cmd: Command, port: u16, dir: &Path) -> Logged {
-    let mut server = Logged::spawn(cmd, dir.join("server.log"));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !tcp_listening(port) {
-        assert!(
-            Instant::now() < deadline && server.wait_for(Duration::ZERO).is_none(),
-            "server never listened:\n{}\n--- daemon\n{}",
-            server.output(),
-            daemon.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server
 }
 
 type Counted = Vec<(String, u64)>;
@@ -589,17 +573,24 @@ fn a_held_qp_is_taken_over_at_a_poll() {
 /// and once it ends the QPs that ran through it go back to the fast path, even while their
 /// program keeps its send queue full: the daemon holds the QP's send ring until what is in
 /// flight has drained, and the taker runs what waited there first. An unmodified
-/// `ib_write_bw -D 6` is granted a direction, loses it to a capture of about a second, and
+/// `ib_write_bw -D 10` is granted a direction, loses it to a capture of about a second, and
 /// is granted one again after the capture while it still runs; it ends with its report.
+/// (The stream is long enough for a loaded machine: a take waits for the device's path to
+/// drain what was in flight, and a hold that runs out is tried again a second later.)
 #[test]
 fn a_stream_goes_back_to_the_fast_path_after_a_capture() {
     let d = loopback_daemon("fast-after-capture", 77);
     let program = require_program("ib_write_bw");
     let dir = scratch("fast-path", "after-capture");
     let args = [
-        "-d", "srxe0", "-x", "0", "-F", "-s", "65536", "-D", "6", "-p", "19570",
+        "-d", "srxe0", "-x", "0", "-F", "-s", "65536", "-D", "10", "-p", "19570",
     ];
-    let mut server = listening_server(&d, command(&d, As::Me(&[]), &program, &args), 19570, &dir);
+    let mut server = listening_server(
+        &d,
+        command(&d, As::Me(&[]), &program, &args),
+        19570,
+        dir.join("server.log"),
+    );
     let mut client_args = args.to_vec();
     client_args.push("127.0.0.1");
     let mut client = Logged::spawn(
@@ -622,8 +613,8 @@ fn a_stream_goes_back_to_the_fast_path_after_a_capture() {
         get(&during, "device_fast_returns"),
     );
     cap.stop();
-    // The stream runs on for about three seconds more: granted again within two.
-    let deadline = Instant::now() + Duration::from_secs(2);
+    // The stream runs on for at least four seconds more: granted again within them.
+    let deadline = Instant::now() + Duration::from_secs(4);
     while grants() == grants_during && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -158,7 +158,7 @@ struct Inner {
     /// QPs whose send ring the daemon holds for a take (it answered EBUSY): the take is
     /// asked again at the next post or at the next poll of the QP's send CQ (the program
     /// may have a full send queue and only poll), with the ring it carries.
-    awaiting: IntMap<Awaiting>,
+    awaiting: IntMap<backlog::SendRing>,
     /// What feeds each CQ of this context besides its daemon ring (a few CQs: a list).
     feeds: Vec<CqFeed>,
     /// The backstop thread: started with the first direction; parked (waiting without a
@@ -181,12 +181,6 @@ enum Take {
     Paused,
     /// Not granted, or the ring holds work the fast path leaves to the daemon.
     Refused,
-}
-
-/// A QP waiting for its take ([`Inner::awaiting`]).
-struct Awaiting {
-    ring: backlog::SendRing,
-    send_cq: u32,
 }
 
 /// What the context and its backstop thread share.
@@ -299,8 +293,7 @@ impl FastPath {
                     carried = n;
                 }
                 Take::Held => {
-                    let send_cq = ring.send_cq;
-                    inner.awaiting.insert(qpn, Awaiting { ring, send_cq });
+                    inner.awaiting.insert(qpn, ring);
                     // (`ibv_poll_cq` looks for fast sources only once this is set.)
                     self.shared.used.store(true, Ordering::Relaxed);
                     return Posted::Ring;
@@ -437,24 +430,24 @@ impl FastPath {
         let qpns: Vec<u32> = inner
             .awaiting
             .iter()
-            .filter(|(_, a)| a.send_cq == cq)
+            .filter(|(_, ring)| ring.send_cq == cq)
             .map(|(q, _)| *q)
             .collect();
         for qpn in qpns {
-            let Some(a) = inner.awaiting.remove(&qpn) else {
+            let Some(ring) = inner.awaiting.remove(&qpn) else {
                 continue;
             };
             if inner.directions.contains_key(&qpn) {
                 continue;
             }
-            match self.take_over(ctx, inner, qpn, &a.ring) {
+            match self.take_over(ctx, inner, qpn, &ring) {
                 Take::Taken(rt, _) => {
                     if lock_rt(&rt).close() == Outcome::GiveBack {
                         inner.give_back.push(qpn);
                     }
                 }
                 Take::Held | Take::Paused => {
-                    inner.awaiting.insert(qpn, a);
+                    inner.awaiting.insert(qpn, ring);
                 }
                 Take::Refused => {}
             }

@@ -118,7 +118,8 @@ pub fn cq_from_ptr<'a, T>(cq: *mut T) -> Result<&'a ShimCq, Errno> {
 
 impl ShimCq {
     /// Counts one poll (`ibv_poll_cq`, `ibv_start_poll`/`ibv_next_poll`) and yields the CPU
-    /// on every [`poll_yield_every`]-th consecutive one that found the ring empty.
+    /// on every [`poll_yield_every`]-th consecutive one that found the ring empty (for a CQ
+    /// fed by the fast path, only past the first [`FAST_QUIET_POLLS`]).
     fn polled(&self, found: bool) {
         let quiet = if self.fed_fast.load(Ordering::Relaxed) {
             FAST_QUIET_POLLS

@@ -132,6 +132,24 @@ pub fn scratch(area: &str, name: &str) -> PathBuf {
     dir
 }
 
+/// Starts a program's server (`cmd`, its output logged to `log`) and waits until it listens
+/// on TCP `port`; fails the test if it exits first or does not listen within 30 s.
+#[allow(dead_code)]
+pub fn listening_server(daemon: &Daemon, cmd: Command, port: u16, log: PathBuf) -> Logged {
+    let mut server = Logged::spawn(cmd, log);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !tcp_listening(port) {
+        assert!(
+            Instant::now() < deadline && server.wait_for(Duration::ZERO).is_none(),
+            "server never listened on {port}:\n{}\n--- daemon\n{}",
+            server.output(),
+            daemon.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
 /// Whether something listens on TCP `port` (IPv4 or IPv6), from /proc/net: probing with a
 /// connection would be taken by a pingpong or perftest server as its client.
 pub fn tcp_listening(port: u16) -> bool {
