@@ -32,8 +32,6 @@ pub(crate) struct Job {
     pub pid: Pid,
     /// The process whose liveness vouches for the pid (None: the pid is not used).
     pub process: Option<Arc<ClientProcess>>,
-    /// When the holder last found the process alive.
-    pub checked_at: Instant,
     pub pending: WriteBehind,
     pub outcome: WriteOutcome,
     pub reply: Sender<Job>,
@@ -91,11 +89,10 @@ fn run(jobs: Receiver<Job>) {
         // The pid is used only while the process that connected still owns it (the module
         // documentation of `procmem`): the holder checked within LIVENESS_TTL of handing the
         // job over, which is usually microseconds ago; checked again when it is not.
-        let alive = job.checked_at.elapsed() < LIVENESS_TTL
-            || job
-                .process
-                .as_ref()
-                .is_some_and(|p| p.address_space_alive());
+        let alive = job
+            .process
+            .as_ref()
+            .is_some_and(|p| p.alive_within(Instant::now(), LIVENESS_TTL));
         job.outcome = if alive {
             // A panic here would leave the holder waiting for its job: it comes back failed.
             let (pid, pending) = (job.pid, &mut job.pending);

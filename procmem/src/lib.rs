@@ -33,7 +33,8 @@
 //!
 //! The pid is only used while the process that connected still owns it: every call through
 //! it is preceded, at most [`LIVENESS_TTL`] earlier (so at most a thousand checks a second
-//! however busy the data path), by a check that the process's address space is still the one
+//! per process, however busy the data path and however many memories of the process are in
+//! use: the last check is the [`ClientProcess`]'s), by a check that the process's address space is still the one
 //! it connected with ([`ClientProcess::address_space_alive`], which
 //! is false after exit and after exec). Once that fails the memory is gone for good and the
 //! pid is never used again, so a pid the kernel recycles for another process is never read or
@@ -484,8 +485,6 @@ pub struct ProcessMemory {
     process: Option<Arc<ClientProcess>>,
     /// Set once the process is found gone: final.
     gone: Cell<bool>,
-    /// When the process was last found alive (see [`LIVENESS_TTL`]).
-    alive_at: Cell<Option<Instant>>,
     bounce: Bounce,
     window: Span,
     pages: PageCache,
@@ -678,7 +677,6 @@ impl ProcessMemory {
             pid: Pid::from_raw(pid),
             gone: Cell::new(process.is_none()),
             process,
-            alive_at: Cell::new(None),
             bounce: Bounce::default(),
             window: Span::default(),
             pages: PageCache::default(),
@@ -785,7 +783,6 @@ impl ProcessMemory {
         let job = Job {
             pid: self.pid,
             process: self.process.clone(),
-            checked_at: self.alive_at.get().unwrap_or_else(Instant::now),
             pending: std::mem::replace(&mut self.pending, spare),
             outcome: WriteOutcome::default(),
             reply: ahead.reply.clone(),
@@ -839,27 +836,23 @@ impl ProcessMemory {
     /// within [`LIVENESS_TTL`] (checked again when older; a registration always checks).
     /// `Gone` is final.
     fn reachable(&self) -> Result<(), AccessError> {
-        let gone = AccessError::Gone {
-            pid: self.pid.as_raw(),
-        };
-        let now = Instant::now();
-        if self
-            .alive_at
-            .get()
-            .is_some_and(|t| now.duration_since(t) < LIVENESS_TTL)
-        {
-            return Ok(());
-        }
+        self.reachable_within(LIVENESS_TTL)
+    }
+
+    /// [`ProcessMemory::reachable`] with a check at most `ttl` old (zero: a fresh one). The
+    /// last check is the process's, shared with every other memory of it.
+    fn reachable_within(&self, ttl: Duration) -> Result<(), AccessError> {
         if self.gone.get()
             || !self
                 .process
                 .as_ref()
-                .is_some_and(|p| p.address_space_alive())
+                .is_some_and(|p| p.alive_within(Instant::now(), ttl))
         {
             self.gone.set(true);
-            return Err(gone);
+            return Err(AccessError::Gone {
+                pid: self.pid.as_raw(),
+            });
         }
-        self.alive_at.set(Some(now));
         Ok(())
     }
 
@@ -1246,8 +1239,7 @@ impl ProcessMemory {
         let end = addr.checked_add(len).ok_or(unmapped)?;
         // A registration is rare and decides what the pid may be used for later: always a
         // fresh check.
-        self.alive_at.set(None);
-        self.reachable()?;
+        self.reachable_within(Duration::ZERO)?;
         if len > 0 && self.probe_pages(addr, end) {
             return Ok(());
         }
@@ -1331,6 +1323,29 @@ mod tests {
             assert_eq!(&back[3..], &src[..len]);
             dst.fill(0);
         }
+    }
+
+    #[test]
+    fn memories_of_one_process_share_its_liveness_probe() {
+        let process = Arc::new(ClientProcess::open(std::process::id() as i32).unwrap());
+        let mut memories: Vec<ProcessMemory> = (0..16)
+            .map(|_| ProcessMemory::of(Arc::clone(&process)))
+            .collect();
+        let src = [7u8; 64];
+        let mut dst = [0u8; 64];
+        let before = process.probes();
+        for m in &mut memories {
+            m.write(dst.as_mut_ptr() as u64, &src).unwrap();
+            m.flush().unwrap();
+        }
+        assert_eq!(dst, src);
+        // Sixteen memories within a millisecond (or two, on a slow machine): one probe each
+        // millisecond, not one per memory.
+        assert!(
+            process.probes() - before <= 2,
+            "{} probes",
+            process.probes() - before
+        );
     }
 
     #[test]

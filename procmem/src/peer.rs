@@ -28,6 +28,8 @@
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// `SO_PEERPIDFD` (asm-generic/socket.h, Linux 6.5).
 const SO_PEERPIDFD: libc::c_int = 77;
@@ -54,6 +56,35 @@ pub struct ClientProcess {
     /// Where the liveness probe reads: an address on the process's stack (see
     /// [`probe_address`]), 0 when unknown.
     probe_at: u64,
+    /// The last probe that found the address space alive, shared by everyone who holds
+    /// this process (see [`ClientProcess::alive_within`]).
+    checks: Checks,
+}
+
+/// When a process was last found alive, as nanoseconds after `epoch` (0: never), and
+/// whether it was found gone (final).
+#[derive(Debug)]
+struct Checks {
+    epoch: Instant,
+    alive_at: AtomicU64,
+    gone: AtomicBool,
+    probes: AtomicU64,
+}
+
+impl Checks {
+    fn new() -> Checks {
+        Checks {
+            epoch: Instant::now(),
+            alive_at: AtomicU64::new(0),
+            gone: AtomicBool::new(false),
+            probes: AtomicU64::new(0),
+        }
+    }
+
+    /// `now` as stored (at least 1, so that 0 keeps meaning "never").
+    fn stamp(&self, now: Instant) -> u64 {
+        (now.saturating_duration_since(self.epoch).as_nanos() as u64).max(1)
+    }
 }
 
 impl ClientProcess {
@@ -96,6 +127,7 @@ impl ClientProcess {
             pidfd,
             address_space,
             probe_at: probe_address(pid).unwrap_or(0),
+            checks: Checks::new(),
         };
         // Opened by pid: it is the pidfd's process's only if that one is still alive now.
         if process.exited() {
@@ -144,6 +176,38 @@ impl ClientProcess {
             }
             None => !self.exited(),
         }
+    }
+
+    /// Whether the address space was found alive at most `ttl` before `now`: probed again
+    /// ([`ClientProcess::address_space_alive`], one system call) only when the last probe
+    /// that found it alive is older. The answer is shared by everyone who holds this
+    /// process, so however many memories of it are in use (a device's QPs, the fast path's
+    /// directions), it is probed at most once per `ttl`. Gone is final. `ttl` zero: a fresh
+    /// probe.
+    pub fn alive_within(&self, now: Instant, ttl: Duration) -> bool {
+        let c = &self.checks;
+        if c.gone.load(Ordering::Relaxed) {
+            return false;
+        }
+        let at = c.alive_at.load(Ordering::Relaxed);
+        let stamp = c.stamp(now);
+        if at != 0 && !ttl.is_zero() && stamp.saturating_sub(at) < ttl.as_nanos() as u64 {
+            return true;
+        }
+        c.probes.fetch_add(1, Ordering::Relaxed);
+        if !self.address_space_alive() {
+            c.gone.store(true, Ordering::Relaxed);
+            return false;
+        }
+        // Concurrent probes may store out of order; an older stamp only means an earlier
+        // probe next time.
+        c.alive_at.store(stamp, Ordering::Relaxed);
+        true
+    }
+
+    /// How many times [`ClientProcess::alive_within`] probed the address space.
+    pub fn probes(&self) -> u64 {
+        self.checks.probes.load(Ordering::Relaxed)
     }
 }
 
@@ -274,6 +338,31 @@ mod tests {
         }
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    #[test]
+    fn liveness_is_probed_once_per_ttl_and_gone_is_final() {
+        let mut child = Command::new("sleep").arg("5").spawn().unwrap();
+        let p = ClientProcess::open(child.id() as i32).unwrap();
+        let t0 = Instant::now();
+        let ttl = Duration::from_millis(1);
+        assert!(p.alive_within(t0, ttl));
+        assert_eq!(p.probes(), 1);
+        for us in [0, 10, 999] {
+            assert!(p.alive_within(t0 + Duration::from_micros(us), ttl));
+        }
+        assert_eq!(p.probes(), 1, "within the ttl: the last probe holds");
+        assert!(p.alive_within(t0 + Duration::from_micros(1001), ttl));
+        assert_eq!(p.probes(), 2, "older than the ttl: probed again");
+        assert!(p.alive_within(t0 + Duration::from_micros(1001), Duration::ZERO));
+        assert_eq!(p.probes(), 3, "a zero ttl always probes");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        // Within the ttl of the last probe the death is not seen yet (that is the bound the
+        // pid's reuse needs, see `crate::LIVENESS_TTL`); past it, it is, and for good.
+        assert!(!p.alive_within(Instant::now() + Duration::from_millis(2), ttl));
+        assert!(!p.alive_within(Instant::now(), Duration::from_secs(3600)));
+        assert_eq!(p.probes(), 4, "gone needs no more probes");
     }
 
     #[test]

@@ -5,8 +5,12 @@
 //! they call these, as the daemon's engines do; what is left here is the copy.
 
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
 
-use procmem::ProcessMemory;
+use procmem::peer::ClientProcess;
+use procmem::{ProcessMemory, LIVENESS_TTL};
 use proto::transport::{MemoryAccess, MemoryError};
 
 /// This process's own registered memory, reached directly.
@@ -188,9 +192,32 @@ pub struct PeerMemory {
     pub arena: Vec<u8>,
 }
 
+/// The peer process `pid`, pinned once for every direction that writes into it: its
+/// liveness is then probed once per [`LIVENESS_TTL`] for all of them (`ib_write_bw -q 16` has
+/// sixteen directions into one peer, each of which probed on its own: 16,000 reads of
+/// `/proc/PID/mem` a second). A pinned process found gone (it exited, or exec'd, and the pid
+/// may name another process now) is pinned afresh. None: the process does not exist.
+fn peer_process(pid: i32) -> Option<Arc<ClientProcess>> {
+    static PEERS: Mutex<Option<HashMap<i32, Weak<ClientProcess>>>> = Mutex::new(None);
+    let mut peers = PEERS.lock().unwrap_or_else(|e| e.into_inner());
+    let peers = peers.get_or_insert_with(HashMap::new);
+    if let Some(p) = peers.get(&pid).and_then(Weak::upgrade) {
+        if p.alive_within(Instant::now(), LIVENESS_TTL) {
+            return Some(p);
+        }
+    }
+    peers.retain(|_, p| p.strong_count() > 0);
+    let p = Arc::new(ClientProcess::open(pid).ok()?);
+    peers.insert(pid, Arc::downgrade(&p));
+    Some(p)
+}
+
 impl PeerMemory {
     pub fn new(pid: i32) -> PeerMemory {
-        let mut process = ProcessMemory::new(pid);
+        let mut process = match peer_process(pid) {
+            Some(p) => ProcessMemory::of(p),
+            None => ProcessMemory::new(pid),
+        };
         if let Some(from) = copy_ahead_from() {
             process.copy_ahead(from);
         }
