@@ -313,8 +313,9 @@ mod tests {
     use proto::ctl::{cm_option, Request, Response, RoceVersion};
     use std::os::fd::OwnedFd;
 
-    /// Listener `l` on `listen`, an active id resolved to `dst` and connecting; returns the
-    /// active id and the CONNECT_REQUEST (or whatever the listener's channel got).
+    /// A new active id of client 2 on channel `ch`, resolved to `dst` and connecting with QP
+    /// `qpn` (the REQ sent and the wire settled); returns the id. What a listener made of
+    /// the REQ is for the caller to read from its own channel.
     fn start_connect(
         svc: &mut CmService,
         wire: &Wire,

@@ -151,10 +151,26 @@ impl CmService {
 
     /// `rdma_accept` of a connection request: a REP, or a SIDR_REP.
     pub(super) fn accept(&mut self, now: u64, h: u32, conn: CmConnParam) -> Reply {
+        let reply = self.answer_request(now, h, conn);
+        self.answered(h, &reply);
+        reply
+    }
+
+    /// Once a connection request is answered it no longer counts toward its listener's
+    /// backlog; an answer refused (a SIDR_REP's private data too long) leaves it waiting,
+    /// and counting, until another accept or a reject.
+    fn answered(&mut self, h: u32, reply: &Reply) {
+        if matches!(reply.0, Response::Done) {
+            if let Some(x) = self.ids.get_mut(&h) {
+                x.pending_on = None;
+            }
+        }
+    }
+
+    fn answer_request(&mut self, now: u64, h: u32, conn: CmConnParam) -> Reply {
         let Some(x) = self.ids.get_mut(&h) else {
             return error(libc::EINVAL, "no such id");
         };
-        x.pending_on = None;
         let (Some(d), Some(c)) = (x.device, x.conn) else {
             return error(libc::EINVAL, "the id has no connection request");
         };
@@ -211,10 +227,15 @@ impl CmService {
 
     /// `rdma_reject`: a REJ (consumer defined), or a SIDR_REP that refuses.
     pub(super) fn reject(&mut self, now: u64, h: u32, private_data: &[u8]) -> Reply {
+        let reply = self.refuse_request(now, h, private_data);
+        self.answered(h, &reply);
+        reply
+    }
+
+    fn refuse_request(&mut self, now: u64, h: u32, private_data: &[u8]) -> Reply {
         let Some(x) = self.ids.get_mut(&h) else {
             return error(libc::EINVAL, "no such id");
         };
-        x.pending_on = None;
         let (Some(d), Some(c)) = (x.device, x.conn) else {
             return error(libc::EINVAL, "nothing to reject");
         };
@@ -459,6 +480,11 @@ mod tests {
         assert_eq!(errno_of(r), libc::EINVAL);
         svc.drain();
         assert!(wire.lock().unwrap().is_empty(), "nothing was sent");
+        let listener = svc.ids[&child].pending_on;
+        assert!(
+            listener.is_some(),
+            "still unanswered: it counts toward the backlog"
+        );
         let fits = CmConnParam {
             qp_num: 0x10012,
             private_data: b"ok".to_vec(),
@@ -480,5 +506,6 @@ mod tests {
         };
         assert_eq!((r.status, r.qpn), (sidr_status::SUCCESS, 0x10012));
         assert!(r.private_data.starts_with(b"ok"));
+        assert_eq!(svc.ids[&child].pending_on, None, "answered");
     }
 }

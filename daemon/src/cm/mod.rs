@@ -30,7 +30,7 @@
 //!   SIDR_REQ and SIDR_REP; a connection unreachable or out of timewait) as rdma_cm events; a
 //!   connection request becomes a new id, handed to the listener that takes it;
 //! - `qp_attr`: `rdma_init_qp_attr`'s attributes and mask, and the AH toward an id's peer;
-//! - `device`: a device as the CM sees it: its addresses, its endpoint, the RoCE version of
+//! - `cm_device`: a device as the CM sees it: its addresses, its endpoint, the RoCE version of
 //!   its MADs to each peer.
 //!
 //! Tests sit with the code they test; `test_support` holds what they share.
@@ -39,7 +39,7 @@
 //! [`CmEventMsg`]: proto::ctl::CmEventMsg
 
 mod addressing;
-mod device;
+mod cm_device;
 mod endpoint_events;
 mod handshake;
 mod ids;
@@ -48,12 +48,12 @@ mod requests;
 #[cfg(test)]
 mod test_support;
 
-pub use device::CmDeviceSetup;
+pub use cm_device::CmDeviceSetup;
 pub use qp_attr::qp_mask;
 
 use crate::gsi::{gsi_packet, GsiMad, GsiOut, GsiSender};
+use cm_device::CmDevice;
 use crossbeam_channel::{select, Receiver, Sender};
-use device::CmDevice;
 use ids::{Channel, Id};
 use proto::cm::ConnId;
 use proto::ctl::{self, DeviceInfo, Request, Response, RoceVersion};
@@ -172,7 +172,8 @@ pub struct CmService {
 }
 
 impl CmService {
-    /// `senders[i]` hands a message to device thread `i`.
+    /// The CM of the devices in `setups`, each with the sender of its MADs to its device
+    /// thread (device `i` of the service is `setups[i]`).
     pub fn new(setups: Vec<(CmDeviceSetup, GsiSender)>) -> CmService {
         let devices = setups
             .into_iter()
