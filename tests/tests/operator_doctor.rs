@@ -54,6 +54,23 @@ fn doctor_passes_with_a_daemon_serving_its_port() {
 }
 
 #[test]
+fn doctor_passes_beside_another_daemon_on_the_same_port() {
+    // Two daemons on one host (the README's "More than one host"): each binds its own
+    // addresses on the port, and neither takes the other's packets.
+    let a = Daemon::start("op-doctor-a", &["--addr", "127.0.0.145", "--port", "4797"]);
+    let b = Daemon::start("op-doctor-b", &["--addr", "127.0.0.146", "--port", "4797"]);
+    let (out, text) = doctor(&a.socket, 4797);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains(&format!(
+            "UDP port 4797 is served by the daemon (also bound by pid {}",
+            b.pid()
+        )),
+        "{text}"
+    );
+}
+
+#[test]
 fn doctor_names_a_missing_daemon() {
     let dir = shim_support::programs::scratch("operator", "doctor-none");
     let (out, text) = doctor(&dir.join("nobody-here.sock"), 4794);

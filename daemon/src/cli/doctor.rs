@@ -467,17 +467,27 @@ fn check_port(port: u16, daemon: Option<&DaemonView>) -> Check {
         .iter()
         .filter(|(pid, _)| daemon.is_none_or(|d| d.pid != *pid))
         .collect();
-    if others.is_empty() && !holders.is_empty() {
-        return Check::ok(name, format!("UDP port {port} is served by the daemon"));
+    let served = daemon.is_some_and(|d| holders.iter().any(|(pid, _)| *pid == d.pid));
+    if served {
+        // The daemon binds its own addresses, and the kernel hands a datagram to the socket
+        // bound to its destination address before any wildcard one: programs bound to the
+        // port elsewhere (another daemon's addresses, as two daemons on one host have) take
+        // none of its packets.
+        if others.is_empty() {
+            return Check::ok(name, format!("UDP port {port} is served by the daemon"));
+        }
+        return Check::ok(
+            name,
+            format!(
+                "UDP port {port} is served by the daemon (also bound by {}, on other addresses: none of the daemon's packets go there)",
+                holder_list(&others)
+            ),
+        );
     }
     let who = if others.is_empty() {
         "the kernel (a kernel rdma_rxe device? `rdma link show`)".to_string()
     } else {
-        others
-            .iter()
-            .map(|(pid, comm)| format!("pid {pid} ({comm})"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        holder_list(&others)
     };
     Check::fail(
         name,
@@ -488,6 +498,14 @@ fn check_port(port: u16, daemon: Option<&DaemonView>) -> Check {
             "stop that program, or run softroce in another network namespace (peers always send to 4791)".to_string()
         },
     )
+}
+
+fn holder_list(holders: &[&(i32, String)]) -> String {
+    holders
+        .iter()
+        .map(|(pid, comm)| format!("pid {pid} ({comm})"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The replacement `libibverbs.so.1` (scripts/shim-build.sh's `replacement/`) beside the
