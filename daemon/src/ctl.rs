@@ -92,6 +92,19 @@ impl Conn {
     }
 }
 
+/// An error when a live daemon answers at `path`. The daemon asks this before anything else
+/// (its devices' ports would be taken too, and "address in use" would hide the reason), and
+/// again when it binds the path.
+pub fn refuse_if_served(path: &Path) -> Result<()> {
+    if path.exists() && Client::connect_raw(path).is_ok() {
+        bail!(
+            "another softroce daemon is already serving {} (give --socket to run a second one)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// The daemon's listening socket; removes its path when dropped.
 #[derive(Debug)]
 pub struct Listener {
@@ -113,12 +126,7 @@ impl Listener {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         if path.exists() {
-            if Client::connect_raw(path).is_ok() {
-                bail!(
-                    "another softroce daemon is already serving {} (give --socket to run a second one)",
-                    path.display()
-                );
-            }
+            refuse_if_served(path)?;
             std::fs::remove_file(path)
                 .with_context(|| format!("removing stale socket {}", path.display()))?;
         }

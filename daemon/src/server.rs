@@ -609,6 +609,7 @@ pub fn run_with(
     port: u16,
 ) -> Result<()> {
     config.validate()?;
+    crate::ctl::refuse_if_served(&socket)?;
     // The daemon writes completion-channel and async-event records into pipes and sockets
     // whose reading process may die at any moment (SIGKILL mid-run): that must be an EPIPE
     // for the write, not a SIGPIPE that kills the daemon (main restores the default

@@ -36,11 +36,15 @@ impl Drop for Daemon {
 impl Daemon {
     fn start(socket: &Path, args: &[&str]) -> Daemon {
         // Port 0: these tests exercise the control plane, and run side by side.
+        Daemon::start_on_port(socket, 0, args)
+    }
+
+    fn start_on_port(socket: &Path, port: u16, args: &[&str]) -> Daemon {
         let child = Command::new(bin())
             .arg("daemon")
             .arg("--socket")
             .arg(socket)
-            .args(["--port", "0"])
+            .args(["--port", &port.to_string()])
             .args(args)
             .stderr(Stdio::piped())
             .spawn()
@@ -131,6 +135,23 @@ fn a_second_daemon_on_the_same_socket_is_refused_and_two_sockets_coexist() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("already serving"));
+    // Run twice as it stands, the second would also find the first's UDP port taken: the
+    // socket is what names the problem.
+    let c = Daemon::start_on_port(&dir.join("c.sock"), 4799, &["--addr", "127.0.0.3"]);
+    let out = run(&[
+        "daemon",
+        "--addr",
+        "127.0.0.3",
+        "--port",
+        "4799",
+        "--socket",
+        c.socket.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("already serving"), "{err}");
+    assert!(!err.contains("Address already in use"), "{err}");
+    c.stop(Signal::SIGTERM);
     let b = Daemon::start(
         &dir.join("b.sock"),
         &["--name", "srxe1", "--addr", "127.0.0.2"],

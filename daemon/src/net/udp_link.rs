@@ -121,7 +121,17 @@ impl UdpLink {
                 r => break r,
             }
         }
-        .map_err(|e| anyhow::anyhow!("device {}: opening UDP port {port}: {e}", cfg.name))?;
+        .map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+                format!(
+                    " (another softroce daemon or a kernel rdma_rxe device on this address? \
+                     `softroce doctor --port {port}` names who holds it)"
+                )
+            } else {
+                String::new()
+            };
+            anyhow::anyhow!("device {}: opening UDP port {port}: {e}{hint}", cfg.name)
+        })?;
         if let Some(reason) = net.fallback_reason() {
             warn!(device = %cfg.name, "io_uring unavailable, using system calls: {reason}");
         }
