@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use nix::unistd::Pid;
 
 use crate::peer::ClientProcess;
-use crate::{write_out, WriteBehind, WriteOutcome, LIVENESS_TTL};
+use crate::write_behind::{write_out, WriteBehind, WriteOutcome};
+use crate::LIVENESS_TTL;
 
 /// How long the copier spins for the next job before it sleeps.
 const SPIN: Duration = Duration::from_micros(50);
