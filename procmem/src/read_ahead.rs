@@ -19,7 +19,8 @@ const SMALL_READ_PAGES: usize = 32;
 /// instead of failing the read.
 const PAGE: usize = 4096;
 
-/// Bytes of the client at `addr` held locally: the read-ahead window or a pending write.
+/// Bytes of the client at `addr` held locally: the read-ahead window (held writes are in
+/// [`crate::write_behind::WriteBehind`]).
 #[derive(Debug, Default)]
 pub(crate) struct Span {
     addr: u64,
