@@ -24,7 +24,7 @@ const PAGE: usize = 4096;
 #[derive(Debug, Default)]
 pub(crate) struct Span {
     addr: u64,
-    pub(crate) len: usize,
+    len: usize,
     /// Where the bytes start in the span's bounce buffer (congruent to `addr` modulo 64).
     skew: usize,
     bounce: Bounce,
@@ -39,7 +39,7 @@ impl Span {
                 .is_some_and(|end| end <= self.addr + self.len as u64)
     }
 
-    pub(crate) fn overlaps(&self, addr: u64, len: usize) -> bool {
+    fn overlaps(&self, addr: u64, len: usize) -> bool {
         self.len > 0
             && addr < self.addr + self.len as u64
             && addr.saturating_add(len as u64) > self.addr
@@ -84,7 +84,7 @@ impl PageCache {
         slot
     }
 
-    pub(crate) fn forget_overlapping(&mut self, addr: u64, len: usize) {
+    fn forget_overlapping(&mut self, addr: u64, len: usize) {
         let end = addr.saturating_add(len as u64);
         for p in &mut self.pages {
             if *p < end && addr < *p + PAGE as u64 {
@@ -106,6 +106,15 @@ impl ProcessMemory {
     pub fn begin_pass(&mut self) {
         self.end_pass();
         self.in_pass = true;
+    }
+
+    /// Forgets what the snapshots hold of `[addr, addr + len)`, which is about to be
+    /// written: a later read in the pass must see the write.
+    pub(crate) fn forget_snapshots(&mut self, addr: u64, len: usize) {
+        if self.window.overlaps(addr, len) {
+            self.window.len = 0;
+        }
+        self.pages.forget_overlapping(addr, len);
     }
 
     /// Ends a transmit pass: the snapshots may be stale from now on.

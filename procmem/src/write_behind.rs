@@ -328,10 +328,7 @@ impl ProcessMemory {
                 len,
             });
         }
-        if self.window.overlaps(addr, len) {
-            self.window.len = 0;
-        }
-        self.pages.forget_overlapping(addr, len);
+        self.forget_snapshots(addr, len);
         Ok(())
     }
 
