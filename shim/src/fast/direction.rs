@@ -303,11 +303,11 @@ impl DirectionRt {
     /// runs at [`DirectionRt::close`]: the next `ibv_poll_cq`, a full batch, or the
     /// backstop (`super::Backstop`), so that a burst of posts costs one pass, one ACK and one
     /// `process_vm_writev`; the direction stays entered meanwhile (a revoke waits for it).
-    pub fn queue(&mut self, wrs: Vec<SendWr>) -> bool {
+    pub fn queue(&mut self, wrs: &mut Vec<SendWr>) -> bool {
         if !self.enter() {
             return false;
         }
-        for wr in wrs {
+        for wr in wrs.drain(..) {
             self.queued += 1;
             if matches!(
                 wr.op,

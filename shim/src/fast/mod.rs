@@ -278,7 +278,7 @@ impl FastPath {
         qpn: u32,
         offered: bool,
         ring: Option<backlog::SendRing>,
-        wrs: Vec<SendWr>,
+        wrs: &mut Vec<SendWr>,
     ) -> Posted {
         let mut inner = self.lock();
         self.give_back_pending(ctx, &mut inner);
@@ -411,13 +411,13 @@ impl FastPath {
             retire(inner, r);
             return Take::Refused;
         }
-        let older = ring.take_all();
+        let mut older = ring.take_all();
         let carried = older.len();
         if carried > 0 {
             trace(format_args!(
                 "qpn={qpn}: took {carried} WRs from the send ring"
             ));
-            d.queue(older);
+            d.queue(&mut older);
         }
         drop(d);
         Take::Taken(rt, carried)

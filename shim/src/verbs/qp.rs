@@ -10,6 +10,7 @@ use libc::{c_int, c_void};
 use proto::ctl::{self, Request, Response};
 use proto::ring::wqe::{self, MwBind, RecvWqe, SendData, SendWqe, Sge, UdDest, WrOpcode};
 use proto::ring::{RingError, SharedRing};
+use proto::transport::SendWr;
 use proto::{Lkey, Qkey, Qpn, Rkey};
 
 use crate::abi::*;
@@ -24,6 +25,9 @@ pub struct Producer {
     ring: SharedRing,
     slot: Vec<u8>,
     inline: Vec<u8>,
+    /// The WRs of a post on the same-host fast path, converted (kept between posts: an
+    /// allocation per post otherwise).
+    fast_wrs: Vec<SendWr>,
 }
 
 impl Producer {
@@ -33,6 +37,7 @@ impl Producer {
             ring,
             slot,
             inline: Vec::new(),
+            fast_wrs: Vec::new(),
         }
     }
 
@@ -228,7 +233,8 @@ impl ShimQp {
                 send_cq,
             )
         };
-        let mut wrs = Vec::new();
+        let mut wrs = std::mem::take(&mut sq.fast_wrs);
+        wrs.clear();
         let mut failed = None;
         let mut sges = [wqe::Sge::default(); wqe::MAX_SGE];
         let mut cur = wr;
@@ -253,7 +259,10 @@ impl ShimQp {
             }
             cur = w.next;
         }
-        match ctx.fast.post(ctx, qpn, offered, ring, wrs) {
+        let posted = ctx.fast.post(ctx, qpn, offered, ring, &mut wrs);
+        wrs.clear();
+        sq.fast_wrs = wrs;
+        match posted {
             crate::fast::Posted::Ring => None,
             crate::fast::Posted::Done => Some(match failed {
                 None => Ok(()),
