@@ -4,7 +4,7 @@
 
 /// A 64-byte aligned scratch buffer that can present a window at any offset modulo 64.
 #[derive(Debug, Default)]
-pub struct Bounce {
+pub(crate) struct Bounce {
     pub(crate) buf: Vec<u8>,
 }
 

@@ -45,7 +45,7 @@
 //! - this file: [`AccessError`], the public constants, [`MemoryStats`], [`ProcessMemory`]
 //!   itself (its constructors, `Drop`) and the liveness check that comes before every use of
 //!   the pid (`reachable`);
-//! - `bounce`: [`Bounce`], a buffer that presents a window at the remote address's offset
+//! - `bounce`: `Bounce`, a buffer that presents a window at the remote address's offset
 //!   modulo 64;
 //! - `read_ahead`: the read side ([`ProcessMemory::read`], [`ProcessMemory::lend`]) and its
 //!   snapshots, kept only within a transmit pass ([`ProcessMemory::begin_pass`]): the
@@ -80,7 +80,7 @@ mod test_support;
 mod write_behind;
 mod writers;
 
-pub use crate::bounce::Bounce;
+pub(crate) use crate::bounce::Bounce;
 use crate::copy_ahead::Ahead;
 use crate::peer::ClientProcess;
 use crate::read_ahead::{PageCache, Span};

@@ -17,7 +17,7 @@ const SMALL_READ_PAGES: usize = 32;
 /// Read-ahead is split into page-sized remote pieces: the kernel transfers whole iovec
 /// elements only, so an unmapped page past the requested bytes ends the window there
 /// instead of failing the read.
-const PAGE: usize = 4096;
+pub(crate) const PAGE: usize = 4096;
 
 /// Bytes of the client at `addr` held locally: the read-ahead window (held writes are in
 /// [`crate::write_behind::WriteBehind`]).

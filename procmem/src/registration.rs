@@ -69,7 +69,7 @@ impl ProcessMemory {
     /// [`PROBE_PAGES`] pages. False says nothing (too large, or some page unreadable: the
     /// maps check decides, so a mapped but unreadable page keeps its old answer).
     fn probe_pages(&self, addr: u64, end: u64) -> bool {
-        const PAGE: u64 = 4096;
+        const PAGE: u64 = crate::read_ahead::PAGE as u64;
         let first = addr / PAGE;
         let last = (end - 1) / PAGE;
         let pages = (last - first + 1) as usize;
