@@ -123,14 +123,15 @@ pub fn run(args: DoctorArgs) -> CliResult {
         }
         if failed == 0 {
             println!("softroce doctor: all is well");
-        } else {
-            println!("softroce doctor: {failed} problem(s)");
         }
     }
-    if failed == 0 {
-        Ok(())
-    } else {
-        Err(Failure::failed(anyhow!("{failed} check(s) failed")))
+    // (The summary of a failure is the error line every command prints on stderr.)
+    match failed {
+        0 => Ok(()),
+        1 => Err(Failure::failed(anyhow!("doctor: 1 problem (FAIL above)"))),
+        n => Err(Failure::failed(anyhow!(
+            "doctor: {n} problems (FAIL above)"
+        ))),
     }
 }
 
