@@ -71,6 +71,40 @@ fn doctor_passes_beside_another_daemon_on_the_same_port() {
 }
 
 #[test]
+fn doctor_says_the_stacks_need_no_replacement_library() {
+    // The stacks run under `softroce run` with the preloaded shim alone (scripts/stacks-test):
+    // without the replacement libibverbs.so.1 beside the shim, nothing is wrong for them.
+    for stack in ["ucx_info", "fi_info", "mpirun"] {
+        shim_support::require_program(stack);
+    }
+    let d = Daemon::start(
+        "op-doctor-dlopen",
+        &["--addr", "127.0.0.147", "--port", "4798"],
+    );
+    let dir = shim_support::programs::scratch("operator", "doctor-dlopen");
+    let alone = dir.join("libsoftroce.so");
+    std::fs::copy(&shim_libs().preload, &alone).expect("copy the shim");
+    assert!(!dir.join("replacement").exists());
+    let out = Command::new(softroce_bin())
+        .args(["doctor", "--port", "4798", "--socket"])
+        .arg(&d.socket)
+        .env("SOFTROCE_SHIM", &alone)
+        .output()
+        .expect("run softroce doctor");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains(" dlopen "))
+        .unwrap_or_else(|| panic!("no dlopen check: {text}"));
+    assert!(line.starts_with("ok"), "{line}");
+    assert!(
+        line.contains("UCX, libfabric and Open MPI reach the shim under `softroce run`"),
+        "{line}"
+    );
+}
+
+#[test]
 fn doctor_names_a_missing_daemon() {
     let dir = shim_support::programs::scratch("operator", "doctor-none");
     let (out, text) = doctor(&dir.join("nobody-here.sock"), 4794);
