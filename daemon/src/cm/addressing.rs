@@ -443,9 +443,7 @@ mod tests {
     fn a_device_of_several_addresses_keeps_each_connection_on_its_own() {
         let (mut svc, wire) = service(&["127.0.0.1", "127.0.0.2"], RoceVersion::V2);
         let (ch, fd) = channel(&mut svc, 1);
-        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(&mut svc, 1, bind_to(l, "0.0.0.0:7300"));
-        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        listener(&mut svc, 1, ch, "0.0.0.0:7300");
         let (cch, cfd) = channel(&mut svc, 2);
         let a = id(&mut svc, 2, cch, cm_ps::TCP, qp_type::RC);
         // The active side binds .1 and connects to .2.
@@ -472,16 +470,7 @@ mod tests {
             ctl::gid_of("127.0.0.2".parse().unwrap()),
         );
         assert_eq!((child.src_gid, child.dst_gid), (g2, g1), "{child:?}");
-        let Response::CmQpAttr { attr, .. } = ok(
-            &mut svc,
-            1,
-            Request::CmInitQpAttr {
-                id: child.id,
-                qp_state: 2,
-            },
-        ) else {
-            panic!()
-        };
+        let (attr, _) = qp_attr(&mut svc, 1, child.id, 2);
         assert_eq!(attr.ah_attr.dgid, g1);
         assert_eq!(
             u32::from(attr.ah_attr.sgid_index),
@@ -500,11 +489,7 @@ mod tests {
         );
         settle(&mut svc, &wire);
         assert_eq!(kinds(&events(&cfd)[2..]), vec![Ev::ConnectResponse as u32]);
-        let Response::CmQpAttr { attr, .. } =
-            ok(&mut svc, 2, Request::CmInitQpAttr { id: a, qp_state: 2 })
-        else {
-            panic!()
-        };
+        let (attr, _) = qp_attr(&mut svc, 2, a, 2);
         assert_eq!(attr.ah_attr.dgid, g2);
         assert_eq!(
             u32::from(attr.ah_attr.sgid_index),

@@ -310,7 +310,7 @@ mod tests {
     use super::*;
     use crate::cm::qp_mask;
     use crate::cm::test_support::*;
-    use proto::ctl::{cm_option, Request, Response, RoceVersion};
+    use proto::ctl::{cm_option, Request, RoceVersion};
     use std::os::fd::OwnedFd;
 
     /// A new active id of client 2 on channel `ch`, resolved to `dst` and connecting with QP
@@ -354,9 +354,7 @@ mod tests {
     fn an_ipv6_wildcard_listener_takes_ipv4_unless_afonly() {
         let (mut svc, wire) = service(&["127.0.0.1", "::1"], RoceVersion::V2);
         let (ch, fd) = channel(&mut svc, 1);
-        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(&mut svc, 1, bind_to(l, "[::]:7100"));
-        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        let l = listener(&mut svc, 1, ch, "[::]:7100");
         let (cch, cfd) = channel(&mut svc, 2);
         let a = start_connect(&mut svc, &wire, (cch, &cfd), sa("127.0.0.1:7100"), 0x10011);
         let evs = events(&fd);
@@ -379,16 +377,7 @@ mod tests {
         );
         // The child's QP attributes come from the REQ: our rd_atomic bounds are the peer's
         // initiator depth and responder resources.
-        let Response::CmQpAttr { attr, mask } = ok(
-            &mut svc,
-            1,
-            Request::CmInitQpAttr {
-                id: child.id,
-                qp_state: 2,
-            },
-        ) else {
-            panic!()
-        };
+        let (attr, mask) = qp_attr(&mut svc, 1, child.id, 2);
         assert_eq!(attr.dest_qp_num, 0x10011);
         assert_ne!(
             attr.rq_psn, 0x42,

@@ -363,16 +363,7 @@ mod tests {
         assert_eq!(evs[0].conn.qp_num, 0x21);
         assert_eq!(child.src_addr, Some(sa("10.77.0.12:7174")));
         assert_eq!(child.dst_addr.map(|a| a.ip()), Some(*src));
-        let Response::CmQpAttr { attr, .. } = ok(
-            &mut svc,
-            1,
-            Request::CmInitQpAttr {
-                id: child.id,
-                qp_state: 2,
-            },
-        ) else {
-            panic!()
-        };
+        let (attr, _) = qp_attr(&mut svc, 1, child.id, 2);
         // Linux reads a REQ's Starting PSN as the PSN its sender receives at: the passive
         // side sends from it (RTS) and receives at its own REP's (docs/interop.md).
         assert_eq!(attr.dest_qp_num, 0x21);

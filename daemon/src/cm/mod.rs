@@ -333,9 +333,7 @@ mod tests {
     fn garbage_mads_are_survived() {
         let (mut svc, wire) = service(&["127.0.0.1"], RoceVersion::V2);
         let (ch, _fd) = channel(&mut svc, 1);
-        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(&mut svc, 1, bind_to(l, "0.0.0.0:7174"));
-        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        listener(&mut svc, 1, ch, "0.0.0.0:7174");
         let u = id(&mut svc, 1, ch, cm_ps::UDP, qp_type::UD);
         ok(&mut svc, 1, bind_to(u, "0.0.0.0:7174"));
         ok(&mut svc, 1, Request::CmListen { id: u, backlog: 1 });

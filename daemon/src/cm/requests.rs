@@ -183,9 +183,7 @@ mod tests {
         let (mut svc, wire) = service(&["127.0.0.1"], RoceVersion::V2);
         let (ch, fd) = channel(&mut svc, 1);
         let (ch_b, fd_b) = channel(&mut svc, 1);
-        let l = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
-        ok(&mut svc, 1, bind_to(l, "127.0.0.1:7200"));
-        ok(&mut svc, 1, Request::CmListen { id: l, backlog: 1 });
+        let l = listener(&mut svc, 1, ch, "127.0.0.1:7200");
         ok(
             &mut svc,
             1,
@@ -263,20 +261,12 @@ mod tests {
         let evs = events(&cfd);
         assert_eq!(kinds(&evs), vec![Ev::ConnectResponse as u32]);
         assert_eq!(evs[0].conn.qp_num, 0x30011);
-        let Response::CmQpAttr { attr, .. } =
-            ok(&mut svc, 2, Request::CmInitQpAttr { id: a, qp_state: 3 })
-        else {
-            panic!()
-        };
+        let (attr, _) = qp_attr(&mut svc, 2, a, 3);
         assert_eq!(attr.timeout, 14, "the ACK timeout option");
         assert_eq!(attr.rnr_retry, 6, "RNR retry from the REP");
         // Linux: the active side sends from the REP's Starting PSN, not its own REQ's (7).
         assert_ne!(attr.sq_psn, 7);
-        let Response::CmQpAttr { attr, .. } =
-            ok(&mut svc, 2, Request::CmInitQpAttr { id: a, qp_state: 2 })
-        else {
-            panic!()
-        };
+        let (attr, _) = qp_attr(&mut svc, 2, a, 2);
         assert_eq!(attr.ah_attr.traffic_class, 0x20);
         assert_eq!(attr.ah_attr.dgid, ctl::gid_of("127.0.0.1".parse().unwrap()));
         ok(&mut svc, 2, Request::CmEstablish { id: a });

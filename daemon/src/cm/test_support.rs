@@ -5,7 +5,7 @@ use super::{CmDeviceSetup, CmService};
 use crate::config::{device_info, DeviceConfig};
 use crate::gsi::{gsi_payload, GsiOut, GsiSender};
 use nix::sys::socket::{self, MsgFlags};
-use proto::ctl::{self, CmEventMsg, Request, Response, RoceVersion};
+use proto::ctl::{self, cm_ps, qp_type, CmEventMsg, QpAttr, Request, Response, RoceVersion};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
@@ -128,5 +128,30 @@ pub(super) fn resolve_route(id: u32) -> Request {
     Request::CmResolveRoute {
         id,
         timeout_ms: 1000,
+    }
+}
+
+/// An RC id of `client` in the TCP port space on channel `ch`, bound to `addr` and
+/// listening (backlog 1).
+pub(super) fn listener(svc: &mut CmService, client: u64, ch: u32, addr: &str) -> u32 {
+    let l = id(svc, client, ch, cm_ps::TCP, qp_type::RC);
+    ok(svc, client, bind_to(l, addr));
+    ok(svc, client, Request::CmListen { id: l, backlog: 1 });
+    l
+}
+
+/// What `rdma_init_qp_attr` gives id `h` of `client` for QP state `state`: the attributes
+/// and their mask.
+pub(super) fn qp_attr(svc: &mut CmService, client: u64, h: u32, state: u32) -> (QpAttr, u32) {
+    match ok(
+        svc,
+        client,
+        Request::CmInitQpAttr {
+            id: h,
+            qp_state: state,
+        },
+    ) {
+        Response::CmQpAttr { attr, mask } => (attr, mask),
+        r => panic!("not QP attributes: {r:?}"),
     }
 }

@@ -26,9 +26,12 @@ pub struct Producer {
     slot: Vec<u8>,
     inline: Vec<u8>,
     /// The WRs of a post on the same-host fast path, converted (kept between posts: an
-    /// allocation per post otherwise).
+    /// allocation per post otherwise; room for at most [`FAST_WRS_KEPT`] kept).
     fast_wrs: Vec<SendWr>,
 }
+
+/// How many converted WRs' room a send queue keeps between fast-path posts.
+const FAST_WRS_KEPT: usize = 64;
 
 impl Producer {
     pub fn new(ring: SharedRing) -> Producer {
@@ -261,6 +264,9 @@ impl ShimQp {
         }
         let posted = ctx.fast.post(ctx, qpn, offered, ring, &mut wrs);
         wrs.clear();
+        // A post's list is as long as the program makes it: what is kept for the next is
+        // bounded.
+        wrs.shrink_to(FAST_WRS_KEPT);
         sq.fast_wrs = wrs;
         match posted {
             crate::fast::Posted::Ring => None,
