@@ -122,6 +122,51 @@ fn default_daemon_serves_srxe0_and_stops_on_sigterm_and_sigint() {
     assert!(log.contains("stopped"));
 }
 
+/// The device sockets are SO_REUSEADDR, so that a daemon's `--netdev` device (the wildcard
+/// address) and its devices of fixed addresses share port 4791: the same address bound twice
+/// is still refused, by the daemon itself, naming the address and who to ask.
+#[test]
+fn a_second_daemon_on_the_same_address_and_port_is_refused() {
+    let dir = scratch("same-address");
+    let a = Daemon::start_on_port(&dir.join("a.sock"), 4791, &["--addr", "127.0.0.7"]);
+    let mut b = Command::new(bin())
+        .args([
+            "daemon",
+            "--addr",
+            "127.0.0.7",
+            "--port",
+            "4791",
+            "--socket",
+        ])
+        .arg(dir.join("b.sock"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = b.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = b.kill();
+            let _ = b.wait();
+            panic!("a second daemon on 127.0.0.7:4791 is running beside the first");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    b.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains("bind 127.0.0.7:4791: address already bound by another program")
+            && err.contains("softroce doctor --port 4791"),
+        "{err}"
+    );
+    assert!(a.res_show().starts_with("devices: srxe0"));
+    a.stop(Signal::SIGTERM);
+}
+
 #[test]
 fn a_second_daemon_on_the_same_socket_is_refused_and_two_sockets_coexist() {
     let dir = scratch("two");

@@ -7,12 +7,13 @@
 
 mod shim_support;
 
-use shim_support::operator::{softroce, softroce_json, softroce_ok, ProgramPair};
-use shim_support::programs::loopback_daemon;
+use shim_support::netns::{listening, Netns};
+use shim_support::operator::{counters, delta, softroce, softroce_json, softroce_ok, ProgramPair};
+use shim_support::programs::{loopback_daemon, scratch, Logged};
 use shim_support::{compile_c, require_program, Daemon};
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[test]
 fn a_device_added_at_run_time_is_listed_and_carries_a_pingpong() {
@@ -296,4 +297,109 @@ fn json_logs_carry_the_spans_of_the_client_and_the_qp() {
     assert!(in_span("client"), "no line in a client span:\n{log}");
     assert!(in_span("qp"), "no line in a QP span:\n{log}");
     assert!(lines.iter().all(|l| l["level"].is_string()));
+}
+
+/// The devices of one daemon share UDP port 4791, as kernel rxe devices share it: a device of
+/// fixed addresses beside a `netdev` device, which binds the wildcard address (the README's
+/// example configuration), both start, and an unmodified pingpong runs from one to the other
+/// (the kernel hands each datagram to the socket bound to its destination before the
+/// wildcard one). A second `netdev` device on the port is refused, naming the clash. In a
+/// network namespace the test makes: a veth pair, one end 10.79.0.1/24.
+#[test]
+fn a_device_of_fixed_addresses_and_a_netdev_device_share_the_port() {
+    let ns = Netns::new("port-share");
+    ns.ip(&[
+        "link", "add", "srs0", "type", "veth", "peer", "name", "srs1",
+    ]);
+    ns.ip(&["addr", "add", "10.79.0.1/24", "dev", "srs0"]);
+    ns.ip(&["link", "set", "srs0", "up"]);
+    ns.ip(&["link", "set", "srs1", "up"]);
+    let dir = scratch("operator", "port-share");
+    let config = dir.join("softroce.toml");
+    std::fs::write(
+        &config,
+        "[[device]]\nname = \"srxe0\"\naddr = [\"127.0.0.1\"]\n\
+         [[device]]\nname = \"srxe1\"\nnetdev = \"srs0\"\n",
+    )
+    .unwrap();
+    let d = Daemon::start_in(
+        "op-port-share",
+        Some(&ns.name),
+        &["--config", config.to_str().unwrap(), "--port", "4791"],
+    );
+    // The netdev device learns its interface's addresses within its 2 s re-read.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let gid = loop {
+        let shown = softroce_json(&d, &["link", "show", "srxe1"]);
+        let found = shown[0]["gids"].as_array().and_then(|g| {
+            g.iter()
+                .find(|g| g["addr"] == "10.79.0.1")
+                .and_then(|g| g["index"].as_u64())
+        });
+        if let Some(i) = found {
+            break i.to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "srxe1 never had 10.79.0.1: {shown}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let before = counters(&d, "srxe1");
+    let program = require_program("ibv_rc_pingpong");
+    let mut server = d.command(&program);
+    server.args(["-d", "srxe1", "-g", &gid, "-p", "19582", "-n", "50"]);
+    let mut server = Logged::spawn(server, dir.join("server.log"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !listening(server.child.id(), 19582) {
+        assert!(
+            server.wait_for(Duration::ZERO).is_none() && Instant::now() < deadline,
+            "server never listened:\n{}",
+            server.output()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut client = d.command(&program);
+    client.args([
+        "-d",
+        "srxe0",
+        "-g",
+        "0",
+        "-p",
+        "19582",
+        "-n",
+        "50",
+        "10.79.0.1",
+    ]);
+    let mut client = Logged::spawn(client, dir.join("client.log"));
+    let t0 = Instant::now();
+    let c = client.wait_for(Duration::from_secs(60));
+    let took = t0.elapsed();
+    let s = server.wait_for(Duration::from_secs(20));
+    let report = format!(
+        "--- server ({s:?})\n{}\n--- client ({c:?}, {took:?})\n{}\n--- daemon\n{}",
+        server.output(),
+        client.output(),
+        d.log()
+    );
+    assert!(
+        c.is_some_and(|c| c.success()) && s.is_some_and(|s| s.success()),
+        "{report}"
+    );
+    assert!(client.output().contains(" iters in "), "{report}");
+    // Through the netdev device's own (wildcard) socket.
+    let received = delta(&before, &counters(&d, "srxe1"), "net.rx_packets");
+    assert!(
+        received >= 100,
+        "srxe1 received {received} packets: {report}"
+    );
+
+    let out = softroce(&d, &["link", "add", "srxe2", "netdev", "srs0"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("0.0.0.0:4791: address already bound by another device of this daemon")
+            && err.contains("(Address already in use)"),
+        "{err}"
+    );
 }

@@ -23,7 +23,7 @@
 mod shim_support;
 
 use shim_support::captures::{self, CaptureReport};
-use shim_support::netns::{Capture, Netns};
+use shim_support::netns::{listening, Capture, Netns};
 use shim_support::programs::{scratch, Logged};
 use shim_support::{require_program, Daemon};
 use std::path::{Path, PathBuf};
@@ -87,22 +87,6 @@ impl Pair {
 fn start(ns: &Netns, name: &str, args: &[String]) -> Daemon {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Daemon::start_in(name, Some(&ns.name), &args)
-}
-
-/// Whether process `pid` (inside the namespace) sees something listening on TCP `port`.
-fn listening(pid: u32, port: u16) -> bool {
-    let needle = format!(":{port:04X} ");
-    ["tcp", "tcp6"].iter().any(|f| {
-        std::fs::read_to_string(format!("/proc/{pid}/net/{f}"))
-            .unwrap_or_default()
-            .lines()
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.get(1)
-                    .is_some_and(|local| format!("{local} ").ends_with(&needle))
-                    && cols.get(3) == Some(&"0A")
-            })
-    })
 }
 
 /// One finished run of a server and a client.

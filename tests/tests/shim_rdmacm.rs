@@ -6,7 +6,7 @@
 mod shim_support;
 
 use shim_support::captures::{self, LiveCapture};
-use shim_support::netns::TwoHosts;
+use shim_support::netns::{ip, TwoHosts};
 use shim_support::programs::{captured_loopback_daemon, loopback_daemon};
 use shim_support::rdmacm::{
     rping_data, rping_expected, run_pair, start, start_exe, start_replacement, wait_for_output,
@@ -212,26 +212,52 @@ fn rping_with_the_replacement_librdmacm() {
     assert_eq!(rping_data(&server.output), expected);
 }
 
-/// UD multicast on one daemon: the sender's datagrams reach the receiver's attached QP. The
-/// receiver must have joined before the sender sends (mckey does not retry), so its output is
+/// mckey's receiver (bound to `rx_bind` on `receiving`) joins `group`, then its sender
+/// (`tx_bind` on `sending`) sends it five datagrams; both must report them all. The receiver
+/// must have joined before the sender sends (mckey does not retry), so its output is
 /// line-buffered and watched.
-#[test]
-fn mckey_ud_multicast() {
-    let d = loopback_daemon("rdmacm-mckey", 188);
+fn mckey_pair(
+    sending: &Daemon,
+    receiving: &Daemon,
+    name: &str,
+    group: &str,
+    [tx_bind, rx_bind]: [&str; 2],
+) {
     let since = Instant::now();
-    let group = ["-m", "239.1.1.188", "-b", "127.0.0.188", "-C", "5"];
-    let receiver_args: Vec<&str> = ["-oL", "mckey"].into_iter().chain(group).collect();
-    let mut receiver = start(&d, "mckey", "receiver", "stdbuf", &receiver_args);
+    let group = ["-m", group, "-C", "5"];
+    let receiver_args: Vec<&str> = ["-oL", "mckey"]
+        .into_iter()
+        .chain(group)
+        .chain(["-b", rx_bind])
+        .collect();
+    let mut receiver = start(receiving, name, "receiver", "stdbuf", &receiver_args);
     wait_for_output(&mut receiver, "receiving data transfers", LIMIT);
-    let sender_args: Vec<&str> = group.into_iter().chain(["-s"]).collect();
-    let sender = start(&d, "mckey", "sender", "mckey", &sender_args).finish(since);
+    let sender_args: Vec<&str> = group.into_iter().chain(["-b", tx_bind, "-s"]).collect();
+    let sender = start(sending, name, "sender", "mckey", &sender_args).finish(since);
     let receiver = receiver.finish(since);
-    sender.assert_ok("mckey sender", &d);
-    receiver.assert_ok("mckey receiver", &d);
+    sender.assert_ok(&format!("mckey sender ({name})"), sending);
+    receiver.assert_ok(&format!("mckey receiver ({name})"), receiving);
     for f in [&sender, &receiver] {
         assert!(f.output.contains("data transfers complete"), "{}", f.output);
         assert!(f.output.contains("return status 0"), "{}", f.output);
     }
+}
+
+/// A daemon on port 4791 in each of `hosts` (`-tx` in the first, `-rx` in the second), each
+/// with its device's arguments.
+fn daemons_on(hosts: &TwoHosts, name: &str, device: [[&str; 2]; 2]) -> [Daemon; 2] {
+    [0, 1].map(|i| {
+        let args = [device[i][0], device[i][1], "--port", "4791"];
+        let name = format!("{name}-{}", ["tx", "rx"][i]);
+        Daemon::start_in(&name, Some(&hosts.names[i]), &args)
+    })
+}
+
+/// UD multicast on one daemon: the sender's datagrams reach the receiver's attached QP.
+#[test]
+fn mckey_ud_multicast() {
+    let d = loopback_daemon("rdmacm-mckey", 188);
+    mckey_pair(&d, &d, "mckey", "239.1.1.188", ["127.0.0.188"; 2]);
 }
 
 /// UD multicast between two daemons (as between two rxe hosts): the receiver's device joins
@@ -242,27 +268,13 @@ fn mckey_ud_multicast() {
 fn mckey_ud_multicast_across_two_daemons() {
     let receiving = loopback_daemon("rdmacm-mckey-rx", 193);
     let sending = loopback_daemon("rdmacm-mckey-tx", 133);
-    let since = Instant::now();
-    let group = ["-m", "239.1.1.193", "-C", "5"];
-    let receiver_args: Vec<&str> = ["-oL", "mckey"]
-        .into_iter()
-        .chain(group)
-        .chain(["-b", "127.0.0.193"])
-        .collect();
-    let mut receiver = start(&receiving, "mckey2", "receiver", "stdbuf", &receiver_args);
-    wait_for_output(&mut receiver, "receiving data transfers", LIMIT);
-    let sender_args: Vec<&str> = group
-        .into_iter()
-        .chain(["-b", "127.0.0.133", "-s"])
-        .collect();
-    let sender = start(&sending, "mckey2", "sender", "mckey", &sender_args).finish(since);
-    let receiver = receiver.finish(since);
-    sender.assert_ok("mckey sender", &sending);
-    receiver.assert_ok("mckey receiver", &receiving);
-    for f in [&sender, &receiver] {
-        assert!(f.output.contains("data transfers complete"), "{}", f.output);
-        assert!(f.output.contains("return status 0"), "{}", f.output);
-    }
+    mckey_pair(
+        &sending,
+        &receiving,
+        "mckey2",
+        "239.1.1.193",
+        ["127.0.0.133", "127.0.0.193"],
+    );
 }
 
 /// UD multicast over IPv6 between two hosts: the receiver's device joins the IPv6 group on
@@ -272,38 +284,49 @@ fn mckey_ud_multicast_across_two_daemons() {
 #[test]
 fn mckey_ud_multicast_over_ipv6_between_two_hosts() {
     let hosts = TwoHosts::new("mc6", ["fd00:93::1", "fd00:93::2"]);
-    let port = ["--port", "4791"];
-    let sending = Daemon::start_in(
-        "rdmacm-mckey6-tx",
-        Some(&hosts.names[0]),
-        &[&["--addr", "fd00:93::1"][..], &port].concat(),
+    let [sending, receiving] = daemons_on(
+        &hosts,
+        "rdmacm-mckey6",
+        [["--addr", "fd00:93::1"], ["--addr", "fd00:93::2"]],
     );
-    let receiving = Daemon::start_in(
-        "rdmacm-mckey6-rx",
-        Some(&hosts.names[1]),
-        &[&["--addr", "fd00:93::2"][..], &port].concat(),
+    mckey_pair(
+        &sending,
+        &receiving,
+        "mckey6",
+        "ff0e::93",
+        ["fd00:93::1", "fd00:93::2"],
     );
-    let since = Instant::now();
-    let group = ["-m", "ff0e::93", "-C", "5"];
-    let receiver_args: Vec<&str> = ["-oL", "mckey"]
-        .into_iter()
-        .chain(group)
-        .chain(["-b", "fd00:93::2"])
-        .collect();
-    let mut receiver = start(&receiving, "mckey6", "receiver", "stdbuf", &receiver_args);
-    wait_for_output(&mut receiver, "receiving data transfers", LIMIT);
-    let sender_args: Vec<&str> = group
-        .into_iter()
-        .chain(["-b", "fd00:93::1", "-s"])
-        .collect();
-    let sender = start(&sending, "mckey6", "sender", "mckey", &sender_args).finish(since);
-    let receiver = receiver.finish(since);
-    sender.assert_ok("mckey sender (IPv6)", &sending);
-    receiver.assert_ok("mckey receiver (IPv6)", &receiving);
-    for f in [&sender, &receiver] {
-        assert!(f.output.contains("data transfers complete"), "{}", f.output);
-        assert!(f.output.contains("return status 0"), "{}", f.output);
+    assert!(
+        receiving.log().contains("multicast group joined"),
+        "{}",
+        receiving.log()
+    );
+}
+
+/// UD multicast between two hosts whose devices follow an interface (`--netdev`, as `rdma
+/// link add rxe0 type rxe netdev eth0`): such a device binds the wildcard address of port
+/// 4791, and the receiver's group socket (the group's address, same port) shares the port
+/// with it. (The wildcard socket used to hold the port alone, so the group was never joined
+/// on the network and nothing arrived.)
+#[test]
+fn mckey_ud_multicast_between_two_netdev_devices() {
+    let hosts = TwoHosts::new("mc4", ["10.81.0.1", "10.81.0.2"]);
+    for (ns, dev) in hosts.names.iter().zip(["mc6a", "mc6b"]) {
+        // A host's default route carries its multicast; these two have only their link.
+        ip(&["-n", ns, "route", "add", "224.0.0.0/4", "dev", dev]);
     }
+    let [sending, receiving] = daemons_on(
+        &hosts,
+        "rdmacm-mckey-netdev",
+        [["--netdev", "mc6a"], ["--netdev", "mc6b"]],
+    );
+    mckey_pair(
+        &sending,
+        &receiving,
+        "mckey-netdev",
+        "239.1.1.81",
+        ["10.81.0.1", "10.81.0.2"],
+    );
     assert!(
         receiving.log().contains("multicast group joined"),
         "{}",

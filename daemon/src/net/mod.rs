@@ -51,6 +51,7 @@ mod layers;
 pub mod link;
 mod loopback;
 mod multicast;
+mod port_share;
 mod socket;
 mod spin;
 mod syscall;

@@ -1,6 +1,7 @@
 //! Opening the RoCE v2 UDP sockets with the options that make them behave like rxe's.
 
 use super::cmsg::{self, SockAddrBuf};
+use super::port_share;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -228,11 +229,35 @@ pub fn open(addr: SocketAddr, opts: &SocketOptions) -> io::Result<OwnedFd> {
             "SO_SNDBUF",
         )?;
     }
+    // The devices of a daemon share the port (a `--netdev` device's wildcard beside the
+    // addresses of others), and two sockets on one exact address are refused here: see
+    // `port_share`. (Port 0, an ephemeral port, shares nothing.)
+    let shared = addr.port() != 0;
+    if shared {
+        set_int(f, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1, "SO_REUSEADDR")?;
+        let h = port_share::holders(addr);
+        if h.total() > 0 {
+            return Err(port_share::in_use(addr, h));
+        }
+    }
     let mut name = SockAddrBuf::default();
     let len = cmsg::encode_sockaddr(&addr, &mut name);
     // SAFETY: `name` holds a valid sockaddr of `len` bytes for the duration of the call.
     check(unsafe { libc::bind(f, name.0.as_ptr().cast(), len as libc::socklen_t) })
         .map_err(|e| io::Error::new(e.kind(), format!("bind {addr}: {e}")))?;
+    if shared {
+        // Another socket bound the same address between the look and the bind: both give up.
+        let h = port_share::holders(addr);
+        if h.total() > 1 {
+            return Err(port_share::in_use(
+                addr,
+                port_share::Holders {
+                    ours: h.ours.saturating_sub(1),
+                    others: h.others,
+                },
+            ));
+        }
+    }
     Ok(fd)
 }
 

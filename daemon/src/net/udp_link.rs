@@ -114,6 +114,7 @@ impl UdpLink {
             match UdpTransport::open(&net_cfg) {
                 Err(e)
                     if e.kind() == std::io::ErrorKind::AddrInUse
+                        && !super::port_share::is_own_clash(&e)
                         && std::time::Instant::now() < grace =>
                 {
                     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -122,7 +123,9 @@ impl UdpLink {
             }
         }
         .map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::AddrInUse {
+            // (A clash with another device of this daemon says so itself.)
+            let ours = super::port_share::is_own_clash(&e);
+            let hint = if e.kind() == std::io::ErrorKind::AddrInUse && !ours {
                 format!(
                     " (another softroce daemon or a kernel rdma_rxe device on this address? \
                      `softroce doctor --port {port}` names who holds it)"
@@ -130,7 +133,9 @@ impl UdpLink {
             } else {
                 String::new()
             };
-            anyhow::anyhow!("device {}: opening UDP port {port}: {e}{hint}", cfg.name)
+            // The kind stays readable (a `link add` answers EADDRINUSE for it).
+            anyhow::Error::new(std::io::Error::new(e.kind(), format!("{e}{hint}")))
+                .context(format!("device {}: opening UDP port {port}", cfg.name))
         })?;
         if let Some(reason) = net.fallback_reason() {
             warn!(device = %cfg.name, "io_uring unavailable, using system calls: {reason}");

@@ -172,7 +172,16 @@ impl Registry {
                 }
                 let started = DeviceConfig::from_spec(&spec).and_then(|cfg| self.start_device(cfg));
                 if let Err(e) = started {
-                    return failure(libc::EINVAL, format!("{e:#}"));
+                    let in_use = e.chain().any(|c| {
+                        c.downcast_ref::<std::io::Error>()
+                            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+                    });
+                    let errno = if in_use {
+                        libc::EADDRINUSE
+                    } else {
+                        libc::EINVAL
+                    };
+                    return failure(errno, format!("{e:#}"));
                 }
                 info!(device = %spec.name, "device added");
                 match (save, &self.config_path) {

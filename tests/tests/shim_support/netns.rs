@@ -13,6 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Whether process `pid` (inside the namespace) sees something listening on TCP `port`.
+pub fn listening(pid: u32, port: u16) -> bool {
+    super::programs::tcp_listening_in(&format!("/proc/{pid}/net"), port)
+}
+
 /// A named network namespace, deleted on drop.
 pub struct Netns {
     pub name: String,
@@ -218,8 +223,9 @@ impl Drop for Capture {
     }
 }
 
-/// Two network namespaces joined by a veth pair, each end with an IPv6 address (no DAD, so
-/// they are usable at once): two hosts of one link. Deleted when dropped.
+/// Two network namespaces joined by a veth pair (`mc6a`, `mc6b`), each end with an address
+/// (IPv6 /64 without DAD, so usable at once, or IPv4 /24): two hosts of one link. Deleted when
+/// dropped.
 pub struct TwoHosts {
     pub names: [String; 2],
 }
@@ -245,7 +251,7 @@ impl TwoHosts {
                 ns,
                 "addr",
                 "add",
-                &format!("{addr}/64"),
+                &format!("{addr}/{}", if addr.contains(':') { 64 } else { 24 }),
                 "dev",
                 dev,
                 "nodad",

@@ -153,9 +153,14 @@ pub fn listening_server(daemon: &Daemon, cmd: Command, port: u16, log: PathBuf) 
 /// Whether something listens on TCP `port` (IPv4 or IPv6), from /proc/net: probing with a
 /// connection would be taken by a pingpong or perftest server as its client.
 pub fn tcp_listening(port: u16) -> bool {
+    tcp_listening_in("/proc/net", port)
+}
+
+/// [`tcp_listening`] as the network namespace whose `/proc/.../net` directory is `net` sees it.
+pub fn tcp_listening_in(net: &str, port: u16) -> bool {
     let needle = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
+    ["tcp", "tcp6"].iter().any(|f| {
+        std::fs::read_to_string(format!("{net}/{f}"))
             .unwrap_or_default()
             .lines()
             .any(|l| {
