@@ -25,8 +25,10 @@ pub enum DirectionArg {
   delay MS         it is held back MS milliseconds
   reorder          it arrives after the packet that follows it
   corrupt          a bit flips: the receiver's ICRC check drops it
-  rnr              the responder answers with an RNR NAK (as without a receive WQE)
-  access-error     the responder answers with a remote access error NAK (as for a bad R_Key)
+  rnr              the responder answers with an RNR NAK (as without a receive WQE): SENDs and
+                   WRITEs with immediate, which take one
+  access-error     the responder answers with a remote access error NAK (as for a bad R_Key):
+                   the first packet of an RDMA WRITE, READ, atomic or flush; a SEND never
   clear            remove every rule of the device
   show             the rules in force and how many packets each took
 
