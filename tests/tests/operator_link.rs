@@ -206,6 +206,63 @@ fn deleting_a_device_in_use_is_fatal_to_its_contexts_only() {
     softroce_ok(&d, &["link", "add", "srxe1", "addr", "127.0.0.106"]);
 }
 
+/// After `link del` of a device a program is using, its destroy verbs fail with EIO, as
+/// rdma-core's do after a kernel device's removal; with `RDMAV_ALLOW_DISASSOC_DESTROY` set they
+/// succeed and free what the program holds (libibverbs' rule for a disassociated device). An
+/// unmodified `ib_write_bw` whose device is deleted mid-run: "Couldn't destroy QP -
+/// Input/output error" and exit 1, or a clean exit 0.
+#[test]
+fn destroys_after_the_device_is_deleted_fail_unless_the_program_allows_them() {
+    let d = loopback_daemon("op-link-disassoc", 148);
+    for (allow, port) in [(false, 19583u16), (true, 19584)] {
+        softroce_ok(&d, &["link", "add", "srxe1", "addr", "127.0.0.149"]);
+        let env: &[(&str, &str)] = if allow {
+            &[("RDMAV_ALLOW_DISASSOC_DESTROY", "1")]
+        } else {
+            &[]
+        };
+        let pair = ProgramPair::start_with_env(
+            &d,
+            &d,
+            "ib_write_bw",
+            port,
+            &["-d", "srxe1", "-x", "0", "-F", "-D", "4"],
+            &format!("disassoc-{allow}"),
+            env,
+        );
+        // Both QPs are connected (the run is on: the sender's in RTS, the passive side's in
+        // RTR) before the device goes.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let qps = softroce_json(&d, &["res", "show", "qp"]);
+            let on = qps.as_array().map_or(0, |q| {
+                q.iter()
+                    .filter(|q| q["ifname"] == "srxe1" && q["rqpn"].as_u64().is_some())
+                    .filter(|q| q["state"] == "RTS" || q["state"] == "RTR")
+                    .count()
+            });
+            if on == 2 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never connected: {qps}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        softroce_ok(&d, &["link", "del", "srxe1"]);
+        let (server_ok, client_ok, report) = pair.finish(Duration::from_secs(60));
+        if allow {
+            assert!(server_ok && client_ok, "{report}");
+            assert!(!report.contains("Input/output error"), "{report}");
+        } else {
+            assert!(!server_ok && !client_ok, "{report}");
+            assert!(
+                report.contains("Couldn't destroy QP - Input/output error"),
+                "{report}"
+            );
+        }
+    }
+}
+
 #[test]
 fn save_writes_added_and_deleted_devices_into_the_config() {
     let dir = shim_support::programs::scratch("operator", "link-save");

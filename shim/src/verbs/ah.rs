@@ -65,10 +65,7 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut IbvAh) -> c_int {
         let handle = ah_handle(ah).ok_or(Errno::INVAL)?;
         // SAFETY: live AH (checked above).
         let ctx = runtime::context_from_ptr(unsafe { (*ah).context })?;
-        match ctx.call_done(&Request::DestroyAh { ah: handle }) {
-            Ok(()) | Err(Errno(libc::ENODEV)) => {}
-            Err(e) => return Err(e),
-        }
+        super::released(ctx.call_done(&Request::DestroyAh { ah: handle }))?;
         if !AHS.remove(ah) {
             return Err(Errno::INVAL);
         }

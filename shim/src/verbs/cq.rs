@@ -378,10 +378,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut IbvCq) -> c_int {
     ffi::zero_or_errno(|| {
         let shim = cq_from_ptr(cq)?;
         let ctx = runtime::context_from_ptr(shim.cq.context)?;
-        match ctx.call_done(&Request::DestroyCq { cq: shim.handle }) {
-            Ok(()) | Err(Errno(libc::ENODEV)) => {}
-            Err(e) => return Err(e),
-        }
+        super::released(ctx.call_done(&Request::DestroyCq { cq: shim.handle }))?;
         ctx.objects().cqs.remove(&shim.handle);
         // SAFETY: live CQ; the mutex and condition variable were initialised statically.
         unsafe {

@@ -81,10 +81,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut IbvCompChannel) 
             (shim.channel.context, shim.handle)
         };
         if let Ok(ctx) = runtime::context_from_ptr(context) {
-            match ctx.call_done(&Request::DestroyCompChannel { channel: handle }) {
-                Ok(()) | Err(Errno(libc::ENODEV)) => {}
-                Err(e) => return Err(e),
-            }
+            super::released(ctx.call_done(&Request::DestroyCompChannel { channel: handle }))?;
         }
         if !COMP_CHANNELS.remove(channel) {
             return Err(Errno::INVAL);

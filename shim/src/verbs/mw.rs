@@ -93,10 +93,7 @@ pub unsafe extern "C" fn dealloc_mw(mw: *mut c_void) -> c_int {
         // SAFETY: registered, a live IbvMw.
         let (context, handle) = unsafe { ((*p).context, (*p).handle) };
         let ctx = runtime::context_from_ptr(context)?;
-        match ctx.call_done(&Request::DeallocMw { mw: handle }) {
-            Ok(()) | Err(Errno(libc::ENODEV)) => {}
-            Err(e) => return Err(e),
-        }
+        super::released(ctx.call_done(&Request::DeallocMw { mw: handle }))?;
         if !MWS.remove(mw) {
             return Err(Errno::INVAL);
         }

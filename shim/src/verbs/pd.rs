@@ -44,11 +44,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
         let ctx = pd_context(pd)?;
         // SAFETY: live (checked by pd_context).
         let handle = unsafe { (*pd).handle };
-        match ctx.call_done(&Request::DeallocPd { pd: handle }) {
-            // A daemon that is gone already released it.
-            Ok(()) | Err(Errno(libc::ENODEV)) => {}
-            Err(e) => return Err(e),
-        }
+        super::released(ctx.call_done(&Request::DeallocPd { pd: handle }))?;
         if !PDS.remove(pd) {
             return Err(Errno::INVAL);
         }
@@ -160,10 +156,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
         // SAFETY: registered, so a live IbvMr made by reg_mr.
         let (context, handle) = unsafe { ((*mr).context, (*mr).handle) };
         let ctx = runtime::context_from_ptr(context)?;
-        match ctx.call_done(&Request::DeregMr { mr: handle }) {
-            Ok(()) | Err(Errno(libc::ENODEV)) => {}
-            Err(e) => return Err(e),
-        }
+        super::released(ctx.call_done(&Request::DeregMr { mr: handle }))?;
         if !MRS.remove(mr) {
             return Err(Errno::INVAL);
         }

@@ -963,10 +963,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut IbvQp) -> c_int {
         let ctx = shim.context()?;
         let qpn = shim.qp.qp_base.qp_num;
         ctx.fast.give_back(ctx, qpn);
-        match ctx.call_done(&Request::DestroyQp { qpn }) {
-            Ok(()) | Err(Errno(libc::ENODEV)) => {}
-            Err(e) => return Err(e),
-        }
+        super::released(ctx.call_done(&Request::DestroyQp { qpn }))?;
         ctx.objects().qps.remove(&qpn);
         // SAFETY: live QP; mutex/cond initialised statically.
         unsafe {

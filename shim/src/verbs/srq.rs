@@ -267,10 +267,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut IbvSrq) -> c_int {
         let shim = srq_from_ptr(srq)?;
         let ctx = runtime::context_from_ptr(shim.srq.context)?;
         let handle = shim.srq.handle;
-        match ctx.call_done(&Request::DestroySrq { srq: handle }) {
-            Ok(()) | Err(Errno(libc::ENODEV)) => {}
-            Err(e) => return Err(e),
-        }
+        super::released(ctx.call_done(&Request::DestroySrq { srq: handle }))?;
         ctx.objects().srqs.remove(&handle);
         // SAFETY: live SRQ; mutex/cond initialised statically.
         unsafe {

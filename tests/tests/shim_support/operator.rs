@@ -87,10 +87,25 @@ impl ProgramPair {
         args: &[&str],
         name: &str,
     ) -> ProgramPair {
+        ProgramPair::start_with_env(sd, cd, program, port, args, name, &[])
+    }
+
+    /// [`ProgramPair::start`] with `env` set in both programs' environment.
+    pub fn start_with_env(
+        sd: &Daemon,
+        cd: &Daemon,
+        program: &str,
+        port: u16,
+        args: &[&str],
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> ProgramPair {
         let dir = scratch("operator", name);
         let path = require_program(program);
         let mut cmd = sd.command(&path);
-        cmd.args(["-p", &port.to_string()]).args(args);
+        cmd.args(["-p", &port.to_string()])
+            .args(args)
+            .envs(env.iter().copied());
         let mut server = Logged::spawn(cmd, dir.join("server.log"));
         let deadline = Instant::now() + Duration::from_secs(30);
         while !tcp_listening(port) {
@@ -111,7 +126,8 @@ impl ProgramPair {
         let mut cmd = cd.command(&path);
         cmd.args(["-p", &port.to_string()])
             .args(args)
-            .arg("127.0.0.1");
+            .arg("127.0.0.1")
+            .envs(env.iter().copied());
         let client = Logged::spawn(cmd, dir.join("client.log"));
         ProgramPair {
             server,
