@@ -3,12 +3,25 @@
 //! them, for tests and the simulator) or at random among the free ones (so that a QPN cannot be
 //! guessed from another, ReDMArk).
 //!
+//! A released QPN is not drawn again at once: it waits behind the [`QUARANTINE`] released
+//! after it (or until nothing else is free). A connection keeps its QPNs in CM timewait for
+//! a while after the QP is gone (2^(PLT+1-8) ms, 2 s for rdma_cm's PLT 18), and a new QP
+//! drawn with a QPN still there is refused as a stale connection (REJ 10): a persistent
+//! server (`rping -s -P`, about 70 connections a second) met one every few hundred
+//! connections and exited. rxe and hardware allocate QPNs cyclically, so a QPN comes back
+//! only after the whole space; the quarantine gives the random draws the same property for
+//! any rate of churn below `QUARANTINE` QPs per timewait.
+//!
 //! Both draws and releases are O(1) whatever the QPs held: the random draw is a Fisher-Yates
 //! shuffle done lazily. Each range keeps its free numbers as the first `free` positions of a
 //! permutation of its offsets, of which only the positions that moved are stored; drawing picks
 //! a random position below `free`, takes what it holds, and moves the last free one there.
 
 use super::engine::IntMap;
+use std::collections::VecDeque;
+
+/// How many released QPNs wait before the oldest may be drawn again.
+pub(crate) const QUARANTINE: usize = 16_384;
 
 /// One range of QPNs, `first..first + len`.
 #[derive(Debug, Clone)]
@@ -24,6 +37,10 @@ struct Range {
 }
 
 impl Range {
+    fn holds(&self, qpn: u32) -> bool {
+        qpn >= self.first && qpn - self.first < self.len
+    }
+
     fn at(&self, position: u32) -> u32 {
         self.moved.get(&position).copied().unwrap_or(position)
     }
@@ -56,6 +73,8 @@ pub(crate) struct QpnPool {
     random: bool,
     /// Free QPNs over all ranges (random draws).
     free: u64,
+    /// Released QPNs not yet free again, oldest first (random draws).
+    quarantine: VecDeque<u32>,
 }
 
 impl QpnPool {
@@ -64,6 +83,7 @@ impl QpnPool {
             ranges: Vec::new(),
             random,
             free: 0,
+            quarantine: VecDeque::new(),
         };
         pool.add(first, end);
         pool
@@ -94,6 +114,11 @@ impl QpnPool {
             return Some(r.first + r.next - 1);
         }
         if self.free == 0 {
+            // Rather the oldest released QPN than none.
+            let q = self.quarantine.pop_front()?;
+            self.free_again(q);
+        }
+        if self.free == 0 {
             return None;
         }
         let mut position = pick() % self.free;
@@ -107,16 +132,23 @@ impl QpnPool {
         None
     }
 
-    /// Gives back a QPN drawn from the pool (random draws; in-order QPNs are not reused).
+    /// Gives back a QPN drawn from the pool (random draws; in-order QPNs are not reused): it
+    /// is free again after [`QUARANTINE`] later releases.
     pub fn release(&mut self, qpn: u32) {
-        if !self.random {
+        if !self.random || !self.ranges.iter().any(|r| r.holds(qpn)) {
             return;
         }
-        if let Some(r) = self
-            .ranges
-            .iter_mut()
-            .find(|r| qpn >= r.first && qpn - r.first < r.len)
-        {
+        self.quarantine.push_back(qpn);
+        if self.quarantine.len() > QUARANTINE {
+            if let Some(q) = self.quarantine.pop_front() {
+                self.free_again(q);
+            }
+        }
+    }
+
+    /// Puts a released QPN back among the free ones.
+    fn free_again(&mut self, qpn: u32) {
+        if let Some(r) = self.ranges.iter_mut().find(|r| r.holds(qpn)) {
             if r.free < r.len {
                 r.give_back(qpn - r.first);
                 self.free += 1;
@@ -185,6 +217,28 @@ mod tests {
         for q in &drawn {
             p.release(*q);
         }
-        assert_eq!(p.free, 0x1_0000);
+        assert_eq!(p.free as usize + p.quarantine.len(), 0x1_0000);
+    }
+
+    /// A persistent server's churn: one QP at a time, created and destroyed. No QPN comes
+    /// back before `QUARANTINE` others were released (a QPN in CM timewait would be refused
+    /// as stale), and the quarantine never makes a draw fail while some QPN is not in use.
+    #[test]
+    fn a_released_qpn_waits_for_the_quarantine_before_it_is_drawn_again() {
+        let mut seed = 7;
+        let mut p = QpnPool::new(0x1_0000, 0x2_0000, true);
+        let mut last_seen = std::collections::HashMap::new();
+        for i in 0..(3 * QUARANTINE) {
+            let q = p.draw(|| rng(&mut seed)).unwrap();
+            if let Some(before) = last_seen.insert(q, i) {
+                assert!(i - before > QUARANTINE, "{q:#x} again after {}", i - before);
+            }
+            p.release(q);
+        }
+        let mut small = QpnPool::new(100, 104, true);
+        let all: Vec<u32> = std::iter::from_fn(|| small.draw(|| rng(&mut seed))).collect();
+        assert_eq!(all.len(), 4);
+        small.release(all[2]);
+        assert_eq!(small.draw(|| rng(&mut seed)), Some(all[2]));
     }
 }
