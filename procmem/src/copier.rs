@@ -11,8 +11,9 @@
 //! data that is not in place yet.
 //!
 //! One copier serves a whole process, and it is a thread only while there is work: it spins
-//! (yielding the CPU, see [`recv_spinning`]) for [`SPIN`] after a job (the next one usually comes within microseconds in a bulk
-//! transfer, and waking a sleeping thread costs 7-14 µs), then sleeps until the next job.
+//! (yielding the CPU, see [`recv_spinning`]) for [`SPIN`] after a job (the next one usually
+//! comes within microseconds in a bulk transfer, and waking a sleeping thread costs 7-14 µs),
+//! then sleeps until the next job.
 
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, OnceLock};

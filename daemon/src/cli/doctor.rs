@@ -409,37 +409,24 @@ fn check_address(daemon: Option<&DaemonView>) -> Check {
 /// The processes that hold a UDP socket bound to `port` (from /proc/net/udp{,6} and the
 /// processes' fds): (pid, command). A socket no process holds is the kernel's (rdma_rxe).
 pub fn udp_port_holders(port: u16) -> (bool, Vec<(i32, String)>) {
+    use crate::net::port_share::{socket_inodes, table_inodes};
     let needle = format!(":{port:04X}");
-    let mut inodes = Vec::new();
-    for f in ["/proc/net/udp", "/proc/net/udp6"] {
-        for l in std::fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .skip(1)
-        {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            if cols.get(1).is_some_and(|local| local.ends_with(&needle)) {
-                if let Some(inode) = cols.get(9) {
-                    inodes.push(format!("socket:[{inode}]"));
-                }
-            }
-        }
-    }
+    let inodes: Vec<u64> = ["/proc/net/udp", "/proc/net/udp6"]
+        .iter()
+        .flat_map(|f| {
+            let table = std::fs::read_to_string(f).unwrap_or_default();
+            table_inodes(&table, |local| local.ends_with(&needle))
+        })
+        .collect();
     let bound = !inodes.is_empty();
     let mut holders = Vec::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
             continue;
         };
-        let fds = entry.path().join("fd");
-        let holds = std::fs::read_dir(fds)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|fd| {
-                std::fs::read_link(fd.path())
-                    .is_ok_and(|t| inodes.iter().any(|i| t.as_os_str() == i.as_str()))
-            });
+        let holds = socket_inodes(&entry.path().join("fd"))
+            .iter()
+            .any(|i| inodes.contains(i));
         if holds {
             let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
             holders.push((pid, comm.trim().to_string()));

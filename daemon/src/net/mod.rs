@@ -51,7 +51,7 @@ mod layers;
 pub mod link;
 mod loopback;
 mod multicast;
-mod port_share;
+pub(crate) mod port_share;
 mod socket;
 mod spin;
 mod syscall;

@@ -18,6 +18,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
 
 /// Who holds the sockets bound to exactly `addr` (its address and port).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -58,13 +59,19 @@ pub fn holders(addr: SocketAddr) -> Holders {
 /// to exactly `addr`.
 fn bound_inodes(table: &str, addr: SocketAddr) -> Vec<u64> {
     let want = proc_local_address(addr);
+    table_inodes(table, |local| local.eq_ignore_ascii_case(&want))
+}
+
+/// The inodes of the sockets that `table` (the text of /proc/net/udp or udp6) lists with a
+/// local address (as the table prints it, `ADDRESS:PORT` in hexadecimal) that `keep` takes.
+/// The doctor's port check reads the same tables through it.
+pub(crate) fn table_inodes(table: &str, keep: impl Fn(&str) -> bool) -> Vec<u64> {
     table
         .lines()
         .skip(1)
         .filter_map(|l| {
             let cols: Vec<&str> = l.split_whitespace().collect();
-            let local = cols.get(1)?;
-            if !local.eq_ignore_ascii_case(&want) {
+            if !keep(cols.get(1)?) {
                 return None;
             }
             cols.get(9)?.parse().ok()
@@ -91,9 +98,15 @@ fn proc_local_address(addr: SocketAddr) -> String {
     s
 }
 
-/// The inodes of this process's sockets (its `/proc/self/fd` links `socket:[N]`).
+/// The inodes of this process's sockets.
 fn own_socket_inodes() -> Vec<u64> {
-    std::fs::read_dir("/proc/self/fd")
+    socket_inodes(Path::new("/proc/self/fd"))
+}
+
+/// The inodes of the sockets among the descriptors in `fd_dir` (a `/proc/PID/fd`: its links
+/// `socket:[N]`).
+pub(crate) fn socket_inodes(fd_dir: &Path) -> Vec<u64> {
+    std::fs::read_dir(fd_dir)
         .into_iter()
         .flatten()
         .flatten()

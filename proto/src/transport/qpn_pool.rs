@@ -5,7 +5,8 @@
 //!
 //! A released QPN is not drawn again at once: it waits behind the [`QUARANTINE`] released
 //! after it (or until nothing else is free). A connection keeps its QPNs in CM timewait for
-//! a while after the QP is gone (2^(PLT+1-8) ms, 2 s for rdma_cm's PLT 18), and a new QP
+//! a while after the QP is gone (2^(PLT+1-8) ms: half a second for the packet lifetime 16 of
+//! softroce's routes, longer toward a peer whose path says more), and a new QP
 //! drawn with a QPN still there is refused as a stale connection (REJ 10): a persistent
 //! server (`rping -s -P`, about 70 connections a second) met one every few hundred
 //! connections and exited. rxe and hardware allocate QPNs cyclically, so a QPN comes back
