@@ -454,7 +454,10 @@ fn local_packets_through_the_link_stay_on_the_daemons_path() {
 /// and leaves alone (only the backstop can run it on the fast path), and perftest's pattern of
 /// small WRITEs on 8 QPs at once, 64 a QP before a poll, each round's bytes checked by the
 /// child once the parent has its completions (one poll closes 8 directions, whose copies
-/// into the child run on the copier thread while the next direction's engines run): every
+/// into the child run on the copier thread while the next direction's engines run), and a
+/// WRITE between QPs connected in the order perftest's can be (the sender's in RTS before the
+/// responder's has its destination; the responder's stays in RTR: it is offered once the
+/// responder connects, or a whole stream stays on the daemon's path): every
 /// completion either side sees, and every error counter, is the same with the fast path as
 /// with `SOFTROCE_FAST_PATH=0`.
 #[test]
@@ -492,6 +495,13 @@ fn completions_and_errors_on_the_fast_path_are_the_daemons() {
                 "child wr_id=9 opcode=128 status=0 byte_len=150",
                 "child small SEND bytes match",
                 "child big WRITE again bytes match",
+            ][..],
+        ),
+        (
+            "late",
+            &[
+                "parent wr_id=41 opcode=1 status=0",
+                "child WRITE bytes match",
             ][..],
         ),
         (

@@ -1240,9 +1240,13 @@ impl DeviceThread {
                 let ids = self.fast.of_client(client);
                 (!self.fast.quiet(&ids)).then_some(ids)
             }
-            Before::Qp(qpn, peer) => {
+            Before::Qp(qpn, was) => {
                 self.fast_refresh(client, qpn);
-                if let Some((p, pq)) = peer {
+                // The QP it was connected to, and the one it is connected to now: a modify to
+                // RTR gives it its destination, and a peer already in RTS (perftest's sender
+                // when the passive side connects last) may be offered only from now on.
+                let now = self.connected_to(client, qpn);
+                for (p, pq) in was.into_iter().chain(now.filter(|n| Some(*n) != was)) {
                     self.fast_refresh(p, pq);
                 }
                 None

@@ -23,7 +23,11 @@
  *           no receive for yet keeps the daemon's requester busy (RNR, retried for ever), and
  *           the WRITE posted after it finds the QP's send ring held for a take; from then on
  *           the parent only polls (once the child has posted its receive): the take must
- *           come from the poll, and the WRITE run on the fast path (the test counts grants) */
+ *           come from the poll, and the WRITE run on the fast path (the test counts grants)
+ *   late    perftest's order of connection when the passive side is slow: the parent's QP
+ *           reaches RTS before the child's has its destination, and the child's stops at RTR
+ *           (a responder only); then a WRITE, bytes compared: the device must offer the
+ *           parent's QP once the child's connects to it (the test counts grants) */
 #include <infiniband/verbs.h>
 #include <signal.h>
 #include <stdint.h>
@@ -98,7 +102,7 @@ static uint64_t many_value(int round, int q, int i)
     return ((uint64_t)round << 32) | ((uint64_t)q << 16) | (uint64_t)(i + 1);
 }
 
-static void qp_to_rts(struct side *s, struct ibv_qp *qp, uint32_t remote, int rnr_retry)
+static void qp_to_rtr(struct side *s, struct ibv_qp *qp, uint32_t remote)
 {
     struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
                              .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
@@ -117,6 +121,12 @@ static void qp_to_rts(struct side *s, struct ibv_qp *qp, uint32_t remote, int rn
     if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
                       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
         die("RTR");
+}
+
+static void qp_to_rts(struct side *s, struct ibv_qp *qp, uint32_t remote, int rnr_retry)
+{
+    qp_to_rtr(s, qp, remote);
+    struct ibv_qp_attr a;
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTS;
     a.timeout = 14;
@@ -166,6 +176,7 @@ int main(int argc, char **argv)
     const char *scenario = argc > 1 ? argv[1] : "ok";
     int rnr = !strcmp(scenario, "rnr");
     int held = !strcmp(scenario, "held");
+    int late = !strcmp(scenario, "late");
     int up[2], down[2];
     if (pipe(up) || pipe(down)) die("pipes");
     pid_t pid = fork();
@@ -177,7 +188,13 @@ int main(int argc, char **argv)
         if (write(up[1], &mine, sizeof mine) != sizeof mine ||
             read(down[0], &theirs, sizeof theirs) != sizeof theirs)
             die("child exchange");
-        to_rts(&c, theirs.qpn, 7);
+        char go;
+        if (!late)
+            to_rts(&c, theirs.qpn, 7);
+        else if (read(down[0], &go, 1) != 1)
+            die("child go");
+        else
+            qp_to_rtr(&c, c.qp, theirs.qpn);
         struct ibv_qp *cq_many[NQ];
         int many_round = 0, many_ok = 0;
         if (!strcmp(scenario, "many"))
@@ -269,10 +286,12 @@ int main(int argc, char **argv)
     mine = (struct card){ p.qp->qp_num, p.mr->rkey, (uintptr_t)p.buf };
     if (write(down[1], &mine, sizeof mine) != sizeof mine) die("parent exchange");
     to_rts(&p, theirs.qpn, rnr ? 1 : 7);
+    char b = 'g';
+    if (late && write(down[1], &b, 1) != 1)
+        die("parent go");
     struct ibv_qp *pq_many[NQ];
     if (!strcmp(scenario, "many"))
         many_qps(&p, pq_many, down[1], up[0]);
-    char b;
     if (read(up[0], &b, 1) != 1) die("child not ready");
 #define ASK(c) do { b = c; if (write(down[1], &b, 1) != 1 || read(up[0], &b, 1) != 1) die("ask"); } while (0)
     for (int i = 0; i < 4096; i++)
@@ -378,6 +397,10 @@ int main(int argc, char **argv)
         one(&p, "parent");
         ASK('r');
         ASK('u');
+    } else if (late) {
+        post(&p, 41, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr, theirs.rkey);
+        one(&p, "parent");
+        ASK('w');
     } else if (!strcmp(scenario, "unpolled")) {
         post(&p, 21, IBV_WR_RDMA_WRITE, 0, 4096, theirs.addr + 8192, theirs.rkey);
         ASK('u');
