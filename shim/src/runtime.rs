@@ -372,18 +372,17 @@ pub fn write_record(fd: RawFd, bytes: &[u8]) -> Result<(), Errno> {
 }
 
 /// Reads one record into `buf`; returns the byte count (0 on EOF). Blocking or `EAGAIN`
-/// follows the fd's own mode, as with the kernel's fds.
+/// follows the fd's own mode, and a signal as the kernel's event files take one: the read
+/// is restarted if the handler asked for `SA_RESTART`, else it fails with `EINTR`, which the
+/// event verbs return (`ibv_get_cq_event`, `ibv_get_async_event`, `rdma_get_cm_event`).
+/// qperf ends its server's wait for the last message so, with a timer of its own.
 pub fn read_record(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
-    loop {
-        // SAFETY: buf is a valid writable buffer of buf.len() bytes.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = Errno::last();
-        if e.0 != libc::EINTR {
-            return Err(e);
-        }
+    // SAFETY: buf is a valid writable buffer of buf.len() bytes.
+    let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+    if n >= 0 {
+        Ok(n as usize)
+    } else {
+        Err(Errno::last())
     }
 }
 

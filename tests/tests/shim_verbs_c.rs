@@ -16,10 +16,13 @@ const PROGRAM: &str = r#"
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/time.h>
 
 /* Private (IBVERBS_PRIVATE_34) but imported by ibv_devinfo; not in the public header. */
 extern int ibv_query_gid_type(struct ibv_context *, uint8_t, unsigned int, int *);
@@ -27,6 +30,40 @@ extern int ibv_query_gid_type(struct ibv_context *, uint8_t, unsigned int, int *
 static int failures, checks;
 #define CHECK(cond, what) do { checks++; if (!(cond)) { failures++; \
     printf("FAIL line %d: %s (errno %d)\n", __LINE__, what, errno); } } while (0)
+
+static void on_alarm(int sig) { (void)sig; }
+
+/* Arms a one-shot SIGALRM in 50 ms, whose handler does not ask for SA_RESTART (as qperf's
+ * timer): a blocking event read it interrupts ends with EINTR, as the kernel's does. */
+static void alarm_soon(void)
+{
+    struct sigaction sa = { .sa_handler = on_alarm };
+    sigemptyset(&sa.sa_mask);
+    struct itimerval it = { .it_value = { 0, 50000 } };
+    if (sigaction(SIGALRM, &sa, NULL) || setitimer(ITIMER_REAL, &it, NULL))
+        printf("FAIL alarm (errno %d)\n", errno);
+}
+
+/* Ends the program if a wait the alarm should have interrupted goes on. */
+static void *watchdog(void *what)
+{
+    sleep(10);
+    printf("FAIL %s: still blocked 10 s after the signal\n", (const char *)what);
+    fflush(stdout);
+    _exit(1);
+}
+
+/* Runs `wait` (a blocking event read) with a watchdog; its result. */
+#define INTERRUPTED(what, wait) ({ \
+    pthread_t dog; \
+    int dog_ok = pthread_create(&dog, NULL, watchdog, (void *)(what)) == 0; \
+    alarm_soon(); \
+    errno = 0; \
+    int r = (wait); \
+    int e = errno; \
+    if (dog_ok) { pthread_cancel(dog); pthread_join(dog, NULL); } \
+    errno = e; \
+    r; })
 
 static void compare_helpers(void)
 {
@@ -178,11 +215,18 @@ int main(int argc, char **argv)
         CHECK(fcntl(ch->fd, F_GETFD) >= 0, "channel fd is a real fd");
         struct pollfd p = { .fd = ch->fd, .events = POLLIN };
         CHECK(poll(&p, 1, 0) == 0, "no completion event pending");
+        struct ibv_cq *ev_cq;
+        void *ev_ctx;
+        CHECK(INTERRUPTED("get_cq_event", ibv_get_cq_event(ch, &ev_cq, &ev_ctx)) == -1 &&
+                  errno == EINTR,
+              "a signal ends a wait in get_cq_event with EINTR");
         CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy_comp_channel");
     }
 
-    CHECK(fcntl(ctx->async_fd, F_SETFL, O_NONBLOCK) == 0, "async fd accepts O_NONBLOCK");
     struct ibv_async_event ev;
+    CHECK(INTERRUPTED("get_async_event", ibv_get_async_event(ctx, &ev)) == -1 && errno == EINTR,
+          "a signal ends a wait in get_async_event with EINTR");
+    CHECK(fcntl(ctx->async_fd, F_SETFL, O_NONBLOCK) == 0, "async fd accepts O_NONBLOCK");
     errno = 0;
     CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN, "no async event: EAGAIN");
 
@@ -279,7 +323,7 @@ int main(int argc, char **argv)
 
 #[test]
 fn c_program_sees_working_and_failing_verbs_without_crashing() {
-    let exe = compile_c("shim_verbs", PROGRAM, &["ibverbs", "dl"]);
+    let exe = compile_c("shim_verbs", PROGRAM, &["ibverbs", "dl", "pthread"]);
     let daemon = Daemon::start("verbs-c", &[]);
     let guid = daemon.query_devices()[0].node_guid;
     let out = daemon

@@ -9,11 +9,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <sys/time.h>
 
 #define CHECK(c, code) do { if (!(c)) { fprintf(stderr, "check failed line %d: %s (errno %d %s)\n", __LINE__, #c, errno, strerror(errno)); return code; } } while (0)
 
@@ -27,6 +29,16 @@ static int next_event(struct rdma_event_channel *ch, enum rdma_cm_event_type wan
 
 static int late_returned;
 
+static void on_alarm(int sig) { (void)sig; }
+
+/* Ends the program if a wait the alarm should have interrupted goes on. */
+static void *watchdog(void *arg) {
+    (void)arg;
+    sleep(10);
+    fprintf(stderr, "a blocked rdma_get_cm_event outlived the signal by 10 s\n");
+    _exit(70);
+}
+
 static void *late_reader(void *arg) {
     struct rdma_cm_event *e;
     rdma_get_cm_event(arg, &e);
@@ -38,6 +50,21 @@ int main(int argc, char **argv) {
     const char *addr = argv[1];
     struct rdma_event_channel *ch = rdma_create_event_channel();
     CHECK(ch, 1);
+    /* Blocking, with nothing to come: a signal whose handler does not ask for SA_RESTART
+     * (qperf's timer) ends the wait with EINTR, as the kernel's rdma_cm fd does. */
+    struct sigaction alrm = { .sa_handler = on_alarm };
+    sigemptyset(&alrm.sa_mask);
+    CHECK(sigaction(SIGALRM, &alrm, NULL) == 0, 66);
+    struct itimerval it = { .it_value = { 0, 50000 } };
+    CHECK(setitimer(ITIMER_REAL, &it, NULL) == 0, 67);
+    pthread_t dog;
+    CHECK(pthread_create(&dog, NULL, watchdog, NULL) == 0, 68);
+    struct rdma_cm_event *early;
+    errno = 0;
+    int got = rdma_get_cm_event(ch, &early);
+    pthread_cancel(dog);
+    pthread_join(dog, NULL);
+    CHECK(got == -1 && errno == EINTR, 69);
     /* Non-blocking: nothing queued is EAGAIN, as with the kernel's rdma_cm fd. */
     CHECK(fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK) == 0, 2);
     struct rdma_cm_event *ev;
