@@ -109,6 +109,12 @@ pub(super) struct CqState {
     /// direction feeds it again and the shim stops asking: its client waits on events rather
     /// than polls, and every arm would otherwise cost a control request.
     pub arm_requests: u8,
+    /// Events fired while an offer waited for them (`offer_waits`), since the last grant of a
+    /// direction the CQ takes part in: from the second on (`events_only`) it stays with the
+    /// device. Its program arms it again before it posts (qperf, `ibv_rc_pingpong -e`), so
+    /// a take would find it armed after every event, each one a control request and each
+    /// event a pass over its QPs' offers for nothing.
+    pub event_waits: u8,
     pub events_only: bool,
     /// An offer was refused because the CQ was armed: when its event fires, the QPs that
     /// use it are looked at again (`DeviceThread::fast_events_fired`); no other fired event

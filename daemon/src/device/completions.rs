@@ -100,7 +100,9 @@ pub(super) fn deliver_completions(c: &mut ClientDev, index: u32, fenced: &[u32])
         }
         if fire {
             send_cq_event(c, h, index);
-            if c.cqs.get(&h).is_some_and(|q| q.offer_waits.replace(false)) {
+            if let Some(q) = c.cqs.get_mut(&h).filter(|q| q.offer_waits.replace(false)) {
+                q.event_waits = q.event_waits.saturating_add(1);
+                q.events_only |= q.event_waits >= 2;
                 c.fired_cqs.push(h);
             }
         }

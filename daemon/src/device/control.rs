@@ -43,7 +43,13 @@ impl DeviceThread {
             return (refused, vec![]);
         }
         match &request {
-            Request::FastTake { qpn } => return self.fast_take(client, *qpn),
+            Request::FastTake { qpn } => {
+                let answer = self.fast_take(client, *qpn);
+                if matches!(answer.0, Response::Error { .. }) {
+                    self.fast.refused += 1;
+                }
+                return answer;
+            }
             Request::FastReturn { qpn, events } => {
                 return (self.fast_return(client, *qpn, events), vec![])
             }

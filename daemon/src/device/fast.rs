@@ -133,10 +133,12 @@ pub(super) struct FastPaths {
     next_id: u64,
     pub tables: HashMap<u64, TableHost>,
     retired: Vec<Retired>,
-    /// Directions granted and taken back, over the device's life (`device_fast_grants`,
-    /// `device_fast_returns` in its counters).
+    /// Directions granted and taken back, and takes refused (not offered any more, or held
+    /// for work in flight), over the device's life (`device_fast_grants`,
+    /// `device_fast_returns`, `device_fast_refused` in its counters).
     pub grants: u64,
     pub returns: u64,
+    pub refused: u64,
     /// Send rings held for a take ([`DeviceThread::hold_for_take`]), with when each hold ends.
     pub holds: Vec<Hold>,
 }
@@ -182,6 +184,7 @@ impl FastPaths {
             retired: Vec::new(),
             grants: 0,
             returns: 0,
+            refused: 0,
             holds: Vec::new(),
         }
     }
@@ -732,7 +735,19 @@ impl DeviceThread {
             q.lent = true;
         }
         let peer_pid = p.pid;
+        // The peer's receive CQ and the taker's send CQ feed a direction: their events are
+        // waited for anew (`CqState::event_waits`).
+        if let Some(q) = p.cqs.get_mut(&pc.init.recv_cq) {
+            q.event_waits = 0;
+        }
         let c = self.clients.get_mut(&client).expect("checked above");
+        if let Some(q) = c
+            .engine
+            .qp_config(Qpn::new(qpn))
+            .and_then(|x| c.cqs.get_mut(&x.init.send_cq))
+        {
+            q.event_waits = 0;
+        }
         let q = c.qps.get_mut(&qpn).expect("checked above");
         q.away = true;
         q.held = false;

@@ -100,6 +100,7 @@ pub(super) fn create_cq(
                     ctx,
                     in_error: false,
                     arm_requests: 0,
+                    event_waits: 0,
                     events_only: false,
                     offer_waits: std::cell::Cell::new(false),
                 },

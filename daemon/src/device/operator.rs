@@ -175,6 +175,16 @@ impl DeviceThread {
         bump(&mut counters, "rcvd_pkts", self.gsi_rcvd);
         // As an engine counts a packet for a QP it does not have.
         bump(&mut counters, "dropped_pkts", self.drops.unknown_qp);
+        // How much the same-host fast path is used, and how often a take was asked for in
+        // vain (a program the fast path does not suit, as one that waits on events).
+        counters.extend(
+            [
+                ("device_fast_grants", self.fast.grants),
+                ("device_fast_returns", self.fast.returns),
+                ("device_fast_refused", self.fast.refused),
+            ]
+            .map(|(n, v)| (n.to_string(), v)),
+        );
         let mut qps = Vec::new();
         if let Some(q) = qpn {
             for (id, c) in &self.clients {
