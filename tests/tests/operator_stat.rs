@@ -379,8 +379,11 @@ fn res_show_lists_a_running_pingpongs_qps_with_its_pids_and_not_after() {
     );
     assert!(per_qp[0]["rcvd_pkts"].as_u64() > Some(0), "{per_qp}");
     assert!(per_qp[0]["sent_pkts"].as_u64() > Some(0), "{per_qp}");
-    // The other kinds, with their owners.
-    for kind in ["cq", "mr", "pd"] {
+    // The other kinds, with their owners, each numbered once on the device (two processes
+    // each have a first PD, CQ and MR, as on a kernel device), and the QPs' `pdn` and CQ
+    // numbers name rows of those lists, of the same process.
+    let mut numbered = std::collections::BTreeMap::new();
+    for (kind, field) in [("cq", "cqn"), ("mr", "mrn"), ("pd", "pdn")] {
         let rows = softroce_json(&d, &["res", "show", kind]);
         let rows = rows.as_array().unwrap();
         assert!(rows.len() >= 2, "res show {kind}: {rows:?}");
@@ -389,6 +392,24 @@ fn res_show_lists_a_running_pingpongs_qps_with_its_pids_and_not_after() {
                 .all(|r| expect.contains(&r["pid"].as_u64().unwrap())),
             "{rows:?}"
         );
+        let mut numbers: Vec<(u64, u64)> = rows
+            .iter()
+            .map(|r| (r[field].as_u64().unwrap(), r["pid"].as_u64().unwrap()))
+            .collect();
+        numbers.sort();
+        numbers.dedup_by_key(|(n, _)| *n);
+        assert_eq!(numbers.len(), rows.len(), "{field} repeated: {rows:?}");
+        numbered.insert(field, numbers);
+    }
+    for r in &rows {
+        let pid = r["pid"].as_u64().unwrap();
+        for (field, list) in [("pdn", "pdn"), ("send-cqn", "cqn"), ("recv-cqn", "cqn")] {
+            let n = r[field].as_u64().unwrap();
+            assert!(
+                numbered[list].contains(&(n, pid)),
+                "the QP's {field} {n} is no {list} of pid {pid}: {r} {numbered:?}"
+            );
+        }
     }
     let text = softroce_ok(&d, &["res", "show", "qp"]);
     assert!(

@@ -446,6 +446,7 @@ impl DeviceThread {
     pub(super) fn client_gone(&mut self, client: u64) {
         self.group_detach(|(c, _)| c == client, None);
         self.fast_client_gone(client);
+        self.res_numbers.client_gone(client);
         if let Some(c) = self.clients.remove(&client) {
             for &b in &c.blocks {
                 self.blocks.remove(&b);

@@ -173,6 +173,8 @@ pub struct DeviceThread {
     /// The engine counters of the clients that are gone, so that the device's totals do not
     /// shrink when a client exits.
     departed: tp::Counters,
+    /// The numbers `res show` gives the clients' objects ([`operator::ResNumbers`]).
+    res_numbers: operator::ResNumbers,
 }
 
 /// Something waiting until fast-path directions are back (or their takers outside them).
@@ -258,6 +260,7 @@ impl DeviceThread {
             congestion,
             drops: DeviceDrops::default(),
             departed: tp::Counters::default(),
+            res_numbers: operator::ResNumbers::default(),
             negotiation: loss_recovery::Negotiation::new(
                 cfg.loss_recovery,
                 cfg.selective_bdp,

@@ -15,11 +15,47 @@ use proto::ctl::{
 use proto::transport::{QpState, QpType};
 use proto::Qpn;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::sync::Arc;
 use tracing::info;
 
 /// `enum ibv_event_type` IBV_EVENT_DEVICE_FATAL.
 const IBV_EVENT_DEVICE_FATAL: u32 = 8;
+
+/// The kinds of object `res show` numbers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Numbered {
+    Pd,
+    Cq,
+    Mr,
+    Srq,
+}
+
+/// The numbers `softroce res show` gives PDs, CQs, MRs and SRQs (`pdn`, `cqn`, `mrn`,
+/// `srqn`): unique on the device, as the kernel's object pool indexes are, where an engine's
+/// handles are its client's alone (two processes each have a first PD, with one handle). A
+/// number is given the first time its object is shown, from 1 per kind, and kept while its
+/// client lives, so that a QP's `pdn` and `send-cqn` name the rows of `res show pd` and `cq`.
+#[derive(Default)]
+pub(super) struct ResNumbers {
+    given: HashMap<(u64, Numbered, u32), u32>,
+    last: HashMap<Numbered, u32>,
+}
+
+impl ResNumbers {
+    fn number(&mut self, client: u64, kind: Numbered, handle: u32) -> u32 {
+        *self.given.entry((client, kind, handle)).or_insert_with(|| {
+            let n = self.last.entry(kind).or_insert(0);
+            *n = n.wrapping_add(1);
+            *n
+        })
+    }
+
+    /// Forgets the numbers of a client that has gone.
+    pub(super) fn client_gone(&mut self, client: u64) {
+        self.given.retain(|(c, _, _), _| *c != client);
+    }
+}
 
 /// Counters as (name, value) pairs, in their declaration order (rxe's names first for the
 /// engine's): every numeric field of `c`, whatever fields it has.
@@ -208,14 +244,16 @@ impl DeviceThread {
         }
     }
 
-    fn resources(&self, kind: ResKind) -> ResDetail {
+    fn resources(&mut self, kind: ResKind) -> ResDetail {
         let mut d = ResDetail::default();
-        for c in self.clients.values() {
+        let numbers = &mut self.res_numbers;
+        for (&id, c) in &self.clients {
             let owner = ResOwner {
                 device: self.info.name.clone(),
                 pid: c.pid as u32,
                 comm: String::new(),
             };
+            let mut n = |kind: Numbered, handle: u32| numbers.number(id, kind, handle);
             let e = &c.engine;
             match kind {
                 ResKind::Qp => d.qps.extend(e.qp_summaries().into_iter().map(|q| QpRes {
@@ -227,21 +265,21 @@ impl DeviceThread {
                     rq_psn: q.rq_psn.value(),
                     dest_qpn: q.dest_qpn.value(),
                     path_mtu: q.path_mtu,
-                    pd: q.pd,
-                    send_cq: q.send_cq,
-                    recv_cq: q.recv_cq,
-                    srq: q.srq,
+                    pd: n(Numbered::Pd, q.pd),
+                    send_cq: n(Numbered::Cq, q.send_cq),
+                    recv_cq: n(Numbered::Cq, q.recv_cq),
+                    srq: q.srq.map(|s| n(Numbered::Srq, s)),
                 })),
                 ResKind::Cq => d.cqs.extend(e.cq_summaries().into_iter().map(|q| CqRes {
                     owner: owner.clone(),
-                    cqn: q.handle,
+                    cqn: n(Numbered::Cq, q.handle),
                     cqe: q.cqe as u32,
                     users: q.users,
                 })),
                 ResKind::Mr => d.mrs.extend(e.mr_summaries().into_iter().map(|m| MrRes {
                     owner: owner.clone(),
-                    mrn: m.handle,
-                    pd: m.pd,
+                    mrn: n(Numbered::Mr, m.handle),
+                    pd: n(Numbered::Pd, m.pd),
                     lkey: m.lkey,
                     rkey: m.rkey,
                     iova: m.addr,
@@ -250,13 +288,13 @@ impl DeviceThread {
                 })),
                 ResKind::Pd => d.pds.extend(e.pd_summaries().into_iter().map(|p| PdRes {
                     owner: owner.clone(),
-                    pdn: p.handle,
+                    pdn: n(Numbered::Pd, p.handle),
                     users: p.users,
                 })),
                 ResKind::Srq => d.srqs.extend(e.srq_summaries().into_iter().map(|s| SrqRes {
                     owner: owner.clone(),
-                    srqn: s.handle,
-                    pd: s.pd,
+                    srqn: n(Numbered::Srq, s.handle),
+                    pd: n(Numbered::Pd, s.pd),
                     max_wr: s.max_wr,
                     posted: s.posted as u32,
                 })),
@@ -287,5 +325,24 @@ impl DeviceThread {
         for id in ids {
             self.client_gone(id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Numbered, ResNumbers};
+
+    #[test]
+    fn res_numbers_are_the_devices_not_the_clients() {
+        let mut n = ResNumbers::default();
+        // Two clients' first CQs share a handle; the device numbers them apart, per kind.
+        assert_eq!(n.number(1, Numbered::Cq, 7), 1);
+        assert_eq!(n.number(2, Numbered::Cq, 7), 2);
+        assert_eq!(n.number(1, Numbered::Pd, 7), 1);
+        // Shown again: the same number.
+        assert_eq!(n.number(1, Numbered::Cq, 7), 1);
+        n.client_gone(1);
+        assert_eq!(n.number(2, Numbered::Cq, 7), 2);
+        assert_eq!(n.number(1, Numbered::Cq, 7), 3);
     }
 }
