@@ -77,6 +77,18 @@ pub fn int_or_minus_one(body: impl FnOnce() -> Result<c_int, Errno>) -> c_int {
     }
 }
 
+/// Functions that return a value, or `sentinel` with `errno` on failure (rsockets'
+/// `riomap`: an `off_t` -1; `riowrite`: a `size_t` -1).
+pub fn value_or<T>(sentinel: T, body: impl FnOnce() -> Result<T, Errno>) -> T {
+    match guarded(body) {
+        Ok(v) => v,
+        Err(e) => {
+            set_errno(e);
+            sentinel
+        }
+    }
+}
+
 /// Verbs that return `0` on success and the errno value itself on failure (`ibv_query_device`,
 /// `ibv_dealloc_pd`, `ibv_query_port`, ...). `errno` is set as well, as rdma-core does for most
 /// of them, so callers that check either one see the failure.

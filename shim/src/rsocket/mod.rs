@@ -6,8 +6,10 @@
 //! * this module: the socket table (an rsocket's number is its id's event-channel
 //!   descriptor, as in librdmacm) and the exported `r*` functions.
 //!
-//! Not offered (`-1`/`ENOSYS`): datagram rsockets (`SOCK_DGRAM`), `riomap`, `riounmap`,
-//! `riowrite`. Every export runs behind `catch_unwind` and returns `-1` with `errno`.
+//! * `stream::iomap`: direct data placement (`riomap`, `riounmap`, `riowrite`).
+//!
+//! Not offered (`-1`/`ENOSYS`): datagram rsockets (`SOCK_DGRAM`). Every export runs behind
+//! `catch_unwind` and returns `-1` with `errno`.
 
 pub mod stream;
 pub mod wire;
@@ -731,7 +733,12 @@ pub unsafe extern "C" fn rsetsockopt(
             (SOL_RDMA, RDMA_INLINE) if unset => {
                 g.sq_inline = (v.max(0) as u32).min(u32::from(stream::RS_QP_MAX_SIZE)) as u16
             }
-            (SOL_RDMA, RDMA_IOMAPSIZE) | (SOL_RDMA, RDMA_ROUTE) if unset => {}
+            // Rounded as the connection data carries it (librdmacm's rule).
+            (SOL_RDMA, RDMA_IOMAPSIZE) if unset => {
+                let v = stream::iomap_size(v);
+                g.target_iomap_size = v;
+            }
+            (SOL_RDMA, RDMA_ROUTE) if unset => {}
             (SOL_RDMA, _) => return Err(Errno::INVAL),
             _ => return Err(Errno(libc::ENOTSUP)),
         }
@@ -783,7 +790,7 @@ pub unsafe extern "C" fn rgetsockopt(
             (SOL_RDMA, RDMA_SQSIZE) => c_int::from(g.sq_size),
             (SOL_RDMA, RDMA_RQSIZE) => c_int::from(g.rq_size),
             (SOL_RDMA, RDMA_INLINE) => c_int::from(g.sq_inline),
-            (SOL_RDMA, RDMA_IOMAPSIZE) => 0,
+            (SOL_RDMA, RDMA_IOMAPSIZE) => c_int::from(g.target_iomap_size),
             _ => return Err(Errno(libc::ENOTSUP)),
         };
         // SAFETY: checked pointers; the caller's buffer of *optlen bytes.
@@ -856,20 +863,64 @@ pub unsafe extern "C" fn rgetsockname(
     })
 }
 
-macro_rules! enosys {
-    ($($name:ident),* $(,)?) => {
-        $(
-            #[doc = concat!("`", stringify!($name), "`: not offered (-1, ENOSYS).")]
-            #[no_mangle]
-            pub extern "C" fn $name() -> c_long {
-                ffi::set_errno(Errno(libc::ENOSYS));
-                -1
-            }
-        )*
-    };
+/// `riomap`: registers `len` bytes at `buf` with the rsocket, for the peer to write at
+/// `offset` (-1: the buffer's address) with `PROT_WRITE`; the offset, or -1 and errno.
+///
+/// # Safety
+/// `buf` is `len` bytes the caller keeps mapped until `riounmap` or `rclose`.
+#[no_mangle]
+pub unsafe extern "C" fn riomap(
+    socket: c_int,
+    buf: *mut c_void,
+    len: libc::size_t,
+    prot: c_int,
+    _flags: c_int,
+    offset: libc::off_t,
+) -> libc::off_t {
+    ffi::value_or(-1, || {
+        let s = get(socket)?;
+        let mut g = lock(&s);
+        g.iomap(buf as u64, len, prot, offset)
+    })
 }
 
-enosys!(riomap, riounmap, riowrite);
+/// `riounmap`: the mapping of exactly `buf` and `len` removed; 0, or -1 and EINVAL.
+#[no_mangle]
+pub extern "C" fn riounmap(socket: c_int, buf: *mut c_void, len: libc::size_t) -> c_int {
+    ffi::int_or_minus_one(|| {
+        let s = get(socket)?;
+        let mut g = lock(&s);
+        g.iounmap(buf as u64, len).map(|()| 0)
+    })
+}
+
+/// `riowrite`: `count` bytes of `buf` into the peer's mapping at `offset`; the count
+/// written, or `(size_t)-1` and errno if nothing was.
+///
+/// # Safety
+/// `buf` has `count` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn riowrite(
+    socket: c_int,
+    buf: *const c_void,
+    count: libc::size_t,
+    offset: libc::off_t,
+    flags: c_int,
+) -> libc::size_t {
+    ffi::value_or(usize::MAX, || {
+        let s = get(socket)?;
+        let bytes: &[u8] = if count == 0 {
+            &[]
+        } else if buf.is_null() {
+            return Err(Errno(libc::EFAULT));
+        } else {
+            // SAFETY: `count` readable bytes per the caller.
+            unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), count) }
+        };
+        let mut g = lock(&s);
+        g.iowrite(bytes, offset as u64, flags)
+    })
+}
 
 /// Every rsocket name the shim exports (27).
 pub const RSOCKET_NAMES: &[&str] = &[
@@ -1014,8 +1065,12 @@ mod tests {
         assert_eq!(errno(), libc::ENOSYS);
         assert_eq!(rsocket(libc::AF_UNIX, libc::SOCK_STREAM, 0), -1);
         assert_eq!(errno(), libc::ENOTSUP);
-        assert_eq!(riomap(), -1);
-        assert_eq!(errno(), libc::ENOSYS);
+        // SAFETY: an unknown socket is looked up before anything is touched.
+        assert_eq!(
+            unsafe { riomap(123_456, std::ptr::null_mut(), 0, libc::PROT_WRITE, 0, -1) },
+            -1
+        );
+        assert_eq!(errno(), libc::EBADF);
         assert_eq!(RSOCKET_NAMES.len(), 27);
     }
 

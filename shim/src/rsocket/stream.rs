@@ -6,6 +6,8 @@
 //! rq_size)`, with the next free half of `rbuf` written into the sender's target SGL when
 //! one is free (`rs_send_credits`).
 
+mod iomap;
+
 use std::collections::VecDeque;
 use std::ptr;
 
@@ -33,6 +35,13 @@ pub const DEF_SQSIZE: u16 = 384;
 pub const DEF_RQSIZE: u16 = 384;
 pub const DEF_MEM: u32 = 1 << 17;
 pub const DEF_WMEM: u32 = 1 << 17;
+
+/// `RDMA_IOMAPSIZE` as an rsocket keeps it: rounded to what the connection data's byte can
+/// carry (`rs_scale_to_value(rs_value_to_scale(v, 8), 8)`).
+pub fn iomap_size(v: c_int) -> u16 {
+    let v = v.clamp(0, i32::from(u16::MAX)) as u32;
+    iomap::scale_to_value(iomap::value_to_scale(v, 8) & 0xff, 8).min(u32::from(u16::MAX)) as u16
+}
 
 const WR_ID_FLAG_RECV: u64 = 1 << 63;
 const IBV_ACCESS_LOCAL_WRITE: c_int = 1;
@@ -151,6 +160,13 @@ pub struct Stream {
     rmsg: VecDeque<u32>,
     cq_armed: bool,
     unack_cqe: u32,
+
+    /// Slots of our iomap table (`RDMA_IOMAPSIZE`), which the peer writes.
+    pub target_iomap_size: u16,
+    /// The peer's table: its address, rkey, and slot count as length.
+    remote_iomap: RsSge,
+    /// The buffers this side mapped ([`iomap`]).
+    iomaps: Vec<iomap::IoMapping>,
 }
 
 // SAFETY: the raw pointers are shim objects usable from any thread; every Stream sits behind
@@ -180,9 +196,16 @@ impl Stream {
     }
 
     fn with_id(id: *mut RdmaCmId, parent: Option<&Stream>) -> Stream {
-        let (sbuf_size, rbuf_size, sq_size, rq_size, sq_inline) = match parent {
-            Some(p) => (p.sbuf_size, p.rbuf_size, p.sq_size, p.rq_size, p.sq_inline),
-            None => (DEF_WMEM, DEF_MEM, DEF_SQSIZE, DEF_RQSIZE, DEF_INLINE),
+        let (sbuf_size, rbuf_size, sq_size, rq_size, sq_inline, target_iomap_size) = match parent {
+            Some(p) => (
+                p.sbuf_size,
+                p.rbuf_size,
+                p.sq_size,
+                p.rq_size,
+                p.sq_inline,
+                p.target_iomap_size,
+            ),
+            None => (DEF_WMEM, DEF_MEM, DEF_SQSIZE, DEF_RQSIZE, DEF_INLINE, 0),
         };
         Stream {
             id,
@@ -217,6 +240,9 @@ impl Stream {
             rmsg: VecDeque::new(),
             cq_armed: false,
             unack_cqe: 0,
+            target_iomap_size,
+            remote_iomap: RsSge::default(),
+            iomaps: Vec::new(),
         }
     }
 
@@ -250,6 +276,7 @@ impl Stream {
             return;
         }
         let id = self.id;
+        self.free_iomaps();
         self.sbuf = None;
         self.rbuf = None;
         self.target = None;
@@ -367,7 +394,8 @@ impl Stream {
         }
         self.sbuf = Some(Region::new(total_sbuf, pd, IBV_ACCESS_LOCAL_WRITE)?);
         self.target = Some(Region::new(
-            wire::SGE_LEN * wire::RS_SGL_SIZE,
+            wire::SGE_LEN * wire::RS_SGL_SIZE
+                + iomap::IOMAP_LEN * usize::from(self.target_iomap_size),
             pd,
             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
         )?);
@@ -428,7 +456,7 @@ impl Stream {
             version: wire::RS_CONN_VERSION,
             flags: ConnData::host_flags(),
             credits: self.rq_size,
-            target_iomap_size: 0,
+            target_iomap_size: iomap::value_to_scale(u32::from(self.target_iomap_size), 8) as u8,
             target_sgl: RsSge {
                 addr: t_addr,
                 key: t_key,
@@ -447,6 +475,17 @@ impl Stream {
         self.remote_sgl = c.target_sgl;
         self.remote_sge = 1;
         self.swap_sgl = c.peer_needs_swap();
+        if c.flags & wire::RS_CONN_FLAG_IOMAP != 0 {
+            // The peer's iomap table follows its target SGL.
+            self.remote_iomap = RsSge {
+                addr: c
+                    .target_sgl
+                    .addr
+                    .wrapping_add(wire::SGE_LEN as u64 * u64::from(c.target_sgl.length)),
+                key: c.target_sgl.key,
+                length: iomap::scale_to_value(u32::from(c.target_iomap_size), 8),
+            };
+        }
         self.set_target_sgl(0, c.data_buf);
         self.sseq_comp = c.credits;
     }
@@ -588,9 +627,23 @@ impl Stream {
         Ok(())
     }
 
-    /// One RDMA WRITE (WITH IMM when `imm` is set; zero-length when `sges` is empty).
+    /// One RDMA WRITE WITH IMMEDIATE `msg` (zero-length when `sges` is empty).
     fn post_write(
         &mut self,
+        sges: &mut [IbvSge],
+        msg: u32,
+        inline: bool,
+        addr: u64,
+        rkey: u32,
+    ) -> Result<(), Errno> {
+        self.post(IBV_WR_RDMA_WRITE_WITH_IMM, sges, msg, inline, addr, rkey)
+    }
+
+    /// One RDMA WRITE (`opcode`: with immediate `msg`, or without, as `riowrite`'s, whose
+    /// peer sees only the bytes); `msg` names it to its completion either way.
+    fn post(
+        &mut self,
+        opcode: c_int,
         sges: &mut [IbvSge],
         msg: u32,
         inline: bool,
@@ -606,9 +659,11 @@ impl Stream {
             sges.as_mut_ptr()
         };
         wr.num_sge = sges.len() as c_int;
-        wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+        wr.opcode = opcode;
         wr.send_flags = if inline { IBV_SEND_INLINE } else { 0 };
-        wr.imm_data = msg.to_be();
+        if opcode == IBV_WR_RDMA_WRITE_WITH_IMM {
+            wr.imm_data = msg.to_be();
+        }
         wr.wr.rdma = crate::abi::IbvSendWrRdma {
             remote_addr: addr,
             rkey,
@@ -790,6 +845,11 @@ impl Stream {
                             self.state = st::DISCONNECTED;
                         }
                     }
+                    // Its data is the slot, and it took a slot's bytes of the ring.
+                    wire::RS_OP_IOMAP_SGL => {
+                        self.sqe_avail += 1;
+                        self.sbuf_bytes_avail += iomap::IOMAP_LEN as u32;
+                    }
                     _ => {
                         self.sqe_avail += 1;
                         self.sbuf_bytes_avail += wire::msg_data(data);
@@ -928,6 +988,7 @@ impl Stream {
             // (librdmacm would still write while credits last.)
             return Err(Errno(libc::EPIPE));
         }
+        self.send_iomaps(flags)?;
         let len: usize = iov.iter().map(|s| s.len()).sum();
         let mut cursor = IovCursor::new(iov);
         let mut left = len;
@@ -958,17 +1019,9 @@ impl Stream {
             xfer = xfer.min(self.sbuf_bytes_avail);
             let t = self.target_sge;
             xfer = xfer.min(self.target_sgl(t).length);
-            let r = if xfer <= u32::from(self.sq_inline) && iov.len() == 1 {
-                let chunk = cursor.take_slice(xfer as usize);
-                let mut s = [IbvSge {
-                    addr: chunk.as_ptr() as u64,
-                    length: xfer,
-                    lkey: 0,
-                }];
-                self.write_data(&mut s, xfer, true)
-            } else {
-                self.copy_and_write(&mut cursor, xfer)
-            };
+            let r = self.stage(&mut cursor, xfer, |s, sges, inline| {
+                s.write_data(sges, xfer, inline)
+            });
             if let Err(e) = r {
                 ret = Err(e);
                 break;
@@ -981,10 +1034,26 @@ impl Stream {
         }
     }
 
-    /// Copies `xfer` bytes into the send ring (wrapping: two SGEs) and writes them.
-    fn copy_and_write(&mut self, cursor: &mut IovCursor<'_>, xfer: u32) -> Result<(), Errno> {
+    /// Puts the next `xfer` bytes of `cursor` where a WRITE sends them from, and has `post`
+    /// post it with those SGEs: inline from the caller's own buffer when they fit (one
+    /// buffer), else copied into the send ring (two SGEs where it wraps).
+    fn stage(
+        &mut self,
+        cursor: &mut IovCursor<'_>,
+        xfer: u32,
+        post: impl FnOnce(&mut Self, &mut [IbvSge], bool) -> Result<(), Errno>,
+    ) -> Result<(), Errno> {
         let sbuf_size = self.sbuf_size;
         let inline = xfer <= u32::from(self.sq_inline);
+        if inline && cursor.single() {
+            let chunk = cursor.take_slice(xfer as usize);
+            let mut s = [IbvSge {
+                addr: chunk.as_ptr() as u64,
+                length: xfer,
+                lkey: 0,
+            }];
+            return post(self, &mut s, true);
+        }
         let Some(sb) = self.sbuf.as_mut() else {
             return Err(Errno(libc::ENOTCONN));
         };
@@ -1004,7 +1073,7 @@ impl Stream {
             } else {
                 self.ssgl_off = 0;
             }
-            self.write_data(&mut s, xfer, inline)
+            post(self, &mut s, inline)
         } else {
             let first = sbuf_left;
             let second = xfer - first;
@@ -1026,7 +1095,7 @@ impl Stream {
                 },
             ];
             self.ssgl_off = second;
-            self.write_data(&mut s, xfer, inline)
+            post(self, &mut s, inline)
         }
     }
 
@@ -1316,6 +1385,11 @@ impl<'a> IovCursor<'a> {
             idx: 0,
             off: 0,
         }
+    }
+
+    /// Whether the list is one buffer (whose bytes can be sent inline from where they are).
+    fn single(&self) -> bool {
+        self.iov.len() == 1
     }
 
     /// The next `n` bytes of a single-buffer list.
