@@ -179,8 +179,10 @@ fn clients_killed_mid_transfer_leak_nothing() {
     );
 }
 
-/// Blocks in `ibv_get_cq_event` between sends to itself, with a thread waiting for async
-/// events; reports what it sees when the daemon goes.
+/// Sends to itself 100 times, waiting for each completion in `ibv_get_cq_event`, then blocks
+/// there with nothing outstanding (so the daemon's death always finds it in the wait: while
+/// it ran the loop, the kill could also meet it in `ibv_poll_cq`, which answers ENODEV), with
+/// a thread waiting for async events; reports what it sees when the daemon goes.
 const BLOCKED: &str = r#"
 #include <infiniband/verbs.h>
 #include <errno.h>
@@ -245,7 +247,7 @@ int main(void)
     pthread_create(&t, NULL, async_thread, NULL);
     printf("ready\n");
     fflush(stdout);
-    for (uint64_t i = 0;; i++) {
+    for (uint64_t i = 0; i < 100; i++) {
         struct ibv_sge s = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
         struct ibv_recv_wr rw = { .wr_id = i, .sg_list = &s, .num_sge = 1 }, *rbad;
         struct ibv_send_wr sw = { .wr_id = i, .sg_list = &s, .num_sge = 1,
@@ -269,6 +271,13 @@ int main(void)
             ibv_ack_cq_events(ev_cq, 1);
             if (ibv_req_notify_cq(cq, 0)) { printf("req_notify failed\n"); goto out; }
         }
+    }
+    {
+        struct ibv_cq *ev_cq; void *ev_ctx;
+        if (ibv_req_notify_cq(cq, 0) || ibv_get_cq_event(ch, &ev_cq, &ev_ctx))
+            printf("get_cq_event failed errno %d\n", errno);
+        else
+            printf("an event with nothing outstanding\n");
     }
 out:
     pthread_join(t, NULL);
