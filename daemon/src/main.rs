@@ -74,7 +74,8 @@ enum Command {
         command: link::LinkCommand,
     },
     /// Counters, as `rdma statistic`: every rxe counter, the congestion counters, the ICRC
-    /// and version-mismatch drops; per QP with `qp QPN`; rates with -w.
+    /// and version-mismatch drops, the same-host fast path's; per QP with `qp QPN`; rates
+    /// with -w.
     Stat(stat::StatArgs),
     /// Resources and who holds them, as `rdma resource show`.
     Res {

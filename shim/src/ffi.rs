@@ -56,29 +56,17 @@ fn guarded<T>(body: impl FnOnce() -> Result<T, Errno>) -> Result<T, Errno> {
 
 /// Pointer-returning verbs (`ibv_open_device`, `ibv_alloc_pd`, ...): `NULL` with `errno` set.
 pub fn ptr_or_null<T>(body: impl FnOnce() -> Result<*mut T, Errno>) -> *mut T {
-    match guarded(body) {
-        Ok(p) => p,
-        Err(e) => {
-            set_errno(e);
-            ptr::null_mut()
-        }
-    }
+    value_or(ptr::null_mut(), body)
 }
 
 /// Verbs that return `0`/a count on success and `-1` with `errno` on failure
 /// (`ibv_query_gid`, `ibv_query_pkey`, `ibv_get_async_event`, ...).
 pub fn int_or_minus_one(body: impl FnOnce() -> Result<c_int, Errno>) -> c_int {
-    match guarded(body) {
-        Ok(v) => v,
-        Err(e) => {
-            set_errno(e);
-            -1
-        }
-    }
+    value_or(-1, body)
 }
 
-/// Functions that return a value, or `sentinel` with `errno` on failure (rsockets'
-/// `riomap`: an `off_t` -1; `riowrite`: a `size_t` -1).
+/// Functions that return a value, or `sentinel` with `errno` on failure (the two above; and
+/// rsockets' `riomap`, an `off_t` -1, and `riowrite`, a `size_t` -1).
 pub fn value_or<T>(sentinel: T, body: impl FnOnce() -> Result<T, Errno>) -> T {
     match guarded(body) {
         Ok(v) => v,

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 #[derive(Subcommand, Debug)]
 pub enum ResCommand {
     /// Devices and, per client process, the resources it holds; or one kind of resource,
-    /// one line each, with its owner's pid and command.
+    /// one line each, with its owner's pid and command (pdn, cqn, mrn and srqn are numbered
+    /// on the device, unique across processes).
     ///
     /// Examples:
     ///   softroce res show

@@ -261,6 +261,18 @@ impl FastPaths {
         sum
     }
 
+    /// `device_fast_grants`, `device_fast_returns`, `device_fast_refused`, by name (the
+    /// device's counters and `softroce stat` both list them).
+    pub fn named(&self) -> Vec<(String, u64)> {
+        [
+            ("device_fast_grants", self.grants),
+            ("device_fast_returns", self.returns),
+            ("device_fast_refused", self.refused),
+        ]
+        .map(|(n, v)| (n.to_string(), v))
+        .into()
+    }
+
     /// The counters every direction's takers published and the device has not absorbed yet
     /// (the device's totals include them, as if its own engines had counted).
     pub fn counters_unabsorbed(&self) -> Counters {
@@ -741,11 +753,8 @@ impl DeviceThread {
             q.event_waits = 0;
         }
         let c = self.clients.get_mut(&client).expect("checked above");
-        if let Some(q) = c
-            .engine
-            .qp_config(Qpn::new(qpn))
-            .and_then(|x| c.cqs.get_mut(&x.init.send_cq))
-        {
+        let config = c.engine.qp_config(Qpn::new(qpn)).expect("checked above");
+        if let Some(q) = c.cqs.get_mut(&config.init.send_cq) {
             q.event_waits = 0;
         }
         let q = c.qps.get_mut(&qpn).expect("checked above");
@@ -755,7 +764,6 @@ impl DeviceThread {
         self.fast
             .holds
             .retain(|h| (h.client, h.qpn) != (client, qpn));
-        let config = c.engine.qp_config(Qpn::new(qpn)).expect("checked above");
         let grant = FastGrant {
             direction: id,
             block_len: region.len() as u64,

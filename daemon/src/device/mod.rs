@@ -468,10 +468,8 @@ impl DeviceThread {
             ("device_drop_unknown_qp".to_string(), d.unknown_qp),
             ("device_drop_gsi".to_string(), d.gsi_dropped),
             ("device_drop_no_bth".to_string(), d.no_bth),
-            ("device_fast_grants".to_string(), self.fast.grants),
-            ("device_fast_returns".to_string(), self.fast.returns),
-            ("device_fast_refused".to_string(), self.fast.refused),
         ]);
+        counters.extend(self.fast.named());
         counters.extend(engines.named().into_iter().map(|(n, v)| (n.to_string(), v)));
         DeviceCounters {
             device: self.info.name.clone(),

@@ -34,21 +34,41 @@ enum Numbered {
 /// The numbers `softroce res show` gives PDs, CQs, MRs and SRQs (`pdn`, `cqn`, `mrn`,
 /// `srqn`): unique on the device, as the kernel's object pool indexes are, where an engine's
 /// handles are its client's alone (two processes each have a first PD, with one handle). A
-/// number is given the first time its object is shown, from 1 per kind, and kept while its
-/// client lives, so that a QP's `pdn` and `send-cqn` name the rows of `res show pd` and `cq`.
+/// number is given the first time its object is shown, from 1 per kind, and kept while the
+/// object lives, so that a QP's `pdn` and `send-cqn` name the rows of `res show pd` and `cq`.
 #[derive(Default)]
 pub(super) struct ResNumbers {
-    given: HashMap<(u64, Numbered, u32), u32>,
+    /// Each object's number, and the listing that last showed it.
+    given: HashMap<(u64, Numbered, u32), (u32, u64)>,
     last: HashMap<Numbered, u32>,
+    listing: u64,
 }
 
 impl ResNumbers {
     fn number(&mut self, client: u64, kind: Numbered, handle: u32) -> u32 {
-        *self.given.entry((client, kind, handle)).or_insert_with(|| {
-            let n = self.last.entry(kind).or_insert(0);
+        let listing = self.listing;
+        let last = &mut self.last;
+        let e = self.given.entry((client, kind, handle)).or_insert_with(|| {
+            let n = last.entry(kind).or_insert(0);
             *n = n.wrapping_add(1);
-            *n
-        })
+            (*n, listing)
+        });
+        e.1 = listing;
+        e.0
+    }
+
+    /// Starts a listing.
+    fn begin(&mut self) {
+        self.listing += 1;
+    }
+
+    /// Ends a listing of every object of `kind`: those it did not show are gone, and so are
+    /// their numbers (what `given` holds stays bounded by what the clients hold).
+    fn end(&mut self, kind: Option<Numbered>) {
+        let listing = self.listing;
+        if let Some(kind) = kind {
+            self.given.retain(|k, v| k.1 != kind || v.1 == listing);
+        }
     }
 
     /// Forgets the numbers of a client that has gone.
@@ -213,14 +233,7 @@ impl DeviceThread {
         bump(&mut counters, "dropped_pkts", self.drops.unknown_qp);
         // How much the same-host fast path is used, and how often a take was asked for in
         // vain (a program the fast path does not suit, as one that waits on events).
-        counters.extend(
-            [
-                ("device_fast_grants", self.fast.grants),
-                ("device_fast_returns", self.fast.returns),
-                ("device_fast_refused", self.fast.refused),
-            ]
-            .map(|(n, v)| (n.to_string(), v)),
-        );
+        counters.extend(self.fast.named());
         let mut qps = Vec::new();
         if let Some(q) = qpn {
             for (id, c) in &self.clients {
@@ -247,6 +260,7 @@ impl DeviceThread {
     fn resources(&mut self, kind: ResKind) -> ResDetail {
         let mut d = ResDetail::default();
         let numbers = &mut self.res_numbers;
+        numbers.begin();
         for (&id, c) in &self.clients {
             let owner = ResOwner {
                 device: self.info.name.clone(),
@@ -302,6 +316,13 @@ impl DeviceThread {
                 ResKind::CmId => {}
             }
         }
+        numbers.end(match kind {
+            ResKind::Pd => Some(Numbered::Pd),
+            ResKind::Cq => Some(Numbered::Cq),
+            ResKind::Mr => Some(Numbered::Mr),
+            ResKind::Srq => Some(Numbered::Srq),
+            ResKind::Qp | ResKind::CmId => None,
+        });
         d
     }
 
@@ -344,5 +365,14 @@ mod tests {
         n.client_gone(1);
         assert_eq!(n.number(2, Numbered::Cq, 7), 2);
         assert_eq!(n.number(1, Numbered::Cq, 7), 3);
+        // A listing of every CQ that no longer shows client 2's (destroyed): its number is
+        // forgotten; one of another kind is kept through it.
+        assert_eq!(n.number(2, Numbered::Pd, 7), 2);
+        n.begin();
+        assert_eq!(n.number(1, Numbered::Cq, 7), 3);
+        n.end(Some(Numbered::Cq));
+        assert_eq!(n.given.len(), 2);
+        assert_eq!(n.number(2, Numbered::Pd, 7), 2);
+        assert_eq!(n.number(2, Numbered::Cq, 7), 4);
     }
 }

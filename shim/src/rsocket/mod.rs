@@ -734,10 +734,7 @@ pub unsafe extern "C" fn rsetsockopt(
                 g.sq_inline = (v.max(0) as u32).min(u32::from(stream::RS_QP_MAX_SIZE)) as u16
             }
             // Rounded as the connection data carries it (librdmacm's rule).
-            (SOL_RDMA, RDMA_IOMAPSIZE) if unset => {
-                let v = stream::iomap_size(v);
-                g.target_iomap_size = v;
-            }
+            (SOL_RDMA, RDMA_IOMAPSIZE) if unset => g.target_iomap_size = stream::iomap_size(v),
             (SOL_RDMA, RDMA_ROUTE) if unset => {}
             (SOL_RDMA, _) => return Err(Errno::INVAL),
             _ => return Err(Errno(libc::ENOTSUP)),

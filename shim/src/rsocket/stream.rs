@@ -90,6 +90,11 @@ impl Region {
         self.buf.as_mut_ptr().cast()
     }
 
+    /// Its length in bytes (what was asked for, rounded up to 8).
+    fn len(&self) -> usize {
+        self.buf.len() * 8
+    }
+
     fn lkey(&self) -> u32 {
         // SAFETY: mr is live while the region is.
         unsafe { (*self.mr).lkey }

@@ -166,8 +166,16 @@ impl Stream {
 
     /// `rs_find_iomap`: the slot of our table (the peer wrote it) that holds `offset`.
     fn find_iomap(&mut self, offset: u64) -> Option<(u64, wire::RsSge)> {
-        let base = self.target.as_mut()?.ptr();
-        (0..usize::from(self.target_iomap_size)).find_map(|i| {
+        let target = self.target.as_mut()?;
+        // The slots the region was made with (the option cannot change once it exists; the
+        // bound holds whatever it says).
+        let slots = (target
+            .len()
+            .saturating_sub(wire::SGE_LEN * wire::RS_SGL_SIZE)
+            / IOMAP_LEN)
+            .min(usize::from(self.target_iomap_size));
+        let base = target.ptr();
+        (0..slots).find_map(|i| {
             let p = base.wrapping_add(wire::SGE_LEN * wire::RS_SGL_SIZE + i * IOMAP_LEN);
             // SAFETY: slot i lies inside the target region (sized for the table); the peer
             // RDMA-writes it whenever it likes: read volatile.
