@@ -280,6 +280,17 @@ int main(int argc, char **argv)
     qx.send_ops_flags = IBV_QP_EX_WITH_TSO;
     errno = 0;
     CHECK(ibv_create_qp_ex(ctx, &qx) == NULL && errno == EOPNOTSUPP, "no TSO send op (as rxe)");
+    qx.send_ops_flags = IBV_QP_EX_WITH_ATOMIC_WRITE | IBV_QP_EX_WITH_RDMA_READ;
+    qpx = ibv_create_qp_ex(ctx, &qx);
+    CHECK(qpx && ibv_destroy_qp(qpx) == 0, "RC with atomic write and read (as rxe)");
+    qx.qp_type = IBV_QPT_UC;
+    errno = 0;
+    CHECK(ibv_create_qp_ex(ctx, &qx) == NULL && errno == EOPNOTSUPP, "no atomic write or read on UC (as rxe)");
+    qx.qp_type = IBV_QPT_UD;
+    qx.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE;
+    errno = 0;
+    CHECK(ibv_create_qp_ex(ctx, &qx) == NULL && errno == EOPNOTSUPP, "sends only on UD (as rxe)");
+    qx.qp_type = IBV_QPT_RC;
     struct ibv_srq_init_attr sia = { .attr = { .max_wr = 4, .max_sge = 1 } };
     struct ibv_srq *srq = ibv_create_srq(pd, &sia);
     CHECK(srq && sia.attr.max_wr >= 4, "create_srq");

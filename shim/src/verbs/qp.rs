@@ -545,7 +545,7 @@ fn create(
     send_ops: u64,
 ) -> Result<*mut ShimQp, Errno> {
     let ctx = pd::pd_context(pd)?;
-    if send_ops & !wr::SUPPORTED != 0 {
+    if send_ops & !wr::supported(qp_type) != 0 {
         return Err(Errno::OPNOTSUPP);
     }
     if !CQS.contains(send_cq) || !CQS.contains(recv_cq) {

@@ -31,8 +31,29 @@ pub const WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
 pub const WITH_LOCAL_INV: u64 = 1 << 7;
 pub const WITH_BIND_MW: u64 = 1 << 8;
 pub const WITH_SEND_WITH_INV: u64 = 1 << 9;
-/// What the shim offers (rxe's set; no TSO, flush or atomic write).
-pub const SUPPORTED: u64 = (1 << 10) - 1;
+pub const WITH_ATOMIC_WRITE: u64 = 1 << 12;
+
+/// The `send_ops_flags` a QP of `qp_type` may be created with: rxe's sets (rdma-core 44,
+/// `providers/rxe`): everything but TSO and XRC on RC, the IBTA 1.5 atomic write included
+/// (kernel rxe runs it since Linux 6.2; rdma-core 44 has no flush verb); no reads, atomics or
+/// invalidations on UC; sends only on UD. Anything else is `EOPNOTSUPP`.
+pub fn supported(qp_type: c_int) -> u64 {
+    const UD: u64 = WITH_SEND | WITH_SEND_WITH_IMM;
+    const UC: u64 =
+        UD | WITH_RDMA_WRITE | WITH_RDMA_WRITE_WITH_IMM | WITH_BIND_MW | WITH_SEND_WITH_INV;
+    const RC: u64 = UC
+        | WITH_RDMA_READ
+        | WITH_ATOMIC_CMP_AND_SWP
+        | WITH_ATOMIC_FETCH_AND_ADD
+        | WITH_LOCAL_INV
+        | WITH_ATOMIC_WRITE;
+    match qp_type {
+        IBV_QPT_RC => RC,
+        IBV_QPT_UC => UC,
+        IBV_QPT_UD => UD,
+        _ => 0,
+    }
+}
 
 /// One work request being built.
 pub struct BuiltWr {
@@ -200,6 +221,34 @@ unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut IbvQpEx, rkey: u32, remote_add
     );
 }
 
+/// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` land at `remote_addr` as one unit (IBTA
+/// 1.5 §9.4.7: RDMA ATOMIC WRITE, 8-byte aligned). They are read now, as rxe's provider
+/// copies them into the WQE, so the caller may reuse its buffer once the call returns.
+unsafe extern "C" fn wr_atomic_write(
+    qp: *mut IbvQpEx,
+    rkey: u32,
+    remote_addr: u64,
+    atomic_wr: *const c_void,
+) {
+    if atomic_wr.is_null() {
+        if let Some(s) = shim(qp) {
+            lock(&s.batch).error.get_or_insert(Errno::INVAL);
+        }
+        return;
+    }
+    // SAFETY: non-null; the verb's contract makes it 8 readable bytes (any alignment). The
+    // bytes are kept in their order: the engine sends `value`'s native bytes.
+    let value = u64::from_ne_bytes(unsafe { atomic_wr.cast::<[u8; 8]>().read_unaligned() });
+    begin(qp, IBV_WR_ATOMIC_WRITE, WITH_ATOMIC_WRITE, |w| {
+        w.wr.atomic = IbvSendWrAtomic {
+            remote_addr,
+            compare_add: value,
+            swap: 0,
+            rkey,
+        }
+    });
+}
+
 unsafe extern "C" fn wr_local_inv(qp: *mut IbvQpEx, rkey: u32) {
     begin(qp, IBV_WR_LOCAL_INV, WITH_LOCAL_INV, |w| w.imm_data = rkey);
 }
@@ -227,7 +276,7 @@ unsafe extern "C" fn wr_bind_mw(
     });
 }
 
-/// Unsupported operations (TSO, XRC, atomic write): the batch fails.
+/// Unsupported operations (TSO, XRC): the batch fails.
 unsafe extern "C" fn wr_unsupported(qp: *mut IbvQpEx) {
     if let Some(s) = shim(qp) {
         lock(&s.batch).error.get_or_insert(Errno::OPNOTSUPP);
@@ -321,7 +370,7 @@ pub fn install(q: &mut IbvQpEx) {
     q.wr_bind_mw = wr_bind_mw as *mut c_void;
     q.wr_send_tso = wr_unsupported as *mut c_void;
     q.wr_set_xrc_srqn = wr_unsupported as *mut c_void;
-    q.wr_atomic_write = wr_unsupported as *mut c_void;
+    q.wr_atomic_write = wr_atomic_write as *mut c_void;
     q.wr_set_sge = wr_set_sge as *mut c_void;
     q.wr_set_sge_list = wr_set_sge_list as *mut c_void;
     q.wr_set_inline_data = wr_set_inline_data as *mut c_void;
