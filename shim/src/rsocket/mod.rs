@@ -8,8 +8,9 @@
 //!
 //! * `stream::iomap`: direct data placement (`riomap`, `riounmap`, `riowrite`).
 //!
-//! Not offered (`-1`/`ENOSYS`): datagram rsockets (`SOCK_DGRAM`). Every export runs behind
-//! `catch_unwind` and returns `-1` with `errno`.
+//! Not offered (`-1`/`ENOSYS`): datagram rsockets (`SOCK_DGRAM`): librdmacm gives their UD QPs
+//! an address handle without a GRH, which no RoCE device accepts (kernel rxe fails them in
+//! `rconnect`). Every export runs behind `catch_unwind` and returns `-1` with `errno`.
 
 pub mod stream;
 pub mod wire;
