@@ -231,10 +231,7 @@ unsafe extern "C" fn wr_atomic_write(
     atomic_wr: *const c_void,
 ) {
     if atomic_wr.is_null() {
-        if let Some(s) = shim(qp) {
-            lock(&s.batch).error.get_or_insert(Errno::INVAL);
-        }
-        return;
+        return fail(qp, Errno::INVAL);
     }
     // SAFETY: non-null; the verb's contract makes it 8 readable bytes (any alignment). The
     // bytes are kept in their order: the engine sends `value`'s native bytes.
@@ -260,10 +257,7 @@ unsafe extern "C" fn wr_bind_mw(
     info: *const IbvMwBindInfo,
 ) {
     if info.is_null() {
-        if let Some(s) = shim(qp) {
-            lock(&s.batch).error.get_or_insert(Errno::INVAL);
-        }
-        return;
+        return fail(qp, Errno::INVAL);
     }
     // SAFETY: non-null, the caller's bind info.
     let bind_info = unsafe { *info };
@@ -278,8 +272,13 @@ unsafe extern "C" fn wr_bind_mw(
 
 /// Unsupported operations (TSO, XRC): the batch fails.
 unsafe extern "C" fn wr_unsupported(qp: *mut IbvQpEx) {
+    fail(qp, Errno::OPNOTSUPP);
+}
+
+/// Remembers the batch's first error, for `ibv_wr_complete` (which then posts nothing).
+fn fail(qp: *mut IbvQpEx, e: Errno) {
     if let Some(s) = shim(qp) {
-        lock(&s.batch).error.get_or_insert(Errno::OPNOTSUPP);
+        lock(&s.batch).error.get_or_insert(e);
     }
 }
 
