@@ -321,7 +321,7 @@ fn route(request: &Request, links: &Links, qpns: &HashMap<u32, usize>) -> Option
         | Request::CreateSrq { pd, .. }
         | Request::CreateAh { pd, .. }
         | Request::AllocMw { pd, .. } => h(*pd),
-        Request::DeregMr { mr } => h(*mr),
+        Request::DeregMr { mr } | Request::ReregMr { mr, .. } => h(*mr),
         Request::DestroyCompChannel { channel } => h(*channel),
         Request::DestroyCq { cq } | Request::ResizeCq { cq, .. } => h(*cq),
         Request::ModifySrq { srq, .. }

@@ -230,6 +230,17 @@ pub enum Request {
     DeregMr {
         mr: u32,
     },
+    /// `ibv_rereg_mr`: `flags` are libibverbs' `IBV_REREG_MR_CHANGE_*`; `pd` counts only with
+    /// `CHANGE_PD`, `addr`/`length` only with `CHANGE_TRANSLATION` (the new range must be
+    /// mapped, else EFAULT), `access` only with `CHANGE_ACCESS`. The keys stay.
+    ReregMr {
+        mr: u32,
+        flags: u32,
+        pd: u32,
+        addr: u64,
+        length: u64,
+        access: u32,
+    },
     /// `ibv_create_comp_channel` + fd: the write end of the channel's pipe, on which the
     /// daemon writes one 8-byte `{u32 cq, u32 generation}` record per event.
     CreateCompChannel {
@@ -1499,6 +1510,14 @@ mod tests {
                 length: 1 << 20,
                 iova: 0x7fff_0000_1000,
                 access: 7,
+            },
+            Request::ReregMr {
+                mr: 3,
+                flags: 7,
+                pd: 2,
+                addr: 0x7fff_0000_2000,
+                length: 4096,
+                access: 1,
             },
             Request::CreateQp {
                 pd: 1,

@@ -203,3 +203,41 @@ fn a_register_deregister_loop_past_two_to_the_nineteen_reuses_handles_with_fresh
     assert!(e.dereg_mr(held.handle).is_ok());
     assert!(e.dereg_mr(held.handle).is_err(), "freed once");
 }
+
+/// `ibv_rereg_mr`: each change alone moves the MR (PD counted on the new one, range, access),
+/// the keys stay, and a change the access rules forbid leaves it as it was.
+#[test]
+fn a_reregistration_moves_the_mr_and_keeps_its_keys() {
+    let mut e = engine(12, [4; 32]);
+    let (pd, pd2) = (e.alloc_pd(), e.alloc_pd());
+    let addr = e.memory_mut().alloc(8192);
+    let mr = e.reg_mr(pd, addr, 4096, Access::LOCAL_WRITE).unwrap();
+    e.rereg_mr(mr.handle, Some(pd2), None, None).unwrap();
+    assert!(e.dealloc_pd(pd).is_ok(), "the old PD is free");
+    assert!(e.dealloc_pd(pd2).is_err(), "the new PD holds the MR");
+    e.rereg_mr(mr.handle, None, Some((addr + 4096, 4096)), None)
+        .unwrap();
+    let remote = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE);
+    e.rereg_mr(mr.handle, None, None, Some(remote)).unwrap();
+    let (p, keys, a, len, access) = e.mr_info(mr.handle).unwrap();
+    assert_eq!((p, a, len, access), (pd2, addr + 4096, 4096, remote));
+    assert_eq!((keys.lkey, keys.rkey), (mr.lkey, mr.rkey), "the keys stay");
+    assert!(
+        e.rereg_mr(mr.handle, None, None, Some(Access::REMOTE_WRITE))
+            .is_err(),
+        "remote write without local write"
+    );
+    assert!(
+        e.rereg_mr(mr.handle, Some(pd), None, None).is_err(),
+        "a freed PD"
+    );
+    assert_eq!(
+        e.mr_info(mr.handle).unwrap().4,
+        remote,
+        "unchanged by the refusals"
+    );
+    assert!(
+        e.rereg_mr(mr.handle + 1, None, None, None).is_err(),
+        "no such MR"
+    );
+}

@@ -101,7 +101,6 @@ const ALLOWED_SKIPS: &[&str] = &[
     "Create XRCD is not supported",
     "Parent Domain is not supported",
     "Device memory is not supported",
-    "Rereg MR is not supported",
     "There are no huge pages",
     "Raw Packet QP",
     "Importing a device is not supported",

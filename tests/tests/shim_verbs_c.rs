@@ -240,6 +240,32 @@ int main(int argc, char **argv)
     errno = 0;
     CHECK(ibv_reg_mr(pd, (void *)0x1000, 4096, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EFAULT,
           "reg_mr of unmapped memory: EFAULT");
+    /* ibv_rereg_mr: libibverbs' input checks, then the device's; the keys stay. */
+    static char buf2[8192];
+    uint32_t key = mr2 ? mr2->lkey : 0;
+    errno = 0;
+    CHECK(mr2 && ibv_rereg_mr(mr2, 1 << 3, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+          "rereg_mr with an unknown flag: IBV_REREG_MR_ERR_INPUT");
+    CHECK(mr2 && ibv_rereg_mr(mr2, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT,
+          "rereg_mr to no range: IBV_REREG_MR_ERR_INPUT");
+    errno = 0;
+    CHECK(mr2 && ibv_rereg_mr(mr2, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_CMD && errno == EINVAL,
+          "rereg_mr asking no change: the device's EINVAL");
+    errno = 0;
+    CHECK(mr2 && ibv_rereg_mr(mr2, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, (void *)0x1000, 4096, 0) ==
+                     IBV_REREG_MR_ERR_CMD && errno == EFAULT && mr2->addr == buf,
+          "rereg_mr onto unmapped memory: EFAULT, the MR unchanged");
+    CHECK(mr2 && ibv_rereg_mr(mr2, IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS, NULL,
+                              buf2, sizeof buf2, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) == 0 &&
+              mr2->addr == buf2 && mr2->length == sizeof buf2 && mr2->lkey == key,
+          "rereg_mr to a new range and access: the MR follows, its key stays");
+    struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+    CHECK(pd2 && mr2 && ibv_rereg_mr(mr2, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0) == 0 && mr2->pd == pd2 &&
+              ibv_dealloc_pd(pd2) == EBUSY,
+          "rereg_mr to another PD: the MR holds it (dealloc_pd EBUSY)");
+    CHECK(pd2 && mr2 && ibv_rereg_mr(mr2, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0) == 0 &&
+              ibv_dealloc_pd(pd2) == 0,
+          "rereg_mr back: the other PD is free again");
     struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
     CHECK(cq && cq->cqe >= 16 && cq->context == ctx, "create_cq");
     struct ibv_wc wc;

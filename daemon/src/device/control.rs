@@ -141,16 +141,8 @@ impl DeviceThread {
                 let Some(&(epd, _)) = c.pds.get(&pd) else {
                     return (errno(libc::EINVAL, "no such PD"), none);
                 };
-                // No on-demand paging: refused as by a device without it (the kernel's
-                // ib_check_mr_access), and not advertised (odp_caps are 0).
-                if access & Access::ON_DEMAND.0 != 0 {
-                    return (
-                        errno(
-                            libc::EOPNOTSUPP,
-                            "IBV_ACCESS_ON_DEMAND: the device has no ODP",
-                        ),
-                        none,
-                    );
+                if let Some(refused) = odp_refused(access) {
+                    return (refused, none);
                 }
                 if iova != addr {
                     return (
@@ -161,14 +153,7 @@ impl DeviceThread {
                         none,
                     );
                 }
-                if length > 0
-                    && c.engine
-                        .memory()
-                        .0
-                        .borrow()
-                        .check_mapped(addr, length)
-                        .is_err()
-                {
+                if length > 0 && !mapped(c, addr, length) {
                     return (errno(libc::EFAULT, "range not mapped in the process"), none);
                 }
                 match c.engine.reg_mr(epd, addr, length, Access(access)) {
@@ -196,6 +181,61 @@ impl DeviceThread {
                 },
                 None => errno(libc::EINVAL, "no such MR"),
             },
+            Request::ReregMr {
+                mr,
+                flags,
+                pd,
+                addr,
+                length,
+                access,
+            } => {
+                const TRANSLATION: u32 = 1;
+                const PD: u32 = 2;
+                const ACCESS: u32 = 4;
+                let Some(&(e, old_length)) = c.mrs.get(&mr) else {
+                    return (errno(libc::EINVAL, "no such MR"), none);
+                };
+                // The kernel's checks (ib_uverbs_rereg_mr): some change, known flags only.
+                if flags == 0 || flags & !(TRANSLATION | PD | ACCESS) != 0 {
+                    return (errno(libc::EINVAL, "rereg flags"), none);
+                }
+                let new_pd = if flags & PD != 0 {
+                    let Some(&(epd, _)) = c.pds.get(&pd) else {
+                        return (errno(libc::EINVAL, "no such PD"), none);
+                    };
+                    Some(epd)
+                } else {
+                    None
+                };
+                let range = if flags & TRANSLATION != 0 {
+                    if length == 0 || !mapped(c, addr, length) {
+                        return (errno(libc::EFAULT, "range not mapped in the process"), none);
+                    }
+                    Some((addr, length))
+                } else {
+                    None
+                };
+                let new_access = if flags & ACCESS != 0 {
+                    if let Some(refused) = odp_refused(access) {
+                        return (refused, none);
+                    }
+                    Some(Access(access))
+                } else {
+                    None
+                };
+                match c.engine.rereg_mr(e, new_pd, range, new_access) {
+                    Ok(()) => {
+                        let new_length = range.map_or(old_length, |r| r.1);
+                        c.mrs.insert(mr, (e, new_length));
+                        c.mr_bytes = c
+                            .mr_bytes
+                            .saturating_sub(old_length)
+                            .saturating_add(new_length);
+                        Response::Done
+                    }
+                    Err(e) => err(e),
+                }
+            }
             Request::CreateCompChannel { ctx } => {
                 if !c.contexts.contains_key(&ctx) {
                     return (errno(libc::EINVAL, "no such context"), none);
@@ -445,4 +485,26 @@ impl DeviceThread {
         };
         (r, none)
     }
+}
+
+/// No on-demand paging: an MR asking for it is refused as by a device without it (the
+/// kernel's ib_check_mr_access), and ODP is not advertised (odp_caps are 0).
+fn odp_refused(access: u32) -> Option<Response> {
+    (access & Access::ON_DEMAND.0 != 0).then(|| {
+        errno(
+            libc::EOPNOTSUPP,
+            "IBV_ACCESS_ON_DEMAND: the device has no ODP",
+        )
+    })
+}
+
+/// Whether `[addr, addr + length)` is mapped in the client's process (a registration of
+/// anything else is EFAULT, as the kernel's pinning fails).
+fn mapped(c: &super::ClientDev, addr: u64, length: u64) -> bool {
+    c.engine
+        .memory()
+        .0
+        .borrow()
+        .check_mapped(addr, length)
+        .is_ok()
 }

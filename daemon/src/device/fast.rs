@@ -1217,7 +1217,9 @@ impl DeviceThread {
         }
         match request {
             Request::RegMr { .. } => Before::RegMr,
-            Request::DeregMr { mr } => Before::DeregMr(
+            // A re-registration changes the MR under the tables takers read, as a
+            // deregistration does: answered once no taker is inside them.
+            Request::DeregMr { mr } | Request::ReregMr { mr, .. } => Before::DeregMr(
                 self.clients
                     .get(&client)
                     .and_then(|c| c.mrs.get(mr).map(|m| m.0)),

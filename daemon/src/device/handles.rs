@@ -45,6 +45,21 @@ pub(super) fn untag(r: Request) -> Request {
             access,
         },
         Request::DeregMr { mr } => Request::DeregMr { mr: m(mr) },
+        Request::ReregMr {
+            mr,
+            flags,
+            pd,
+            addr,
+            length,
+            access,
+        } => Request::ReregMr {
+            mr: m(mr),
+            flags,
+            pd: m(pd),
+            addr,
+            length,
+            access,
+        },
         Request::CreateCompChannel { ctx } => Request::CreateCompChannel { ctx: m(ctx) },
         Request::DestroyCompChannel { channel } => Request::DestroyCompChannel {
             channel: m(channel),

@@ -404,6 +404,15 @@ impl<M: MemoryAccess> Engine<M> {
         Ok(())
     }
 
+    /// The address space of PD `pd` (the client whose memory its MRs name).
+    pub(crate) fn pd_space(&self, pd: u32) -> VerbsResult<u64> {
+        self.ctx
+            .pds
+            .get(&pd)
+            .map(|p| p.space)
+            .ok_or(VerbsError::NotFound("PD"))
+    }
+
     /// `ibv_reg_mr`. Remote write or atomic access needs local write too (IBTA §10.6.3.1,
     /// checked by ib_core).
     pub fn reg_mr(
@@ -413,13 +422,7 @@ impl<M: MemoryAccess> Engine<M> {
         length: u64,
         access: Access,
     ) -> VerbsResult<MrKeys> {
-        let needs_local_write = Access::REMOTE_WRITE.union(Access::REMOTE_ATOMIC);
-        if access.0 & needs_local_write.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
-            return Err(VerbsError::Invalid("remote write/atomic needs LOCAL_WRITE"));
-        }
-        if addr.checked_add(length).is_none() {
-            return Err(VerbsError::Invalid("MR wraps around the address space"));
-        }
+        check_mr(access, addr, length)?;
         if self.ctx.mrs.len() >= MR_CAPACITY {
             return Err(VerbsError::NoResources("MR table full"));
         }
@@ -465,6 +468,53 @@ impl<M: MemoryAccess> Engine<M> {
             .ok_or(VerbsError::NotFound("MR"))?;
         self.ctx.key_tags.remove(&(mr.lkey >> 8));
         self.pd_use(mr.pd, -1)
+    }
+
+    /// `ibv_rereg_mr`: moves the MR to PD `pd`, onto `range` (address, length), or to
+    /// `access`, each when given, keeping its keys (libibverbs lets them change; keeping
+    /// them is what a program that already sent them to its peer hopes for). Refused while a
+    /// memory window is bound to it, as deregistration is.
+    pub fn rereg_mr(
+        &mut self,
+        handle: u32,
+        pd: Option<u32>,
+        range: Option<(u64, u64)>,
+        access: Option<Access>,
+    ) -> VerbsResult<()> {
+        let mr = self
+            .ctx
+            .mrs
+            .get(&handle)
+            .ok_or(VerbsError::NotFound("MR"))?;
+        if mr.windows > 0 {
+            return Err(VerbsError::Busy("a memory window is bound to the MR"));
+        }
+        let new_access = access.unwrap_or(mr.access);
+        let (addr, length) = range.unwrap_or((mr.addr, mr.length));
+        check_mr(new_access, addr, length)?;
+        let old_pd = mr.pd;
+        let space = match pd {
+            Some(p) => {
+                let space = self.pd_space(p)?;
+                self.pd_use(p, 1)?;
+                self.pd_use(old_pd, -1)?;
+                Some(space)
+            }
+            None => None,
+        };
+        let mr = self
+            .ctx
+            .mrs
+            .get_mut(&handle)
+            .ok_or(VerbsError::NotFound("MR"))?;
+        if let (Some(p), Some(space)) = (pd, space) {
+            (mr.pd, mr.space) = (p, space);
+        }
+        if let Some((addr, length)) = range {
+            (mr.addr, mr.length) = (addr, length);
+        }
+        mr.access = new_access;
+        Ok(())
     }
 
     /// `ibv_alloc_mw`: an unbound window; returns its handle and initial R_Key. Bind it with a
@@ -1655,4 +1705,17 @@ fn new_route<M>(ctx: &Ctx<M>, av: &AddressVector, src_port: u16) -> Option<Route
         _ => return None,
     };
     Some(Route { net, src_port })
+}
+
+/// What every registration obeys: remote write or atomic access needs local write too (IBTA
+/// §10.6.3.1, checked by ib_core), and the range may not wrap around the address space.
+fn check_mr(access: Access, addr: u64, length: u64) -> VerbsResult<()> {
+    let needs_local_write = Access::REMOTE_WRITE.union(Access::REMOTE_ATOMIC);
+    if access.0 & needs_local_write.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
+        return Err(VerbsError::Invalid("remote write/atomic needs LOCAL_WRITE"));
+    }
+    if addr.checked_add(length).is_none() {
+        return Err(VerbsError::Invalid("MR wraps around the address space"));
+    }
+    Ok(())
 }

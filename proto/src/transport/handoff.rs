@@ -189,12 +189,7 @@ impl<M: MemoryAccess> Engine<M> {
         length: u64,
         access: Access,
     ) -> VerbsResult<()> {
-        let space = self
-            .ctx
-            .pds
-            .get(&pd)
-            .map(|p| p.space)
-            .ok_or(VerbsError::NotFound("PD"))?;
+        let space = self.pd_space(pd)?;
         let mr = Mr {
             pd,
             space,

@@ -132,6 +132,24 @@ impl ShimCq {
         }
     }
 
+    /// Drops the completions of QP `qpn` the CQ still holds (those the daemon wrote, read
+    /// out of the ring into `carried` first): what a QP moved to RESET leaves behind, the
+    /// flushed work of its error state, is gone from its CQs as on mlx5 (whose provider
+    /// cleans the CQs at that transition), so that a program that resets a QP after an error
+    /// and reuses its CQs does not poll the old flushes as its new work's completions.
+    pub fn clean(&self, qpn: u32) {
+        let mut ring = lock(&self.ring);
+        let ring = &mut *ring;
+        let mut slot = [0u8; MAX_CQ_SLOT];
+        while let Ok(true) = ring.ring.pop(&mut slot) {
+            ring.carried.push_back(slot);
+        }
+        const QP_NUM: usize = std::mem::offset_of!(IbvWc, qp_num);
+        ring.carried.retain(|s| {
+            u32::from_ne_bytes([s[QP_NUM], s[QP_NUM + 1], s[QP_NUM + 2], s[QP_NUM + 3]]) != qpn
+        });
+    }
+
     pub fn as_cq(&self) -> *mut IbvCq {
         (self as *const ShimCq).cast_mut().cast()
     }

@@ -143,6 +143,70 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
     ffi::ptr_or_null(|| reg_mr(pd, addr, length, iova, access))
 }
 
+/// `ibv_rereg_mr`: 0, or libibverbs' codes: `IBV_REREG_MR_ERR_INPUT` (EINVAL) for what
+/// libibverbs itself refuses (unknown flags, a new range without an address or length,
+/// access given without `CHANGE_ACCESS`), `IBV_REREG_MR_ERR_CMD` with errno for what the
+/// device refuses (no change asked for, a PD of another context, an unmapped range, a bound
+/// memory window). The keys stay; `mr->pd`, `mr->addr` and `mr->length` follow the change.
+/// (libibverbs also moves the fork protection of the range: softroce pins nothing.)
+///
+/// # Safety
+/// `mr` and `pd` are NULL or any pointers; `addr` is only passed to the daemon.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut IbvMr,
+    flags: c_int,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: size_t,
+    access: c_int,
+) -> c_int {
+    const TRANSLATION: c_int = 1;
+    const CHANGE_PD: c_int = 2;
+    const ACCESS: c_int = 4;
+    let input_ok = MRS.contains(mr)
+        && flags & !(TRANSLATION | CHANGE_PD | ACCESS) == 0
+        && (flags & TRANSLATION == 0 || (length != 0 && !addr.is_null()))
+        && (access == 0 || flags & ACCESS != 0);
+    if !input_ok {
+        ffi::set_errno(Errno::INVAL);
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    ffi::value_or(IBV_REREG_MR_ERR_CMD, || {
+        // SAFETY: registered, so a live IbvMr made by reg_mr.
+        let (context, handle) = unsafe { ((*mr).context, (*mr).handle) };
+        let ctx = runtime::context_from_ptr(context)?;
+        let pd_handle = if flags & CHANGE_PD != 0 {
+            // A PD of this MR's context (the kernel looks it up in the same ucontext).
+            if !std::ptr::eq(pd_context(pd)?, ctx) {
+                return Err(Errno::INVAL);
+            }
+            // SAFETY: live (checked by pd_context).
+            unsafe { (*pd).handle }
+        } else {
+            0
+        };
+        ctx.call_done(&Request::ReregMr {
+            mr: handle,
+            flags: flags as u32,
+            pd: pd_handle,
+            addr: addr as u64,
+            length: length as u64,
+            access: access as u32,
+        })?;
+        // SAFETY: live MR (checked above); the caller does not use it concurrently.
+        unsafe {
+            if flags & CHANGE_PD != 0 {
+                (*mr).pd = pd;
+            }
+            if flags & TRANSLATION != 0 {
+                ((*mr).addr, (*mr).length) = (addr, length);
+            }
+        }
+        Ok(0)
+    })
+}
+
 /// `ibv_dereg_mr`: 0 or an errno value.
 ///
 /// # Safety

@@ -884,6 +884,13 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mas
         if mask & IBV_QP_STATE != 0 && a.qp_state == IBV_QPS_RESET {
             // RESET empties the queues (IBTA 10.3.1): nothing posted is outstanding any more.
             shim.rq_outstanding.store(0, Ordering::Release);
+            // SAFETY: live QP; its CQ pointers were set at creation.
+            let (send_cq, recv_cq, qpn) = unsafe { ((*qp).send_cq, (*qp).recv_cq, (*qp).qp_num) };
+            for c in [send_cq, recv_cq] {
+                if let Ok(c) = cq::cq_from_ptr(c) {
+                    c.clean(qpn);
+                }
+            }
         }
         if mask & IBV_QP_STATE != 0 {
             // SAFETY: live QP; libibverbs' ibv_modify_qp updates qp->state the same way.

@@ -153,20 +153,6 @@ unsupported! {
     fn efadv_query_device(_context: *mut IbvContext, _attr: *mut c_void, _inlen: u32) -> c_int = errno;
 }
 
-/// `ibv_rereg_mr`: `IBV_REREG_MR_ERR_CMD` with errno, the "command failed" code.
-#[no_mangle]
-pub extern "C" fn ibv_rereg_mr(
-    _mr: *mut IbvMr,
-    _flags: c_int,
-    _pd: *mut IbvPd,
-    _addr: *mut c_void,
-    _length: size_t,
-    _access: c_int,
-) -> c_int {
-    ffi::set_errno(Errno::OPNOTSUPP);
-    IBV_REREG_MR_ERR_CMD
-}
-
 /// `ibv_query_qp_data_in_order`: 0, "no ordering guarantee", the answer that is always safe.
 #[no_mangle]
 pub extern "C" fn ibv_query_qp_data_in_order(_qp: *mut IbvQp, _op: c_int, _flags: u32) -> c_int {
