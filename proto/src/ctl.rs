@@ -230,16 +230,14 @@ pub enum Request {
     DeregMr {
         mr: u32,
     },
-    /// `ibv_rereg_mr`: `flags` are libibverbs' `IBV_REREG_MR_CHANGE_*`; `pd` counts only with
-    /// `CHANGE_PD`, `addr`/`length` only with `CHANGE_TRANSLATION` (the new range must be
-    /// mapped, else EFAULT), `access` only with `CHANGE_ACCESS`. The keys stay.
+    /// `ibv_rereg_mr`: what is given changes (`IBV_REREG_MR_CHANGE_PD`, `_TRANSLATION`: a
+    /// range `(addr, length)` that must be mapped, else EFAULT; `_ACCESS`), nothing given is
+    /// EINVAL. The keys stay.
     ReregMr {
         mr: u32,
-        flags: u32,
-        pd: u32,
-        addr: u64,
-        length: u64,
-        access: u32,
+        pd: Option<u32>,
+        range: Option<(u64, u64)>,
+        access: Option<u32>,
     },
     /// `ibv_create_comp_channel` + fd: the write end of the channel's pipe, on which the
     /// daemon writes one 8-byte `{u32 cq, u32 generation}` record per event.
@@ -1513,11 +1511,9 @@ mod tests {
             },
             Request::ReregMr {
                 mr: 3,
-                flags: 7,
-                pd: 2,
-                addr: 0x7fff_0000_2000,
-                length: 4096,
-                access: 1,
+                pd: Some(2),
+                range: Some((0x7fff_0000_2000, 4096)),
+                access: None,
             },
             Request::CreateQp {
                 pd: 1,

@@ -183,46 +183,31 @@ impl DeviceThread {
             },
             Request::ReregMr {
                 mr,
-                flags,
                 pd,
-                addr,
-                length,
+                range,
                 access,
             } => {
-                const TRANSLATION: u32 = 1;
-                const PD: u32 = 2;
-                const ACCESS: u32 = 4;
                 let Some(&(e, old_length)) = c.mrs.get(&mr) else {
                     return (errno(libc::EINVAL, "no such MR"), none);
                 };
-                // The kernel's checks (ib_uverbs_rereg_mr): some change, known flags only.
-                if flags == 0 || flags & !(TRANSLATION | PD | ACCESS) != 0 {
-                    return (errno(libc::EINVAL, "rereg flags"), none);
+                // As the kernel's ib_uverbs_rereg_mr: some change must be asked for.
+                if pd.is_none() && range.is_none() && access.is_none() {
+                    return (errno(libc::EINVAL, "rereg asks for no change"), none);
                 }
-                let new_pd = if flags & PD != 0 {
-                    let Some(&(epd, _)) = c.pds.get(&pd) else {
-                        return (errno(libc::EINVAL, "no such PD"), none);
-                    };
-                    Some(epd)
-                } else {
-                    None
+                let new_pd = match pd {
+                    Some(pd) => match c.pds.get(&pd) {
+                        Some(&(epd, _)) => Some(epd),
+                        None => return (errno(libc::EINVAL, "no such PD"), none),
+                    },
+                    None => None,
                 };
-                let range = if flags & TRANSLATION != 0 {
-                    if length == 0 || !mapped(c, addr, length) {
-                        return (errno(libc::EFAULT, "range not mapped in the process"), none);
-                    }
-                    Some((addr, length))
-                } else {
-                    None
-                };
-                let new_access = if flags & ACCESS != 0 {
-                    if let Some(refused) = odp_refused(access) {
-                        return (refused, none);
-                    }
-                    Some(Access(access))
-                } else {
-                    None
-                };
+                if range.is_some_and(|(addr, length)| length == 0 || !mapped(c, addr, length)) {
+                    return (errno(libc::EFAULT, "range not mapped in the process"), none);
+                }
+                if let Some(refused) = access.and_then(odp_refused) {
+                    return (refused, none);
+                }
+                let new_access = access.map(Access);
                 match c.engine.rereg_mr(e, new_pd, range, new_access) {
                     Ok(()) => {
                         let new_length = range.map_or(old_length, |r| r.1);

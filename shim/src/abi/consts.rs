@@ -88,6 +88,9 @@ pub const IBV_FORK_ENABLED: c_int = 1;
 pub const IBV_FORK_UNNEEDED: c_int = 2;
 
 // enum ibv_rereg_mr_err_code
+pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1 << 0;
+pub const IBV_REREG_MR_CHANGE_PD: c_int = 1 << 1;
+pub const IBV_REREG_MR_CHANGE_ACCESS: c_int = 1 << 2;
 pub const IBV_REREG_MR_ERR_INPUT: c_int = -1;
 pub const IBV_REREG_MR_ERR_CMD: c_int = -4;
 

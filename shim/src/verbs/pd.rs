@@ -161,13 +161,17 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     length: size_t,
     access: c_int,
 ) -> c_int {
-    const TRANSLATION: c_int = 1;
-    const CHANGE_PD: c_int = 2;
-    const ACCESS: c_int = 4;
+    let (translation, change_pd, change_access) = (
+        flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0,
+        flags & IBV_REREG_MR_CHANGE_PD != 0,
+        flags & IBV_REREG_MR_CHANGE_ACCESS != 0,
+    );
+    let known =
+        IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
     let input_ok = MRS.contains(mr)
-        && flags & !(TRANSLATION | CHANGE_PD | ACCESS) == 0
-        && (flags & TRANSLATION == 0 || (length != 0 && !addr.is_null()))
-        && (access == 0 || flags & ACCESS != 0);
+        && flags & !known == 0
+        && (!translation || (length != 0 && !addr.is_null()))
+        && (access == 0 || change_access);
     if !input_ok {
         ffi::set_errno(Errno::INVAL);
         return IBV_REREG_MR_ERR_INPUT;
@@ -176,30 +180,28 @@ pub unsafe extern "C" fn ibv_rereg_mr(
         // SAFETY: registered, so a live IbvMr made by reg_mr.
         let (context, handle) = unsafe { ((*mr).context, (*mr).handle) };
         let ctx = runtime::context_from_ptr(context)?;
-        let pd_handle = if flags & CHANGE_PD != 0 {
+        let pd_handle = if change_pd {
             // A PD of this MR's context (the kernel looks it up in the same ucontext).
             if !std::ptr::eq(pd_context(pd)?, ctx) {
                 return Err(Errno::INVAL);
             }
             // SAFETY: live (checked by pd_context).
-            unsafe { (*pd).handle }
+            Some(unsafe { (*pd).handle })
         } else {
-            0
+            None
         };
         ctx.call_done(&Request::ReregMr {
             mr: handle,
-            flags: flags as u32,
             pd: pd_handle,
-            addr: addr as u64,
-            length: length as u64,
-            access: access as u32,
+            range: translation.then_some((addr as u64, length as u64)),
+            access: change_access.then_some(access as u32),
         })?;
         // SAFETY: live MR (checked above); the caller does not use it concurrently.
         unsafe {
-            if flags & CHANGE_PD != 0 {
+            if change_pd {
                 (*mr).pd = pd;
             }
-            if flags & TRANSLATION != 0 {
+            if translation {
                 ((*mr).addr, (*mr).length) = (addr, length);
             }
         }
