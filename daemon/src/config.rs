@@ -168,9 +168,10 @@ pub struct DeviceConfig {
     /// engine inside the daemon as rxe's loopback does (faster; the default).
     #[serde(default)]
     pub local_via_socket: bool,
-    /// UDP GSO on send (one whole RoCE packet per segment). A capture on the host's own `lo`
-    /// shows each GSO send as one oversized datagram; turn it off (`--no-gso`) to capture
-    /// packet by packet there.
+    /// UDP GSO on send (one whole RoCE packet per segment): over IPv6, to IPv4 loopback, and
+    /// over IPv4 to softroce devices (which accept any Identification). A capture on `lo`, or
+    /// on a veth or bridge to another softroce device, shows each GSO send as one oversized
+    /// datagram; turn it off (`--no-gso`) to capture packet by packet there.
     #[serde(default = "default_true")]
     pub gso: bool,
     /// Fault injection rules in force from the start (`[[device.fault]]`), as

@@ -161,6 +161,7 @@ struct DaemonArgs {
     #[arg(long)]
     local_via_socket: bool,
     /// No UDP GSO on send: one datagram per packet, so that a capture on the host's own `lo`
+    /// (or on a veth or bridge toward another softroce device, which gets GSO over IPv4 too)
     /// shows RoCE packets rather than GSO super-datagrams (with --local-via-socket, a
     /// capture of one daemon's traffic that both pcap checkers accept).
     #[arg(long)]

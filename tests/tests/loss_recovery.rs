@@ -10,8 +10,10 @@
 //! peer on `gbn` and toward a peer that never answers the capability probe (every probe
 //! dropped on the path), every QP stays on go-back-N. Reordering, which nftables cannot do,
 //! comes from each sending daemon's fault injector (`softroce fault srxe0 reorder`), on top
-//! of the path's loss and duplication, in both modes. Short runs here; `scripts/bench loss`
-//! measures goodput.
+//! of the path's loss and duplication, in both modes. The loss runs' daemons send one
+//! datagram per packet (`--no-gso`), so that nftables drops packets, not GSO batches. The
+//! capability exchange also decides IPv4 GSO on this non-loopback path: on toward a softroce
+//! peer, off toward the silent one. Short runs here; `scripts/bench loss` measures goodput.
 //!
 //! Needs root in a network namespace of its own (as `scripts/test` runs),
 //! `ip`, `nft`, rdma-core's examples, perftest and rdmacm-utils: a missing one fails.
@@ -157,25 +159,33 @@ impl LossyPath {
         (dropped, duplicated, silenced)
     }
 
-    fn daemon(&self, side: usize, name: &str, mode: &str) -> Daemon {
+    /// `per_packet`: `--no-gso`, so that nftables, which sees a GSO send as one packet,
+    /// drops and duplicates RoCE packets one by one at the stated rate, not whole batches
+    /// (a softroce peer gets IPv4 GSO on any path).
+    fn daemon(&self, side: usize, name: &str, mode: &str, per_packet: bool) -> Daemon {
         let addr = [SERVER_IP, CLIENT_IP][side];
+        let gso: &[&str] = if per_packet { &["--no-gso"] } else { &[] };
         Daemon::start_in(
             name,
             Some(&self.ns[side]),
             &[
-                "--addr",
-                addr,
-                "--port",
-                "4791",
-                // A 1500-byte Ethernet: IB MTU 1024, as rxe derives from it.
-                "--mtu",
-                "1024",
-                "--loss-recovery",
-                mode,
-                // A QP that fails logs its recovery state.
-                "--log",
-                "info,softroce_daemon::device::completions=debug",
-            ],
+                gso,
+                &[
+                    "--addr",
+                    addr,
+                    "--port",
+                    "4791",
+                    // A 1500-byte Ethernet: IB MTU 1024, as rxe derives from it.
+                    "--mtu",
+                    "1024",
+                    "--loss-recovery",
+                    mode,
+                    // A QP that fails logs its recovery state.
+                    "--log",
+                    "info,softroce_daemon::device::completions=debug",
+                ],
+            ]
+            .concat(),
         )
     }
 }
@@ -296,6 +306,10 @@ struct Observed {
     resent: u64,
     /// Capability MADs nftables silenced.
     silenced: u64,
+    /// Per daemon (server, client): its GSO sends, and the IPv4 packets it received whose
+    /// ICRC needed a non-zero Identification (GSO segments after the first).
+    gso_sends: Vec<u64>,
+    idents_recovered: Vec<u64>,
     summary: String,
 }
 
@@ -308,7 +322,7 @@ fn programs_survive(tag: &str, loss: u32, mode: &str) {
 /// As [`programs_survive`], with `faults` (`softroce fault srxe0 ...` arguments) on both
 /// daemons from the start.
 fn programs_survive_faults(tag: &str, loss: u32, mode: &str, faults: &[&[&str]]) {
-    let o = programs_over_faults(tag, loss, [mode, mode], CapsMads::Carried, faults);
+    let o = programs_over_faults(tag, loss, [mode, mode], CapsMads::Carried, true, faults);
     let summary = &o.summary;
     match mode {
         "gbn" => {
@@ -335,9 +349,9 @@ fn programs_survive_faults(tag: &str, loss: u32, mode: &str, faults: &[&[&str]])
 }
 
 /// The three programs with the server's daemon in `modes[0]` and the client's in
-/// `modes[1]`; they must succeed. Returns what the daemons logged.
+/// `modes[1]` (GSO on, the default); they must succeed. Returns what the daemons logged.
 fn programs_over(tag: &str, loss: u32, modes: [&str; 2], caps: CapsMads) -> Observed {
-    programs_over_faults(tag, loss, modes, caps, &[])
+    programs_over_faults(tag, loss, modes, caps, false, &[])
 }
 
 fn programs_over_faults(
@@ -345,12 +359,13 @@ fn programs_over_faults(
     loss: u32,
     modes: [&str; 2],
     caps: CapsMads,
+    per_packet: bool,
     faults: &[&[&str]],
 ) -> Observed {
     let path = LossyPath::new(tag, loss, loss / 2, caps);
     let (sd, cd) = (
-        path.daemon(0, &format!("{tag}-server"), modes[0]),
-        path.daemon(1, &format!("{tag}-client"), modes[1]),
+        path.daemon(0, &format!("{tag}-server"), modes[0], per_packet),
+        path.daemon(1, &format!("{tag}-client"), modes[1], per_packet),
     );
     for d in [&sd, &cd] {
         for f in faults {
@@ -424,6 +439,15 @@ fn programs_over_faults(
             assert!(injected > 0, "no fault injected: {shown}");
         }
     }
+    let net: Vec<_> = [&sd, &cd]
+        .iter()
+        .map(|d| shim_support::operator::counters(d, "srxe0"))
+        .collect();
+    let net_counter = |name: &str| -> Vec<u64> { net.iter().map(|c| c[name]).collect() };
+    let (gso_sends, idents_recovered) = (
+        net_counter("net.tx_gso_sends"),
+        net_counter("net.rx_ident_recovered"),
+    );
     let switched: Vec<usize> = logs
         .iter()
         .map(|l| l.matches("QP uses selective retransmission").count())
@@ -437,7 +461,8 @@ fn programs_over_faults(
     let summary = format!(
         "{tag}: {dropped} dropped, {duplicated} duplicated; QPs switched {switched:?}; \
          SACKs {sacks_sent} sent, {sacks_rcvd} received; {resent} packets resent selectively \
-         ({probes} probes); {silenced} capability MADs silenced"
+         ({probes} probes); {silenced} capability MADs silenced; GSO sends {gso_sends:?}, \
+         Identifications recovered {idents_recovered:?}"
     );
     println!("{summary}");
     Observed {
@@ -447,6 +472,8 @@ fn programs_over_faults(
         sacks_rcvd,
         resent,
         silenced,
+        gso_sends,
+        idents_recovered,
         summary,
     }
 }
@@ -548,6 +575,9 @@ fn auto_toward_a_peer_that_never_answers_stays_on_go_back_n() {
     let o = programs_over("fbsil", 10, ["auto", "auto"], CapsMads::Silenced);
     all_go_back_n(&o);
     assert!(o.silenced > 0, "no capability MAD was sent: {}", o.summary);
+    // Toward a peer not known to be softroce, whose ICRC check may cover an Identification
+    // numbered by a NIC's segmentation, every IPv4 packet is a datagram of its own.
+    assert_eq!(o.gso_sends, [0, 0], "{}", o.summary);
     for (log, peer) in o.logs.iter().zip([CLIENT_IP, SERVER_IP]) {
         assert!(
             log.lines()
@@ -556,4 +586,25 @@ fn auto_toward_a_peer_that_never_answers_stays_on_go_back_n() {
             o.summary
         );
     }
+}
+
+/// IPv4 sends batched with UDP GSO beyond loopback, toward softroce peers only. The path is
+/// a veth between two namespaces (not loopback), both daemons on `auto`: once the capability
+/// exchange tells each that the other is softroce, which solves for the IPv4 Identification
+/// the ICRC covers, the three programs' packets leave in GSO sends, the receiver recovers the
+/// segments' Identifications (1, 2, ...), and the data arrives checked. (Toward a peer that
+/// never answers: `auto_toward_a_peer_that_never_answers_stays_on_go_back_n`, no GSO.)
+#[test]
+fn ipv4_sends_to_a_softroce_peer_are_batched_on_any_path() {
+    let o = programs_over("gso4", 0, ["auto", "auto"], CapsMads::Carried);
+    assert!(
+        o.gso_sends.iter().all(|&n| n > 0),
+        "no GSO toward a softroce peer over a veth: {}",
+        o.summary
+    );
+    assert!(
+        o.idents_recovered.iter().all(|&n| n > 0),
+        "no segment arrived with a non-zero Identification: {}",
+        o.summary
+    );
 }

@@ -778,6 +778,18 @@ fn a_tap_device_and_an_addr_device_on_the_host_side_talk_v2_both_ways() {
     let file = cap.stop();
     let report = captures::check(&file);
     assert_v2_only(&report, 400, &file);
+    // The TAP device checks the IPv4 Identification it sees rather than solving for it, and
+    // says so in the capability exchange: the --addr device sends it every packet as a
+    // datagram of its own (a NIC's segmentation could number GSO segments otherwise).
+    let host = shim_support::operator::counters(&pair.b, "srxe2");
+    assert_eq!(host["net.tx_gso_sends"], 0, "{host:?}");
+    let log = pair.b.log();
+    assert!(
+        log.lines().any(|l| l.contains("peer is a softroce device")
+            && l.contains("peer=10.9.0.1 ")
+            && l.contains("any_ident=false")),
+        "{log}"
+    );
 }
 
 /// Host `d`'s congestion-control counter `name` (mlx5's names, `Request::CongestionShow`).

@@ -1,6 +1,6 @@
 //! Which RC QPs use selective retransmission (`--loss-recovery`, docs/loss-recovery.md), and
 //! the capability exchange on QP1 that tells softroce peers from the others
-//! ([`proto::cm::caps`]).
+//! ([`proto::cm::caps`]); the link learns from it which IPv4 peers accept GSO on any path.
 //!
 //! Every QP starts with go-back-N, exactly as rxe. When one reaches RTR with its peer's
 //! address: with `selective` it switches at once; with `auto` it switches if the device's
@@ -41,7 +41,14 @@ pub(super) struct Negotiation {
 }
 
 impl Negotiation {
-    pub(super) fn new(mode: LossRecoveryMode, bdp_bytes: u32, seed: u64) -> Negotiation {
+    /// `any_ident`: the device accepts any IPv4 Identification (a UDP link solves for it; a
+    /// TAP link checks the one it sees), as its answers say.
+    pub(super) fn new(
+        mode: LossRecoveryMode,
+        bdp_bytes: u32,
+        any_ident: bool,
+        seed: u64,
+    ) -> Negotiation {
         let params = SelectiveParams { bdp_bytes };
         Negotiation {
             mode,
@@ -50,6 +57,7 @@ impl Negotiation {
                 Caps {
                     selective: mode != LossRecoveryMode::Gbn,
                     bdp_bytes,
+                    any_ident,
                 },
                 seed,
             ),
@@ -164,10 +172,15 @@ impl DeviceThread {
         while let Some((peer, known)) = self.negotiation.caps.poll_update() {
             match known {
                 PeerCaps::Softroce(c) => info!(device = %self.info.name, %peer,
-                    selective = c.selective, bdp = c.bdp_bytes, "peer is a softroce device"),
+                    selective = c.selective, bdp = c.bdp_bytes, any_ident = c.any_ident,
+                    "peer is a softroce device"),
                 _ => info!(device = %self.info.name, %peer,
                     "peer is not a softroce device: go-back-N toward it"),
             }
+            // A peer that solves for the IPv4 Identification the ICRC covers gets IPv4 sends
+            // batched with GSO on any path (`net::transport`).
+            self.link
+                .peer_solves_ident(peer, matches!(known, PeerCaps::Softroce(c) if c.any_ident));
             let waiting = self.negotiation.waiting.remove(&peer).unwrap_or_default();
             let params = match known {
                 PeerCaps::Softroce(caps) => self.negotiation.toward(caps),

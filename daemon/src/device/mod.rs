@@ -264,6 +264,9 @@ impl DeviceThread {
             negotiation: loss_recovery::Negotiation::new(
                 cfg.loss_recovery,
                 cfg.selective_bdp,
+                // A UDP socket hides the Identification and the device solves for it; the
+                // TAP device sees it and checks it.
+                cfg.tap.is_none(),
                 crate::entropy::u64(),
             ),
         })

@@ -415,4 +415,8 @@ impl Link for Layers {
     fn keep_last_sent(&mut self, on: bool) {
         self.inner.keep_last_sent(on);
     }
+
+    fn peer_solves_ident(&mut self, peer: IpAddr, yes: bool) {
+        self.inner.peer_solves_ident(peer, yes);
+    }
 }

@@ -99,6 +99,12 @@ pub trait Link {
     /// The link's packet counters.
     fn counters(&self) -> NetCounters;
 
+    /// Whether `peer` accepts any IPv4 Identification (a softroce device on a UDP socket,
+    /// which solves for it: the capability exchange on QP1 said so). A UDP link then batches
+    /// IPv4 sends to it with GSO on any path, not only on loopback. Layers that wrap a link
+    /// forward it.
+    fn peer_solves_ident(&mut self, _peer: IpAddr, _yes: bool) {}
+
     /// The packet the last [`Link::send`] or [`Link::send_gsi`] queued, as it leaves on the
     /// wire: what a capture layer records. `None` when the link cannot tell.
     fn last_sent(&self) -> Option<WireView<'_>> {

@@ -8,6 +8,7 @@ use super::syscall::SyscallDriver;
 use super::uring::UringDriver;
 use super::verify::{Ipv4Ident, RxVerdict, RxVerifier};
 use proto::wire::TransportRepr;
+use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -475,6 +476,9 @@ pub struct UdpTransport {
     rx: RxState,
     gso: bool,
     fallback_reason: Option<String>,
+    /// IPv4 peers that recover any Identification from the ICRC (softroce devices,
+    /// `verify.rs`): GSO goes to them whatever path numbers the segments.
+    ident_solvers: HashSet<Ipv4Addr>,
     /// The GSO send being filled by [`UdpTransport::push_packet`], if any.
     batch: Option<OpenBatch>,
     /// Where the last queued datagram lies: (slot, offset, length, IPv4 Identification it was
@@ -594,6 +598,7 @@ impl UdpTransport {
             driver,
             gso: cfg.gso,
             fallback_reason,
+            ident_solvers: HashSet::new(),
             batch: None,
             last_queued: None,
         })
@@ -806,11 +811,16 @@ impl UdpTransport {
             ..*meta
         };
         let len = packet.len();
-        // The IPv4 Identifications of GSO segments (0, 1, 2, ... from an unconnected DF
-        // socket) were verified for the kernel's software segmentation on loopback; a path
-        // through veth, a bridge or a NIC may number them otherwise, and the ICRC covers them
-        // (kernel rxe then drops the packets: seen in the rxe lab). IPv6 has no such field.
-        let gso = self.gso && (meta.dst.is_ipv6() || meta.dst.ip().is_loopback());
+        // The ICRC covers the IPv4 Identification, and segment `k` is sealed for `k`: what
+        // the kernel's software segmentation writes (0, 1, 2, ... from an unconnected DF
+        // socket), verified on loopback. A NIC's segmentation offload may number them
+        // otherwise, and kernel rxe and hardware check every bit; a softroce peer solves for
+        // the Identification, so any numbering reaches it. IPv6 has no such field.
+        let gso = self.gso
+            && match meta.dst.ip() {
+                IpAddr::V6(_) => true,
+                IpAddr::V4(a) => a.is_loopback() || self.ident_solvers.contains(&a),
+            };
         if !gso {
             if self.batch.is_some() {
                 // Packets leave in the order they were pushed.
@@ -883,6 +893,16 @@ impl UdpTransport {
             ..batch
         });
         sealed.map_err(NetError::from)
+    }
+
+    /// Whether `peer` recovers any IPv4 Identification (a softroce device: the capability
+    /// exchange said so), so that GSO sends reach it on any path. Forgotten with `false`.
+    pub fn set_peer_solves_ident(&mut self, peer: Ipv4Addr, solves: bool) {
+        if solves {
+            self.ident_solvers.insert(peer);
+        } else {
+            self.ident_solvers.remove(&peer);
+        }
     }
 
     /// The UDP payload (BTH..ICRC, sealed) of the datagram the last `send`, `send_with` or

@@ -351,6 +351,13 @@ impl Link for UdpLink {
         (!self.groups.is_empty()).then_some(GROUP_POLL)
     }
 
+    fn peer_solves_ident(&mut self, peer: IpAddr, yes: bool) {
+        // An IPv4 GID may come as an IPv4-mapped IPv6 address.
+        if let IpAddr::V4(a) = peer.to_canonical() {
+            self.net.set_peer_solves_ident(a, yes);
+        }
+    }
+
     fn counters(&self) -> NetCounters {
         NetCounters {
             rx_not_our_address: self.not_our_address,

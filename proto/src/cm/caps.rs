@@ -12,12 +12,20 @@
 //! |---|---|---|
 //! | 40 | 4 | magic `SRCE` |
 //! | 44 | 1 | version, [`VERSION`] |
-//! | 45 | 1 | flags: bit 0 selective retransmission offered |
+//! | 45 | 1 | flags: bit 0 selective retransmission offered; bit 1 any IPv4 Identification accepted |
 //! | 46 | 2 | reserved, 0 |
 //! | 48 | 4 | the bandwidth-delay product (bytes) its selective window is capped at |
 //!
 //! Both the probe and the answer carry the sender's capabilities, so one exchange informs
 //! both ends.
+//!
+//! **Any IPv4 Identification** (flag bit 1): the ICRC covers the IPv4 header's
+//! Identification, which a UDP socket never shows; a device on one (`--addr`, `--netdev`)
+//! solves for it, so it accepts any. A sender that knows this batches IPv4 packets to it with
+//! UDP GSO on any path, however the segmentation numbers them; toward anyone else only on
+//! loopback, whose numbering is known. A device that sees whole frames (the TAP device)
+//! checks the Identification it sees, and does not set the bit. Flags a version does not
+//! know are ignored, so a device that predates the bit simply gets no GSO over IPv4.
 //!
 //! **A peer that is not softroce.** Linux's MAD layer answers a Get of a class nobody
 //! registered with a GetResp of status 0x000C ("unsupported method/attribute",
@@ -47,6 +55,7 @@ pub const VERSION: u8 = 1;
 pub const STATUS_UNSUPPORTED: u16 = 0x000c;
 
 const FLAG_SELECTIVE: u8 = 1;
+const FLAG_ANY_IDENT: u8 = 2;
 const OUI_AT: usize = 37;
 const DATA_AT: usize = 40;
 
@@ -66,6 +75,8 @@ pub struct Caps {
     pub selective: bool,
     /// Its selective window's bandwidth-delay product.
     pub bdp_bytes: u32,
+    /// It accepts packets whatever their IPv4 Identification (it solves for it).
+    pub any_ident: bool,
 }
 
 /// A capabilities MAD, probe or answer.
@@ -111,6 +122,10 @@ impl CapsMad {
         d[4] = VERSION;
         d[5] = if self.caps.selective {
             FLAG_SELECTIVE
+        } else {
+            0
+        } | if self.caps.any_ident {
+            FLAG_ANY_IDENT
         } else {
             0
         };
@@ -160,6 +175,7 @@ pub fn classify(mad: &[u8]) -> Classified {
         caps: Caps {
             selective: d[5] & FLAG_SELECTIVE != 0,
             bdp_bytes: u32::from_be_bytes([d[8], d[9], d[10], d[11]]),
+            any_ident: d[5] & FLAG_ANY_IDENT != 0,
         },
     })
 }
@@ -363,6 +379,7 @@ mod tests {
         Caps {
             selective,
             bdp_bytes: 512 * 1024,
+            any_ident: true,
         }
     }
 
@@ -377,12 +394,29 @@ mod tests {
         assert_eq!(&b[..4], &[1, 0x30, 1, 0x01]);
         assert_eq!(&b[16..18], &[0, 0x10]);
         assert_eq!(&b[37..40], &[0x02, 0x53, 0x52]);
-        assert_eq!(&b[40..46], b"SRCE\x01\x01");
+        assert_eq!(&b[40..46], b"SRCE\x01\x03");
         assert_eq!(&b[48..52], &[0, 8, 0, 0]);
         assert_eq!(classify(&b), Classified::Caps(m));
         let a = CapsMad { answer: true, ..m };
         assert_eq!(a.emit()[3], 0x81);
         assert_eq!(classify(&a.emit()), Classified::Caps(a));
+        // The two flags apart; a device that predates bit 1 accepts only the Identification
+        // it was sent with.
+        let tap = CapsMad {
+            caps: Caps {
+                any_ident: false,
+                ..caps(true)
+            },
+            ..m
+        };
+        assert_eq!(tap.emit()[45], 0x01);
+        assert_eq!(classify(&tap.emit()), Classified::Caps(tap));
+        let gbn = CapsMad {
+            caps: caps(false),
+            ..m
+        };
+        assert_eq!(gbn.emit()[45], 0x02);
+        assert_eq!(classify(&gbn.emit()), Classified::Caps(gbn));
     }
 
     #[test]
