@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 
 /// Bumped on any incompatible change; a client and daemon that disagree refuse each other
 /// with a clear message instead of misreading.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The largest control message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 
@@ -779,6 +779,21 @@ pub struct LinkInfo {
     pub local_via_socket: bool,
     /// Client processes with a context open on the device.
     pub clients: u32,
+    /// What the device learnt of its peers in the capability exchange on QP1.
+    pub peers: Vec<PeerInfo>,
+}
+
+/// A peer of a device as the capability exchange left it (`proto::cm::caps`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerInfo {
+    pub addr: IpAddr,
+    /// "softroce", "other" (kernel rxe, hardware, or silent) or "asking" (a probe is out).
+    pub kind: String,
+    /// A softroce peer offering selective retransmission (`docs/loss-recovery.md`).
+    pub selective: bool,
+    /// A softroce peer that accepts any IPv4 Identification: IPv4 sends to it go in UDP GSO
+    /// batches on any path.
+    pub any_ident: bool,
 }
 
 /// A device's counters (`softroce stat`), every one by name.

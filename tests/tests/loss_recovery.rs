@@ -310,6 +310,8 @@ struct Observed {
     /// ICRC needed a non-zero Identification (GSO segments after the first).
     gso_sends: Vec<u64>,
     idents_recovered: Vec<u64>,
+    /// Per daemon: the peers `softroce link show -j` lists (what the exchange learnt).
+    peers: Vec<serde_json::Value>,
     summary: String,
 }
 
@@ -349,9 +351,15 @@ fn programs_survive_faults(tag: &str, loss: u32, mode: &str, faults: &[&[&str]])
 }
 
 /// The three programs with the server's daemon in `modes[0]` and the client's in
-/// `modes[1]` (GSO on, the default); they must succeed. Returns what the daemons logged.
-fn programs_over(tag: &str, loss: u32, modes: [&str; 2], caps: CapsMads) -> Observed {
-    programs_over_faults(tag, loss, modes, caps, false, &[])
+/// `modes[1]` (`per_packet`: `--no-gso`); they must succeed. Returns what the daemons logged.
+fn programs_over(
+    tag: &str,
+    loss: u32,
+    modes: [&str; 2],
+    caps: CapsMads,
+    per_packet: bool,
+) -> Observed {
+    programs_over_faults(tag, loss, modes, caps, per_packet, &[])
 }
 
 fn programs_over_faults(
@@ -448,6 +456,12 @@ fn programs_over_faults(
         net_counter("net.tx_gso_sends"),
         net_counter("net.rx_ident_recovered"),
     );
+    let peers: Vec<serde_json::Value> = [&sd, &cd]
+        .iter()
+        .map(|d| {
+            shim_support::operator::softroce_json(d, &["link", "show", "srxe0"])[0]["peers"].clone()
+        })
+        .collect();
     let switched: Vec<usize> = logs
         .iter()
         .map(|l| l.matches("QP uses selective retransmission").count())
@@ -474,6 +488,7 @@ fn programs_over_faults(
         silenced,
         gso_sends,
         idents_recovered,
+        peers,
         summary,
     }
 }
@@ -552,7 +567,9 @@ fn selective_survives_reordering_duplication_and_loss() {
 /// programs stays on go-back-N on both ends, through 1 % loss.
 #[test]
 fn auto_toward_a_go_back_n_peer_stays_on_go_back_n() {
-    let o = programs_over("fbgbn", 10, ["auto", "gbn"], CapsMads::Carried);
+    // Per packet: the two learn that each other is softroce, and nftables would drop GSO
+    // batches whole.
+    let o = programs_over("fbgbn", 10, ["auto", "gbn"], CapsMads::Carried, true);
     all_go_back_n(&o);
     assert!(
         o.logs[0]
@@ -572,12 +589,28 @@ fn auto_toward_a_go_back_n_peer_stays_on_go_back_n() {
 /// every QP stays on go-back-N (rxe's own behaviour), through 1 % loss.
 #[test]
 fn auto_toward_a_peer_that_never_answers_stays_on_go_back_n() {
-    let o = programs_over("fbsil", 10, ["auto", "auto"], CapsMads::Silenced);
+    // GSO allowed: the daemons must not use it toward a peer they know nothing of (so the
+    // loss is per packet all the same).
+    let o = programs_over("fbsil", 10, ["auto", "auto"], CapsMads::Silenced, false);
     all_go_back_n(&o);
     assert!(o.silenced > 0, "no capability MAD was sent: {}", o.summary);
     // Toward a peer not known to be softroce, whose ICRC check may cover an Identification
-    // numbered by a NIC's segmentation, every IPv4 packet is a datagram of its own.
+    // numbered by a NIC's segmentation, every IPv4 packet is a datagram of its own; and
+    // `softroce link show` says what each daemon made of the other: not softroce, or (once
+    // the silence is 10 s old and a new QP looks the peer up) asking again.
     assert_eq!(o.gso_sends, [0, 0], "{}", o.summary);
+    for (peers, peer) in o.peers.iter().zip([CLIENT_IP, SERVER_IP]) {
+        let kind = peers[0]["kind"].as_str();
+        assert!(
+            peers.as_array().map(Vec::len) == Some(1)
+                && peers[0]["addr"] == peer
+                && matches!(kind, Some("other" | "asking"))
+                && peers[0]["selective"] == false
+                && peers[0]["any_ident"] == false,
+            "{peers}\n{}",
+            o.summary
+        );
+    }
     for (log, peer) in o.logs.iter().zip([CLIENT_IP, SERVER_IP]) {
         assert!(
             log.lines()
@@ -596,7 +629,7 @@ fn auto_toward_a_peer_that_never_answers_stays_on_go_back_n() {
 /// never answers: `auto_toward_a_peer_that_never_answers_stays_on_go_back_n`, no GSO.)
 #[test]
 fn ipv4_sends_to_a_softroce_peer_are_batched_on_any_path() {
-    let o = programs_over("gso4", 0, ["auto", "auto"], CapsMads::Carried);
+    let o = programs_over("gso4", 0, ["auto", "auto"], CapsMads::Carried, false);
     assert!(
         o.gso_sends.iter().all(|&n| n > 0),
         "no GSO toward a softroce peer over a veth: {}",
@@ -607,4 +640,13 @@ fn ipv4_sends_to_a_softroce_peer_are_batched_on_any_path() {
         "no segment arrived with a non-zero Identification: {}",
         o.summary
     );
+    // `softroce link show` names each daemon's peer and what it learnt of it.
+    for (peers, peer) in o.peers.iter().zip([CLIENT_IP, SERVER_IP]) {
+        assert_eq!(
+            peers,
+            &serde_json::json!([{"addr": peer, "kind": "softroce", "selective": true, "any_ident": true}]),
+            "{}",
+            o.summary
+        );
+    }
 }

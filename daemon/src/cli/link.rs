@@ -43,7 +43,8 @@ pub enum LinkCommand {
         socket: Option<PathBuf>,
     },
     /// Show devices: state, netdev, addresses, GIDs with their types, mode, MTU, congestion
-    /// control.
+    /// control, and the peers met in the capability exchange (softroce: selective
+    /// retransmission, gso4 = IPv4 GSO on any path; other: sent exactly what rxe sends).
     ///
     /// Example: softroce link show srxe0 -j
     #[command(verbatim_doc_comment)]
@@ -211,6 +212,12 @@ pub fn link_json(l: &LinkInfo) -> serde_json::Value {
         "gso": l.gso,
         "local_via_socket": l.local_via_socket,
         "clients": l.clients,
+        "peers": l.peers.iter().map(|p| json!({
+            "addr": p.addr.to_string(),
+            "kind": p.kind,
+            "selective": p.selective,
+            "any_ident": p.any_ident,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -258,6 +265,17 @@ pub fn link_text(l: &LinkInfo) -> String {
             ""
         }
     );
+    // What the capability exchange learnt: selective retransmission ("selective") and IPv4
+    // GSO on any path ("gso4") toward softroce peers; "other" peers get what rxe sends.
+    for p in &l.peers {
+        out += &format!(
+            "    peer {} {}{}{}\n",
+            p.addr,
+            p.kind,
+            if p.selective { " selective" } else { "" },
+            if p.any_ident { " gso4" } else { "" },
+        );
+    }
     out
 }
 

@@ -71,6 +71,27 @@ impl Negotiation {
         self.caps.poll_timeout()
     }
 
+    /// The peers the capability exchange knows of, for `softroce link show`.
+    pub(super) fn peers(&self) -> Vec<proto::ctl::PeerInfo> {
+        self.caps
+            .peers()
+            .into_iter()
+            .map(|(addr, known)| {
+                let (kind, caps) = match known {
+                    PeerCaps::Softroce(c) => ("softroce", Some(c)),
+                    PeerCaps::Other => ("other", None),
+                    PeerCaps::Asking => ("asking", None),
+                };
+                proto::ctl::PeerInfo {
+                    addr,
+                    kind: kind.into(),
+                    selective: caps.is_some_and(|c| c.selective),
+                    any_ident: caps.is_some_and(|c| c.any_ident),
+                }
+            })
+            .collect()
+    }
+
     /// The selective parameters for a QP toward a peer offering `peer`: the smaller window.
     fn toward(&self, peer: Caps) -> Option<SelectiveParams> {
         peer.selective.then(|| SelectiveParams {

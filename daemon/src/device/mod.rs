@@ -107,6 +107,10 @@ pub enum DevMsg {
     Counters {
         reply: Sender<DeviceCounters>,
     },
+    /// What the capability exchange learnt of the device's peers (`softroce link show`).
+    Peers {
+        reply: Sender<Vec<proto::ctl::PeerInfo>>,
+    },
     /// The device's addresses changed (`--netdev`): engines created from now on use the new
     /// GID table. (Engines of running clients keep theirs; their QPs' address vectors were
     /// resolved against it.)
@@ -437,6 +441,9 @@ impl DeviceThread {
             }
             DevMsg::Counters { reply } => {
                 let _ = reply.send(self.counters());
+            }
+            DevMsg::Peers { reply } => {
+                let _ = reply.send(self.negotiation.peers());
             }
             DevMsg::Stats { reply } => {
                 let _ = reply.send(

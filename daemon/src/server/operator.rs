@@ -365,6 +365,14 @@ impl Registry {
                     0
                 }
             };
+            let peers = {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                if link.send(DevMsg::Peers { reply: tx }) {
+                    rx.recv_timeout(DEVICE_ANSWER).unwrap_or_default()
+                } else {
+                    Vec::new()
+                }
+            };
             let addrs = d.info.gid_addrs();
             let port = self.factory.port;
             let transport = if let Some(tap) = &d.config.tap {
@@ -404,6 +412,7 @@ impl Registry {
                 gso: d.config.gso,
                 local_via_socket: d.config.local_via_socket,
                 clients,
+                peers,
                 info: d.info.clone(),
             });
         }

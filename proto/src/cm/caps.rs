@@ -243,13 +243,19 @@ impl CapsCache {
         }
     }
 
-    /// The cached answer without asking (for display).
-    pub fn peek(&self, peer: IpAddr) -> PeerCaps {
-        match self.peers.get(&peer) {
-            Some(Entry::Known { caps, .. }) => known(*caps),
-            Some(Entry::Probing { .. }) => PeerCaps::Asking,
-            None => PeerCaps::Other,
-        }
+    /// Every peer asked about or heard from, and what is known of it, by address (for
+    /// display: `softroce link show`). A stale answer is shown until the next lookup.
+    pub fn peers(&self) -> Vec<(IpAddr, PeerCaps)> {
+        let mut all: Vec<(IpAddr, PeerCaps)> = self
+            .peers
+            .iter()
+            .map(|(a, e)| match e {
+                Entry::Known { caps, .. } => (*a, known(*caps)),
+                Entry::Probing { .. } => (*a, PeerCaps::Asking),
+            })
+            .collect();
+        all.sort_by_key(|(a, _)| *a);
+        all
     }
 
     fn probe(&mut self, now: u64, peer: IpAddr, tries: u32) {
