@@ -843,3 +843,119 @@ fn a_message_longer_than_the_window_never_waits_for_a_probe() {
     }
     p.sim.check();
 }
+
+/// Response packets node 1 sent to node 0 (READ responses, ACKs aside).
+fn read_responses(p: &Pair) -> usize {
+    let qa = p.qa;
+    p.sim
+        .trace
+        .iter()
+        .filter(|i| {
+            i.from == 1
+                && i.dest_qpn == qa
+                && matches!(
+                    i.opcode,
+                    Opcode::RC_RDMA_READ_RESPONSE_FIRST
+                        | Opcode::RC_RDMA_READ_RESPONSE_MIDDLE
+                        | Opcode::RC_RDMA_READ_RESPONSE_LAST
+                        | Opcode::RC_RDMA_READ_RESPONSE_ONLY
+                )
+        })
+        .count()
+}
+
+/// A 64-packet READ whose responses from the `from`-th on, and everything the responder
+/// sends after them (in order, as one QP's packets travel), are 2.5 ms late (a responder
+/// behind other READs, or its device thread waiting for a CPU), past the first probe. Returns the pair after the READ completed.
+fn late_read_responses(from: usize) -> Pair {
+    let mut p = setup(selective());
+    let bytes = data(64 * 1024, 9);
+    p.sim.write_mem(1, p.b, &bytes);
+    let qa = p.qa;
+    let mut seen = 0;
+    p.sim
+        .on_packet(usize::MAX, Action::Delay(5 * MS / 2), move |i| {
+            if i.from == 1 && i.dest_qpn == qa {
+                seen += 1;
+                return seen > from;
+            }
+            false
+        });
+    p.read(1, 0, bytes.len() as u32);
+    p.sim.run(100 * MS);
+    p.sim.check_all_sends_completed();
+    assert_eq!(p.statuses(0), vec![(1, WcStatus::Success)]);
+    same(&p.sim.read_mem(0, p.a, bytes.len()), &bytes, "data");
+    assert_eq!(p.counters(0).completer_retry_err, 0);
+    p
+}
+
+/// MPICH's rendezvous between two daemons: 1 MiB READs, a probe when they were late, and
+/// the responder sent each one's rest again (20,000 duplicate responses in 100 round
+/// trips). A probe of a READ that has had no response asks for one packet.
+#[test]
+fn a_probe_of_an_unanswered_read_asks_for_one_packet_not_the_whole_read() {
+    let mut p = late_read_responses(0);
+    // At 1 ms (no round trip measured yet); the next would come at 3 ms.
+    assert_eq!(p.counters(0).sel_probes, 1);
+    let reads: Vec<u32> = p.requests().iter().map(|r| r.psn.value()).collect();
+    assert_eq!(reads.len(), 2, "the READ and the probe: {reads:?}");
+    // The READ's 16th packet: inside any responder's window, were the READ lost.
+    assert_eq!(reads[1], reads[0] + 15);
+    assert_eq!(
+        read_responses(&p),
+        64 + 1,
+        "the READ once, the probe's one packet"
+    );
+}
+
+#[test]
+fn a_probe_of_a_read_under_way_asks_for_its_last_missing_packet_alone() {
+    let mut p = late_read_responses(8);
+    // The first eight responses measured a round trip of microseconds: probes at 0.2, 0.6
+    // and 1.4 ms (doubling) before the rest arrives at 2.5 ms.
+    let probes = p.counters(0).sel_probes as usize;
+    assert_eq!(probes, 3);
+    let reads: Vec<u32> = p.requests().iter().map(|r| r.psn.value()).collect();
+    assert_eq!(
+        reads.len(),
+        1 + probes,
+        "the READ and the probes: {reads:?}"
+    );
+    assert!(
+        reads[1..].iter().all(|&r| r == reads[0] + 63),
+        "each probe asks for the last packet: {reads:?}"
+    );
+    // Each probe cost one response; asking for every missing one, each cost 56.
+    assert_eq!(read_responses(&p), 64 + probes);
+}
+
+/// A lost READ request: the probe's one packet is held by the responder (it lacks the
+/// READ), and its report shows the READ request lost, which goes again whole.
+#[test]
+fn a_lost_long_read_request_is_found_by_the_probes_packet_and_sent_again() {
+    let mut p = setup(selective());
+    let bytes = data(64 * 1024, 11);
+    p.sim.write_mem(1, p.b, &bytes);
+    drop_nth_request(&mut p, Opcode::RC_RDMA_READ_REQUEST, 1);
+    p.read(1, 0, bytes.len() as u32);
+    // Recovered a round trip after the probe (1 ms, before any round trip was measured),
+    // long before the retransmit timeout.
+    p.sim.run(2 * MS);
+    p.sim.check_all_sends_completed();
+    p.sim.run(100 * MS);
+    assert_eq!(p.statuses(0), vec![(1, WcStatus::Success)]);
+    same(&p.sim.read_mem(0, p.a, bytes.len()), &bytes, "data");
+    let a = p.counters(0);
+    assert_eq!((a.sel_probes, a.completer_retry_err), (1, 0));
+    let reads: Vec<u32> = p.requests().iter().map(|r| r.psn.value()).collect();
+    assert_eq!(
+        reads.len(),
+        3,
+        "lost, the probe's packet, the whole READ: {reads:?}"
+    );
+    assert_eq!((reads[1], reads[2]), (reads[0] + 15, reads[0]));
+    // The held probe is dropped once the READ it lies in has run: the READ is answered once.
+    assert_eq!(read_responses(&p), 64);
+    p.sim.check();
+}

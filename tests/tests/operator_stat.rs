@@ -11,6 +11,7 @@ mod shim_support;
 use shim_support::operator::{counters, delta, softroce, softroce_json, softroce_ok, ProgramPair};
 use shim_support::programs::{gbn_loopback_daemon, loopback_daemon};
 use shim_support::{check_output, compile_c, Daemon};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -136,6 +137,36 @@ fn two_daemons_count_the_traffic_and_receive_it_on_their_device_threads() {
     );
 }
 
+/// `PROGRAM -s SIZE -n ITERS` between `server` and `client` (two daemons that switch to
+/// selective retransmission with each other); the client's daemon's counters before and
+/// after.
+fn selective_run(
+    server: &Daemon,
+    client: &Daemon,
+    program: &str,
+    port: u16,
+    size: &str,
+    iters: &str,
+) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+    let before = counters(client, "srxe0");
+    ProgramPair::start(
+        server,
+        client,
+        program,
+        port,
+        &["-d", "srxe0", "-x", "0", "-F", "-s", size, "-n", iters],
+        &format!("stat-{program}-{port}"),
+    )
+    .succeed(Duration::from_secs(120), client);
+    let after = counters(client, "srxe0");
+    assert!(
+        client.log().contains("QP uses selective retransmission"),
+        "the daemons did not switch to selective retransmission:\n{}",
+        client.log()
+    );
+    (before, after)
+}
+
 /// Between two daemons (which use selective retransmission with each other) an unmodified
 /// `ib_write_bw -s 1048576` does not wait for the probe timer: the requester asks for an ACK
 /// at least every half window. The daemons run with `--selective-bdp 131072` (the default
@@ -159,22 +190,7 @@ fn two_daemons_move_long_messages_without_probing() {
     };
     let a = small_window("op-stat-long-a", "127.0.0.125");
     let b = small_window("op-stat-long-b", "127.0.0.126");
-    let before = counters(&a, "srxe0");
-    ProgramPair::start(
-        &b,
-        &a,
-        "ib_write_bw",
-        19516,
-        &["-d", "srxe0", "-x", "0", "-F", "-s", "1048576", "-n", "100"],
-        "stat-long",
-    )
-    .succeed(Duration::from_secs(120), &a);
-    let after = counters(&a, "srxe0");
-    assert!(
-        a.log().contains("QP uses selective retransmission"),
-        "the daemons did not switch to selective retransmission:\n{}",
-        a.log()
-    );
+    let (before, after) = selective_run(&b, &a, "ib_write_bw", 19516, "1048576", "100");
     let sent = delta(&before, &after, "sent_pkts");
     assert!(sent >= 100 * 256, "256 packets per 1 MiB message: {sent}");
     // Lossless: a probe now and then (a round trip longer than the probe timer on a busy
@@ -183,6 +199,34 @@ fn two_daemons_move_long_messages_without_probing() {
     assert!(
         probes <= 2 * messages,
         "{probes} probes for {messages} messages"
+    );
+}
+
+/// A responder whose packets are late (here every one it sends held back 20 ms, as a peer
+/// daemon waiting for a CPU behind a long READ): the requester's probe timer fires while
+/// the READ responses are on their way. Each probe may cost a duplicate packet, not a
+/// second copy of the READ: asking for every missing response made the responder send the
+/// rest of a long READ again (between two daemons, MPICH's 1 MiB rendezvous READs drew
+/// 20,000 duplicate responses in 100 round trips, `drop_response_ignored`).
+#[test]
+fn two_daemons_answer_a_late_read_once() {
+    let a = loopback_daemon("op-stat-lateread-a", 170);
+    let b = loopback_daemon("op-stat-lateread-b", 171);
+    // The server (b) is the READs' responder.
+    softroce_ok(&b, &["fault", "srxe0", "delay", "20", "--direction", "tx"]);
+    let (before, after) = selective_run(&b, &a, "ib_read_bw", 19517, "262144", "40");
+    let probes = delta(&before, &after, "sel_probes");
+    let ignored = delta(&before, &after, "drop_response_ignored");
+    let rcvd = delta(&before, &after, "rcvd_pkts");
+    // The delay is longer than any probe timeout before a round trip was measured (1 ms):
+    // the READs' first round of responses is probed for.
+    assert!(probes >= 1, "no probe: the test shows nothing");
+    assert!(rcvd >= 40 * 64, "64 responses per 256 KiB READ: {rcvd}");
+    // Before: one probe asked again for every READ outstanding (perftest keeps 16), each
+    // answered whole (64 packets).
+    assert!(
+        ignored <= 4 * probes,
+        "{ignored} duplicate responses for {probes} probes"
     );
 }
 

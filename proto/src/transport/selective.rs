@@ -141,7 +141,17 @@ struct ReqState {
     sample: Option<Nanos>,
     /// Probes sent since the last progress (each doubles the probe timeout).
     probe_backoff: u32,
+    /// Response PSNs a probe asks a READ for alone, one packet each (see `queue_probes`).
+    probe_tails: Vec<Psn>,
+    /// READs asked again from inside a READ's response range (repairs and probes), with
+    /// their place in the transmission order: a responder that holds one lacks what was sent
+    /// before it (RACK's rule, as for the request packets in `sent`). The newest
+    /// [`READS_ASKED_KEPT`].
+    reads_asked: VecDeque<(Psn, u64)>,
 }
+
+/// How many READs asked from inside a response range `reads_asked` remembers.
+const READS_ASKED_KEPT: usize = 64;
 
 /// A request packet held out of order by the responder.
 #[derive(Debug)]
@@ -341,6 +351,7 @@ impl Selective {
     pub fn on_go_back_n(&mut self) {
         self.req.sent.clear();
         self.req.retx.clear();
+        self.req.reads_asked.clear();
     }
 
     fn sent_index(&self, psn: Psn) -> Option<usize> {
@@ -360,6 +371,7 @@ impl Selective {
         while r.sent.front().is_some_and(|e| e.psn.is_before(c)) {
             newest = r.sent.pop_front();
         }
+        r.reads_asked.retain(|(p, _)| !p.is_before(c));
         if let Some(p) = newest {
             self.sampled(p);
         }
@@ -408,6 +420,12 @@ impl Selective {
             self.sampled(p);
         }
         let r = &mut self.req;
+        for &(psn, tx) in &r.reads_asked {
+            let k = psn.diff(e) - 1;
+            if k >= 0 && sack.get(k as usize) {
+                r.max_sacked_tx = r.max_sacked_tx.max(tx);
+            }
+        }
         let lost: Vec<Psn> = r
             .sent
             .iter()
@@ -580,10 +598,17 @@ pub(crate) fn poll_retransmit<M: MemoryAccess>(
                 if w.resp_done || got(w, psn) || (w.next_psn == w.first_psn) {
                     continue;
                 }
-                // Ask again for the run of missing response packets starting here.
+                // Ask again for the run of missing response packets starting here; a probe's
+                // tail asks for its one packet.
+                let tail = qp.selective.as_mut().is_some_and(|s| {
+                    let before = s.req.probe_tails.len();
+                    s.req.probe_tails.retain(|t| *t != psn);
+                    s.req.probe_tails.len() != before
+                });
+                let most = if tail { 1 } else { u32::MAX };
                 let mut run = 0u32;
                 let mut p = psn;
-                while !p.is_after(w.last_psn) && !got(w, p) {
+                while run < most && !p.is_after(w.last_psn) && !got(w, p) {
                     run += 1;
                     p = p.next();
                 }
@@ -638,6 +663,13 @@ pub(crate) fn resent<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos, psn: Psn, len
             e.tx = tx;
             e.sent_at = now;
             e.resent = true;
+        } else {
+            // A READ asked from inside its response range.
+            let asked = &mut sel.req.reads_asked;
+            if asked.len() == READS_ASKED_KEPT {
+                asked.pop_front();
+            }
+            asked.push_back((psn, tx));
         }
         if qp.probe_deadline.is_none() {
             qp.probe_deadline = Some(now + sel.probe_timeout(qp.attr.timeout));
@@ -645,14 +677,38 @@ pub(crate) fn resent<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos, psn: Psn, len
     }
 }
 
-/// Responses before `x` were all sent by the responder (an ACK, SACK or response at or past
-/// `x` arrived after them): ask again for the READ responses and atomic ACKs still missing.
-/// With `all` (a timeout), every missing response of every READ or atomic the responder is
-/// known to have executed (before `x`, or with responses in) is asked for again. Returns
-/// true if something was queued.
-fn repair_responses(qp: &mut Qp, x: Psn, all: bool) -> bool {
+/// Why the requester asks again for responses (see [`repair_responses`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repair {
+    /// A response, ACK or SACK at or past this PSN arrived after every response before it
+    /// was sent (the responder answers in PSN order): what is missing before it was lost.
+    Evidence(Psn),
+    /// The retransmit timer fired: ask again for every missing response.
+    Timeout,
+    /// The probe timer fired: a stall, perhaps only a slow peer. For a READ already
+    /// answering, ask for its last missing response alone.
+    Probe,
+}
+
+/// Asks again for the READ responses and atomic ACKs still missing, as `why` says.
+///
+/// A probe asks a READ that has started to answer for its last missing packet only, as
+/// TCP's tail-loss probe resends one segment: the responder queues that answer behind
+/// whatever it still owes, so if earlier responses were lost, its arrival is the
+/// [`Repair::Evidence`] that asks for exactly those; if they were only late (a peer whose
+/// device thread waited for a CPU), the probe cost one packet. Asking for every missing
+/// response instead made the responder send the rest of a long READ twice: between two
+/// daemons on two busy CPUs, MPICH's 1 MiB rendezvous READs were answered with 20,000
+/// duplicate responses in 100 round trips (docs/loss-recovery.md, "Timers").
+fn repair_responses(qp: &mut Qp, why: Repair) -> bool {
     let Some(sel) = qp.selective.as_mut() else {
         return false;
+    };
+    // A timer asks for every WQE whose responses have begun; evidence for those before it.
+    let all = matches!(why, Repair::Timeout | Repair::Probe);
+    let x = match why {
+        Repair::Evidence(x) => x,
+        _ => sel.req.cum_acked,
     };
     let mut queued = false;
     for w in qp.sq.iter_mut() {
@@ -680,20 +736,40 @@ fn repair_responses(qp: &mut Qp, x: Psn, all: bool) -> bool {
             w.first_psn
         };
         if matches!(w.wr.op, SendOp::Read(_)) {
-            // One READ per run of missing response packets.
-            let mut in_run = false;
-            while p.is_before(end) {
-                let missing = !got(w, p);
-                if missing && !in_run {
-                    sel.queue(p);
+            if why == Repair::Probe && !w.got.is_empty() {
+                // The last missing response alone (a run of one: the packet after it is in,
+                // or past the READ).
+                let mut last = None;
+                while p.is_before(end) {
+                    if !got(w, p) {
+                        last = Some(p);
+                    }
+                    p = p.next();
+                }
+                if let Some(l) = last {
+                    sel.queue(l);
                     queued = true;
                 }
-                in_run = missing;
-                p = p.next();
+            } else {
+                // One READ per run of missing response packets.
+                let mut in_run = false;
+                while p.is_before(end) {
+                    let missing = !got(w, p);
+                    if missing && !in_run {
+                        sel.queue(p);
+                        queued = true;
+                    }
+                    in_run = missing;
+                    p = p.next();
+                }
             }
         } else if p == w.first_psn {
             sel.queue(p);
             queued = true;
+        }
+        if why == Repair::Probe && matches!(w.wr.op, SendOp::Read(_)) {
+            // What the probe's answer reveals is asked for from the start of the READ.
+            continue;
         }
         if end.is_after(w.repair_upto) {
             w.repair_upto = end;
@@ -976,7 +1052,7 @@ pub(crate) fn on_response<M: MemoryAccess>(
         _ => return ignored(ctx),
     }
     if let Some(x) = evidence {
-        if repair_responses(qp, x, false) {
+        if repair_responses(qp, Repair::Evidence(x)) {
             lost += 1;
         }
     }
@@ -1031,10 +1107,10 @@ pub(crate) fn on_timeout<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos) {
     for w in qp.sq.iter_mut() {
         w.repair_upto = w.first_psn;
     }
-    let Some(cum) = queue_probes(qp) else {
+    if !queue_probes(qp, Repair::Timeout) {
         return;
-    };
-    repair_responses(qp, cum, true);
+    }
+    repair_responses(qp, Repair::Timeout);
     schedule(qp, &mut ctx.ready);
     qp.retrans_deadline = ack_timeout(qp.attr.timeout).map(|d| now + d);
 }
@@ -1043,8 +1119,8 @@ pub(crate) fn on_timeout<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos) {
 /// answer to the last packets, or a READ's last responses were lost, and nothing follows to
 /// reveal it). As a timeout would, but without counting against retry_cnt and long before
 /// the IBTA timeout: send again the lowest packet not reported held and the highest sent,
-/// and ask again for missing READ responses and atomic ACKs (TCP's tail-loss probe, IRN's
-/// short timeout).
+/// and ask again for missing atomic ACKs and for each READ's last missing response (TCP's
+/// tail-loss probe, IRN's short timeout; see [`Repair::Probe`]).
 pub(crate) fn on_probe<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos) {
     if !qp.state.sends() || !qp.has_unacked() || qp.rnr_wait_until.is_some() {
         return;
@@ -1053,10 +1129,10 @@ pub(crate) fn on_probe<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos) {
     for w in qp.sq.iter_mut() {
         w.repair_upto = w.first_psn;
     }
-    let Some(cum) = queue_probes(qp) else {
+    if !queue_probes(qp, Repair::Probe) {
         return;
-    };
-    repair_responses(qp, cum, true);
+    }
+    repair_responses(qp, Repair::Probe);
     schedule(qp, &mut ctx.ready);
     if let Some(sel) = qp.selective.as_mut() {
         sel.req.probe_backoff += 1;
@@ -1065,13 +1141,54 @@ pub(crate) fn on_probe<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos) {
 }
 
 /// Queues the lowest packet not reported held and the highest sent (even if reported held:
-/// its answer is the report that was lost, when that is all that is missing). Returns the
-/// cumulative acknowledgement point.
-fn queue_probes(qp: &mut Qp) -> Option<Psn> {
-    let sel = qp.selective.as_mut()?;
-    let lowest = sel.req.sent.iter().find(|p| !p.sacked).map(|p| p.psn);
-    let highest = sel.req.sent.back().map(|p| p.psn);
-    for p in [highest, lowest].into_iter().flatten() {
+/// its answer is the report that was lost, when that is all that is missing). False on a
+/// QP that is not selective.
+///
+/// On a probe (`why` is [`Repair::Probe`]) a READ request whose READ has had no response
+/// yet is not sent again whole: the responder may only be late (a long READ queued behind
+/// others, a peer's device thread waiting for a CPU), and a second copy of a 1 MiB READ
+/// doubles what it sends. The probe asks instead for one response packet, the READ's 16th
+/// ([`MIN_WINDOW`]: inside any responder's window) or its last if shorter. A responder that
+/// has the READ answers that packet after everything it owes; one that lost the READ holds
+/// the packet and reports it, and the report shows the READ request lost as it would any
+/// request sent before a packet held (`reads_asked`): it goes again, whole, a round trip
+/// after the probe.
+fn queue_probes(qp: &mut Qp, why: Repair) -> bool {
+    let mut candidates = {
+        let Some(sel) = qp.selective.as_ref() else {
+            return false;
+        };
+        let lowest = sel.req.sent.iter().find(|p| !p.sacked).map(|p| p.psn);
+        let highest = sel.req.sent.back().map(|p| p.psn);
+        [highest, lowest]
+    };
+    let mut tails = [None, None];
+    if why == Repair::Probe {
+        for (c, tail) in candidates.iter_mut().zip(tails.iter_mut()) {
+            let Some(p) = *c else { continue };
+            let unanswered_read =
+                qp.sq
+                    .iter()
+                    .find(|w| w.started && w.first_psn == p)
+                    .filter(|w| {
+                        matches!(w.wr.op, SendOp::Read(_))
+                            && !w.resp_done
+                            && w.got.iter().all(|b| *b == 0)
+                            && w.last_psn != w.first_psn
+                    });
+            if let Some(w) = unanswered_read {
+                let n = (w.last_psn.diff(w.first_psn) + 1) as u32;
+                *tail = Some(w.first_psn.add(n.min(MIN_WINDOW) - 1));
+                *c = None;
+            }
+        }
+    }
+    let Some(sel) = qp.selective.as_mut() else {
+        return false;
+    };
+    // A tail not sent by now is stale; a timeout asks for whole runs.
+    sel.req.probe_tails.clear();
+    for p in candidates.into_iter().flatten() {
         sel.req.retx.retain(|q| *q != p);
         sel.req.retx.push_front(p);
         if let Some(i) = sel.sent_index(p) {
@@ -1079,7 +1196,14 @@ fn queue_probes(qp: &mut Qp) -> Option<Psn> {
             sel.req.sent[i].probe = true;
         }
     }
-    Some(sel.req.cum_acked)
+    for t in tails.into_iter().flatten() {
+        if !sel.req.probe_tails.contains(&t) {
+            sel.req.probe_tails.push(t);
+        }
+        sel.req.retx.retain(|q| *q != t);
+        sel.req.retx.push_front(t);
+    }
+    true
 }
 
 // ----- responder ------------------------------------------------------------------------
