@@ -134,7 +134,7 @@ stacks_cleanup() {
   if [[ -n ${STACKS_OWN_DIR:-} ]]; then rm -rf "$STACKS_DIR"; fi
 }
 
-# mpirun over hosts H1,H2,... (one rank each) launched into their namespaces; every rank's
+# Open MPI's mpirun over hosts H1,H2,... (one rank each) launched into their namespaces; every rank's
 # environment comes from `softroce run` on its host (its own daemon). ARGS after -- go to mpirun.
 stacks_mpirun() {
   local hosts=$1
@@ -157,9 +157,33 @@ AGENT
   chmod +x "$agent"
   local list
   list=$(echo "$hosts" | tr ',' '\n' | sed 's/^/h/; s/$/:1/' | paste -sd,)
+  # --bind-to none: each host's orted binds its rank to "its" core 0, so by default every
+  # rank of this one machine lands on CPU 0 (a 1 MiB TCP ping-pong then ran at 87 MB/s
+  # against 2,464 unbound); separate hosts would each have their own core 0.
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-    timeout "${STACKS_MPI_TIMEOUT:-180}" mpirun --host "$list" -np "$(echo "$hosts" | tr ',' '\n' | wc -l)" \
-    --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
+    timeout "${STACKS_MPI_TIMEOUT:-180}" mpirun.openmpi --host "$list" -np "$(echo "$hosts" | tr ',' '\n' | wc -l)" \
+    --bind-to none --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca oob_tcp_if_include 10.78.0.0/24 --mca btl_tcp_if_include 10.78.0.0/24 \
     "$@"
+}
+
+# MPICH's mpiexec (hydra) over hosts H1,H2,... (one rank each), as stacks_mpirun: hydra's ssh
+# launcher runs `AGENT -x HOST hydra_pmi_proxy ...` (its options first), and the proxies call
+# back to the bridge's address (-localhost). ARGS go to mpiexec (-genv NAME VALUE, the program).
+stacks_mpiexec_mpich() {
+  local hosts=$1
+  shift
+  local agent=$STACKS_DIR/mpich-agent
+  cat >"$agent" <<AGENT
+#!/bin/bash
+while [[ \$1 == -* ]]; do shift; done
+host=\$1; shift
+k=\${host#h}
+exec ip netns exec "$STACKS_NS\$host" "$SOFTROCE" run --socket "$STACKS_DIR/h\$k.sock" -- /bin/sh -c "\$*"
+AGENT
+  chmod +x "$agent"
+  local list
+  list=$(echo "$hosts" | tr ',' '\n' | sed 's/^/h/' | paste -sd,)
+  timeout "${STACKS_MPI_TIMEOUT:-180}" mpiexec.mpich -launcher ssh -launcher-exec "$agent" \
+    -hosts "$list" -ppn 1 -n "$(echo "$hosts" | tr ',' '\n' | wc -l)" -localhost 10.78.0.254 "$@"
 }
