@@ -881,13 +881,20 @@ fn late_read_responses(from: usize) -> Pair {
             }
             false
         });
-    p.read(1, 0, bytes.len() as u32);
-    p.sim.run(100 * MS);
-    p.sim.check_all_sends_completed();
-    assert_eq!(p.statuses(0), vec![(1, WcStatus::Success)]);
-    same(&p.sim.read_mem(0, p.a, bytes.len()), &bytes, "data");
+    read_completes_within(&mut p, &bytes, 100 * MS);
     assert_eq!(p.counters(0).completer_retry_err, 0);
     p
+}
+
+/// READs `bytes` (already in node 1's memory) and checks it completed within `within`,
+/// successfully and with those bytes.
+fn read_completes_within(p: &mut Pair, bytes: &[u8], within: u64) {
+    p.read(1, 0, bytes.len() as u32);
+    p.sim.run(within);
+    p.sim.check_all_sends_completed();
+    p.sim.run(100 * MS);
+    assert_eq!(p.statuses(0), vec![(1, WcStatus::Success)]);
+    same(&p.sim.read_mem(0, p.a, bytes.len()), bytes, "data");
 }
 
 /// MPICH's rendezvous between two daemons: 1 MiB READs, a probe when they were late, and
@@ -938,14 +945,9 @@ fn a_lost_long_read_request_is_found_by_the_probes_packet_and_sent_again() {
     let bytes = data(64 * 1024, 11);
     p.sim.write_mem(1, p.b, &bytes);
     drop_nth_request(&mut p, Opcode::RC_RDMA_READ_REQUEST, 1);
-    p.read(1, 0, bytes.len() as u32);
     // Recovered a round trip after the probe (1 ms, before any round trip was measured),
     // long before the retransmit timeout.
-    p.sim.run(2 * MS);
-    p.sim.check_all_sends_completed();
-    p.sim.run(100 * MS);
-    assert_eq!(p.statuses(0), vec![(1, WcStatus::Success)]);
-    same(&p.sim.read_mem(0, p.a, bytes.len()), &bytes, "data");
+    read_completes_within(&mut p, &bytes, 2 * MS);
     let a = p.counters(0);
     assert_eq!((a.sel_probes, a.completer_retry_err), (1, 0));
     let reads: Vec<u32> = p.requests().iter().map(|r| r.psn.value()).collect();

@@ -44,7 +44,8 @@ pub enum LinkCommand {
     },
     /// Show devices: state, netdev, addresses, GIDs with their types, mode, MTU, congestion
     /// control, and the peers met in the capability exchange (softroce: selective
-    /// retransmission, gso4 = IPv4 GSO on any path; other: sent exactly what rxe sends).
+    /// retransmission, gso4 = IPv4 GSO on any path; other: sent exactly what rxe sends;
+    /// asking: a probe is out).
     ///
     /// Example: softroce link show srxe0 -j
     #[command(verbatim_doc_comment)]

@@ -815,12 +815,14 @@ impl UdpTransport {
         // the kernel's software segmentation writes (0, 1, 2, ... from an unconnected DF
         // socket), verified on loopback. A NIC's segmentation offload may number them
         // otherwise, and kernel rxe and hardware check every bit; a softroce peer solves for
-        // the Identification, so any numbering reaches it. IPv6 has no such field.
+        // the Identification, so any numbering reaches it. IPv6 has no such field. (A batch
+        // open to the same destination already passed: no lookup per packet.)
         let gso = self.gso
-            && match meta.dst.ip() {
-                IpAddr::V6(_) => true,
-                IpAddr::V4(a) => a.is_loopback() || self.ident_solvers.contains(&a),
-            };
+            && (self.batch.as_ref().is_some_and(|b| b.meta.dst == meta.dst)
+                || match meta.dst.ip() {
+                    IpAddr::V6(_) => true,
+                    IpAddr::V4(a) => a.is_loopback() || self.ident_solvers.contains(&a),
+                });
         if !gso {
             if self.batch.is_some() {
                 // Packets leave in the order they were pushed.

@@ -68,6 +68,11 @@ pub const PROBE_TIMEOUT_NS: u64 = 10_000_000;
 pub const ANSWER_TTL_NS: u64 = 60_000_000_000;
 /// How long "no answer" is believed before the next QP toward the peer asks again.
 pub const SILENCE_TTL_NS: u64 = 10_000_000_000;
+/// Peers a cache remembers from probes it did not ask for. Anyone can send a probe from any
+/// address (QP1 takes UDP from everywhere): past this, answers expired are forgotten first,
+/// and a probe from a new address is answered without being remembered. Peers this device
+/// asks about itself (its own QPs' destinations) are always remembered.
+pub const MAX_UNASKED_PEERS: usize = 4096;
 
 /// What a softroce device offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,7 +314,9 @@ impl CapsCache {
             Classified::Other => {}
             Classified::Caps(m) if !m.answer => {
                 self.send(peer, true, m.transaction_id);
-                self.learn(now, peer, Some(m.caps));
+                if self.room_for(now, peer) {
+                    self.learn(now, peer, Some(m.caps));
+                }
             }
             Classified::Caps(m) => {
                 if self.is_ours(peer, m.transaction_id) {
@@ -322,6 +329,27 @@ impl CapsCache {
                 }
             }
         }
+    }
+
+    /// Whether an unasked-for probe from `peer` may be remembered ([`MAX_UNASKED_PEERS`]).
+    /// Expired answers are forgotten to make room; a forgotten softroce peer is reported as
+    /// [`PeerCaps::Other`] (what the device assumes of a peer it knows nothing of), so that
+    /// nothing the device keeps per peer outlives the cache's entry.
+    fn room_for(&mut self, now: u64, peer: IpAddr) -> bool {
+        if self.peers.len() < MAX_UNASKED_PEERS || self.peers.contains_key(&peer) {
+            return true;
+        }
+        let updates = &mut self.updates;
+        self.peers.retain(|p, e| match e {
+            Entry::Known { caps, until } if *until <= now => {
+                if caps.is_some() {
+                    updates.push_back((*p, PeerCaps::Other));
+                }
+                false
+            }
+            _ => true,
+        });
+        self.peers.len() < MAX_UNASKED_PEERS
     }
 
     fn is_ours(&self, peer: IpAddr, tid: u64) -> bool {
@@ -517,5 +545,54 @@ mod tests {
         assert_eq!(a.lookup(now + MS, silent), PeerCaps::Other);
         assert_eq!(a.lookup(now + SILENCE_TTL_NS, silent), PeerCaps::Other);
         assert!(a.poll_transmit().is_some(), "asked again after the TTL");
+    }
+
+    /// Probes from ever new addresses (spoofed: QP1 takes UDP from anywhere) are all
+    /// answered, but the cache remembers a bounded number, and forgets expired answers first.
+    #[test]
+    fn unasked_probes_from_new_addresses_fill_a_bounded_cache() {
+        let mut a = CapsCache::new(caps(true), 7);
+        let probe = |i: u32| {
+            let m = CapsMad {
+                answer: false,
+                transaction_id: u64::from(i),
+                caps: caps(true),
+            };
+            classify(&m.emit())
+        };
+        let addr = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+        let n = MAX_UNASKED_PEERS as u32 + 100;
+        for i in 0..n {
+            a.handle_mad(MS, addr(i), probe(i));
+        }
+        let mut answered = 0;
+        while a.poll_transmit().is_some() {
+            answered += 1;
+        }
+        assert_eq!(answered, n);
+        assert_eq!(a.peers().len(), MAX_UNASKED_PEERS);
+        // Every update reached the device: the ones not remembered gave none.
+        let mut updates = 0;
+        while a.poll_update().is_some() {
+            updates += 1;
+        }
+        assert_eq!(updates, MAX_UNASKED_PEERS);
+        // Once the answers expire, new probers take their places, and the device hears
+        // that the forgotten ones are softroce no longer.
+        a.handle_mad(MS + ANSWER_TTL_NS, addr(n), probe(n));
+        assert_eq!(a.peers().len(), 1);
+        let forgotten: Vec<_> = std::iter::from_fn(|| a.poll_update()).collect();
+        assert_eq!(forgotten.len(), MAX_UNASKED_PEERS + 1);
+        assert!(forgotten[..MAX_UNASKED_PEERS]
+            .iter()
+            .all(|(_, k)| *k == PeerCaps::Other));
+        assert_eq!(forgotten[MAX_UNASKED_PEERS].0, addr(n));
+        // A peer this device asks about itself is remembered whatever the count.
+        for i in 0..n {
+            a.handle_mad(2 * MS + ANSWER_TTL_NS, addr(i), probe(i));
+        }
+        let own: IpAddr = "192.0.2.1".parse().unwrap();
+        assert_eq!(a.lookup(3 * MS + ANSWER_TTL_NS, own), PeerCaps::Asking);
+        assert!(a.peers().iter().any(|(p, _)| *p == own));
     }
 }

@@ -141,17 +141,18 @@ struct ReqState {
     sample: Option<Nanos>,
     /// Probes sent since the last progress (each doubles the probe timeout).
     probe_backoff: u32,
-    /// Response PSNs a probe asks a READ for alone, one packet each (see `queue_probes`).
-    probe_tails: Vec<Psn>,
-    /// READs asked again from inside a READ's response range (repairs and probes), with
-    /// their place in the transmission order: a responder that holds one lacks what was sent
-    /// before it (RACK's rule, as for the request packets in `sent`). The newest
-    /// [`READS_ASKED_KEPT`].
-    reads_asked: VecDeque<(Psn, u64)>,
+    /// Response PSNs the last probe asked a READ for alone, one packet each
+    /// ([`Selective::queue_one_response`]).
+    one_packet: Vec<Psn>,
+    /// Packets sent again that are not request packets of `sent` (READs asked from inside a
+    /// READ's response range, by repairs and probes; an atomic asked again once acknowledged
+    /// past), with their place in the transmission order: a responder that holds one lacks
+    /// what was sent before it (RACK's rule, as for `sent`). The newest [`ASKED_KEPT`].
+    asked_again: VecDeque<(Psn, u64)>,
 }
 
-/// How many READs asked from inside a response range `reads_asked` remembers.
-const READS_ASKED_KEPT: usize = 64;
+/// How many packets `asked_again` remembers.
+const ASKED_KEPT: usize = 64;
 
 /// A request packet held out of order by the responder.
 #[derive(Debug)]
@@ -351,7 +352,7 @@ impl Selective {
     pub fn on_go_back_n(&mut self) {
         self.req.sent.clear();
         self.req.retx.clear();
-        self.req.reads_asked.clear();
+        self.req.asked_again.clear();
     }
 
     fn sent_index(&self, psn: Psn) -> Option<usize> {
@@ -371,7 +372,7 @@ impl Selective {
         while r.sent.front().is_some_and(|e| e.psn.is_before(c)) {
             newest = r.sent.pop_front();
         }
-        r.reads_asked.retain(|(p, _)| !p.is_before(c));
+        r.asked_again.retain(|(p, _)| !p.is_before(c));
         if let Some(p) = newest {
             self.sampled(p);
         }
@@ -399,6 +400,15 @@ impl Selective {
         self.req.retx.push_back(psn);
     }
 
+    /// Queues a READ for the one response packet `psn` (a probe's ask: [`Repair::Probe`]),
+    /// where a repair asks for the whole run of missing packets from `psn`.
+    fn queue_one_response(&mut self, psn: Psn) {
+        if !self.req.one_packet.contains(&psn) {
+            self.req.one_packet.push(psn);
+        }
+        self.queue(psn);
+    }
+
     /// Marks what `sack` (for ePSN `e`) reports held; queues what it shows lost. Returns
     /// (newly reported held, newly found lost).
     fn apply_sack(&mut self, e: Psn, sack: &SackRepr) -> (u32, u32) {
@@ -420,7 +430,7 @@ impl Selective {
             self.sampled(p);
         }
         let r = &mut self.req;
-        for &(psn, tx) in &r.reads_asked {
+        for &(psn, tx) in &r.asked_again {
             let k = psn.diff(e) - 1;
             if k >= 0 && sack.get(k as usize) {
                 r.max_sacked_tx = r.max_sacked_tx.max(tx);
@@ -598,14 +608,14 @@ pub(crate) fn poll_retransmit<M: MemoryAccess>(
                 if w.resp_done || got(w, psn) || (w.next_psn == w.first_psn) {
                     continue;
                 }
-                // Ask again for the run of missing response packets starting here; a probe's
-                // tail asks for its one packet.
-                let tail = qp.selective.as_mut().is_some_and(|s| {
-                    let before = s.req.probe_tails.len();
-                    s.req.probe_tails.retain(|t| *t != psn);
-                    s.req.probe_tails.len() != before
+                // Ask again for the run of missing response packets starting here, or for its
+                // one packet (a probe's ask).
+                let one = qp.selective.as_mut().is_some_and(|s| {
+                    let before = s.req.one_packet.len();
+                    s.req.one_packet.retain(|t| *t != psn);
+                    s.req.one_packet.len() != before
                 });
-                let most = if tail { 1 } else { u32::MAX };
+                let most = if one { 1 } else { u32::MAX };
                 let mut run = 0u32;
                 let mut p = psn;
                 while run < most && !p.is_after(w.last_psn) && !got(w, p) {
@@ -664,9 +674,8 @@ pub(crate) fn resent<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos, psn: Psn, len
             e.sent_at = now;
             e.resent = true;
         } else {
-            // A READ asked from inside its response range.
-            let asked = &mut sel.req.reads_asked;
-            if asked.len() == READS_ASKED_KEPT {
+            let asked = &mut sel.req.asked_again;
+            if asked.len() == ASKED_KEPT {
                 asked.pop_front();
             }
             asked.push_back((psn, tx));
@@ -736,9 +745,8 @@ fn repair_responses(qp: &mut Qp, why: Repair) -> bool {
             w.first_psn
         };
         if matches!(w.wr.op, SendOp::Read(_)) {
-            if why == Repair::Probe && !w.got.is_empty() {
-                // The last missing response alone (a run of one: the packet after it is in,
-                // or past the READ).
+            if why == Repair::Probe && w.got_count > 0 {
+                // The last missing response alone.
                 let mut last = None;
                 while p.is_before(end) {
                     if !got(w, p) {
@@ -747,7 +755,7 @@ fn repair_responses(qp: &mut Qp, why: Repair) -> bool {
                     p = p.next();
                 }
                 if let Some(l) = last {
-                    sel.queue(l);
+                    sel.queue_one_response(l);
                     queued = true;
                 }
             } else {
@@ -1151,7 +1159,7 @@ pub(crate) fn on_probe<M>(qp: &mut Qp, ctx: &mut Ctx<M>, now: Nanos) {
 /// ([`MIN_WINDOW`]: inside any responder's window) or its last if shorter. A responder that
 /// has the READ answers that packet after everything it owes; one that lost the READ holds
 /// the packet and reports it, and the report shows the READ request lost as it would any
-/// request sent before a packet held (`reads_asked`): it goes again, whole, a round trip
+/// request sent before a packet held (`asked_again`): it goes again, whole, a round trip
 /// after the probe.
 fn queue_probes(qp: &mut Qp, why: Repair) -> bool {
     let mut candidates = {
@@ -1166,19 +1174,15 @@ fn queue_probes(qp: &mut Qp, why: Repair) -> bool {
     if why == Repair::Probe {
         for (c, tail) in candidates.iter_mut().zip(tails.iter_mut()) {
             let Some(p) = *c else { continue };
-            let unanswered_read =
-                qp.sq
-                    .iter()
-                    .find(|w| w.started && w.first_psn == p)
-                    .filter(|w| {
-                        matches!(w.wr.op, SendOp::Read(_))
-                            && !w.resp_done
-                            && w.got.iter().all(|b| *b == 0)
-                            && w.last_psn != w.first_psn
-                    });
+            let unanswered_read = qp.sq.iter().find(|w| {
+                w.started
+                    && w.first_psn == p
+                    && matches!(w.wr.op, SendOp::Read(_))
+                    && w.got_count == 0
+                    && w.npkts > 1
+            });
             if let Some(w) = unanswered_read {
-                let n = (w.last_psn.diff(w.first_psn) + 1) as u32;
-                *tail = Some(w.first_psn.add(n.min(MIN_WINDOW) - 1));
+                *tail = Some(w.first_psn.add(w.npkts.min(MIN_WINDOW) - 1));
                 *c = None;
             }
         }
@@ -1186,8 +1190,8 @@ fn queue_probes(qp: &mut Qp, why: Repair) -> bool {
     let Some(sel) = qp.selective.as_mut() else {
         return false;
     };
-    // A tail not sent by now is stale; a timeout asks for whole runs.
-    sel.req.probe_tails.clear();
+    // An ask of the last probe not sent by now is stale; a timeout asks for whole runs.
+    sel.req.one_packet.clear();
     for p in candidates.into_iter().flatten() {
         sel.req.retx.retain(|q| *q != p);
         sel.req.retx.push_front(p);
@@ -1197,11 +1201,7 @@ fn queue_probes(qp: &mut Qp, why: Repair) -> bool {
         }
     }
     for t in tails.into_iter().flatten() {
-        if !sel.req.probe_tails.contains(&t) {
-            sel.req.probe_tails.push(t);
-        }
-        sel.req.retx.retain(|q| *q != t);
-        sel.req.retx.push_front(t);
+        sel.queue_one_response(t);
     }
     true
 }
