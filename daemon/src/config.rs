@@ -898,6 +898,17 @@ pub fn netdev_addrs(name: &str) -> Result<Vec<IpAddr>> {
     Ok(out)
 }
 
+/// Whether a network interface is up with carrier (`IFF_UP` and `IFF_RUNNING`): kernel rxe's
+/// port is ACTIVE exactly then (`rxe_notify`: `netif_running && netif_carrier_ok`), and
+/// DOWN (`IBV_EVENT_PORT_ERR`) otherwise. Read through `getifaddrs` (netlink), which sees
+/// the daemon's own network namespace whatever `/sys` shows.
+pub fn netdev_running(name: &str) -> bool {
+    use nix::net::if_::InterfaceFlags as F;
+    nix::ifaddrs::getifaddrs().is_ok_and(|mut all| {
+        all.any(|ifa| ifa.interface_name == name && ifa.flags.contains(F::IFF_UP | F::IFF_RUNNING))
+    })
+}
+
 fn netdev_mac(name: &str) -> Option<[u8; 6]> {
     let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).ok()?;
     let mut mac = [0u8; 6];
@@ -994,7 +1005,7 @@ pub fn device_info(d: &DeviceConfig) -> Result<DeviceInfo> {
         roce: RoceVersion::V2,
         max_mtu: 5,
         active_mtu: mtu,
-        port_active: !addrs.is_empty(),
+        port_active: !addrs.is_empty() && d.netdev.as_deref().is_none_or(netdev_running),
         gids,
         netdevs: d.netdev.iter().cloned().collect(),
         max_cqe: d.max_cqe,

@@ -209,6 +209,10 @@ impl<P> HeldPackets<P> {
         self.held.is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
     pub fn delay(&mut self, due: Nanos, way: Way, packet: P) {
         self.held.push((due, way, false, packet));
     }

@@ -25,6 +25,7 @@ Examples:
   softroce daemon &
   softroce run -- ibv_rc_pingpong -g 0
   softroce link add srxe1 addr 127.0.0.2
+  softroce link set srxe0 down
   softroce stat srxe0 -w 1
   softroce capture -w - | tshark -i -
   softroce fault srxe0 drop --rate 0.01
@@ -68,7 +69,7 @@ enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
-    /// Devices on the running daemon: add, delete, show (as `rdma link`).
+    /// Devices on the running daemon: add, delete, set up or down, show (as `rdma link`).
     Link {
         #[command(subcommand)]
         command: link::LinkCommand,

@@ -75,12 +75,37 @@ impl DeviceLink {
 
 struct Device {
     config: DeviceConfig,
+    /// What clients see, `port_active` included: the port is up while its configuration
+    /// says so (addresses, a netdev up with carrier) and the operator has not set it down.
     info: DeviceInfo,
+    /// `softroce link set NAME down`.
+    admin_down: bool,
+}
+
+impl Device {
+    fn new(config: DeviceConfig, info: DeviceInfo) -> Device {
+        Device {
+            config,
+            info,
+            admin_down: false,
+        }
+    }
 }
 
 /// Every device's link by device index (the index its handles carry); `None` once deleted.
 /// Shared by the registry, which adds and deletes devices, and the client threads.
 type Links = Arc<RwLock<Vec<Option<DeviceLink>>>>;
+
+/// A device's new description goes to its thread (which tells its contexts of a port state
+/// change) and the CM thread.
+fn publish(cm: &Sender<CmMsg>, index: usize, d: &mut Device, link: &DeviceLink, info: DeviceInfo) {
+    link.send(DevMsg::UpdateInfo(info.clone()));
+    let _ = cm.send(CmMsg::UpdateInfo {
+        device: index,
+        info: info.clone(),
+    });
+    d.info = info;
+}
 
 /// The live device at `index`.
 fn link_at(links: &Links, index: usize) -> Option<DeviceLink> {
@@ -242,16 +267,14 @@ impl Registry {
                 continue;
             };
             match config::device_info(&d.config) {
-                Ok(info) if info != d.info => {
-                    info!(device = %info.name, gids = info.gids.len(), "addresses changed");
-                    link.send(DevMsg::UpdateInfo(info.clone()));
-                    let _ = self.cm.send(CmMsg::UpdateInfo {
-                        device: index,
-                        info: info.clone(),
-                    });
-                    d.info = info;
+                Ok(mut info) => {
+                    info.port_active &= !d.admin_down;
+                    if info != d.info {
+                        info!(device = %info.name, gids = info.gids.len(),
+                              port_active = info.port_active, "netdev changed");
+                        publish(&self.cm, index, d, &link, info);
+                    }
                 }
-                Ok(_) => {}
                 Err(e) => warn!(device = %d.config.name, "cannot read addresses: {e:#}"),
             }
         }

@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 
 /// Bumped on any incompatible change; a client and daemon that disagree refuse each other
 /// with a clear message instead of misreading.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// The largest control message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 
@@ -499,6 +499,14 @@ pub enum Request {
         name: String,
         save: bool,
     },
+    /// `softroce link set NAME down|up`: the port goes down (as a pulled cable: every
+    /// context gets `IBV_EVENT_PORT_ERR`, `ibv_query_port` says `PORT_DOWN`, nothing is sent
+    /// or received, `link_downed` counts it) or comes back (`IBV_EVENT_PORT_ACTIVE`). A
+    /// device following a netdev is also down while the netdev is. Response `Done`.
+    LinkSet {
+        name: String,
+        up: bool,
+    },
     /// `softroce link show`. Response [`Response::Links`].
     LinkShow,
     /// `softroce stat [NAME] [qp QPN]`. Response [`Response::Stats`].
@@ -761,8 +769,11 @@ pub struct LinkSpec {
 pub struct LinkInfo {
     /// Name, GUID, GID table (with types), MTUs, netdevs.
     pub info: DeviceInfo,
-    /// "ACTIVE" when the device has an address to serve, else "DOWN".
+    /// "ACTIVE" when the device has an address to serve, its netdev (if it follows one) is
+    /// up with carrier and the operator has not set it down; else "DOWN".
     pub state: String,
+    /// Why the port is DOWN, in words with the fix (`None` while ACTIVE).
+    pub down_because: Option<String>,
     /// The addresses served (`--addr` and the netdev's).
     pub addrs: Vec<IpAddr>,
     /// The RoCE modes offered: "v2", "v1", or both.

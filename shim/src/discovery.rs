@@ -135,6 +135,28 @@ impl DeviceSource for DaemonSource {
 const PHYS_STATE_DISABLED: u8 = 3;
 const PHYS_STATE_LINK_UP: u8 = 5;
 
+/// A port's `state` and `phys_state` as rxe reports them for a netdev up with carrier
+/// (`active`) or not.
+pub fn set_port_state(attr: &mut IbvPortAttr, active: bool) {
+    if active {
+        attr.state = IBV_PORT_ACTIVE;
+        attr.phys_state = PHYS_STATE_LINK_UP;
+    } else {
+        attr.state = IBV_PORT_DOWN;
+        attr.phys_state = PHYS_STATE_DISABLED;
+    }
+}
+
+/// Whether the daemon says `device`'s port is up now; `None` when it cannot be asked (the
+/// description read at `ibv_get_device_list` then stands).
+pub fn port_active_now(device: &str) -> Option<bool> {
+    let devices = daemon::connection().ok()?.query_devices().ok()?;
+    devices
+        .iter()
+        .find(|d| d.name == device)
+        .map(|d| d.port_active)
+}
+
 /// A daemon `DeviceInfo` combined with the rxe constants the daemon does not send.
 pub fn description_from_daemon(info: &DeviceInfo) -> DeviceDescription {
     let mut attr = rxe_port_attr();
@@ -147,13 +169,7 @@ pub fn description_from_daemon(info: &DeviceInfo) -> DeviceDescription {
     attr.max_mtu = mtu(info.max_mtu);
     attr.active_mtu = mtu(info.active_mtu).min(attr.max_mtu);
     (attr.active_width, attr.active_speed) = width_and_speed(info.speed_mbps);
-    if info.port_active {
-        attr.state = IBV_PORT_ACTIVE;
-        attr.phys_state = PHYS_STATE_LINK_UP;
-    } else {
-        attr.state = IBV_PORT_DOWN;
-        attr.phys_state = PHYS_STATE_DISABLED;
-    }
+    set_port_state(&mut attr, info.port_active);
     let ifindex = info
         .netdevs
         .first()

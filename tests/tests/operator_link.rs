@@ -369,25 +369,12 @@ fn json_logs_carry_the_spans_of_the_client_and_the_qp() {
 /// network namespace the test makes: a veth pair, one end 10.79.0.1/24.
 #[test]
 fn a_device_of_fixed_addresses_and_a_netdev_device_share_the_port() {
-    let ns = Netns::new("port-share");
-    ns.ip(&[
-        "link", "add", "srs0", "type", "veth", "peer", "name", "srs1",
-    ]);
-    ns.ip(&["addr", "add", "10.79.0.1/24", "dev", "srs0"]);
-    ns.ip(&["link", "set", "srs0", "up"]);
-    ns.ip(&["link", "set", "srs1", "up"]);
-    let dir = scratch("operator", "port-share");
-    let config = dir.join("softroce.toml");
-    std::fs::write(
-        &config,
+    let (_ns, d, dir) = veth_daemon(
+        "port-share",
+        ["srs0", "srs1"],
+        "10.79.0.1/24",
         "[[device]]\nname = \"srxe0\"\naddr = [\"127.0.0.1\"]\n\
          [[device]]\nname = \"srxe1\"\nnetdev = \"srs0\"\n",
-    )
-    .unwrap();
-    let d = Daemon::start_in(
-        "op-port-share",
-        Some(&ns.name),
-        &["--config", config.to_str().unwrap(), "--port", "4791"],
     );
     // The netdev device learns its interface's addresses within its 2 s re-read.
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -464,4 +451,303 @@ fn a_device_of_fixed_addresses_and_a_netdev_device_share_the_port() {
             && err.contains("(Address already in use)"),
         "{err}"
     );
+}
+
+/// Opens `argv[1]`, says ready, then for each of two async events prints the event and the
+/// port state `ibv_query_port` gives right after it (a program that learns the port went
+/// down and looks for when it is back).
+const PORT_WATCHER: &str = r#"
+#include <stdio.h>
+#include <string.h>
+#include <infiniband/verbs.h>
+
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    int n = 0;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    struct ibv_context *ctx = NULL;
+    for (int i = 0; list && i < n; i++)
+        if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
+            ctx = ibv_open_device(list[i]);
+    if (!ctx) { printf("FAIL open\n"); return 1; }
+    struct ibv_port_attr a;
+    if (ibv_query_port(ctx, 1, &a)) { printf("FAIL query\n"); return 1; }
+    printf("ready %s\n", ibv_port_state_str(a.state));
+    fflush(stdout);
+    for (int i = 0; i < 2; i++) {
+        struct ibv_async_event ev;
+        if (ibv_get_async_event(ctx, &ev)) { printf("FAIL get event\n"); return 1; }
+        int port = ev.element.port_num;
+        ibv_ack_async_event(&ev);
+        if (ibv_query_port(ctx, 1, &a)) { printf("FAIL query\n"); return 1; }
+        printf("%s port %d: %s phys %d\n", ibv_event_type_str(ev.event_type), port,
+               ibv_port_state_str(a.state), (int)a.phys_state);
+        fflush(stdout);
+    }
+    ibv_close_device(ctx);
+    return 0;
+}
+"#;
+
+/// A program's output lines as they come (stdout piped, read on a thread).
+struct Lines {
+    child: std::process::Child,
+    rx: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Lines {
+    fn spawn(mut cmd: std::process::Command) -> Lines {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the program");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in out.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines {
+            child,
+            rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (at most 20 s) for a line containing `what`; returns it.
+    fn expect(&mut self, what: &str, daemon: &Daemon) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(what) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no line with {what:?}; saw {:?}\n--- daemon\n{}",
+                    self.seen,
+                    daemon.log()
+                ),
+            }
+        }
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `ibv_asyncwatch` (unmodified; line-buffered by `stdbuf`, as a pipe would hold its lines)
+/// on `device` of `daemon`.
+fn asyncwatch(daemon: &Daemon, device: &str) -> Lines {
+    let mut cmd = daemon.command(&require_program("stdbuf"));
+    cmd.args(["-oL"])
+        .arg(require_program("ibv_asyncwatch"))
+        .args(["-d", device]);
+    let mut w = Lines::spawn(cmd);
+    w.expect("async event FD", daemon);
+    w
+}
+
+/// `ibv_devinfo -d DEVICE`'s port state line.
+fn devinfo_state(daemon: &Daemon, device: &str) -> String {
+    let out = daemon.run_preloaded(&require_program("ibv_devinfo"), &["-d", device]);
+    out.lines()
+        .find(|l| l.trim_start().starts_with("state:"))
+        .unwrap_or_else(|| panic!("no state in ibv_devinfo:\n{out}"))
+        .split_whitespace()
+        .skip(1)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `softroce link set srxe0 down` pulls the cable, as unmodified programs see it: an
+/// `ib_write_bw` in full flight (on the same-host fast path) ends with "Failed status 12"
+/// (transport retry counter exceeded, what an RC requester reports when its peer is
+/// unreachable), `ibv_asyncwatch` prints IBV_EVENT_PORT_ERR for port 1, `ibv_devinfo` says
+/// PORT_DOWN, and a program holding a context reads PORT_DOWN from `ibv_query_port` after
+/// the event; `link set srxe0 up`: IBV_EVENT_PORT_ACTIVE, PORT_ACTIVE, and a pingpong runs.
+/// `link_downed` counts one, the dropped packets are counted.
+#[test]
+fn a_port_set_down_is_a_pulled_cable_to_programs() {
+    let d = loopback_daemon("op-link-set", 174);
+    let exe = compile_c("op_port_watcher", PORT_WATCHER, &["ibverbs"]);
+    let mut watch = asyncwatch(&d, "srxe0");
+    let mut watcher = Lines::spawn({
+        let mut c = d.command(&exe);
+        c.arg("srxe0");
+        c
+    });
+    watcher.expect("ready active", &d);
+    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_ACTIVE (4)");
+    let before = counters(&d, "srxe0");
+    let pair = ProgramPair::start(
+        &d,
+        &d,
+        "ib_write_bw",
+        19510,
+        &["-d", "srxe0", "-x", "0", "-D", "30", "-s", "65536"],
+        "link-set",
+    );
+    // In full flight first.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while delta(&before, &counters(&d, "srxe0"), "sent_bytes") < 64 << 20 {
+        assert!(Instant::now() < deadline, "ib_write_bw never streamed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    softroce_ok(&d, &["link", "set", "srxe0", "down"]);
+    watch.expect("IBV_EVENT_PORT_ERR (10), port 1", &d);
+    assert_eq!(
+        watcher.expect("port 1", &d),
+        "port error port 1: down phys 3"
+    );
+    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_DOWN (1)");
+    let shown = softroce_json(&d, &["link", "show", "srxe0"]);
+    assert_eq!(shown[0]["state"], "DOWN", "{shown}");
+    assert_eq!(shown[0]["physical_state"], "DISABLED", "{shown}");
+    // The operator is told why, by `link show` and by `doctor`.
+    let text = softroce_ok(&d, &["link", "show", "srxe0"]);
+    assert!(
+        text.contains("down: set down by the operator (`softroce link set srxe0 up`"),
+        "{text}"
+    );
+    let doctor = softroce(&d, &["doctor"]);
+    let said = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        doctor.status.code() == Some(1)
+            && said.contains("port DOWN: srxe0: set down by the operator"),
+        "{said}"
+    );
+    let (_, client_ok, report) = pair.finish(Duration::from_secs(60));
+    assert!(
+        !client_ok && report.contains("Failed status 12"),
+        "ib_write_bw did not fail with a retry error:\n{report}\n--- daemon\n{}",
+        d.log()
+    );
+
+    softroce_ok(&d, &["link", "set", "srxe0", "up"]);
+    watch.expect("IBV_EVENT_PORT_ACTIVE (9), port 1", &d);
+    assert_eq!(
+        watcher.expect("port 1", &d),
+        "port active port 1: active phys 5"
+    );
+    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_ACTIVE (4)");
+    ProgramPair::start(
+        &d,
+        &d,
+        "ibv_rc_pingpong",
+        19511,
+        &["-d", "srxe0", "-g", "0", "-n", "50"],
+        "link-set-up",
+    )
+    .succeed(Duration::from_secs(60), &d);
+    let after = counters(&d, "srxe0");
+    assert_eq!(delta(&before, &after, "link_downed"), 1, "{after:?}");
+    assert!(
+        delta(&before, &after, "retry_exceeded_err") >= 1,
+        "{after:?}"
+    );
+    assert!(
+        delta(&before, &after, "net.port_down_dropped") > 0,
+        "{after:?}"
+    );
+    // Refusals: no such device (1), no such state (2).
+    assert_eq!(
+        softroce(&d, &["link", "set", "nosuch", "down"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        softroce(&d, &["link", "set", "srxe0", "sideways"])
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+/// A device that follows a netdev follows its carrier too, as kernel rxe's port does
+/// (`rxe_notify`): the veth's peer set down takes the carrier away and the port down
+/// (IBV_EVENT_PORT_ERR, PORT_DOWN), the peer up brings it back (IBV_EVENT_PORT_ACTIVE).
+#[test]
+fn a_netdev_device_goes_down_with_its_carrier() {
+    let (ns, d, _) = veth_daemon(
+        "port-carrier",
+        ["src0", "src1"],
+        "10.79.2.1/24",
+        "[[device]]\nname = \"srxe0\"\nnetdev = \"src0\"\n",
+    );
+    let state_becomes = |want: &str| {
+        // The netdev is re-read every 2 s.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let shown = softroce_json(&d, &["link", "show", "srxe0"]);
+            if shown[0]["state"] == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "srxe0 never {want}: {shown}\n--- daemon\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    state_becomes("ACTIVE");
+    let mut watch = asyncwatch(&d, "srxe0");
+    ns.ip(&["link", "set", "src1", "down"]);
+    state_becomes("DOWN");
+    watch.expect("IBV_EVENT_PORT_ERR (10), port 1", &d);
+    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_DOWN (1)");
+    let shown = softroce_json(&d, &["link", "show", "srxe0"]);
+    assert!(
+        shown[0]["down_because"]
+            .as_str()
+            .is_some_and(|w| w.starts_with("its netdev src0 is down or has no carrier")),
+        "{shown}"
+    );
+    ns.ip(&["link", "set", "src1", "up"]);
+    state_becomes("ACTIVE");
+    watch.expect("IBV_EVENT_PORT_ACTIVE (9), port 1", &d);
+    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_ACTIVE (4)");
+    let shown = softroce_json(&d, &["stat", "srxe0"]);
+    assert_eq!(shown[0]["link_downed"], 1, "{shown}");
+}
+
+/// A network namespace with a veth pair `ends`, the first with `addr`, both up, and a daemon
+/// in it on `config` (TOML); with the test's scratch directory.
+fn veth_daemon(
+    tag: &str,
+    ends: [&str; 2],
+    addr: &str,
+    config: &str,
+) -> (Netns, Daemon, std::path::PathBuf) {
+    let ns = Netns::new(tag);
+    ns.ip(&[
+        "link", "add", ends[0], "type", "veth", "peer", "name", ends[1],
+    ]);
+    ns.ip(&["addr", "add", addr, "dev", ends[0]]);
+    for end in ends {
+        ns.ip(&["link", "set", end, "up"]);
+    }
+    let dir = scratch("operator", tag);
+    let path = dir.join("softroce.toml");
+    std::fs::write(&path, config).unwrap();
+    let d = Daemon::start_in(
+        &format!("op-{tag}"),
+        Some(&ns.name),
+        &["--config", path.to_str().unwrap(), "--port", "4791"],
+    );
+    (ns, d, dir)
 }

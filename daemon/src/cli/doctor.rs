@@ -356,11 +356,17 @@ fn check_address(daemon: Option<&DaemonView>) -> Check {
     const NAME: &str = "address";
     match daemon {
         Some(d) if !d.links.is_empty() => {
-            let down: Vec<&str> = d
+            let down: Vec<String> = d
                 .links
                 .iter()
                 .filter(|l| l.state != "ACTIVE")
-                .map(|l| l.info.name.as_str())
+                .map(|l| {
+                    format!(
+                        "{}: {}",
+                        l.info.name,
+                        l.down_because.as_deref().unwrap_or("DOWN")
+                    )
+                })
                 .collect();
             if down.is_empty() {
                 let all: Vec<String> = d
@@ -382,8 +388,8 @@ fn check_address(daemon: Option<&DaemonView>) -> Check {
             } else {
                 Check::fail(
                     NAME,
-                    format!("{} has no address to serve (port DOWN)", down.join(", ")),
-                    "give the device an address (`softroce link add NAME addr ADDR`), or bring up its netdev's address",
+                    format!("port DOWN: {}", down.join("; ")),
+                    "as said for each device: its programs get IBV_EVENT_PORT_ERR and their RC requests fail with retry-exceeded errors until it is up",
                 )
             }
         }

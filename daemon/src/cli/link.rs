@@ -1,4 +1,4 @@
-//! `softroce link add|del|show`: devices on a running daemon, in the look of `rdma link`.
+//! `softroce link add|del|set|show`: devices on a running daemon, in the look of `rdma link`.
 
 use super::{gid_addr, gid_string, print_json, unexpected, CliResult, Failure, Session};
 use anyhow::anyhow;
@@ -39,6 +39,22 @@ pub enum LinkCommand {
         /// Also remove the device from the daemon's TOML config.
         #[arg(long)]
         save: bool,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+    },
+    /// Take a device's port down or bring it back up, as a pulled cable and a plugged one:
+    /// down, every context gets IBV_EVENT_PORT_ERR, ibv_query_port says PORT_DOWN, nothing
+    /// is sent or received (RC requests end in retry-exceeded errors, as on hardware) and
+    /// link_downed counts it; up, IBV_EVENT_PORT_ACTIVE. A device that follows a netdev is
+    /// also down while the netdev is down or has no carrier.
+    ///
+    /// Example: softroce link set srxe0 down
+    #[command(verbatim_doc_comment)]
+    Set {
+        name: String,
+        /// up or down.
+        #[arg(value_parser = ["up", "down"])]
+        state: String,
         #[arg(long)]
         socket: Option<PathBuf>,
     },
@@ -152,6 +168,20 @@ pub fn run(command: LinkCommand) -> CliResult {
                 other => Err(unexpected(other)),
             }
         }
+        LinkCommand::Set {
+            name,
+            state,
+            socket,
+        } => {
+            let mut s = Session::open(socket.as_deref(), "link set")?;
+            match s.ask(&Request::LinkSet {
+                name,
+                up: state == "up",
+            })? {
+                Response::Done => Ok(()),
+                other => Err(unexpected(other)),
+            }
+        }
         LinkCommand::Show { name, json, socket } => {
             let mut s = Session::open(socket.as_deref(), "link show")?;
             let Response::Links(mut links) = s.ask(&Request::LinkShow)? else {
@@ -193,6 +223,7 @@ pub fn link_json(l: &LinkInfo) -> serde_json::Value {
         "ifname": l.info.name,
         "port": 1,
         "state": l.state,
+        "down_because": l.down_because,
         "physical_state": if l.state == "ACTIVE" { "LINK_UP" } else { "DISABLED" },
         "netdev": l.info.netdevs.first(),
         "netdevs": l.info.netdevs,
@@ -238,6 +269,9 @@ pub fn link_text(l: &LinkInfo) -> String {
         l.congestion_control,
         l.clients,
     );
+    if let Some(why) = &l.down_because {
+        out += &format!("    down: {why}\n");
+    }
     out += &format!(
         "    node_guid {:016x} addrs {}\n",
         l.info.node_guid,

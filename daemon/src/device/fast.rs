@@ -993,10 +993,13 @@ impl DeviceThread {
         true
     }
 
-    /// Whether a capture or a fault rule observes the device (the packets between its QPs
-    /// must then exist).
+    /// Whether a capture or a fault rule observes the device, or its port is down (the
+    /// packets between its QPs must then exist, to be seen or dropped).
     pub(super) fn observed_now(&self) -> bool {
-        self.link.capture.is_on() || self.link.faults.is_on() || self.naks.is_on()
+        self.link.capture.is_on()
+            || self.link.faults.is_on()
+            || self.naks.is_on()
+            || self.link.port_down()
     }
 
     /// Once the last capture has ended (a capture ends on its own: its reader went away or

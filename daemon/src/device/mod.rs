@@ -177,6 +177,8 @@ pub struct DeviceThread {
     /// The engine counters of the clients that are gone, so that the device's totals do not
     /// shrink when a client exits.
     departed: tp::Counters,
+    /// Times the port went down (`link_downed`, rxe's `rxe_port_down`).
+    link_downs: u64,
     /// The numbers `res show` gives the clients' objects ([`operator::ResNumbers`]).
     res_numbers: operator::ResNumbers,
 }
@@ -264,6 +266,7 @@ impl DeviceThread {
             congestion,
             drops: DeviceDrops::default(),
             departed: tp::Counters::default(),
+            link_downs: 0,
             res_numbers: operator::ResNumbers::default(),
             negotiation: loss_recovery::Negotiation::new(
                 cfg.loss_recovery,
@@ -432,9 +435,13 @@ impl DeviceThread {
                 return false;
             }
             DevMsg::UpdateInfo(info) => {
+                let was_active = self.info.port_active;
                 self.gids = info.gid_addrs();
                 self.link.set_addresses(&self.gids);
                 self.info = info;
+                if self.info.port_active != was_active {
+                    self.port_changed(self.info.port_active);
+                }
             }
             DevMsg::Congestion { reply } => {
                 let _ = reply.send(self.congestion_report());
@@ -460,12 +467,7 @@ impl DeviceThread {
     /// The link's counters, the device's drops, and its engines' counters summed over every
     /// client it served.
     fn counters(&self) -> DeviceCounters {
-        let mut engines = self.departed;
-        for c in self.clients.values() {
-            engines.accumulate(c.engine.counters());
-        }
-        // What the same-host fast path's engines counted and the device has not taken back.
-        engines.accumulate(&self.fast.counters_unabsorbed());
+        let engines = self.engine_totals();
         let d = self.drops;
         let mut counters: Vec<(String, u64)> = self
             .link

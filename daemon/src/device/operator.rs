@@ -12,7 +12,7 @@ use proto::ctl::{
     CqRes, DeviceStats, FaultKind, FaultRule, FaultStatus, MrRes, PdRes, QpRes, QpStats, ResDetail,
     ResKind, ResOwner, SrqRes,
 };
-use proto::transport::{QpState, QpType};
+use proto::transport::{self as tp, QpState, QpType};
 use proto::Qpn;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -21,6 +21,8 @@ use tracing::info;
 
 /// `enum ibv_event_type` IBV_EVENT_DEVICE_FATAL.
 const IBV_EVENT_DEVICE_FATAL: u32 = 8;
+const IBV_EVENT_PORT_ACTIVE: u32 = 9;
+const IBV_EVENT_PORT_ERR: u32 = 10;
 
 /// The kinds of object `res show` numbers.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -218,13 +220,21 @@ impl DeviceThread {
         out
     }
 
-    fn stats(&self, qpn: Option<u32>) -> DeviceStats {
+    /// Every engine's counters summed (the clients gone included, and what the same-host
+    /// fast path's engines counted and the device has not taken back), with the device's own
+    /// `link_downed`.
+    pub(super) fn engine_totals(&self) -> tp::Counters {
         let mut engines = self.departed;
         for c in self.clients.values() {
             engines.accumulate(c.engine.counters());
         }
-        // What the same-host fast path's engines counted and the device has not taken back.
         engines.accumulate(&self.fast.counters_unabsorbed());
+        engines.link_downed += self.link_downs;
+        engines
+    }
+
+    fn stats(&self, qpn: Option<u32>) -> DeviceStats {
+        let engines = self.engine_totals();
         let mut counters = owned(&engines.named());
         // QP1's packets are the CM's, sent and received here: rxe counts them too.
         bump(&mut counters, "sent_pkts", self.gsi_sent);
@@ -324,6 +334,32 @@ impl DeviceThread {
             ResKind::Qp | ResKind::CmId => None,
         });
         d
+    }
+
+    /// The port went down or came up (`softroce link set`, or the netdev it follows): every
+    /// context open on the device gets `IBV_EVENT_PORT_ERR` or `IBV_EVENT_PORT_ACTIVE` for
+    /// port 1 (the kernel's `ib_dispatch_event`, from rxe's `rxe_port_down`/`rxe_port_up`),
+    /// a port going down counts in `link_downed`, and while it is down the link's layers drop
+    /// every packet, the ones between the device's own QPs included: the same-host fast
+    /// path's directions come back to the device, which offers none until the port is up.
+    pub(super) fn port_changed(&mut self, up: bool) {
+        self.link.set_port_up(up);
+        let event = if up {
+            IBV_EVENT_PORT_ACTIVE
+        } else {
+            self.link_downs += 1;
+            self.fast_observed(true);
+            IBV_EVENT_PORT_ERR
+        };
+        let mut rec = [0u8; 16];
+        rec[0..8].copy_from_slice(&1u64.to_ne_bytes());
+        rec[8..12].copy_from_slice(&event.to_ne_bytes());
+        for c in self.clients.values_mut() {
+            for sink in c.contexts.values_mut() {
+                sink.send(&rec, 12);
+            }
+        }
+        info!(device = %self.info.name, up, "port {}", if up { "up" } else { "down" });
     }
 
     /// `softroce link del`: every context open on the device gets IBV_EVENT_DEVICE_FATAL

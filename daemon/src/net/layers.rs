@@ -7,7 +7,14 @@
 //! Packets between two QPs of the device never reach the link; the device hands them through
 //! [`Layers::local`] so that they meet the same rules and are captured once, as on a wire.
 //!
-//! With no capture and no fault rule, every call goes straight to the link after one test.
+//! A port that is down (`softroce link set NAME down`, or the netdev it follows lost its
+//! carrier) carries nothing, as a pulled cable: what the device sends, what arrives and what
+//! passes between its own QPs is dropped here and counted (`link_port_down_dropped`), before
+//! any capture or fault rule sees it; RC requesters retry until they report
+//! `IBV_WC_RETRY_EXC_ERR`, as on hardware.
+//!
+//! With no capture, no fault rule and the port up, every call goes straight to the link
+//! after one test.
 
 use super::link::{Link, RxPacket, WireView};
 use super::NetCounters;
@@ -54,6 +61,10 @@ pub struct Layers {
     corrupt_dropped: u64,
     /// Whether the link was asked to keep what it sends ([`Link::keep_last_sent`]).
     keeping_sent: bool,
+    /// The port is down: nothing passes ([`Layers::set_port_up`]).
+    port_down: bool,
+    /// Packets dropped because the port was down.
+    port_down_dropped: u64,
 }
 
 impl Layers {
@@ -68,7 +79,27 @@ impl Layers {
             start: Instant::now(),
             corrupt_dropped: 0,
             keeping_sent: false,
+            port_down: false,
+            port_down_dropped: 0,
         }
+    }
+
+    /// The port comes up or goes down. Going down, the packets held by fault rules are lost
+    /// with it.
+    pub fn set_port_up(&mut self, up: bool) {
+        self.port_down = !up;
+        if !up {
+            let held = self.held_tx.len() + self.held_rx.len() + self.held_local.len();
+            self.port_down_dropped += held as u64;
+            self.held_tx = HeldPackets::default();
+            self.held_rx = HeldPackets::default();
+            self.held_local = HeldPackets::default();
+        }
+    }
+
+    /// Whether the port is down.
+    pub fn port_down(&self) -> bool {
+        self.port_down
     }
 
     fn now(&self) -> Nanos {
@@ -78,7 +109,8 @@ impl Layers {
     /// Whether either layer has anything to do.
     #[inline]
     fn active(&self) -> bool {
-        self.capture.is_on()
+        self.port_down
+            || self.capture.is_on()
             || self.faults.is_on()
             || !self.held_tx.is_empty()
             || !self.held_rx.is_empty()
@@ -148,6 +180,10 @@ impl Layers {
             if let Some(f) = block.get(frame) {
                 deliver(f);
             }
+            return false;
+        }
+        if self.port_down {
+            self.port_down_dropped += 1;
             return false;
         }
         let Some(bytes) = block.get(frame.clone()) else {
@@ -245,6 +281,12 @@ impl Link for Layers {
         if !self.active() {
             return self.inner.poll(wait, deliver);
         }
+        if self.port_down {
+            // The socket still receives (it is the host's); the port takes nothing.
+            let dropped = &mut self.port_down_dropped;
+            self.inner.poll(wait, &mut |_: &RxPacket<'_>| *dropped += 1);
+            return 0;
+        }
         if !wait.is_zero() && self.capture.is_on() {
             // The device is about to block: what the capture holds goes to its reader now.
             self.capture.hand_over();
@@ -315,6 +357,10 @@ impl Link for Layers {
             self.inner.send(frame, t);
             return;
         }
+        if self.port_down {
+            self.port_down_dropped += 1;
+            return;
+        }
         // The clock only when a fault rule or a held packet needs it (as in `local`): a
         // capture alone reads it once per round of the loop, not per packet.
         let timed = self.faults.is_on() || !self.held_tx.is_empty();
@@ -352,6 +398,10 @@ impl Link for Layers {
     }
 
     fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        if self.port_down {
+            self.port_down_dropped += 1;
+            return;
+        }
         // Sent outside a round of the loop (a control message woke the device).
         self.capture.tick();
         self.sync_keep_sent();
@@ -360,6 +410,10 @@ impl Link for Layers {
     }
 
     fn send_gsi_as(&mut self, gid_type: GidType, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
+        if self.port_down {
+            self.port_down_dropped += 1;
+            return;
+        }
         // Sent outside a round of the loop (a control message woke the device).
         self.capture.tick();
         self.sync_keep_sent();
@@ -401,6 +455,7 @@ impl Link for Layers {
     fn counters(&self) -> NetCounters {
         let mut c = self.inner.counters();
         c.rx_bad_icrc += self.corrupt_dropped;
+        c.port_down_dropped += self.port_down_dropped;
         c
     }
 

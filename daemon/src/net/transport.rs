@@ -231,11 +231,14 @@ pub struct NetCounters {
     /// and packets held while their destination was being resolved.
     pub tx_no_route: u64,
     pub tx_held: u64,
+    /// Dropped because the device's port was down (sent, received, or between its own QPs;
+    /// [`crate::net::Layers`]).
+    pub port_down_dropped: u64,
 }
 
 impl NetCounters {
     /// Every counter as (name, value), prefixed `link_`, for `counters` listings.
-    pub fn named(&self) -> [(&'static str, u64); 21] {
+    pub fn named(&self) -> [(&'static str, u64); 22] {
         [
             ("link_rx_packets", self.rx_packets),
             ("link_rx_bytes", self.rx_bytes),
@@ -257,6 +260,7 @@ impl NetCounters {
             ("link_rx_v1_refused", self.rx_v1_refused),
             ("link_tx_no_route", self.tx_no_route),
             ("link_tx_held", self.tx_held),
+            ("link_port_down_dropped", self.port_down_dropped),
             (
                 "link_rx_dropped",
                 self.rx_bad_icrc + self.rx_malformed + self.rx_truncated,

@@ -2,7 +2,7 @@
 //! daemon runs (`softroce link`), and the requests it answers by asking the device threads and
 //! the CM thread (`stat`, `res show KIND`, `capture`, `fault`).
 
-use super::{ask, link_at, live_links, Device, DeviceLink, Registry};
+use super::{ask, link_at, live_links, publish, Device, DeviceLink, Registry};
 use crate::cm::{CmDeviceSetup, CmMsg};
 use crate::config::{self, DeviceConfig};
 use crate::device::{DevMsg, DeviceThread, OperatorMsg, HANDLE_DEVICE_SHIFT};
@@ -23,6 +23,7 @@ pub fn is_operator_request(r: &Request) -> bool {
         r,
         Request::LinkAdd { .. }
             | Request::LinkDel { .. }
+            | Request::LinkSet { .. }
             | Request::LinkShow
             | Request::Stat { .. }
             | Request::ResDetail { .. }
@@ -117,8 +118,34 @@ impl Registry {
         if let Ok(mut l) = self.links.write() {
             l.push(Some(link));
         }
-        self.devices.push(Some(Device { config: cfg, info }));
+        self.devices.push(Some(Device::new(cfg, info)));
         Ok(())
+    }
+
+    /// `softroce link set NAME up|down`: the operator's side of the port state; the port is
+    /// up only while the configuration's side (addresses, the netdev's carrier) is up too.
+    pub(super) fn set_link(&mut self, name: &str, up: bool) -> Response {
+        let Some(index) = self.index_of(name) else {
+            return failure(libc::ENODEV, format!("no device named {name}"));
+        };
+        let (Some(d), Some(link)) = (
+            self.devices.get_mut(index).and_then(Option::as_mut),
+            link_at(&self.links, index),
+        ) else {
+            return failure(libc::ENODEV, format!("no device named {name}"));
+        };
+        let mut info = match config::device_info(&d.config) {
+            Ok(info) => info,
+            Err(e) => return failure(libc::EIO, format!("{e:#}")),
+        };
+        d.admin_down = !up;
+        info.port_active &= up;
+        if info != d.info {
+            info!(device = %name, port_active = info.port_active, "link set {}",
+                  if up { "up" } else { "down" });
+            publish(&self.cm, index, d, &link, info);
+        }
+        Response::Done
     }
 
     fn index_of(&self, name: &str) -> Option<usize> {
@@ -225,6 +252,7 @@ impl Registry {
                     _ => Response::Done,
                 }
             }
+            Request::LinkSet { name, up } => self.set_link(&name, up),
             Request::LinkShow => Response::Links(self.link_infos()),
             Request::Stat { device, qpn } => {
                 let selected = match self.selected(device.as_deref()) {
@@ -401,8 +429,22 @@ impl Registry {
                 }
                 t
             };
+            let name = &d.info.name;
+            let down_because = match (&d.config.netdev, d.info.port_active) {
+                (_, true) => None,
+                _ if d.admin_down => Some(format!(
+                    "set down by the operator (`softroce link set {name} up` brings it back)"
+                )),
+                (Some(n), _) if !config::netdev_running(n) => Some(format!(
+                    "its netdev {n} is down or has no carrier (`ip link set {n} up`, and a cable or peer)"
+                )),
+                _ => Some(format!(
+                    "it has no address to serve (give it one: `softroce link add {name} addr ADDR`, or an address on its netdev)"
+                )),
+            };
             out.push(LinkInfo {
                 state: if d.info.port_active { "ACTIVE" } else { "DOWN" }.into(),
+                down_because,
                 addrs,
                 modes: d.config.roce.gid_types().to_vec(),
                 default_roce_mode: d.config.cm_roce_mode(),

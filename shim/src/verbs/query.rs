@@ -8,7 +8,7 @@
 use libc::{c_int, size_t};
 
 use crate::abi::*;
-use crate::discovery::{GidDescription, PortDescription};
+use crate::discovery::{self, GidDescription, PortDescription};
 use crate::ffi::{self, copy_sized, Errno};
 use crate::runtime::{self, ShimContext};
 
@@ -102,8 +102,15 @@ unsafe fn query_port_into(
     let ctx = runtime::context_from_ptr(context)?;
     let port = port_of(ctx, u32::from(port_num))?;
     let out = ffi::non_null(out)?;
+    // The state is asked for each time, as the kernel's query reads the port's: it goes
+    // down and up while the context is open (`softroce link set`, the netdev's carrier),
+    // and a program that got IBV_EVENT_PORT_ERR looks here to see when it is back.
+    let mut attr = port.attr;
+    if let Some(active) = discovery::port_active_now(&ctx.device.desc.name) {
+        discovery::set_port_state(&mut attr, active);
+    }
     // SAFETY: the caller's struct is `len` bytes long.
-    unsafe { copy_sized(&port.attr, out.as_ptr(), len) };
+    unsafe { copy_sized(&attr, out.as_ptr(), len) };
     Ok(())
 }
 
