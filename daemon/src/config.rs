@@ -867,13 +867,12 @@ pub fn socket_path(flag: Option<&Path>) -> PathBuf {
     PathBuf::from("/run/softroce/ctl.sock")
 }
 
-/// The link MTU of a network interface (`/sys/class/net/NAME/mtu`).
+/// The link MTU of a network interface, in the daemon's network namespace
+/// ([`crate::net::interface`]).
 pub fn netdev_mtu(name: &str) -> Option<u32> {
-    std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
-        .ok()?
-        .trim()
-        .parse()
+    crate::net::interface::interface_mtu(name)
         .ok()
+        .and_then(|m| u32::try_from(m).ok())
 }
 
 /// The addresses of a network interface, now.
@@ -900,23 +899,15 @@ pub fn netdev_addrs(name: &str) -> Result<Vec<IpAddr>> {
 
 /// Whether a network interface is up with carrier (`IFF_UP` and `IFF_RUNNING`): kernel rxe's
 /// port is ACTIVE exactly then (`rxe_notify`: `netif_running && netif_carrier_ok`), and
-/// DOWN (`IBV_EVENT_PORT_ERR`) otherwise. Read through `getifaddrs` (netlink), which sees
-/// the daemon's own network namespace whatever `/sys` shows.
+/// DOWN (`IBV_EVENT_PORT_ERR`) otherwise.
 pub fn netdev_running(name: &str) -> bool {
-    use nix::net::if_::InterfaceFlags as F;
-    nix::ifaddrs::getifaddrs().is_ok_and(|mut all| {
-        all.any(|ifa| ifa.interface_name == name && ifa.flags.contains(F::IFF_UP | F::IFF_RUNNING))
-    })
+    crate::net::interface::interface_running(name).unwrap_or(false)
 }
 
 fn netdev_mac(name: &str) -> Option<[u8; 6]> {
-    let text = std::fs::read_to_string(format!("/sys/class/net/{name}/address")).ok()?;
-    let mut mac = [0u8; 6];
-    let mut parts = text.trim().split(':');
-    for b in &mut mac {
-        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
-    }
-    (mac != [0; 6]).then_some(mac)
+    crate::net::interface::interface_mac(name)
+        .ok()
+        .filter(|mac| *mac != [0; 6])
 }
 
 /// EUI-64 from a MAC: insert ff:fe and flip the universal/local bit (as rxe's node GUID).
@@ -1030,15 +1021,10 @@ fn port_speed(d: &DeviceConfig, netdev: Option<&str>) -> u32 {
         .unwrap_or(DEFAULT_SPEED_MBPS)
 }
 
-/// An interface's speed in Mb/s when the kernel knows it (`/sys/class/net/NAME/speed`,
-/// ethtool's; `lo` has none, a link without carrier says -1).
+/// An interface's speed in Mb/s when the kernel knows it (ethtool's; `lo` has none, a link
+/// without carrier has none known).
 pub fn netdev_speed(name: &str) -> Option<u32> {
-    let s: i64 = std::fs::read_to_string(format!("/sys/class/net/{name}/speed"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    u32::try_from(s).ok().filter(|&s| s > 0)
+    crate::net::interface::interface_speed(name)
 }
 
 /// The device-wide caps a client is told (`ibv_query_device`).
@@ -1059,7 +1045,7 @@ pub fn tap_device_info(d: &DeviceConfig) -> DeviceInfo {
     let link_mtu = d
         .tap
         .as_deref()
-        .and_then(|t| crate::net::tap::interface_mtu(t).ok())
+        .and_then(|t| crate::net::interface::interface_mtu(t).ok())
         .unwrap_or(1500);
     let active_mtu = ctl::mtu_enum(d.mtu)
         .unwrap_or(5)

@@ -137,7 +137,7 @@ const PHYS_STATE_LINK_UP: u8 = 5;
 
 /// A port's `state` and `phys_state` as rxe reports them for a netdev up with carrier
 /// (`active`) or not.
-pub fn set_port_state(attr: &mut IbvPortAttr, active: bool) {
+fn set_port_state(attr: &mut IbvPortAttr, active: bool) {
     if active {
         attr.state = IBV_PORT_ACTIVE;
         attr.phys_state = PHYS_STATE_LINK_UP;
@@ -147,14 +147,24 @@ pub fn set_port_state(attr: &mut IbvPortAttr, active: bool) {
     }
 }
 
-/// Whether the daemon says `device`'s port is up now; `None` when it cannot be asked (the
-/// description read at `ibv_get_device_list` then stands).
-pub fn port_active_now(device: &str) -> Option<bool> {
-    let devices = daemon::connection().ok()?.query_devices().ok()?;
-    devices
-        .iter()
-        .find(|d| d.name == device)
-        .map(|d| d.port_active)
+/// `attr` with what the daemon says of `device`'s port now: its state and active MTU, which
+/// change while a context is open (`softroce link set`, the followed netdev's carrier and
+/// MTU). Unchanged when the daemon cannot be asked (the description read at
+/// `ibv_get_device_list` then stands).
+pub fn refresh_port(device: &str, attr: &mut IbvPortAttr) {
+    let Some(info) = daemon::connection()
+        .ok()
+        .and_then(|c| c.query_devices().ok())
+        .and_then(|all| all.into_iter().find(|d| d.name == device))
+    else {
+        return;
+    };
+    let fresh = description_from_daemon(&info);
+    if let Some(port) = fresh.ports.first() {
+        attr.state = port.attr.state;
+        attr.phys_state = port.attr.phys_state;
+        attr.active_mtu = port.attr.active_mtu;
+    }
 }
 
 /// A daemon `DeviceInfo` combined with the rxe constants the daemon does not send.

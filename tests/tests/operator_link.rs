@@ -455,7 +455,8 @@ fn a_device_of_fixed_addresses_and_a_netdev_device_share_the_port() {
 
 /// Opens `argv[1]`, says ready, then for each of two async events prints the event and the
 /// port state `ibv_query_port` gives right after it (a program that learns the port went
-/// down and looks for when it is back).
+/// down and looks for when it is back); then, at each line on its stdin, the port's active
+/// MTU (which follows the netdev's MTU, with no event).
 const PORT_WATCHER: &str = r#"
 #include <stdio.h>
 #include <string.h>
@@ -484,6 +485,12 @@ int main(int argc, char **argv) {
                ibv_port_state_str(a.state), (int)a.phys_state);
         fflush(stdout);
     }
+    char line[8];
+    while (fgets(line, sizeof line, stdin)) {
+        if (ibv_query_port(ctx, 1, &a)) { printf("FAIL query\n"); return 1; }
+        printf("active_mtu %d\n", (int)a.active_mtu);
+        fflush(stdout);
+    }
     ibv_close_device(ctx);
     return 0;
 }
@@ -499,6 +506,7 @@ struct Lines {
 impl Lines {
     fn spawn(mut cmd: std::process::Command) -> Lines {
         let mut child = cmd
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -706,9 +714,19 @@ fn a_netdev_device_goes_down_with_its_carrier() {
     };
     state_becomes("ACTIVE");
     let mut watch = asyncwatch(&d, "srxe0");
+    let mut watcher = Lines::spawn({
+        let mut c = d.command(&compile_c("op_port_watcher", PORT_WATCHER, &["ibverbs"]));
+        c.arg("srxe0");
+        c
+    });
+    watcher.expect("ready active", &d);
     ns.ip(&["link", "set", "src1", "down"]);
     state_becomes("DOWN");
     watch.expect("IBV_EVENT_PORT_ERR (10), port 1", &d);
+    assert_eq!(
+        watcher.expect("port 1", &d),
+        "port error port 1: down phys 3"
+    );
     assert_eq!(devinfo_state(&d, "srxe0"), "PORT_DOWN (1)");
     let shown = softroce_json(&d, &["link", "show", "srxe0"]);
     assert!(
@@ -720,7 +738,46 @@ fn a_netdev_device_goes_down_with_its_carrier() {
     ns.ip(&["link", "set", "src1", "up"]);
     state_becomes("ACTIVE");
     watch.expect("IBV_EVENT_PORT_ACTIVE (9), port 1", &d);
+    assert_eq!(
+        watcher.expect("port 1", &d),
+        "port active port 1: active phys 5"
+    );
     assert_eq!(devinfo_state(&d, "srxe0"), "PORT_ACTIVE (4)");
+    // The MTU follows the netdev's, seen by the open context: 1500 carries 1024 (3), 9000
+    // carries 4096 (5), as rxe's `rxe_set_mtu`.
+    let mut ask_mtu = |want: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            watcher
+                .child
+                .stdin
+                .as_mut()
+                .unwrap()
+                .write_all(b"mtu\n")
+                .unwrap();
+            if watcher.expect("active_mtu", &d) == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never {want}: {:?}",
+                watcher.seen
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    ask_mtu("active_mtu 3");
+    // The veth's speed too (10 Gb/s: 1X FDR10, by the kernel's `ib_get_eth_speed`), read in
+    // the daemon's namespace, not the host's /sys.
+    let verbose = d.run_preloaded(&require_program("ibv_devinfo"), &["-d", "srxe0", "-v"]);
+    assert!(
+        verbose
+            .lines()
+            .any(|l| l.contains("active_speed:") && l.contains("10.0 Gbps")),
+        "{verbose}"
+    );
+    ns.ip(&["link", "set", "src0", "mtu", "9000"]);
+    ask_mtu("active_mtu 5");
     let shown = softroce_json(&d, &["stat", "srxe0"]);
     assert_eq!(shown[0]["link_downed"], 1, "{shown}");
 }

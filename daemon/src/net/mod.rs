@@ -46,6 +46,7 @@
 
 mod build;
 mod cmsg;
+pub mod interface;
 pub mod l2;
 mod layers;
 pub mod link;

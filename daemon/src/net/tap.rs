@@ -20,6 +20,7 @@
 //! A packet socket is no alternative here: bound to the TAP interface it sends in the wrong
 //! direction (towards this descriptor), and it would not relieve the descriptor's queue.
 
+use super::interface::{interface_mtu, set_up};
 use super::uring::BufRing;
 use super::{Backend, BackendChoice};
 use io_uring::{cqueue, opcode, types, IoUring};
@@ -735,58 +736,4 @@ fn set_nonblocking(fd: RawFd) -> io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// An `ifreq` naming `name`, for the interface ioctls.
-fn ifreq(name: &str) -> io::Result<libc::ifreq> {
-    // SAFETY: all-zero is a valid ifreq.
-    let mut r: libc::ifreq = unsafe { std::mem::zeroed() };
-    let b = name.as_bytes();
-    if b.len() >= r.ifr_name.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "interface name too long",
-        ));
-    }
-    for (d, s) in r.ifr_name.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    Ok(r)
-}
-
-/// Runs an interface ioctl on a throwaway datagram socket (of this network namespace).
-fn if_ioctl(request: libc::c_ulong, r: &mut libc::ifreq) -> io::Result<()> {
-    // SAFETY: a socket we close below; `r` is a valid ifreq for these requests.
-    unsafe {
-        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if s < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let rc = libc::ioctl(s, request, r as *mut libc::ifreq);
-        let e = io::Error::last_os_error();
-        libc::close(s);
-        if rc < 0 {
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
-/// The MTU of interface `name` (SIOCGIFMTU: of this network namespace, unlike a sysfs read
-/// in a namespace that did not remount /sys).
-pub fn interface_mtu(name: &str) -> io::Result<usize> {
-    let mut r = ifreq(name)?;
-    if_ioctl(libc::SIOCGIFMTU, &mut r)?;
-    // SAFETY: SIOCGIFMTU fills the mtu member of the union.
-    Ok(unsafe { r.ifr_ifru.ifru_mtu } as usize)
-}
-
-/// Sets IFF_UP on interface `name`.
-fn set_up(name: &str) -> io::Result<()> {
-    let mut r = ifreq(name)?;
-    if_ioctl(libc::SIOCGIFFLAGS, &mut r)?;
-    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
-    unsafe { r.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
-    if_ioctl(libc::SIOCSIFFLAGS, &mut r)
-        .map_err(|e| io::Error::new(e.kind(), format!("bringing {name} up: {e}")))
 }

@@ -106,9 +106,7 @@ unsafe fn query_port_into(
     // down and up while the context is open (`softroce link set`, the netdev's carrier),
     // and a program that got IBV_EVENT_PORT_ERR looks here to see when it is back.
     let mut attr = port.attr;
-    if let Some(active) = discovery::port_active_now(&ctx.device.desc.name) {
-        discovery::set_port_state(&mut attr, active);
-    }
+    discovery::refresh_port(&ctx.device.desc.name, &mut attr);
     // SAFETY: the caller's struct is `len` bytes long.
     unsafe { copy_sized(&attr, out.as_ptr(), len) };
     Ok(())
