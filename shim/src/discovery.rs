@@ -147,23 +147,13 @@ fn set_port_state(attr: &mut IbvPortAttr, active: bool) {
     }
 }
 
-/// `attr` with what the daemon says of `device`'s port now: its state and active MTU, which
-/// change while a context is open (`softroce link set`, the followed netdev's carrier and
-/// MTU). Unchanged when the daemon cannot be asked (the description read at
-/// `ibv_get_device_list` then stands).
-pub fn refresh_port(device: &str, attr: &mut IbvPortAttr) {
-    let Some(info) = daemon::connection()
-        .ok()
-        .and_then(|c| c.query_devices().ok())
-        .and_then(|all| all.into_iter().find(|d| d.name == device))
-    else {
-        return;
-    };
-    let fresh = description_from_daemon(&info);
-    if let Some(port) = fresh.ports.first() {
-        attr.state = port.attr.state;
-        attr.phys_state = port.attr.phys_state;
-        attr.active_mtu = port.attr.active_mtu;
+/// `attr` with the port's state and active MTU as the daemon last published them (in the
+/// context's doorbell table: [`proto::ring::doorbell::Doorbells::port`]); an MTU outside the
+/// IB enum, or above the port's maximum, is not taken.
+pub fn apply_port(attr: &mut IbvPortAttr, active: bool, active_mtu: u8) {
+    set_port_state(attr, active);
+    if let m @ IBV_MTU_256..=IBV_MTU_4096 = i32::from(active_mtu) {
+        attr.active_mtu = m.min(attr.max_mtu);
     }
 }
 
@@ -447,6 +437,19 @@ mod tests {
 
     #[test]
     fn active_mtu_follows_rxe() {
+        let mut a = rxe_port_attr();
+        apply_port(&mut a, false, 3);
+        assert_eq!(
+            (a.state, a.phys_state, a.active_mtu),
+            (IBV_PORT_DOWN, 3, IBV_MTU_1024)
+        );
+        apply_port(&mut a, true, 9); // not an MTU: kept
+        assert_eq!(
+            (a.state, a.phys_state, a.active_mtu),
+            (IBV_PORT_ACTIVE, 5, IBV_MTU_1024)
+        );
+        apply_port(&mut a, true, 5);
+        assert_eq!(a.active_mtu, IBV_MTU_4096);
         assert_eq!(rxe_active_mtu(1500), IBV_MTU_1024);
         assert_eq!(rxe_active_mtu(9000), IBV_MTU_4096);
         assert_eq!(rxe_active_mtu(65536), IBV_MTU_4096);

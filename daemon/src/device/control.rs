@@ -57,6 +57,7 @@ impl DeviceThread {
             _ => {}
         }
         let ring_budget = self.ring_budget(client);
+        let port = (self.info.port_active, self.info.active_mtu);
         if matches!(request, Request::CreateQp { .. }) {
             self.grow_qpns(client);
         }
@@ -84,7 +85,10 @@ impl DeviceThread {
                 // shared by all of them.
                 if c.bells.is_none() {
                     match DoorbellTable::new() {
-                        Ok(t) => c.bells = Some(t),
+                        Ok(t) => {
+                            t.set_port(port);
+                            c.bells = Some(t)
+                        }
                         Err(e) => return (errno(libc::ENOMEM, &format!("{e:#}")), none),
                     }
                 }

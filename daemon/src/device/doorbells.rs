@@ -45,6 +45,11 @@ impl DoorbellTable {
             .map(|fd| (fd, self.region.len() as u64))
     }
 
+    /// Publishes port 1's state and active MTU to the client's contexts (`ibv_query_port`).
+    pub fn set_port(&self, (active, active_mtu): (bool, u8)) {
+        self.bells.set_port(active, active_mtu);
+    }
+
     /// A doorbell for `bell`, or `None` when every one is taken.
     pub fn add(&mut self, bell: Bell) -> Option<u32> {
         if self.owners.vacant_key() >= self.bells.capacity() as usize {

@@ -441,6 +441,9 @@ impl DeviceThread {
                 self.info = info;
                 if self.info.port_active != was_active {
                     self.port_changed(self.info.port_active);
+                } else {
+                    // The active MTU may have followed the netdev's.
+                    self.publish_port();
                 }
             }
             DevMsg::Congestion { reply } => {

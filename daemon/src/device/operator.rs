@@ -344,6 +344,7 @@ impl DeviceThread {
     /// path's directions come back to the device, which offers none until the port is up.
     pub(super) fn port_changed(&mut self, up: bool) {
         self.link.set_port_up(up);
+        self.publish_port();
         let event = if up {
             IBV_EVENT_PORT_ACTIVE
         } else {
@@ -360,6 +361,16 @@ impl DeviceThread {
             }
         }
         info!(device = %self.info.name, up, "port {}", if up { "up" } else { "down" });
+    }
+
+    /// Writes port 1's state and active MTU into every client's table, where the shim's
+    /// `ibv_query_port` reads them.
+    pub(super) fn publish_port(&self) {
+        for c in self.clients.values() {
+            if let Some(t) = &c.bells {
+                t.set_port((self.info.port_active, self.info.active_mtu));
+            }
+        }
     }
 
     /// `softroce link del`: every context open on the device gets IBV_EVENT_DEVICE_FATAL

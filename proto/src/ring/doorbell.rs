@@ -19,6 +19,7 @@
 //! |---|---|
 //! | 0 | magic `DOORBELL_MAGIC`, version, capacity (written once by the daemon) |
 //! | 64 | `sleeping`: the daemon is about to block (Dekker with the client's bit, as the rings' flag) |
+//! | 96 | `port`: port 1's state and active MTU, written by the daemon whenever they change ([`Doorbells::set_port`]), read by `ibv_query_port` |
 //! | 128 | level 2: up to 4 words |
 //! | 256 | level 1: up to 256 words |
 //! | 4096 | level 0: `capacity / 64` words, one bit per doorbell |
@@ -31,13 +32,16 @@
 use core::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 pub const DOORBELL_MAGIC: u32 = 0x5344_4242; // "SDBB"
-pub const DOORBELL_VERSION: u32 = 1;
+pub const DOORBELL_VERSION: u32 = 2;
 /// Most doorbells of one table.
 pub const MAX_DOORBELLS: u32 = 1 << 20;
 const OFF_MAGIC: usize = 0;
 const OFF_VERSION: usize = 4;
 const OFF_CAPACITY: usize = 8;
 const OFF_SLEEPING: usize = 64;
+const OFF_PORT: usize = 96;
+/// In the port word: written at least once (a table the daemon never wrote says nothing).
+const PORT_KNOWN: u32 = 1 << 31;
 const OFF_LEVEL2: usize = 128;
 const OFF_LEVEL1: usize = 256;
 const OFF_LEVEL0: usize = 4096;
@@ -140,6 +144,28 @@ impl Doorbells {
     fn sleeping(&self) -> &AtomicU32 {
         // SAFETY: inside the header, 4-byte aligned, mapping outlives `self`.
         unsafe { &*(self.base.add(OFF_SLEEPING) as *const AtomicU32) }
+    }
+
+    fn port_word(&self) -> &AtomicU32 {
+        // SAFETY: inside the header, 4-byte aligned, mapping outlives `self`.
+        unsafe { &*(self.base.add(OFF_PORT) as *const AtomicU32) }
+    }
+
+    /// The port's state as the daemon last wrote it: (active, active MTU as the IB MTU enum,
+    /// 1..=5), or `None` before it wrote any. The kernel's port query reads the port each
+    /// time; this is its shared-memory form (the port goes down and up, and its MTU follows
+    /// a netdev's, while a context is open). The client does not trust the MTU: the caller
+    /// checks its range.
+    pub fn port(&self) -> Option<(bool, u8)> {
+        let w = self.port_word().load(Ordering::Acquire);
+        (w & PORT_KNOWN != 0).then_some((w & 1 != 0, (w >> 8) as u8))
+    }
+
+    /// Publishes the port's state (the daemon's side, at the table's making and at every
+    /// change).
+    pub fn set_port(&self, active: bool, active_mtu: u8) {
+        let w = PORT_KNOWN | u32::from(active) | u32::from(active_mtu) << 8;
+        self.port_word().store(w, Ordering::Release);
     }
 
     // ---- the client ----
@@ -250,6 +276,22 @@ mod tests {
             out.insert(i);
         });
         out
+    }
+
+    #[test]
+    fn the_port_word_says_nothing_until_written_then_the_last_state() {
+        let mut m = mem(64);
+        let p = m.as_mut_ptr().cast::<u8>();
+        let daemon = unsafe { Doorbells::init(p, 64) };
+        let client = unsafe { Doorbells::attach(p, m.len() * 64) }.unwrap();
+        assert_eq!(client.port(), None);
+        daemon.set_port(true, 5);
+        assert_eq!(client.port(), Some((true, 5)));
+        daemon.set_port(false, 3);
+        assert_eq!(client.port(), Some((false, 3)));
+        // Ringing doorbells leaves it alone.
+        client.ring(63);
+        assert_eq!(client.port(), Some((false, 3)));
     }
 
     #[test]

@@ -102,11 +102,14 @@ unsafe fn query_port_into(
     let ctx = runtime::context_from_ptr(context)?;
     let port = port_of(ctx, u32::from(port_num))?;
     let out = ffi::non_null(out)?;
-    // The state is asked for each time, as the kernel's query reads the port's: it goes
-    // down and up while the context is open (`softroce link set`, the netdev's carrier),
-    // and a program that got IBV_EVENT_PORT_ERR looks here to see when it is back.
+    // The state is read each time, as the kernel's query reads the port: it goes down and
+    // up while the context is open (`softroce link set`, the netdev's carrier), and a
+    // program that got IBV_EVENT_PORT_ERR looks here to see when it is back. The daemon
+    // keeps it in the context's doorbell table: no system call.
     let mut attr = port.attr;
-    discovery::refresh_port(&ctx.device.desc.name, &mut attr);
+    if let Some((active, mtu)) = ctx.bells.as_ref().and_then(|(b, _)| b.port()) {
+        discovery::apply_port(&mut attr, active, mtu);
+    }
     // SAFETY: the caller's struct is `len` bytes long.
     unsafe { copy_sized(&attr, out.as_ptr(), len) };
     Ok(())
