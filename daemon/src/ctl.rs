@@ -222,6 +222,12 @@ impl Client {
             program: program.to_string(),
         })? {
             Response::Hello { client, .. } => c.client_id = client,
+            // A daemon older than `ctl::version_mismatch` says only the two versions.
+            Response::Error { message, errno }
+                if errno == libc::EPROTO && !message.contains("restart") =>
+            {
+                bail!("daemon refused us: {message}; restart the daemon with this softroce build")
+            }
             Response::Error { message, .. } => bail!("daemon refused us: {message}"),
             other => bail!("unexpected answer to hello: {other:?}"),
         }

@@ -458,7 +458,7 @@ fn serve_client(
                     pid,
                     uid,
                     libc::EPROTO,
-                    format!("client speaks protocol {version}, daemon speaks {PROTOCOL_VERSION}"),
+                    ctl::version_mismatch(version, PROTOCOL_VERSION),
                 );
             }
             _ => {

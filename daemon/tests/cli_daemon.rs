@@ -421,7 +421,14 @@ fn clients_are_tracked_and_forgotten_when_they_go_and_garbage_is_refused() {
         .unwrap(),
     );
     match ctl::decode(&recv(&c)).unwrap() {
-        Response::Error { message, .. } => assert!(message.contains("protocol"), "{message}"),
+        Response::Error { message, errno } => {
+            assert_eq!(errno, libc::EPROTO);
+            assert_eq!(
+                message,
+                ctl::version_mismatch(PROTOCOL_VERSION + 1, PROTOCOL_VERSION)
+            );
+            assert!(message.contains("restart the daemon"), "{message}");
+        }
         other => panic!("{other:?}"),
     }
     let log = d.stop(Signal::SIGTERM);

@@ -23,6 +23,17 @@ use std::net::{IpAddr, SocketAddr};
 /// Bumped on any incompatible change; a client and daemon that disagree refuse each other
 /// with a clear message instead of misreading.
 pub const PROTOCOL_VERSION: u32 = 5;
+/// What a client and a daemon that speak different protocols say: they come from different
+/// softroce builds, and the fix is one build for both (the daemon started before an upgrade
+/// is the usual case).
+pub fn version_mismatch(client: u32, daemon: u32) -> String {
+    format!(
+        "the client speaks control protocol {client} and the daemon {daemon}: they are different \
+         softroce builds; restart the daemon with the softroce that goes with the programs' \
+         shim (`softroce daemon`, or `systemctl restart softroce`)"
+    )
+}
+
 /// The largest control message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
 

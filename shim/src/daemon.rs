@@ -193,18 +193,24 @@ impl ControlConnection {
             Ok((Response::Hello { version, .. }, _)) => {
                 return Err(ConnectError::Refused {
                     path: path.to_path_buf(),
-                    message: format!(
-                        "daemon speaks protocol {version}, this shim speaks {PROTOCOL_VERSION}"
-                    ),
+                    message: ctl::version_mismatch(PROTOCOL_VERSION, version),
                     errno: libc::EPROTO,
                 })
             }
             Ok((Response::Error { message, errno }, _)) => {
+                // A daemon older than `ctl::version_mismatch` says only the two versions.
+                let message = if errno == libc::EPROTO && !message.contains("restart") {
+                    format!(
+                        "{message}; restart the daemon with the softroce that goes with this shim"
+                    )
+                } else {
+                    message
+                };
                 return Err(ConnectError::Refused {
                     path: path.to_path_buf(),
                     message,
                     errno: if errno > 0 { errno } else { libc::EACCES },
-                })
+                });
             }
             Ok((other, _)) => return Err(protocol(format!("{other:?} in answer to hello"))),
             Err(e) => return Err(protocol(e.to_string())),
@@ -665,7 +671,29 @@ mod tests {
             None,
         );
         let e = ControlConnection::open(&path, "t").unwrap_err();
-        assert!(e.to_string().contains("protocol"), "{e}");
+        assert!(
+            e.to_string().contains(&format!(
+                "the client speaks control protocol {PROTOCOL_VERSION} and the daemon {}",
+                PROTOCOL_VERSION + 1
+            )) && e.to_string().contains("restart the daemon"),
+            "{e}"
+        );
+        // What a daemon of before the fix was named says: the fix is added.
+        let path = serve_once(
+            "old",
+            Response::Error {
+                errno: libc::EPROTO,
+                message: "client speaks protocol 5, daemon speaks 4".into(),
+            },
+            None,
+        );
+        let e = ControlConnection::open(&path, "t").unwrap_err();
+        assert!(
+            e.to_string().ends_with(
+                "daemon speaks 4; restart the daemon with the softroce that goes with this shim"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

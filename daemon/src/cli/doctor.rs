@@ -213,14 +213,19 @@ fn check_daemon(socket: &Path) -> (Check, Option<DaemonView>) {
     let mut client = match ctl::Client::from_conn(conn, "softroce doctor") {
         Ok(c) => c,
         Err(e) => {
+            let other_build = format!("{e:#}").contains("restart the daemon");
             return (
                 Check::fail(
                     NAME,
                     format!("the daemon at {} refused us: {e:#}", socket.display()),
-                    "run a daemon of your own user, or the shared one as root",
+                    if other_build {
+                        "it is another softroce build than this one: restart it with this softroce (`softroce daemon`, or `systemctl restart softroce`)"
+                    } else {
+                        "run a daemon of your own user, or the shared one as root"
+                    },
                 ),
                 None,
-            )
+            );
         }
     };
     let links = match client.request(&Request::LinkShow) {
