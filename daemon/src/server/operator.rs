@@ -134,10 +134,9 @@ impl Registry {
         ) else {
             return failure(libc::ENODEV, format!("no device named {name}"));
         };
-        let mut info = match config::device_info(&d.config) {
-            Ok(info) => info,
-            Err(e) => return failure(libc::EIO, format!("{e:#}")),
-        };
+        // A netdev that cannot be read now (gone) leaves the last description; down works
+        // whatever the netdev does.
+        let mut info = config::device_info(&d.config).unwrap_or_else(|_| d.info.clone());
         d.admin_down = !up;
         info.port_active &= up;
         if info != d.info {
