@@ -283,6 +283,11 @@ impl Registry {
     /// Serves until shut down; returns the device threads, to be joined.
     fn run(mut self, rx: Receiver<RegMsg>) -> Vec<std::thread::JoinHandle<()>> {
         let rescan = tick(NETDEV_RESCAN);
+        // Interface changes as they happen (rtnetlink); the tick stays as the backstop.
+        let mut changed = crate::net::interface::watch_changes().unwrap_or_else(|e| {
+            warn!("cannot watch interfaces ({e}): netdevs are re-read every 2 s");
+            crossbeam_channel::never()
+        });
         loop {
             select! {
                 recv(rx) -> msg => match msg {
@@ -311,6 +316,11 @@ impl Registry {
                     Ok(RegMsg::Shutdown) | Err(_) => break,
                 },
                 recv(rescan) -> _ => self.rescan_netdevs(),
+                recv(changed) -> m => match m {
+                    Ok(()) => self.rescan_netdevs(),
+                    // The watch ended (it said why): the tick goes on.
+                    Err(_) => changed = crossbeam_channel::never(),
+                },
             }
         }
         for c in self.captures.values().flatten() {

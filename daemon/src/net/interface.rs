@@ -126,6 +126,63 @@ pub fn interface_speed(name: &str) -> Option<u32> {
     (speed != 0 && speed != u32::MAX && speed != 0xffff).then_some(speed)
 }
 
+/// Rtnetlink's multicast groups of link and address changes (`RTMGRP_LINK`,
+/// `RTMGRP_IPV4_IFADDR`, `RTMGRP_IPV6_IFADDR`).
+const RTMGRP_LINK: u32 = 0x1;
+const RTMGRP_IPV4_IFADDR: u32 = 0x10;
+const RTMGRP_IPV6_IFADDR: u32 = 0x100;
+
+/// A thread that says (one `()` at a time, coalesced) when an interface of the daemon's
+/// network namespace changed: went up or down, gained or lost carrier, an address, its MTU.
+/// Kernel rxe learns of these at once from the netdev notifier chain (`rxe_notify`); a
+/// device that follows a netdev re-reads it on each word from here, so that its port goes
+/// down when the cable does, not up to a polling interval later. What the message said is
+/// not parsed: the devices re-read what they follow. `Err` when rtnetlink is not allowed
+/// (a seccomp filter): the caller's periodic re-read is then all there is.
+pub fn watch_changes() -> io::Result<crossbeam_channel::Receiver<()>> {
+    use nix::sys::socket::{
+        bind, recv, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
+    };
+    use std::os::fd::AsRawFd;
+    let fd = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkRoute,
+    )?;
+    bind(
+        fd.as_raw_fd(),
+        &NetlinkAddr::new(0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR),
+    )?;
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::Builder::new()
+        .name("netdev-watch".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+                    // ENOBUFS: the kernel dropped messages; something changed all the same.
+                    Ok(_) | Err(nix::errno::Errno::ENOBUFS) => {}
+                    Err(nix::errno::Errno::EINTR) => continue,
+                    Err(e) => {
+                        tracing::warn!("netdev watch ends ({e}); netdevs are re-read every 2 s");
+                        return;
+                    }
+                }
+                match tx.try_send(()) {
+                    Ok(()) | Err(crossbeam_channel::TrySendError::Full(())) => {}
+                    Err(crossbeam_channel::TrySendError::Disconnected(())) => return,
+                }
+                // A burst (an interface brought up announces its link, then each address)
+                // is one re-read, and a host whose interfaces churn costs at most 50 a
+                // second: what arrives meanwhile waits in the socket (or overflows it, which
+                // says the same).
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        })?;
+    Ok(rx)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
