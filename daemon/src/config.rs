@@ -1071,7 +1071,14 @@ pub fn tap_device_info(d: &DeviceConfig) -> DeviceInfo {
         },
         max_mtu: 5,
         active_mtu,
-        port_active: true,
+        // The TAP administratively up (`ip link set TAP down` takes the port down; its
+        // carrier is the daemon's own, off only after `softroce link set NAME down`, and
+        // IFF_RUNNING follows a TAP's carrier up to a second late); one not made yet is
+        // about to be, and up.
+        port_active: d
+            .tap
+            .as_deref()
+            .is_none_or(|t| crate::net::interface::interface_up(t).unwrap_or(true)),
         gids,
         netdevs: Vec::new(),
         max_cqe: d.max_cqe,

@@ -260,7 +260,10 @@ impl Registry {
 
     fn rescan_netdevs(&mut self) {
         for (index, d) in self.devices.iter_mut().enumerate() {
-            let Some(d) = d.as_mut().filter(|d| d.config.netdev.is_some()) else {
+            let Some(d) = d
+                .as_mut()
+                .filter(|d| d.config.netdev.is_some() || d.config.tap.is_some())
+            else {
                 continue;
             };
             let Some(link) = link_at(&self.links, index) else {

@@ -12,7 +12,7 @@ use shim_support::operator::{counters, delta, softroce, softroce_json, softroce_
 use shim_support::programs::{loopback_daemon, scratch, Logged};
 use shim_support::{compile_c, require_program, Daemon};
 use std::io::{BufRead, BufReader, Write};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -824,4 +824,57 @@ fn veth_daemon(
         &["--config", path.to_str().unwrap(), "--port", "4791"],
     );
     (ns, d, dir)
+}
+
+/// On the L2 device the port and its TAP go down together, either way round: `softroce link
+/// set NAME down` turns the TAP's carrier off (the host sees NO-CARRIER, as a switch sees a
+/// NIC whose cable was pulled) and back on with `up`; `ip link set TAP down` takes the port
+/// down (IBV_EVENT_PORT_ERR) and `up` brings it back.
+#[test]
+fn the_l2_device_and_its_tap_go_down_together() {
+    let ns = Netns::new("port-tap");
+    ns.bridge("br0", &["tapc"], 1500, &[]);
+    let d = Daemon::start_in(
+        "op-port-tap",
+        Some(&ns.name),
+        &["--name", "srxe0", "--tap", "tapc", "--addr", "10.79.3.1/24"],
+    );
+    let state = || softroce_json(&d, &["link", "show", "srxe0"])[0]["state"].clone();
+    let becomes = |want: &str| {
+        let t0 = Instant::now();
+        while state() != want {
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "srxe0 never {want}\n--- daemon\n{}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let carrier = || {
+        let out = Command::new("ip")
+            .args(["-n", &ns.name, "link", "show", "tapc"])
+            .output()
+            .expect("ip link show");
+        !String::from_utf8_lossy(&out.stdout).contains("NO-CARRIER")
+    };
+    becomes("ACTIVE");
+    assert!(carrier(), "the daemon's TAP has no carrier");
+    let mut watch = asyncwatch(&d, "srxe0");
+    softroce_ok(&d, &["link", "set", "srxe0", "down"]);
+    becomes("DOWN");
+    watch.expect("IBV_EVENT_PORT_ERR (10), port 1", &d);
+    assert!(!carrier(), "link set down left the TAP's carrier on");
+    softroce_ok(&d, &["link", "set", "srxe0", "up"]);
+    becomes("ACTIVE");
+    watch.expect("IBV_EVENT_PORT_ACTIVE (9), port 1", &d);
+    assert!(carrier(), "link set up left the TAP without carrier");
+    ns.ip(&["link", "set", "tapc", "down"]);
+    becomes("DOWN");
+    watch.expect("IBV_EVENT_PORT_ERR (10), port 1", &d);
+    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_DOWN (1)");
+    ns.ip(&["link", "set", "tapc", "up"]);
+    becomes("ACTIVE");
+    watch.expect("IBV_EVENT_PORT_ACTIVE (9), port 1", &d);
+    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_ACTIVE (4)");
 }

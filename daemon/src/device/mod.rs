@@ -119,6 +119,9 @@ pub enum DevMsg {
     SendGsi(GsiOut),
     /// The operator's requests: counters, resources, captures, fault rules.
     Operator(OperatorMsg),
+    /// `softroce link set NAME up|down`: the link's carrier follows (the L2 device's TAP);
+    /// the port state itself comes with the next [`DevMsg::UpdateInfo`].
+    Carrier(bool),
     /// `softroce link del`: fatal to the device's contexts; the thread ends.
     Remove,
     Shutdown,
@@ -430,6 +433,7 @@ impl DeviceThread {
                 self.link.flush();
             }
             DevMsg::Operator(m) => self.operator(m),
+            DevMsg::Carrier(on) => self.link.set_carrier(on),
             DevMsg::Remove => {
                 self.remove();
                 return false;

@@ -77,12 +77,20 @@ pub fn interface_mac(name: &str) -> io::Result<[u8; 6]> {
 /// Whether interface `name` is up with carrier (SIOCGIFFLAGS: IFF_UP and IFF_RUNNING, the
 /// kernel's `netif_running && netif_oper_up`).
 pub fn interface_running(name: &str) -> io::Result<bool> {
+    let want = libc::IFF_UP | libc::IFF_RUNNING;
+    Ok(interface_flags(name)? & want == want)
+}
+
+/// Whether interface `name` is administratively up (IFF_UP).
+pub fn interface_up(name: &str) -> io::Result<bool> {
+    Ok(interface_flags(name)? & libc::IFF_UP != 0)
+}
+
+fn interface_flags(name: &str) -> io::Result<i32> {
     let mut r = ifreq(name)?;
     if_ioctl(libc::SIOCGIFFLAGS, &mut r)?;
     // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
-    let flags = i32::from(unsafe { r.ifr_ifru.ifru_flags });
-    let want = libc::IFF_UP | libc::IFF_RUNNING;
-    Ok(flags & want == want)
+    Ok(i32::from(unsafe { r.ifr_ifru.ifru_flags }))
 }
 
 /// `struct ethtool_cmd` (linux/ethtool.h), enough of it for ETHTOOL_GSET's speed.
@@ -192,6 +200,7 @@ mod tests {
         assert_eq!(interface_mtu("lo").unwrap(), 65536);
         assert_eq!(interface_mac("lo").unwrap(), [0; 6]);
         assert!(interface_running("lo").unwrap());
+        assert!(interface_up("lo").unwrap());
         assert_eq!(interface_speed("lo"), None);
         assert!(interface_mtu("no-such-if0").is_err());
         assert!(interface_mtu("a-name-much-too-long-for-linux").is_err());

@@ -626,6 +626,12 @@ impl Link for L2Link {
         true
     }
 
+    fn set_carrier(&mut self, on: bool) {
+        if let Err(e) = self.tap.set_carrier(on) {
+            tracing::warn!(device = %self.device, "cannot set the TAP's carrier: {e}");
+        }
+    }
+
     fn keep_last_sent(&mut self, on: bool) {
         self.keep_last_sent = on;
         if !on {

@@ -474,4 +474,8 @@ impl Link for Layers {
     fn peer_solves_ident(&mut self, peer: IpAddr, yes: bool) {
         self.inner.peer_solves_ident(peer, yes);
     }
+
+    fn set_carrier(&mut self, on: bool) {
+        self.inner.set_carrier(on);
+    }
 }

@@ -111,6 +111,11 @@ pub trait Link {
         None
     }
 
+    /// The operator set the port up or down (`softroce link set`): a link that is an
+    /// interface of its own (the L2 device's TAP) turns its carrier on or off, so that the
+    /// host sees the cable pulled too. Layers that wrap a link forward it.
+    fn set_carrier(&mut self, _on: bool) {}
+
     /// Whether a capture listens: a link that must copy to show [`Link::last_sent`] (a TAP
     /// link's frame leaves in a slot it does not keep) does so only while asked.
     fn keep_last_sent(&mut self, _on: bool) {}

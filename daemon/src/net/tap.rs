@@ -172,6 +172,20 @@ impl TapIo {
         self.iface.as_raw_fd()
     }
 
+    /// Turns the interface's carrier on or off (TUNSETCARRIER): the operator's `link set
+    /// down` pulls the device's cable as the host sees it (`NO-CARRIER`, a bridge port
+    /// disabled), as a NIC's link going down does.
+    pub fn set_carrier(&self, on: bool) -> io::Result<()> {
+        /// `_IOW('T', 226, int)` (linux/if_tun.h).
+        const TUNSETCARRIER: libc::c_ulong = 0x4004_54e2;
+        let on = libc::c_int::from(on);
+        // SAFETY: an ioctl on the TAP descriptor we own, reading one int from a live local.
+        if unsafe { libc::ioctl(self.iface.as_raw_fd(), TUNSETCARRIER, &on) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// The interface's MTU (the largest frame payload, Ethernet header excluded).
     pub fn mtu(&self) -> usize {
         self.mtu

@@ -136,6 +136,9 @@ impl Registry {
         };
         // A netdev that cannot be read now (gone) leaves the last description; down works
         // whatever the netdev does.
+        if d.config.tap.is_some() {
+            link.send(DevMsg::Carrier(up));
+        }
         let mut info = config::device_info(&d.config).unwrap_or_else(|_| d.info.clone());
         d.admin_down = !up;
         info.port_active &= up;
@@ -429,7 +432,8 @@ impl Registry {
                 t
             };
             let name = &d.info.name;
-            let down_because = match (&d.config.netdev, d.info.port_active) {
+            let follows = d.config.netdev.as_ref().or(d.config.tap.as_ref());
+            let down_because = match (follows, d.info.port_active) {
                 (_, true) => None,
                 _ if d.admin_down => Some(format!(
                     "set down by the operator (`softroce link set {name} up` brings it back)"
