@@ -580,6 +580,48 @@ fn devinfo_state(daemon: &Daemon, device: &str) -> String {
         .join(" ")
 }
 
+/// Waits until `link show srxe0` says `want` (at most 15 s, looking every 20 ms); how long
+/// it took.
+fn link_state_becomes(d: &Daemon, want: &str) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let shown = softroce_json(d, &["link", "show", "srxe0"]);
+        if shown[0]["state"] == want {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "srxe0 never {want}: {shown}\n--- daemon\n{}",
+            d.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What programs see of srxe0's port going down (`down`) or coming back: `ibv_asyncwatch`
+/// prints the event for port 1, the context holder (`PORT_WATCHER`, when there is one) reads
+/// the new state from `ibv_query_port` right after the event, and `ibv_devinfo` says it.
+fn port_change_seen(d: &Daemon, watch: &mut Lines, watcher: Option<&mut Lines>, down: bool) {
+    let (event, query, devinfo) = if down {
+        (
+            "IBV_EVENT_PORT_ERR (10), port 1",
+            "port error port 1: down phys 3",
+            "PORT_DOWN (1)",
+        )
+    } else {
+        (
+            "IBV_EVENT_PORT_ACTIVE (9), port 1",
+            "port active port 1: active phys 5",
+            "PORT_ACTIVE (4)",
+        )
+    };
+    watch.expect(event, d);
+    if let Some(w) = watcher {
+        assert_eq!(w.expect("port 1", d), query);
+    }
+    assert_eq!(devinfo_state(d, "srxe0"), devinfo);
+}
+
 /// `softroce link set srxe0 down` pulls the cable, as unmodified programs see it: an
 /// `ib_write_bw` in full flight (on the same-host fast path) ends with "Failed status 12"
 /// (transport retry counter exceeded, what an RC requester reports when its peer is
@@ -615,12 +657,7 @@ fn a_port_set_down_is_a_pulled_cable_to_programs() {
         std::thread::sleep(Duration::from_millis(50));
     }
     softroce_ok(&d, &["link", "set", "srxe0", "down"]);
-    watch.expect("IBV_EVENT_PORT_ERR (10), port 1", &d);
-    assert_eq!(
-        watcher.expect("port 1", &d),
-        "port error port 1: down phys 3"
-    );
-    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_DOWN (1)");
+    port_change_seen(&d, &mut watch, Some(&mut watcher), true);
     let shown = softroce_json(&d, &["link", "show", "srxe0"]);
     assert_eq!(shown[0]["state"], "DOWN", "{shown}");
     assert_eq!(shown[0]["physical_state"], "DISABLED", "{shown}");
@@ -645,12 +682,7 @@ fn a_port_set_down_is_a_pulled_cable_to_programs() {
     );
 
     softroce_ok(&d, &["link", "set", "srxe0", "up"]);
-    watch.expect("IBV_EVENT_PORT_ACTIVE (9), port 1", &d);
-    assert_eq!(
-        watcher.expect("port 1", &d),
-        "port active port 1: active phys 5"
-    );
-    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_ACTIVE (4)");
+    port_change_seen(&d, &mut watch, Some(&mut watcher), false);
     ProgramPair::start(
         &d,
         &d,
@@ -696,26 +728,10 @@ fn a_netdev_device_goes_down_with_its_carrier() {
         "10.79.2.1/24",
         "[[device]]\nname = \"srxe0\"\nnetdev = \"src0\"\n",
     );
-    // How long the port took to follow (the daemon re-reads the netdev at once on
-    // rtnetlink's word, and every 2 s regardless).
+    // How long the port took to follow each change (the daemon re-reads the netdev at
+    // once on rtnetlink's word, and every 2 s regardless).
     let mut took = Vec::new();
-    let mut state_becomes = |want: &str| {
-        let t0 = Instant::now();
-        loop {
-            let shown = softroce_json(&d, &["link", "show", "srxe0"]);
-            if shown[0]["state"] == want {
-                took.push(t0.elapsed());
-                return;
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(15),
-                "srxe0 never {want}: {shown}\n--- daemon\n{}",
-                d.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
-    state_becomes("ACTIVE");
+    link_state_becomes(&d, "ACTIVE");
     let mut watch = asyncwatch(&d, "srxe0");
     let mut watcher = Lines::spawn({
         let mut c = d.command(&compile_c("op_port_watcher", PORT_WATCHER, &["ibverbs"]));
@@ -724,13 +740,8 @@ fn a_netdev_device_goes_down_with_its_carrier() {
     });
     watcher.expect("ready active", &d);
     ns.ip(&["link", "set", "src1", "down"]);
-    state_becomes("DOWN");
-    watch.expect("IBV_EVENT_PORT_ERR (10), port 1", &d);
-    assert_eq!(
-        watcher.expect("port 1", &d),
-        "port error port 1: down phys 3"
-    );
-    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_DOWN (1)");
+    took.push(link_state_becomes(&d, "DOWN"));
+    port_change_seen(&d, &mut watch, Some(&mut watcher), true);
     let shown = softroce_json(&d, &["link", "show", "srxe0"]);
     assert!(
         shown[0]["down_because"]
@@ -739,13 +750,8 @@ fn a_netdev_device_goes_down_with_its_carrier() {
         "{shown}"
     );
     ns.ip(&["link", "set", "src1", "up"]);
-    state_becomes("ACTIVE");
-    watch.expect("IBV_EVENT_PORT_ACTIVE (9), port 1", &d);
-    assert_eq!(
-        watcher.expect("port 1", &d),
-        "port active port 1: active phys 5"
-    );
-    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_ACTIVE (4)");
+    took.push(link_state_becomes(&d, "ACTIVE"));
+    port_change_seen(&d, &mut watch, Some(&mut watcher), false);
     // The MTU follows the netdev's, seen by the open context: 1500 carries 1024 (3), 9000
     // carries 4096 (5), as rxe's `rxe_set_mtu`.
     let mut ask_mtu = |want: &str| {
@@ -784,14 +790,13 @@ fn a_netdev_device_goes_down_with_its_carrier() {
     drop(watcher);
     // Once more down and up.
     ns.ip(&["link", "set", "src1", "down"]);
-    state_becomes("DOWN");
+    took.push(link_state_becomes(&d, "DOWN"));
     ns.ip(&["link", "set", "src1", "up"]);
-    state_becomes("ACTIVE");
+    took.push(link_state_becomes(&d, "ACTIVE"));
     let shown = softroce_json(&d, &["stat", "srxe0"]);
     assert_eq!(shown[0]["link_downed"], 2, "{shown}");
     // Each change followed at once, as rxe's port follows its netdev's notifier, not at the
     // next 2 s re-read (which all five would beat by 600 ms once in 400 runs).
-    took.remove(0);
     took.push(mtu_took);
     assert!(
         took.iter().all(|t| *t < Duration::from_millis(600)),
@@ -839,18 +844,6 @@ fn the_l2_device_and_its_tap_go_down_together() {
         Some(&ns.name),
         &["--name", "srxe0", "--tap", "tapc", "--addr", "10.79.3.1/24"],
     );
-    let state = || softroce_json(&d, &["link", "show", "srxe0"])[0]["state"].clone();
-    let becomes = |want: &str| {
-        let t0 = Instant::now();
-        while state() != want {
-            assert!(
-                t0.elapsed() < Duration::from_secs(15),
-                "srxe0 never {want}\n--- daemon\n{}",
-                d.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
     let carrier = || {
         let out = Command::new("ip")
             .args(["-n", &ns.name, "link", "show", "tapc"])
@@ -858,23 +851,21 @@ fn the_l2_device_and_its_tap_go_down_together() {
             .expect("ip link show");
         !String::from_utf8_lossy(&out.stdout).contains("NO-CARRIER")
     };
-    becomes("ACTIVE");
+    link_state_becomes(&d, "ACTIVE");
     assert!(carrier(), "the daemon's TAP has no carrier");
     let mut watch = asyncwatch(&d, "srxe0");
     softroce_ok(&d, &["link", "set", "srxe0", "down"]);
-    becomes("DOWN");
-    watch.expect("IBV_EVENT_PORT_ERR (10), port 1", &d);
+    link_state_becomes(&d, "DOWN");
+    port_change_seen(&d, &mut watch, None, true);
     assert!(!carrier(), "link set down left the TAP's carrier on");
     softroce_ok(&d, &["link", "set", "srxe0", "up"]);
-    becomes("ACTIVE");
-    watch.expect("IBV_EVENT_PORT_ACTIVE (9), port 1", &d);
+    link_state_becomes(&d, "ACTIVE");
+    port_change_seen(&d, &mut watch, None, false);
     assert!(carrier(), "link set up left the TAP without carrier");
     ns.ip(&["link", "set", "tapc", "down"]);
-    becomes("DOWN");
-    watch.expect("IBV_EVENT_PORT_ERR (10), port 1", &d);
-    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_DOWN (1)");
+    link_state_becomes(&d, "DOWN");
+    port_change_seen(&d, &mut watch, None, true);
     ns.ip(&["link", "set", "tapc", "up"]);
-    becomes("ACTIVE");
-    watch.expect("IBV_EVENT_PORT_ACTIVE (9), port 1", &d);
-    assert_eq!(devinfo_state(&d, "srxe0"), "PORT_ACTIVE (4)");
+    link_state_becomes(&d, "ACTIVE");
+    port_change_seen(&d, &mut watch, None, false);
 }

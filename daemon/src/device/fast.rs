@@ -351,7 +351,7 @@ impl DeviceThread {
     fn fast_eligible(&self, client: u64, qpn: u32) -> Option<(u64, u32)> {
         // A capture or a fault rule sees or alters the packets between local QPs: those
         // packets must exist (they go through the link's layers).
-        if !self.fast.enabled || self.observed_now() || self.local_via_socket {
+        if !self.fast.enabled || self.local_packets_in_layers() || self.local_via_socket {
             return None;
         }
         let c = self.clients.get(&client)?;
@@ -993,9 +993,10 @@ impl DeviceThread {
         true
     }
 
-    /// Whether a capture or a fault rule observes the device, or its port is down (the
-    /// packets between its QPs must then exist, to be seen or dropped).
-    pub(super) fn observed_now(&self) -> bool {
+    /// Whether packets between the device's QPs must pass the link's layers, where the fast
+    /// path has none: a capture or a fault rule watches them, or the port is down and drops
+    /// them.
+    pub(super) fn local_packets_in_layers(&self) -> bool {
         self.link.capture.is_on()
             || self.link.faults.is_on()
             || self.naks.is_on()
@@ -1003,24 +1004,25 @@ impl DeviceThread {
     }
 
     /// Once the last capture has ended (a capture ends on its own: its reader went away or
-    /// took its count) and no fault rule is left, the QPs are offered again: a capture of a
-    /// few seconds must not leave the programs that ran through it on the device's path for
-    /// the rest of their lives. Each round; three tests when nothing changed.
-    pub(super) fn notice_observers_gone(&mut self) {
-        let observed = self.observed_now();
-        if self.observed && !observed {
-            self.fast_observed(false);
+    /// took its count), no fault rule is left and the port is up, the QPs are offered again:
+    /// a capture of a few seconds must not leave the programs that ran through it on the
+    /// device's path for the rest of their lives. Each round; four tests when nothing changed.
+    pub(super) fn notice_layers_clear(&mut self) {
+        let now = self.local_packets_in_layers();
+        if self.through_layers && !now {
+            self.fast_through_layers(false);
         }
-        self.observed = observed;
+        self.through_layers = now;
     }
 
-    /// A capture or a fault rule starts (`observed`) or the last one ends on this device. The
-    /// packets between local QPs must then go through the link's layers, where the fast path
-    /// has none: every direction is revoked (they come back as their takers leave them, the
-    /// loop retries) and nothing is offered until nothing observes the device any more.
-    pub(super) fn fast_observed(&mut self, observed: bool) {
+    /// A capture or a fault rule starts, or the port goes down (`needed`), or the last of
+    /// them ends on this device. While any holds, the packets between local QPs must go
+    /// through the link's layers, where the fast path has none: every direction is revoked
+    /// (they come back as their takers leave them, the loop retries) and nothing is offered
+    /// until none holds any more.
+    pub(super) fn fast_through_layers(&mut self, needed: bool) {
         let all: Vec<u64> = self.fast.directions.keys().copied().collect();
-        if observed && !self.revoke_all(&all, false) {
+        if needed && !self.revoke_all(&all, false) {
             self.fast_waiting.push(super::Waiting {
                 directions: all,
                 revoke: true,

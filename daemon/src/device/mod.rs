@@ -168,9 +168,10 @@ pub struct DeviceThread {
     fast: fast::FastPaths,
     /// Requests, replies and revocations waiting for directions to come back.
     fast_waiting: Vec<Waiting>,
-    /// A capture or a fault rule observed the device at the end of the last round: the
-    /// same-host fast path is offered again once none does ([`DeviceThread::fast_observed`]).
-    observed: bool,
+    /// Packets between local QPs had to pass the link's layers at the end of the last round
+    /// (a capture, a fault rule, the port down): the same-host fast path is offered again
+    /// once none holds ([`DeviceThread::fast_through_layers`]).
+    through_layers: bool,
     /// Which peers are softroce devices, and the QPs waiting to know ([`loss_recovery`]).
     negotiation: loss_recovery::Negotiation,
     /// What every engine of the device runs (`--cc`, `--cc-param`).
@@ -247,7 +248,13 @@ impl DeviceThread {
             limits: cfg.limits,
             index: index as u32,
             qpn_blocks,
-            link: Layers::new(link, info.node_guid, clients::random_seed()),
+            link: {
+                let mut layers = Layers::new(link, info.node_guid, clients::random_seed());
+                // A device may start with its port down (its netdev without carrier): it
+                // carries nothing until the port comes up, as after a `link set down`.
+                layers.set_port_up(info.port_active);
+                layers
+            },
             naks: FaultInjector::new(clients::random_seed()),
             gsi_sent: 0,
             gsi_rcvd: 0,
@@ -265,7 +272,7 @@ impl DeviceThread {
             groups: HashMap::new(),
             fast: fast::FastPaths::new(true),
             fast_waiting: Vec::new(),
-            observed: false,
+            through_layers: false,
             congestion,
             drops: DeviceDrops::default(),
             departed: tp::Counters::default(),
@@ -517,7 +524,7 @@ impl DeviceThread {
         if busy {
             self.link.flush();
         }
-        self.notice_observers_gone();
+        self.notice_layers_clear();
         busy
     }
 

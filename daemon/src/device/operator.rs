@@ -174,7 +174,7 @@ impl DeviceThread {
                 self.link.capture.attach(shared, iface, qpns);
                 // The packets between local QPs must exist for the capture: the same-host
                 // fast path's directions come back, and none is offered while it runs.
-                self.fast_observed(true);
+                self.fast_through_layers(true);
             }
             OperatorMsg::FaultAdd(rule) => {
                 let qpns = rule.qpn.map_or_else(Vec::new, |q| self.qp_and_peer(q));
@@ -184,14 +184,14 @@ impl DeviceThread {
                 } else {
                     self.link.faults.add(rule, qpns);
                 }
-                self.fast_observed(true);
+                self.fast_through_layers(true);
             }
             OperatorMsg::FaultClear => {
                 info!(device = %self.info.name, "fault rules cleared");
                 self.link.faults.clear();
                 self.naks.clear();
                 // Offered again where the conditions hold (a capture may still run).
-                self.fast_observed(false);
+                self.fast_through_layers(false);
             }
             OperatorMsg::FaultShow { reply } => {
                 let mut all = self.link.faults.status();
@@ -349,7 +349,7 @@ impl DeviceThread {
             IBV_EVENT_PORT_ACTIVE
         } else {
             self.link_downs += 1;
-            self.fast_observed(true);
+            self.fast_through_layers(true);
             IBV_EVENT_PORT_ERR
         };
         let mut rec = [0u8; 16];

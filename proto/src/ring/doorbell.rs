@@ -270,6 +270,18 @@ mod tests {
         vec![Line([0; 64]); table_len(capacity).div_ceil(64)]
     }
 
+    /// The daemon's and the client's handles on a fresh table of `capacity` in `m`
+    /// (`mem(capacity)`, which outlives both).
+    fn both_ends(m: &mut [Line], capacity: u32) -> (Doorbells, Doorbells) {
+        let p = m.as_mut_ptr().cast::<u8>();
+        // SAFETY: `m` is zeroed, 64-byte aligned, table_len(capacity) bytes long and outlives
+        // the handles (the tests keep it until their end).
+        let daemon = unsafe { Doorbells::init(p, capacity) };
+        // SAFETY: as above; the daemon's end has just initialised the header.
+        let client = unsafe { Doorbells::attach(p, m.len() * 64) }.unwrap();
+        (daemon, client)
+    }
+
     fn taken(d: &Doorbells) -> BTreeSet<u32> {
         let mut out = BTreeSet::new();
         d.take(|i| {
@@ -281,9 +293,7 @@ mod tests {
     #[test]
     fn the_port_word_says_nothing_until_written_then_the_last_state() {
         let mut m = mem(64);
-        let p = m.as_mut_ptr().cast::<u8>();
-        let daemon = unsafe { Doorbells::init(p, 64) };
-        let client = unsafe { Doorbells::attach(p, m.len() * 64) }.unwrap();
+        let (daemon, client) = both_ends(&mut m, 64);
         assert_eq!(client.port(), None);
         daemon.set_port(true, 5);
         assert_eq!(client.port(), Some((true, 5)));
@@ -297,9 +307,7 @@ mod tests {
     #[test]
     fn marked_doorbells_are_taken_once_across_every_level() {
         let mut m = mem(MAX_DOORBELLS);
-        let p = m.as_mut_ptr().cast::<u8>();
-        let daemon = unsafe { Doorbells::init(p, MAX_DOORBELLS) };
-        let client = unsafe { Doorbells::attach(p, m.len() * 64) }.unwrap();
+        let (daemon, client) = both_ends(&mut m, MAX_DOORBELLS);
         assert!(taken(&daemon).is_empty());
         let marks = [
             0,
@@ -329,9 +337,7 @@ mod tests {
     #[test]
     fn a_sleeping_daemon_is_woken_exactly_when_needed() {
         let mut m = mem(128);
-        let p = m.as_mut_ptr().cast::<u8>();
-        let daemon = unsafe { Doorbells::init(p, 128) };
-        let client = unsafe { Doorbells::attach(p, m.len() * 64) }.unwrap();
+        let (daemon, client) = both_ends(&mut m, 128);
         client.ring(5);
         assert!(daemon.prepare_sleep(), "work pending: do not sleep");
         assert_eq!(taken(&daemon), BTreeSet::from([5]));
