@@ -329,14 +329,21 @@ impl Drop for Daemon {
     }
 }
 
-/// Compiles a C test program against the system headers; `libs` are extra `-l` flags.
+/// Compiles a C test program against the system headers; `libs` are extra `-l` flags. Each
+/// test process builds its own copy: two tests of one binary compiling the same program side
+/// by side (nextest runs each in a process of its own) had one run the file while the other's
+/// `cc` was writing it, and fail with ETXTBSY ("Text file busy"). The directories are left
+/// in the scratch tree with the rest of the tests' files.
 pub fn compile_c(name: &str, source: &str, libs: &[&str]) -> PathBuf {
     let cc = require_program("cc");
     assert!(
         Path::new("/usr/include/infiniband/verbs.h").is_file(),
         "<infiniband/verbs.h> is missing: run scripts/test (installs libibverbs-dev)"
     );
-    let dir = scratch_root().join("shim-c");
+    // A directory per process: the program keeps its name, which tests look for (`comm`).
+    let dir = scratch_root()
+        .join("shim-c")
+        .join(std::process::id().to_string());
     std::fs::create_dir_all(&dir).expect("create scratch dir");
     let src = dir.join(format!("{name}.c"));
     let exe = dir.join(name);
