@@ -272,6 +272,7 @@ impl Registry {
             match config::device_info(&d.config) {
                 Ok(mut info) => {
                     info.port_active &= !d.admin_down;
+                    proto::ctl::keep_gid_indices(&d.info.gids, &mut info.gids);
                     if info != d.info {
                         info!(device = %info.name, gids = info.gids.len(),
                               port_active = info.port_active, "netdev changed");

@@ -1476,11 +1476,65 @@ pub fn ctl_attr(state: crate::transport::QpState, a: &crate::transport::QpAttr) 
     }
 }
 
+/// What an empty slot of a GID table holds where a table is a list of addresses by index
+/// ([`DeviceInfo::gid_table`]): the unspecified address, which no packet carries.
+pub const NO_GID: std::net::IpAddr = std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED);
+
 impl DeviceInfo {
-    /// The GID table's entries as addresses, in table order.
+    /// The addresses of the GID table's entries, in table order (a `--roce both` device's
+    /// addresses once per type).
     pub fn gid_addrs(&self) -> Vec<std::net::IpAddr> {
         self.gids.iter().map(|g| ip_of_gid(g.gid)).collect()
     }
+
+    /// The GID table by index: entry `i` is GID index `i`'s address, [`NO_GID`] where the
+    /// slot is empty (an address went away and its index is not reused until another comes).
+    pub fn gid_table(&self) -> Vec<std::net::IpAddr> {
+        let len = self.gids.iter().map(|g| g.index as usize + 1).max();
+        let mut table = vec![NO_GID; len.unwrap_or(0).min(MAX_GID_TABLE)];
+        for g in &self.gids {
+            if let Some(slot) = table.get_mut(g.index as usize) {
+                *slot = ip_of_gid(g.gid);
+            }
+        }
+        table
+    }
+
+    /// The entry at GID index `index`, if the slot is filled.
+    pub fn gid_entry(&self, index: usize) -> Option<&GidEntry> {
+        self.gids.iter().find(|g| g.index as usize == index)
+    }
+}
+
+/// The GID table's length (rxe's `RXE_PORT_GID_TBL_LEN`, the port's `gid_tbl_len`): no
+/// entry has an index past it.
+pub const MAX_GID_TABLE: usize = 1024;
+
+/// `next` (a device's GID entries freshly read, indices in the order found) renumbered as the
+/// kernel's GID cache keeps its table (`ib_cache_gid_add`): an entry that was in `prev` keeps
+/// its index, so the QPs and AHs that name it go on naming it; a new one takes the lowest
+/// index free; the slot of one that went away stays empty until a new entry fills it. (A
+/// table renumbered from scratch at each change moved a running program's source GID under
+/// it when an address came before it in the interface's list.)
+pub fn keep_gid_indices(prev: &[GidEntry], next: &mut [GidEntry]) {
+    let same = |a: &GidEntry, b: &GidEntry| a.gid == b.gid && a.roce == b.roce;
+    let mut used = std::collections::BTreeSet::new();
+    let mut kept = vec![false; next.len()];
+    for (i, n) in next.iter_mut().enumerate() {
+        if let Some(p) = prev.iter().find(|p| same(p, n)) {
+            if used.insert(p.index) {
+                n.index = p.index;
+                kept[i] = true;
+            }
+        }
+    }
+    let mut free = (0u32..).filter(|i| !used.contains(i));
+    for (n, kept) in next.iter_mut().zip(kept) {
+        if !kept {
+            n.index = free.next().unwrap_or(u32::MAX);
+        }
+    }
+    next.sort_by_key(|g| g.index);
 }
 
 #[cfg(test)]
@@ -1765,5 +1819,48 @@ mod tests {
         );
         assert_eq!("V1".parse::<RoceVersion>(), Ok(RoceVersion::V1));
         assert!("v3".parse::<RoceVersion>().is_err());
+    }
+
+    /// The kernel's GID cache keeps an entry's index while it lives: a new address takes the
+    /// lowest free index, one gone leaves its slot empty (and `gid_table` shows the hole).
+    #[test]
+    fn gid_indices_stay_put_across_changes() {
+        let e = |index, last: u8, roce| GidEntry {
+            index,
+            gid: gid_of(std::net::Ipv4Addr::new(10, 0, 0, last).into()),
+            roce,
+        };
+        let v2 = RoceVersion::V2;
+        let prev = [e(0, 1, v2), e(1, 2, v2), e(2, 3, v2)];
+        // .2 went away; .9 came before the others in the interface's list.
+        let mut next = [e(0, 9, v2), e(1, 1, v2), e(2, 3, v2)];
+        keep_gid_indices(&prev, &mut next);
+        assert_eq!(next, [e(0, 1, v2), e(1, 9, v2), e(2, 3, v2)]);
+        // A hole stays a hole until an entry fills it.
+        let mut next = [e(0, 1, v2), e(1, 3, v2)];
+        keep_gid_indices(&prev, &mut next);
+        assert_eq!(next, [e(0, 1, v2), e(2, 3, v2)]);
+        let info = DeviceInfo {
+            name: "srxe0".into(),
+            node_guid: 1,
+            roce: RoceVersion::V2,
+            max_mtu: 5,
+            active_mtu: 5,
+            port_active: true,
+            gids: next.to_vec(),
+            netdevs: Vec::new(),
+            max_cqe: 1,
+            speed_mbps: 1,
+            limits: DeviceLimits::default(),
+        };
+        let a = |last| std::net::IpAddr::from(std::net::Ipv4Addr::new(10, 0, 0, last));
+        assert_eq!(info.gid_table(), [a(1), NO_GID, a(3)]);
+        assert_eq!(info.gid_entry(2).map(|g| g.gid), Some(gid_of(a(3))));
+        assert!(info.gid_entry(1).is_none());
+        // The same address once per type keeps both entries.
+        let prev = [e(0, 1, RoceVersion::V1), e(1, 1, v2)];
+        let mut next = [e(0, 1, v2), e(1, 1, RoceVersion::V1)];
+        keep_gid_indices(&prev, &mut next);
+        assert_eq!(next, prev);
     }
 }

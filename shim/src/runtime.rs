@@ -15,7 +15,7 @@ use libc::c_int;
 
 use crate::abi::*;
 use crate::daemon::ControlConnection;
-use crate::discovery::{source_from_env, DeviceDescription, DeviceSource};
+use crate::discovery::{source_from_env, DeviceDescription, DeviceSource, GidDescription};
 use crate::ffi::Errno;
 use crate::shm::Mapping;
 use proto::ctl::{Request, Response};
@@ -28,6 +28,10 @@ pub struct ShimDevice {
     pub dev: IbvDevice,
     pub index: usize,
     pub desc: DeviceDescription,
+    /// Port 1's GID table as the daemon last gave it, and the generation it came with
+    /// (`None`: the one in `desc`, of unknown generation). The table changes while contexts
+    /// are open (the netdev's addresses come and go): [`ShimDevice::gids`].
+    live_gids: Mutex<(Option<u16>, Vec<Option<GidDescription>>)>,
 }
 
 impl ShimDevice {
@@ -56,7 +60,47 @@ impl ShimDevice {
             &mut dev.ibdev_path,
             &format!("/sys/class/infiniband/{}", desc.name),
         );
-        Self { dev, index, desc }
+        let gids = desc
+            .ports
+            .first()
+            .map(|p| p.gids.clone())
+            .unwrap_or_default();
+        Self {
+            dev,
+            index,
+            desc,
+            live_gids: Mutex::new((None, gids)),
+        }
+    }
+
+    /// Port 1's GID table now, for a context whose doorbell table's port word says the
+    /// daemon's table is at `generation`: a copy of another generation is asked for again
+    /// (one control request per change, as the kernel's query reads its GID cache). Without
+    /// a generation (no doorbell table), or when the daemon cannot answer, the last copy.
+    pub fn gids(&self, generation: Option<u16>) -> Vec<Option<GidDescription>> {
+        let Ok(mut live) = self.live_gids.lock() else {
+            return self
+                .desc
+                .ports
+                .first()
+                .map(|p| p.gids.clone())
+                .unwrap_or_default();
+        };
+        if generation.is_some() && live.0 != generation {
+            // The generation was read before the question: the answer is at least as new.
+            let fresh = crate::daemon::connection()
+                .and_then(|c| c.query_devices())
+                .ok()
+                .and_then(|infos| {
+                    let info = infos.iter().find(|i| i.name == self.desc.name)?;
+                    let d = crate::discovery::description_from_daemon(info);
+                    d.ports.into_iter().next().map(|p| p.gids)
+                });
+            if let Some(gids) = fresh {
+                *live = (generation, gids);
+            }
+        }
+        live.1.clone()
     }
 
     pub fn as_ptr(&self) -> *mut IbvDevice {
@@ -387,6 +431,18 @@ pub fn read_record(fd: RawFd, buf: &mut [u8]) -> Result<usize, Errno> {
 }
 
 impl ShimContext {
+    /// Port 1's GID table now: it follows the netdev's addresses while the context is open,
+    /// and the generation in the context's doorbell table says whether the device's copy is
+    /// current ([`ShimDevice::gids`]).
+    pub fn gids(&self) -> Vec<Option<GidDescription>> {
+        let generation = self
+            .bells
+            .as_ref()
+            .and_then(|(b, _)| b.port())
+            .map(|p| p.gid_generation);
+        self.device.gids(generation)
+    }
+
     /// Sends `request` to the daemon; a daemon-side failure becomes its errno.
     pub fn call(
         &self,

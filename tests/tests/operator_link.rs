@@ -453,23 +453,39 @@ fn a_device_of_fixed_addresses_and_a_netdev_device_share_the_port() {
     );
 }
 
-/// Opens `argv[1]`, says ready, then for each of two async events prints the event and the
-/// port state `ibv_query_port` gives right after it (a program that learns the port went
-/// down and looks for when it is back); then, at each line on its stdin, the port's active
-/// MTU (which follows the netdev's MTU, with no event).
-const PORT_WATCHER: &str = r#"
+/// The C the watchers share: the headers, and `open_named`, which opens the device of that
+/// name (NULL if there is none).
+macro_rules! open_named_c {
+    () => {
+        r#"
 #include <stdio.h>
 #include <string.h>
+#include <arpa/inet.h>
 #include <infiniband/verbs.h>
 
-int main(int argc, char **argv) {
-    if (argc != 2) return 2;
+static struct ibv_context *open_named(const char *name) {
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
     struct ibv_context *ctx = NULL;
     for (int i = 0; list && i < n; i++)
-        if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
+        if (!strcmp(ibv_get_device_name(list[i]), name))
             ctx = ibv_open_device(list[i]);
+    return ctx;
+}
+"#
+    };
+}
+
+/// Opens `argv[1]`, says ready, then for each of two async events prints the event and the
+/// port state `ibv_query_port` gives right after it (a program that learns the port went
+/// down and looks for when it is back); then, at each line on its stdin, the port's active
+/// MTU (which follows the netdev's MTU, with no event).
+const PORT_WATCHER: &str = concat!(
+    open_named_c!(),
+    r#"
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    struct ibv_context *ctx = open_named(argv[1]);
     if (!ctx) { printf("FAIL open\n"); return 1; }
     struct ibv_port_attr a;
     if (ibv_query_port(ctx, 1, &a)) { printf("FAIL query\n"); return 1; }
@@ -494,7 +510,8 @@ int main(int argc, char **argv) {
     ibv_close_device(ctx);
     return 0;
 }
-"#;
+"#
+);
 
 /// A program's output lines as they come (stdout piped, read on a thread).
 struct Lines {
@@ -804,8 +821,124 @@ fn a_netdev_device_goes_down_with_its_carrier() {
     );
 }
 
+/// Opens `argv[1]`, prints its GID table ("ready: INDEX=ADDRESS ..."), then at each async
+/// event the event and the table `ibv_query_gid_ex` reads right after it.
+const GID_WATCHER: &str = concat!(
+    open_named_c!(),
+    r#"
+/* Port 1's GID table as ibv_query_gid_ex reads it now: " INDEX=ADDRESS" per entry. */
+static void table(struct ibv_context *ctx, const char *what) {
+    printf("%s:", what);
+    for (int i = 0; i < 16; i++) {
+        struct ibv_gid_entry e;
+        char s[INET6_ADDRSTRLEN];
+        if (ibv_query_gid_ex(ctx, 1, i, &e, 0)) continue;
+        inet_ntop(AF_INET6, e.gid.raw, s, sizeof s);
+        printf(" %d=%s", i, s);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    struct ibv_context *ctx = open_named(argv[1]);
+    if (!ctx) { printf("FAIL open\n"); return 1; }
+    table(ctx, "ready");
+    for (;;) {
+        struct ibv_async_event ev;
+        char what[64];
+        if (ibv_get_async_event(ctx, &ev)) { printf("FAIL get event\n"); return 1; }
+        snprintf(what, sizeof what, "%s port %d", ibv_event_type_str(ev.event_type),
+                 ev.element.port_num);
+        ibv_ack_async_event(&ev);
+        table(ctx, what);
+    }
+}
+"#
+);
+
+/// `rping -c` (unmodified) to `addr`, port `port`, two pings: it must succeed.
+fn rping_to(d: &Daemon, addr: &str, port: &str, log: std::path::PathBuf) {
+    let mut cmd = d.command(&require_program("rping"));
+    cmd.args(["-c", "-a", addr, "-p", port, "-v", "-C", "2"]);
+    let mut client = Logged::spawn(cmd, log);
+    let status = client.wait_for(Duration::from_secs(30));
+    let out = client.output();
+    assert!(
+        status.is_some_and(|s| s.success()) && out.contains("ping data: rdma-ping-1"),
+        "rping to {addr}: {status:?}\n{out}\n--- daemon\n{}",
+        d.log()
+    );
+}
+
+/// A device's GID table follows its netdev's addresses as the kernel's GID cache does
+/// (`roce_gid_mgmt`, `ib_cache_gid_add`): an address added takes the lowest free index, one
+/// removed leaves its slot empty while the others keep theirs (a running program's QPs and
+/// AHs go on naming the same GIDs). Every open context gets IBV_EVENT_GID_CHANGE for port 1
+/// (`ibv_asyncwatch`) and reads the new table from `ibv_query_gid_ex` at once; a running
+/// rdma_cm server (`rping -s -P`, whose process made its first connection before the change)
+/// accepts on the new address; `ibv_devinfo` in a new process shows the same indices.
+#[test]
+fn the_gid_table_follows_the_netdevs_addresses() {
+    let (ns, d, dir) = veth_daemon(
+        "gid-table",
+        ["gsrc0", "gsrc1"],
+        "10.79.4.1/24",
+        "[[device]]\nname = \"srxe0\"\nnetdev = \"gsrc0\"\n",
+    );
+    link_state_becomes(&d, "ACTIVE");
+    let mut watch = asyncwatch(&d, "srxe0");
+    let mut watcher = Lines::spawn({
+        let mut c = d.command(&compile_c("op_gid_watcher", GID_WATCHER, &["ibverbs"]));
+        c.arg("srxe0");
+        c
+    });
+    assert_eq!(watcher.expect("ready", &d), "ready: 0=::ffff:10.79.4.1");
+    let mut server = d.command(&require_program("rping"));
+    server.args(["-s", "-P", "-a", "0.0.0.0", "-p", "19583", "-v", "-C", "2"]);
+    let _server = Logged::spawn(server, dir.join("server.log"));
+    std::thread::sleep(Duration::from_millis(500));
+    rping_to(&d, "10.79.4.1", "19583", dir.join("client1.log"));
+
+    // Another subnet: a second address of 10.79.4.0/24 would be a secondary, which the
+    // kernel removes with the primary.
+    ns.ip(&["addr", "add", "10.79.5.9/24", "dev", "gsrc0"]);
+    watch.expect("IBV_EVENT_GID_CHANGE (18), port 1", &d);
+    watcher.expect(
+        "GID table change port 1: 0=::ffff:10.79.4.1 1=::ffff:10.79.5.9",
+        &d,
+    );
+    rping_to(&d, "10.79.5.9", "19583", dir.join("client2.log"));
+
+    ns.ip(&["addr", "del", "10.79.4.1/24", "dev", "gsrc0"]);
+    watch.expect("IBV_EVENT_GID_CHANGE (18), port 1", &d);
+    watcher.expect("GID table change port 1: 1=::ffff:10.79.5.9", &d);
+    let devinfo = d.run_preloaded(&require_program("ibv_devinfo"), &["-d", "srxe0", "-v"]);
+    let gids: Vec<&str> = devinfo
+        .lines()
+        .filter(|l| l.contains("GID["))
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        gids,
+        ["GID[  1]:\t\t::ffff:10.79.5.9, RoCE v2"],
+        "{devinfo}"
+    );
+    rping_to(&d, "10.79.5.9", "19583", dir.join("client3.log"));
+
+    // The slot left empty is the lowest free one for the next address.
+    ns.ip(&["addr", "add", "10.79.6.7/24", "dev", "gsrc0"]);
+    watcher.expect(
+        "GID table change port 1: 0=::ffff:10.79.6.7 1=::ffff:10.79.5.9",
+        &d,
+    );
+}
+
 /// A network namespace with a veth pair `ends`, the first with `addr`, both up, and a daemon
-/// in it on `config` (TOML); with the test's scratch directory.
+/// in it on `config` (TOML); with the test's scratch directory. IPv6 is off on the pair: a
+/// link-local address that came after the daemon started would take a GID index at a moment
+/// the test does not choose.
 fn veth_daemon(
     tag: &str,
     ends: [&str; 2],
@@ -816,6 +949,9 @@ fn veth_daemon(
     ns.ip(&[
         "link", "add", ends[0], "type", "veth", "peer", "name", ends[1],
     ]);
+    for end in ends {
+        ns.sysctl(&format!("net.ipv6.conf.{end}.disable_ipv6"), "1");
+    }
     ns.ip(&["addr", "add", addr, "dev", ends[0]]);
     for end in ends {
         ns.ip(&["link", "set", end, "up"]);

@@ -10,7 +10,7 @@ use super::DeviceThread;
 use crate::memory::ProcessMemory;
 use crate::peer::ClientProcess;
 use crate::shm::SharedRegion;
-use proto::ctl::{ClientResources, RoceVersion};
+use proto::ctl::ClientResources;
 use proto::ring::SharedRing;
 use proto::transport::{self as tp, MemoryAccess, MemoryError, Mtu, QpCap, RecvWr, SendWr};
 use proto::Qpn;
@@ -349,7 +349,7 @@ impl DeviceThread {
         process: &Arc<ClientProcess>,
     ) -> Result<&mut ClientDev, (i32, &'static str)> {
         if !self.clients.contains_key(&client) {
-            let Some(&first) = self.gids.first() else {
+            let Some(&first) = self.gids.iter().find(|a| !a.is_unspecified()) else {
                 return Err((libc::ENETDOWN, "the device has no address (port down)"));
             };
             let Some(block) = self.qpn_blocks.take() else {
@@ -365,15 +365,7 @@ impl DeviceThread {
             // reports as `max_cqe`.
             config.max_cqe = self.info.max_cqe as usize;
             // The framing of each GID's packets (`--roce both` lists an address twice).
-            config.gid_types = self
-                .info
-                .gids
-                .iter()
-                .map(|g| match g.roce {
-                    RoceVersion::V1 => tp::GidType::RoceV1,
-                    RoceVersion::V2 => tp::GidType::RoceV2,
-                })
-                .collect();
+            config.gid_types = self.gid_types();
             config.port_mtu =
                 Mtu::from_enum(u32::from(self.info.active_mtu)).unwrap_or(Mtu::Mtu1024);
             // The ICRC is computed once per packet: by the link for the headers it sends,

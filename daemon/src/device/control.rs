@@ -57,7 +57,7 @@ impl DeviceThread {
             _ => {}
         }
         let ring_budget = self.ring_budget(client);
-        let port = (self.info.port_active, self.info.active_mtu);
+        let port = self.port_state();
         if matches!(request, Request::CreateQp { .. }) {
             self.grow_qpns(client);
         }

@@ -7,7 +7,7 @@
 
 use crate::shm::SharedRegion;
 use anyhow::Result;
-use proto::ring::doorbell::{table_len, Doorbells, MAX_DOORBELLS};
+use proto::ring::doorbell::{table_len, Doorbells, PortState, MAX_DOORBELLS};
 use slab::Slab;
 use std::os::fd::OwnedFd;
 
@@ -45,9 +45,10 @@ impl DoorbellTable {
             .map(|fd| (fd, self.region.len() as u64))
     }
 
-    /// Publishes port 1's state and active MTU to the client's contexts (`ibv_query_port`).
-    pub fn set_port(&self, (active, active_mtu): (bool, u8)) {
-        self.bells.set_port(active, active_mtu);
+    /// Publishes port 1's state, active MTU and GID table generation to the client's
+    /// contexts (`ibv_query_port`, `ibv_query_gid`).
+    pub fn set_port(&self, port: PortState) {
+        self.bells.set_port(port);
     }
 
     /// A doorbell for `bell`, or `None` when every one is taken.

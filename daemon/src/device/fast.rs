@@ -376,8 +376,7 @@ impl DeviceThread {
         // but their byte counts follow the framing): a QP on a v1 GID stays with the device.
         let v2 = |index: u8| {
             self.info
-                .gids
-                .get(usize::from(index))
+                .gid_entry(usize::from(index))
                 .is_some_and(|g| g.roce == proto::ctl::RoceVersion::V2)
         };
         if !self.gids.contains(&av.dgid) || !v2(av.sgid_index) {

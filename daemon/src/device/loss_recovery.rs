@@ -131,7 +131,11 @@ impl DeviceThread {
             // such QPs between engines, which go-back-N's state allows: they recover as rxe.
             LossRecoveryMode::Auto if self.gids.contains(&av.dgid) => None,
             LossRecoveryMode::Auto => {
-                if let Some(local) = self.gids.get(usize::from(av.sgid_index)) {
+                if let Some(local) = self
+                    .gids
+                    .get(usize::from(av.sgid_index))
+                    .filter(|a| !a.is_unspecified())
+                {
                     let ty = gid_type_at(&self.info, usize::from(av.sgid_index));
                     n.via.insert(av.dgid, (*local, ty));
                 }
@@ -222,7 +226,7 @@ impl DeviceThread {
                 let i = self
                     .gids
                     .iter()
-                    .position(|g| g.is_ipv4() == t.peer.is_ipv4())?;
+                    .position(|g| !g.is_unspecified() && g.is_ipv4() == t.peer.is_ipv4())?;
                 Some((self.gids[i], gid_type_at(&self.info, i)))
             });
             let Some((src, ty)) = via else { continue };
@@ -241,7 +245,7 @@ impl DeviceThread {
 
 /// The framing of the device's GID `index` (RoCE v2 when there is none).
 fn gid_type_at(info: &proto::ctl::DeviceInfo, index: usize) -> GidType {
-    match info.gids.get(index).map(|g| g.roce) {
+    match info.gid_entry(index).map(|g| g.roce) {
         Some(RoceVersion::V1) => GidType::RoceV1,
         _ => GidType::RoceV2,
     }

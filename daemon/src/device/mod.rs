@@ -139,7 +139,12 @@ pub struct DeviceThread {
     /// name QPs by QPN), and devices come and go (`softroce link add/del`).
     qpn_blocks: Arc<QpnBlocks>,
     info: DeviceInfo,
+    /// The GID table by index ([`DeviceInfo::gid_table`]: an empty slot is
+    /// [`proto::ctl::NO_GID`]).
     gids: Vec<IpAddr>,
+    /// Bumped at every change of the GID table, and published with the port
+    /// ([`operator`]'s `publish_port`): a context whose copy is older asks for the new one.
+    gid_generation: u16,
     /// The link, inside its capture and fault layers.
     link: Layers,
     /// Fault rules the responder carries out (forced RNR and access error NAKs).
@@ -226,7 +231,7 @@ impl DeviceThread {
         rx: Receiver<DevMsg>,
         port: u16,
     ) -> anyhow::Result<DeviceThread> {
-        let gids = info.gid_addrs();
+        let gids = info.gid_table();
         let congestion = cfg.congestion()?;
         let wake =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
@@ -234,7 +239,7 @@ impl DeviceThread {
             Some(tap) => Box::new(open_tap(cfg, tap, &info, wake.as_raw_fd())?),
             None => Box::new(UdpLink::open(&UdpLinkConfig {
                 name: &info.name,
-                addrs: &gids,
+                addrs: &info.gid_addrs(),
                 follow_netdev: !info.netdevs.is_empty(),
                 port,
                 gso: cfg.gso && std::env::var_os("SOFTROCE_NO_GSO").is_none(),
@@ -260,6 +265,7 @@ impl DeviceThread {
             gsi_rcvd: 0,
             info,
             gids,
+            gid_generation: 0,
             wake,
             rx,
             clients: BTreeMap::new(),
@@ -447,9 +453,13 @@ impl DeviceThread {
             }
             DevMsg::UpdateInfo(info) => {
                 let was_active = self.info.port_active;
-                self.gids = info.gid_addrs();
-                self.link.set_addresses(&self.gids);
+                let gids_changed = info.gids != self.info.gids;
+                self.gids = info.gid_table();
+                self.link.set_addresses(&info.gid_addrs());
                 self.info = info;
+                if gids_changed {
+                    self.gids_changed();
+                }
                 if self.info.port_active != was_active {
                     self.port_changed(self.info.port_active);
                 } else {

@@ -10,8 +10,9 @@ use crate::capture::CaptureShared;
 use crate::net::Link;
 use proto::ctl::{
     CqRes, DeviceStats, FaultKind, FaultRule, FaultStatus, MrRes, PdRes, QpRes, QpStats, ResDetail,
-    ResKind, ResOwner, SrqRes,
+    ResKind, ResOwner, RoceVersion, SrqRes,
 };
+use proto::ring::doorbell::PortState;
 use proto::transport::{self as tp, QpState, QpType};
 use proto::Qpn;
 use serde::Serialize;
@@ -23,6 +24,7 @@ use tracing::info;
 const IBV_EVENT_DEVICE_FATAL: u32 = 8;
 const IBV_EVENT_PORT_ACTIVE: u32 = 9;
 const IBV_EVENT_PORT_ERR: u32 = 10;
+const IBV_EVENT_GID_CHANGE: u32 = 18;
 
 /// The kinds of object `res show` numbers.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -352,6 +354,13 @@ impl DeviceThread {
             self.fast_through_layers(true);
             IBV_EVENT_PORT_ERR
         };
+        self.port_event(event);
+        info!(device = %self.info.name, up, "port {}", if up { "up" } else { "down" });
+    }
+
+    /// Writes the async event `event` for port 1 (`element.port_num`, the record's first
+    /// word) into every context open on the device.
+    fn port_event(&mut self, event: u32) {
         let mut rec = [0u8; 16];
         rec[0..8].copy_from_slice(&1u64.to_ne_bytes());
         rec[8..12].copy_from_slice(&event.to_ne_bytes());
@@ -360,17 +369,54 @@ impl DeviceThread {
                 sink.send(&rec, 12);
             }
         }
-        info!(device = %self.info.name, up, "port {}", if up { "up" } else { "down" });
     }
 
-    /// Writes port 1's state and active MTU into every client's table, where the shim's
-    /// `ibv_query_port` reads them.
+    /// Writes port 1's state, active MTU and GID table generation into every client's
+    /// table, where the shim's `ibv_query_port` and `ibv_query_gid` read them.
     pub(super) fn publish_port(&self) {
+        let port = self.port_state();
         for c in self.clients.values() {
             if let Some(t) = &c.bells {
-                t.set_port((self.info.port_active, self.info.active_mtu));
+                t.set_port(port);
             }
         }
+    }
+
+    pub(super) fn port_state(&self) -> PortState {
+        PortState {
+            active: self.info.port_active,
+            active_mtu: self.info.active_mtu,
+            gid_generation: self.gid_generation,
+        }
+    }
+
+    /// The GID table changed (an address of the netdev came or went; the entries that
+    /// stayed kept their indices, `proto::ctl::keep_gid_indices`): every client's engine
+    /// takes the new table, the shim's copies are marked old (the generation, published
+    /// with the port before the event, so that a program reading the table on the event
+    /// reads the new one), and every context open on the device gets
+    /// `IBV_EVENT_GID_CHANGE` for port 1, as the kernel's GID cache dispatches it
+    /// (`dispatch_gid_change_event`) to uverbs.
+    pub(super) fn gids_changed(&mut self) {
+        self.gid_generation = self.gid_generation.wrapping_add(1);
+        let types = self.gid_types();
+        for c in self.clients.values_mut() {
+            c.engine.set_gids(self.gids.clone(), types.clone());
+        }
+        self.publish_port();
+        self.port_event(IBV_EVENT_GID_CHANGE);
+        info!(device = %self.info.name, gids = self.info.gids.len(), "GID table changed");
+    }
+
+    /// The framing of each GID of the table by index (`--roce both` lists an address
+    /// twice; an empty slot is RoCE v2, as any).
+    pub(super) fn gid_types(&self) -> Vec<tp::GidType> {
+        (0..self.gids.len())
+            .map(|i| match self.info.gid_entry(i).map(|g| g.roce) {
+                Some(RoceVersion::V1) => tp::GidType::RoceV1,
+                _ => tp::GidType::RoceV2,
+            })
+            .collect()
     }
 
     /// `softroce link del`: every context open on the device gets IBV_EVENT_DEVICE_FATAL

@@ -140,6 +140,7 @@ impl Registry {
             link.send(DevMsg::Carrier(up));
         }
         let mut info = config::device_info(&d.config).unwrap_or_else(|_| d.info.clone());
+        proto::ctl::keep_gid_indices(&d.info.gids, &mut info.gids);
         d.admin_down = !up;
         info.port_active &= up;
         if info != d.info {

@@ -19,7 +19,7 @@
 //! |---|---|
 //! | 0 | magic `DOORBELL_MAGIC`, version, capacity (written once by the daemon) |
 //! | 64 | `sleeping`: the daemon is about to block (Dekker with the client's bit, as the rings' flag) |
-//! | 96 | `port`: port 1's state and active MTU, written by the daemon whenever they change ([`Doorbells::set_port`]), read by `ibv_query_port` |
+//! | 96 | `port`: port 1's state, active MTU and GID table generation, written by the daemon whenever they change ([`Doorbells::set_port`]), read by `ibv_query_port` |
 //! | 128 | level 2: up to 4 words |
 //! | 256 | level 1: up to 256 words |
 //! | 4096 | level 0: `capacity / 64` words, one bit per doorbell |
@@ -42,6 +42,19 @@ const OFF_SLEEPING: usize = 64;
 const OFF_PORT: usize = 96;
 /// In the port word: written at least once (a table the daemon never wrote says nothing).
 const PORT_KNOWN: u32 = 1 << 31;
+/// In the port word, bits 16..31: the GID table's generation, modulo 2^15.
+const GID_GENERATION_MASK: u32 = 0x7fff;
+
+/// Port 1 as the port word says it ([`Doorbells::port`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PortState {
+    pub active: bool,
+    /// The IB MTU enum, 1..=5.
+    pub active_mtu: u8,
+    /// Changes (modulo 2^15) whenever the GID table does: a client whose copy of the table
+    /// came with another generation asks the daemon for it again.
+    pub gid_generation: u16,
+}
 const OFF_LEVEL2: usize = 128;
 const OFF_LEVEL1: usize = 256;
 const OFF_LEVEL0: usize = 4096;
@@ -151,20 +164,27 @@ impl Doorbells {
         unsafe { &*(self.base.add(OFF_PORT) as *const AtomicU32) }
     }
 
-    /// The port's state as the daemon last wrote it: (active, active MTU as the IB MTU enum,
-    /// 1..=5), or `None` before it wrote any. The kernel's port query reads the port each
-    /// time; this is its shared-memory form (the port goes down and up, and its MTU follows
-    /// a netdev's, while a context is open). The client does not trust the MTU: the caller
+    /// The port's state as the daemon last wrote it, or `None` before it wrote any. The
+    /// kernel's port query reads the port each time; this is its shared-memory form (the
+    /// port goes down and up, its MTU follows a netdev's, and its GID table the netdev's
+    /// addresses, while a context is open). The client does not trust the MTU: the caller
     /// checks its range.
-    pub fn port(&self) -> Option<(bool, u8)> {
+    pub fn port(&self) -> Option<PortState> {
         let w = self.port_word().load(Ordering::Acquire);
-        (w & PORT_KNOWN != 0).then_some((w & 1 != 0, (w >> 8) as u8))
+        (w & PORT_KNOWN != 0).then_some(PortState {
+            active: w & 1 != 0,
+            active_mtu: (w >> 8) as u8,
+            gid_generation: ((w >> 16) & GID_GENERATION_MASK) as u16,
+        })
     }
 
     /// Publishes the port's state (the daemon's side, at the table's making and at every
     /// change).
-    pub fn set_port(&self, active: bool, active_mtu: u8) {
-        let w = PORT_KNOWN | u32::from(active) | u32::from(active_mtu) << 8;
+    pub fn set_port(&self, port: PortState) {
+        let w = PORT_KNOWN
+            | u32::from(port.active)
+            | u32::from(port.active_mtu) << 8
+            | (u32::from(port.gid_generation) & GID_GENERATION_MASK) << 16;
         self.port_word().store(w, Ordering::Release);
     }
 
@@ -295,13 +315,35 @@ mod tests {
         let mut m = mem(64);
         let (daemon, client) = both_ends(&mut m, 64);
         assert_eq!(client.port(), None);
-        daemon.set_port(true, 5);
-        assert_eq!(client.port(), Some((true, 5)));
-        daemon.set_port(false, 3);
-        assert_eq!(client.port(), Some((false, 3)));
+        let up = PortState {
+            active: true,
+            active_mtu: 5,
+            gid_generation: 0,
+        };
+        daemon.set_port(up);
+        assert_eq!(client.port(), Some(up));
+        let down = PortState {
+            active: false,
+            active_mtu: 3,
+            gid_generation: 0x7fff,
+        };
+        daemon.set_port(down);
+        assert_eq!(client.port(), Some(down));
         // Ringing doorbells leaves it alone.
         client.ring(63);
-        assert_eq!(client.port(), Some((false, 3)));
+        assert_eq!(client.port(), Some(down));
+        // The generation wraps within its bits, leaving the others alone.
+        daemon.set_port(PortState {
+            gid_generation: 0x8001,
+            ..up
+        });
+        assert_eq!(
+            client.port(),
+            Some(PortState {
+                gid_generation: 1,
+                ..up
+            })
+        );
     }
 
     #[test]

@@ -39,7 +39,8 @@ pub enum GidType {
 /// Static configuration of a device.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// The GID table: index 0 is the default source address of every AV.
+    /// The GID table by index: index 0 is the default source address of every AV; an empty
+    /// slot is the unspecified address ([`EngineConfig::gid`]).
     pub gids: Vec<IpAddr>,
     /// The type of each entry of `gids`, by index; an entry without one is RoCE v2 (as
     /// every GID of rxe). With `--roce both` an address is listed twice, once per type.
@@ -110,6 +111,17 @@ impl EngineConfig {
             coalesce_acks: false,
             congestion: CongestionConfig::default(),
         }
+    }
+
+    /// The address of GID `index`, if that slot is filled (an empty one holds the
+    /// unspecified address: its address went away, IBTA §17.2.4's table keeps the others'
+    /// indices).
+    #[inline]
+    pub fn gid(&self, index: u8) -> Option<IpAddr> {
+        self.gids
+            .get(usize::from(index))
+            .copied()
+            .filter(|a| !a.is_unspecified())
     }
 
     /// The type of GID `index` ([`EngineConfig::gid_types`]).
@@ -333,6 +345,14 @@ impl<M: MemoryAccess> Engine<M> {
     }
     pub fn gids(&self) -> &[IpAddr] {
         &self.ctx.config.gids
+    }
+
+    /// The device's GID table changed (an address came or went; the entries that stayed
+    /// kept their indices, [`EngineConfig::gid`]): new AVs may name the new entries, and
+    /// paths through an emptied slot send nothing more.
+    pub fn set_gids(&mut self, gids: Vec<IpAddr>, types: Vec<GidType>) {
+        self.ctx.config.gids = gids;
+        self.ctx.config.gid_types = types;
     }
 
     // ----- protection domains, memory regions -------------------------------------------
@@ -779,7 +799,7 @@ impl<M: MemoryAccess> Engine<M> {
     // ----- address handles ----------------------------------------------------------------
 
     pub fn create_ah(&mut self, pd: u32, av: AddressVector) -> VerbsResult<u32> {
-        if usize::from(av.sgid_index) >= self.ctx.config.gids.len() {
+        if self.ctx.config.gid(av.sgid_index).is_none() {
             return Err(VerbsError::Invalid("sgid_index"));
         }
         self.pd_use(pd, 1)?;
@@ -906,7 +926,7 @@ impl<M: MemoryAccess> Engine<M> {
 
     /// `ibv_modify_qp`, with the attribute table of [`check_modify`].
     pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr, mask: AttrMask) -> VerbsResult<()> {
-        let gids = self.ctx.config.gids.len();
+        let config = &self.ctx.config;
         let qp = self.qps.get_mut(&qpn).ok_or(VerbsError::NotFound("QP"))?;
         let next = check_modify(qp.state, qp.ty, attr, mask)?;
         qp.next_segment = None;
@@ -919,7 +939,7 @@ impl<M: MemoryAccess> Engine<M> {
             return Err(VerbsError::Busy("SQ still draining"));
         }
         if let Some(av) = attr.ah_attr.filter(|_| mask.contains(AttrMask::AV)) {
-            if usize::from(av.sgid_index) >= gids {
+            if config.gid(av.sgid_index).is_none() {
                 return Err(VerbsError::Invalid("sgid_index"));
             }
         }
@@ -1308,12 +1328,7 @@ impl<M: MemoryAccess> Engine<M> {
                 self.ctx.counters.dropped(Dropped::WrongPath);
                 return;
             };
-            let local = self
-                .ctx
-                .config
-                .gids
-                .get(usize::from(av.sgid_index))
-                .copied();
+            let local = self.ctx.config.gid(av.sgid_index);
             // ... and in the framing of its source GID's type (a v2 packet to a QP on a v1
             // GID is not on its path, as for a dual-mode NIC).
             let v1_path = self.ctx.config.gid_type(av.sgid_index) == GidType::RoceV1;
@@ -1665,7 +1680,7 @@ pub(crate) fn route_for<M>(
 }
 
 fn new_route<M>(ctx: &Ctx<M>, av: &AddressVector, src_port: u16) -> Option<Route> {
-    let src = *ctx.config.gids.get(usize::from(av.sgid_index))?;
+    let src = ctx.config.gid(av.sgid_index)?;
     let tos = av.traffic_class;
     if ctx.config.gid_type(av.sgid_index) == GidType::RoceV1 {
         // IBTA §8.3: the GRH carries the GIDs themselves, the AV's traffic class (the one

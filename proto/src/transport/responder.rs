@@ -310,8 +310,8 @@ pub(crate) fn on_predicted_write_middle<M: MemoryAccess>(
     let Some(av) = qp.attr.ah_attr else {
         return false;
     };
-    let local = ctx.config.gids.get(usize::from(av.sgid_index));
-    if av.dgid != std::net::IpAddr::V4(w.src) || local != Some(&std::net::IpAddr::V4(w.dst)) {
+    let local = ctx.config.gid(av.sgid_index);
+    if av.dgid != std::net::IpAddr::V4(w.src) || local != Some(std::net::IpAddr::V4(w.dst)) {
         return false;
     }
     let Some(m) = qp

@@ -1304,14 +1304,7 @@ fn drain<M: MemoryAccess>(qp: &mut Qp, ctx: &mut Ctx<M>) {
             continue;
         };
         let (src, dst) = match qp.attr.ah_attr {
-            Some(av) => (
-                av.dgid,
-                ctx.config
-                    .gids
-                    .get(usize::from(av.sgid_index))
-                    .copied()
-                    .unwrap_or(av.dgid),
-            ),
+            Some(av) => (av.dgid, ctx.config.gid(av.sgid_index).unwrap_or(av.dgid)),
             None => return,
         };
         let rx = RxPacket {

@@ -191,13 +191,13 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
             let area = ffi::non_null(grh.cast::<[u8; 40]>())?;
             // SAFETY: non-null, 40 readable bytes per the caller.
             let path = reply_path(unsafe { area.as_ref() })?;
-            let port = usize::from(port_num)
-                .checked_sub(1)
-                .and_then(|i| ctx.device.desc.ports.get(i))
-                .ok_or(Errno::INVAL)?;
-            // ibv_find_gid_index: our GID the datagram was addressed to, of the right type.
-            let index = port
-                .gids
+            if port_num != 1 {
+                return Err(Errno::INVAL);
+            }
+            // ibv_find_gid_index: our GID the datagram was addressed to, of the right type
+            // (in the table as it is now).
+            let index = ctx
+                .gids()
                 .iter()
                 .position(|g| g.is_some_and(|g| g.gid == path.sgid && g.gid_type == path.sgid_type))
                 .ok_or(Errno::NODATA)?;

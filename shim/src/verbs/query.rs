@@ -19,14 +19,23 @@ fn port_of(ctx: &ShimContext, port_num: u32) -> Result<&PortDescription, Errno> 
         .ok_or(Errno::INVAL)
 }
 
+/// The port's GID table as it is now ([`ShimContext::gids`]; port 1 is the only port).
+fn live_gids(ctx: &ShimContext, port: &PortDescription) -> Vec<Option<GidDescription>> {
+    if std::ptr::eq(port, &ctx.device.desc.ports[0]) {
+        ctx.gids()
+    } else {
+        port.gids.clone()
+    }
+}
+
 /// The GID at `index`: `EINVAL` past the table, `ENODATA` for an empty slot (what the kernel's
 /// `ib_get_cached_gid` path reports and rdma-core maps per verb).
-fn gid_at(port: &PortDescription, index: u32) -> Result<GidDescription, Errno> {
+fn gid_at(ctx: &ShimContext, port: &PortDescription, index: u32) -> Result<GidDescription, Errno> {
     let len = u32::try_from(port.attr.gid_tbl_len).unwrap_or(0);
     if index >= len {
         return Err(Errno::INVAL);
     }
-    port.gids
+    live_gids(ctx, port)
         .get(index as usize)
         .copied()
         .flatten()
@@ -107,8 +116,8 @@ unsafe fn query_port_into(
     // program that got IBV_EVENT_PORT_ERR looks here to see when it is back. The daemon
     // keeps it in the context's doorbell table: no system call.
     let mut attr = port.attr;
-    if let Some((active, mtu)) = ctx.bells.as_ref().and_then(|(b, _)| b.port()) {
-        discovery::apply_port(&mut attr, active, mtu);
+    if let Some(p) = ctx.bells.as_ref().and_then(|(b, _)| b.port()) {
+        discovery::apply_port(&mut attr, p.active, p.active_mtu);
     }
     // SAFETY: the caller's struct is `len` bytes long.
     unsafe { copy_sized(&attr, out.as_ptr(), len) };
@@ -167,7 +176,7 @@ pub unsafe extern "C" fn ibv_query_gid(
         let port = port_of(ctx, u32::from(port_num))?;
         let index = u32::try_from(index).map_err(|_| Errno::INVAL)?;
         let out = ffi::non_null(gid)?;
-        let raw = match gid_at(port, index) {
+        let raw = match gid_at(ctx, port, index) {
             Ok(g) => g.gid,
             Err(Errno::NODATA) => [0; 16],
             Err(e) => return Err(e),
@@ -199,7 +208,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         }
         let out = ffi::non_null(entry)?;
         let port = port_of(ctx, port_num)?;
-        let g = gid_at(port, gid_index)?;
+        let g = gid_at(ctx, port, gid_index)?;
         // SAFETY: the caller's entry is entry_size bytes long.
         unsafe {
             copy_sized(
@@ -239,8 +248,8 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
             .enumerate()
             .flat_map(|(pi, port)| {
                 let port_num = pi as u32 + 1;
-                port.gids
-                    .iter()
+                live_gids(ctx, port)
+                    .into_iter()
                     .enumerate()
                     .take(usize::try_from(port.attr.gid_tbl_len).unwrap_or(0))
                     .filter_map(move |(gi, g)| g.map(|g| gid_entry(&g, gi as u32, port_num)))
@@ -275,7 +284,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(
         let ctx = runtime::context_from_ptr(context)?;
         let port = port_of(ctx, u32::from(port_num))?;
         let out = ffi::non_null(gid_type)?;
-        let sysfs_type = match gid_at(port, index) {
+        let sysfs_type = match gid_at(ctx, port, index) {
             Ok(g) if g.gid_type == IBV_GID_TYPE_ROCE_V2 => IBV_GID_TYPE_SYSFS_ROCE_V2,
             Ok(_) | Err(Errno::NODATA) => IBV_GID_TYPE_SYSFS_IB_ROCE_V1,
             Err(e) => return Err(e),
