@@ -935,6 +935,43 @@ fn the_gid_table_follows_the_netdevs_addresses() {
     );
 }
 
+/// Address resolution asks the kernel's routing table first, as the kernel's `addr_resolve`
+/// does: `rping -c` to an address no route reaches ends at once, its `rdma_resolve_addr`
+/// failing with ENETUNREACH ("Network is unreachable"), as on kernel rxe, where it used to
+/// resolve, send its REQs nowhere and wait for the CM's retries (a minute and more). An
+/// address the route does reach still connects.
+#[test]
+fn a_peer_no_route_reaches_is_an_address_error_at_once() {
+    let (_ns, d, dir) = veth_daemon(
+        "noroute",
+        ["nrsrc0", "nrsrc1"],
+        "10.79.7.1/24",
+        "[[device]]\nname = \"srxe0\"\nnetdev = \"nrsrc0\"\n",
+    );
+    link_state_becomes(&d, "ACTIVE");
+    let mut cmd = d.command(&require_program("rping"));
+    cmd.args(["-c", "-a", "10.79.99.9", "-p", "19584", "-v", "-C", "1"]);
+    let t0 = Instant::now();
+    let mut client = Logged::spawn(cmd, dir.join("unrouted.log"));
+    let status = client.wait_for(Duration::from_secs(30));
+    let out = client.output();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "rping to an unrouted address: {status:?}\n{out}"
+    );
+    assert!(
+        out.contains("rdma_resolve_addr: Network is unreachable"),
+        "{out}\n--- daemon\n{}",
+        d.log()
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    let mut server = d.command(&require_program("rping"));
+    server.args(["-s", "-a", "10.79.7.1", "-p", "19584", "-v", "-C", "2"]);
+    let _server = Logged::spawn(server, dir.join("server.log"));
+    std::thread::sleep(Duration::from_millis(500));
+    rping_to(&d, "10.79.7.1", "19584", dir.join("routed.log"));
+}
+
 /// A network namespace with a veth pair `ends`, the first with `addr`, both up, and a daemon
 /// in it on `config` (TOML); with the test's scratch directory. IPv6 is off on the pair: a
 /// link-local address that came after the daemon started would take a GID index at a moment

@@ -32,6 +32,31 @@ fn is_this_host(ip: IpAddr) -> bool {
     ip == IpAddr::V4(Ipv4Addr::LOCALHOST) || ip == IpAddr::V6(Ipv6Addr::LOCALHOST)
 }
 
+/// Whether the kernel routes from `local` to `peer`: a UDP socket bound to `local` connects
+/// to the peer, which looks the route up and sends nothing. The kernel's `addr_resolve` asks
+/// the routing table before anything else, so that a peer no route reaches fails
+/// `rdma_resolve_addr` itself (ENETUNREACH; EHOSTUNREACH or EACCES for an unreachable or
+/// prohibit route), not a connection whose REQs go nowhere until the CM's retries run out,
+/// a minute later.
+/// A link-local peer (its route is the interface's, named by a scope the GID does not carry)
+/// and a source the kernel does not have here (nothing to ask with) pass.
+fn route_reaches(local: IpAddr, peer: IpAddr) -> Result<(), (i32, String)> {
+    if matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local()) {
+        return Ok(());
+    }
+    let Ok(socket) = std::net::UdpSocket::bind(SocketAddr::new(local, 0)) else {
+        return Ok(());
+    };
+    socket
+        .connect(SocketAddr::new(peer, proto::wire::ROCE_V2_PORT))
+        .map_err(|e| {
+            (
+                e.raw_os_error().unwrap_or(libc::ENETUNREACH),
+                format!("no route from {local} to {peer}: {e}"),
+            )
+        })
+}
+
 /// Whether a listener bound to `bound` takes a request for `dst` (cma's address match).
 pub(super) fn listener_takes(bound: IpAddr, afonly: bool, dst: IpAddr) -> bool {
     if bound.is_unspecified() {
@@ -187,9 +212,24 @@ impl CmService {
                 return error(errno, why);
             }
         }
+        let before = self
+            .ids
+            .get(&h)
+            .map(|x| (x.device, x.src, x.dst, x.peer_ip));
         let mut m = Self::event(Ev::AddrResolved, 0);
         match self.pick_route(h, dst) {
-            Ok(()) => {}
+            Ok(()) => {
+                // No route is the call's own error, as `rdma_resolve_ip` returns it before
+                // queueing anything (what fails later, the device, is an ADDR_ERROR event):
+                // the id stays bound, unresolved.
+                if let Err((errno, why)) = self.check_route(h) {
+                    if let (Some(x), Some(b)) = (self.ids.get_mut(&h), before) {
+                        (x.device, x.src, x.dst, x.peer_ip) = b;
+                    }
+                    warn!(id = h, %dst, "address resolution failed: {why}");
+                    return error(errno, why);
+                }
+            }
             Err((errno, why)) => {
                 warn!(id = h, %dst, "address resolution failed: {why}");
                 m = Self::event(Ev::AddrError, -errno);
@@ -252,6 +292,25 @@ impl CmService {
         x.dst = Some(dst);
         x.peer_ip = Some(peer);
         Ok(())
+    }
+
+    /// On a device whose packets the kernel routes, that a route reaches the resolved peer
+    /// from the address the id's traffic leaves ([`route_reaches`]).
+    fn check_route(&self, h: u32) -> Result<(), (i32, String)> {
+        let Some(x) = self.ids.get(&h) else {
+            return Ok(());
+        };
+        let (Some(d), Some(peer)) = (x.device, x.peer_ip) else {
+            return Ok(());
+        };
+        let dev = &self.devices[d];
+        let Some(local) = self.local_ip(x).or(x.src.map(|s| s.ip())) else {
+            return Ok(());
+        };
+        if !dev.setup.kernel_routes || dev.addrs.contains(&peer) {
+            return Ok(());
+        }
+        route_reaches(local, peer)
     }
 
     pub(super) fn resolve_route(&mut self, h: u32) -> Reply {

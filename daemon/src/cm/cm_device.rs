@@ -17,6 +17,10 @@ pub struct CmDeviceSetup {
     /// `CMA_CM_RESPONSE_TIMEOUT` and `CMA_MAX_CM_RETRIES` of the REQs this device sends.
     pub cm_response_timeout: u8,
     pub cm_max_retries: u8,
+    /// The kernel's routing table decides where the device's packets go (a UDP device, not
+    /// the L2 device, which routes within its own stack): address resolution asks it for a
+    /// route to the peer first, as the kernel's `addr_resolve` does.
+    pub kernel_routes: bool,
 }
 
 /// A device's CM state.

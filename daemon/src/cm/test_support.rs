@@ -28,6 +28,8 @@ pub(super) fn service(addrs: &[&str], mode: RoceVersion) -> (CmService, Wire) {
         default_roce_mode: mode,
         cm_response_timeout: 20,
         cm_max_retries: 15,
+        // The tests' addresses need no route of the machine's.
+        kernel_routes: false,
     };
     (CmService::new(vec![(setup, send)]), wire)
 }

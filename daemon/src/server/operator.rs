@@ -112,6 +112,7 @@ impl Registry {
                 default_roce_mode: cfg.cm_roce_mode(),
                 cm_response_timeout: cfg.cm_response_timeout,
                 cm_max_retries: cfg.cm_max_retries,
+                kernel_routes: cfg.tap.is_none(),
             },
             send,
         });
