@@ -244,7 +244,7 @@ impl DeviceThread {
 }
 
 /// The framing of the device's GID `index` (RoCE v2 when there is none).
-fn gid_type_at(info: &proto::ctl::DeviceInfo, index: usize) -> GidType {
+pub(super) fn gid_type_at(info: &proto::ctl::DeviceInfo, index: usize) -> GidType {
     match info.gid_entry(index).map(|g| g.roce) {
         Some(RoceVersion::V1) => GidType::RoceV1,
         _ => GidType::RoceV2,

@@ -10,7 +10,7 @@ use crate::capture::CaptureShared;
 use crate::net::Link;
 use proto::ctl::{
     CqRes, DeviceStats, FaultKind, FaultRule, FaultStatus, MrRes, PdRes, QpRes, QpStats, ResDetail,
-    ResKind, ResOwner, RoceVersion, SrqRes,
+    ResKind, ResOwner, SrqRes,
 };
 use proto::ring::doorbell::PortState;
 use proto::transport::{self as tp, QpState, QpType};
@@ -412,10 +412,7 @@ impl DeviceThread {
     /// twice; an empty slot is RoCE v2, as any).
     pub(super) fn gid_types(&self) -> Vec<tp::GidType> {
         (0..self.gids.len())
-            .map(|i| match self.info.gid_entry(i).map(|g| g.roce) {
-                Some(RoceVersion::V1) => tp::GidType::RoceV1,
-                _ => tp::GidType::RoceV2,
-            })
+            .map(|i| super::loss_recovery::gid_type_at(&self.info, i))
             .collect()
     }
 

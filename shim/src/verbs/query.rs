@@ -21,7 +21,13 @@ fn port_of(ctx: &ShimContext, port_num: u32) -> Result<&PortDescription, Errno> 
 
 /// The port's GID table as it is now ([`ShimContext::gids`]; port 1 is the only port).
 fn live_gids(ctx: &ShimContext, port: &PortDescription) -> Vec<Option<GidDescription>> {
-    if std::ptr::eq(port, &ctx.device.desc.ports[0]) {
+    if ctx
+        .device
+        .desc
+        .ports
+        .first()
+        .is_some_and(|p| std::ptr::eq(port, p))
+    {
         ctx.gids()
     } else {
         port.gids.clone()
