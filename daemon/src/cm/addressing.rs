@@ -38,10 +38,12 @@ fn is_this_host(ip: IpAddr) -> bool {
 /// `rdma_resolve_addr` itself (ENETUNREACH; EHOSTUNREACH or EACCES for an unreachable or
 /// prohibit route), not a connection whose REQs go nowhere until the CM's retries run out,
 /// a minute later.
-/// A link-local peer (its route is the interface's, named by a scope the GID does not carry)
-/// and a source the kernel does not have here (nothing to ask with) pass.
+/// A link-local peer (its route is the interface's, named by a scope the GID does not carry),
+/// a multicast group (`mckey` resolves the group's address: the daemon joins it on the
+/// device's own sockets, and a namespace's multicast route can trail its address by a
+/// moment) and a source the kernel does not have here (nothing to ask with) pass.
 fn route_reaches(local: IpAddr, peer: IpAddr) -> Result<(), (i32, String)> {
-    if matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local()) {
+    if peer.is_multicast() || matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local()) {
         return Ok(());
     }
     let Ok(socket) = std::net::UdpSocket::bind(SocketAddr::new(local, 0)) else {
