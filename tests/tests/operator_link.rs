@@ -739,12 +739,7 @@ fn a_port_set_down_is_a_pulled_cable_to_programs() {
 /// (IBV_EVENT_PORT_ERR, PORT_DOWN), the peer up brings it back (IBV_EVENT_PORT_ACTIVE).
 #[test]
 fn a_netdev_device_goes_down_with_its_carrier() {
-    let (ns, d, _) = veth_daemon(
-        "port-carrier",
-        ["src0", "src1"],
-        "10.79.2.1/24",
-        "[[device]]\nname = \"srxe0\"\nnetdev = \"src0\"\n",
-    );
+    let (ns, d, _) = netdev_daemon("port-carrier", ["src0", "src1"], "10.79.2.1/24");
     // How long the port took to follow each change (the daemon re-reads the netdev at
     // once on rtnetlink's word, and every 2 s regardless).
     let mut took = Vec::new();
@@ -881,12 +876,7 @@ fn rping_to(d: &Daemon, addr: &str, port: &str, log: std::path::PathBuf) {
 /// accepts on the new address; `ibv_devinfo` in a new process shows the same indices.
 #[test]
 fn the_gid_table_follows_the_netdevs_addresses() {
-    let (ns, d, dir) = veth_daemon(
-        "gid-table",
-        ["gsrc0", "gsrc1"],
-        "10.79.4.1/24",
-        "[[device]]\nname = \"srxe0\"\nnetdev = \"gsrc0\"\n",
-    );
+    let (ns, d, dir) = netdev_daemon("gid-table", ["gsrc0", "gsrc1"], "10.79.4.1/24");
     link_state_becomes(&d, "ACTIVE");
     let mut watch = asyncwatch(&d, "srxe0");
     let mut watcher = Lines::spawn({
@@ -942,12 +932,7 @@ fn the_gid_table_follows_the_netdevs_addresses() {
 /// address the route does reach still connects.
 #[test]
 fn a_peer_no_route_reaches_is_an_address_error_at_once() {
-    let (_ns, d, dir) = veth_daemon(
-        "noroute",
-        ["nrsrc0", "nrsrc1"],
-        "10.79.7.1/24",
-        "[[device]]\nname = \"srxe0\"\nnetdev = \"nrsrc0\"\n",
-    );
+    let (_ns, d, dir) = netdev_daemon("noroute", ["nrsrc0", "nrsrc1"], "10.79.7.1/24");
     link_state_becomes(&d, "ACTIVE");
     let mut cmd = d.command(&require_program("rping"));
     cmd.args(["-c", "-a", "10.79.99.9", "-p", "19584", "-v", "-C", "1"]);
@@ -970,6 +955,12 @@ fn a_peer_no_route_reaches_is_an_address_error_at_once() {
     let _server = Logged::spawn(server, dir.join("server.log"));
     std::thread::sleep(Duration::from_millis(500));
     rping_to(&d, "10.79.7.1", "19584", dir.join("routed.log"));
+}
+
+/// [`veth_daemon`] with one device, `srxe0`, following the first end of the pair.
+fn netdev_daemon(tag: &str, ends: [&str; 2], addr: &str) -> (Netns, Daemon, std::path::PathBuf) {
+    let config = format!("[[device]]\nname = \"srxe0\"\nnetdev = \"{}\"\n", ends[0]);
+    veth_daemon(tag, ends, addr, &config)
 }
 
 /// A network namespace with a veth pair `ends`, the first with `addr`, both up, and a daemon

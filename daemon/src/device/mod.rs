@@ -457,12 +457,13 @@ impl DeviceThread {
                 self.gids = info.gid_table();
                 self.link.set_addresses(&info.gid_addrs());
                 self.info = info;
+                // Each of these publishes the port word (state, MTU, GID generation).
                 if gids_changed {
                     self.gids_changed();
                 }
                 if self.info.port_active != was_active {
                     self.port_changed(self.info.port_active);
-                } else {
+                } else if !gids_changed {
                     // The active MTU may have followed the netdev's.
                     self.publish_port();
                 }
