@@ -12,8 +12,8 @@ use shim_support::rdmacm::{
     rping_data, rping_expected, run_pair, start, start_exe, start_replacement, wait_for_output,
     Capture, Finished, LIMIT,
 };
-use shim_support::Daemon;
-use std::time::Instant;
+use shim_support::{require_program, Daemon};
+use std::time::{Duration, Instant};
 
 /// What a client prints when it came before its server listened (it is then run again).
 const REFUSED: &[&str] = &[
@@ -336,6 +336,73 @@ fn mckey_ud_multicast_between_two_netdev_devices() {
 
 /// perftest with `-R`: the connection is made by rdma_cm (and its parameters exchanged over
 /// it), then the measured traffic runs.
+/// A host on the link that never answers ARP fails address resolution within the program's
+/// timeout, as on kernel rxe (`RDMA_CM_EVENT_ADDR_ERROR`, -ETIMEDOUT, in the 2 s rping gives
+/// resolution), not when ib_cm's REQs run out of retries a minute later; hosts that answer
+/// connect, their neighbours resolved first (the tables start empty). Host a's daemon asks
+/// the kernel to resolve a neighbour (`NTF_USE`); host b's runs without CAP_NET_ADMIN and has
+/// an ICMP echo (an unprivileged ping socket) resolve it.
+#[test]
+fn a_neighbour_that_never_answers_is_an_address_error_in_time() {
+    let hosts = TwoHosts::new("nb4", ["10.81.1.1", "10.81.1.2"]);
+    let ping_sockets = std::process::Command::new("ip")
+        .args(["netns", "exec", &hosts.names[1], "sysctl", "-qw"])
+        .arg("net.ipv4.ping_group_range=0 2147483647")
+        .status()
+        .unwrap();
+    assert!(ping_sockets.success());
+    let args = |dev| ["--netdev", dev, "--port", "4791"];
+    let a = Daemon::start_in("rdmacm-neigh-a", Some(&hosts.names[0]), &args("mc6a"));
+    let setpriv = require_program("setpriv");
+    let b = Daemon::start_wrapped(
+        "rdmacm-neigh-b",
+        Some(&hosts.names[1]),
+        &[
+            setpriv.to_str().unwrap(),
+            "--bounding-set=-net_admin",
+            "--inh-caps=-net_admin",
+        ],
+        &args("mc6b"),
+    );
+    let since = Instant::now();
+    let dead = [(&a, "10.81.1.77"), (&b, "10.81.1.78")].map(|(d, addr)| {
+        let args = ["-c", "-a", addr, "-C", "1", "-v"];
+        (d, start(d, "neigh", &format!("to-{addr}"), "rping", &args))
+    });
+    for (d, side) in dead {
+        let c = side.finish(since);
+        assert!(!c.ok(), "rping to nobody succeeded:\n{}", c.output);
+        assert!(
+            c.output.contains("RDMA_CM_EVENT_ADDR_ERROR, error -110"),
+            "{}\n--- daemon\n{}",
+            c.output,
+            d.log()
+        );
+    }
+    assert!(
+        since.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        since.elapsed()
+    );
+    // b's client first: nothing has yet told host b where 10.81.1.1 is (a's ARP requests
+    // for nobody do not make an entry), so its resolution waits for its own ICMP echo.
+    let neighbour = |host: &str, addr: &str| {
+        let out = std::process::Command::new("ip")
+            .args(["-n", host, "neigh", "show", addr])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let before = neighbour(&hosts.names[1], "10.81.1.1");
+    assert!(!before.contains("lladdr"), "{before}");
+    rping_pair("neigh-to-a", &a, &b, "10.81.1.1");
+    rping_pair("neigh-to-b", &b, &a, "10.81.1.2");
+    for (host, addr) in [(1, "10.81.1.1"), (0, "10.81.1.2")] {
+        let now = neighbour(&hosts.names[host], addr);
+        assert!(now.contains("lladdr"), "{now}");
+    }
+}
+
 fn perftest_rdma_cm(program: &str, port: u16, d: &Daemon) {
     let port = port.to_string();
     let common = ["-d", "srxe0", "-F", "-R", "-n", "50", "-p", port.as_str()];

@@ -5,10 +5,12 @@
 use super::ids::{Id, Role};
 use super::requests::{done, error, Reply};
 use super::{random_u32, CmService};
+use crate::net::kernel_neighbour::{self, NextHop};
 use proto::cm::rdma_cm::{self as rc, PortSpace, RdmaCmEventType as Ev};
 use proto::ctl::{self, CmPathInfo, CmUdParam, RoceVersion};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use tracing::warn;
+use std::time::{Duration, Instant};
+use tracing::{debug, warn};
 
 /// Ephemeral rdma_cm ports, Linux's default `ip_local_port_range`.
 const EPHEMERAL: std::ops::RangeInclusive<u16> = 32768..=60999;
@@ -57,6 +59,31 @@ fn route_reaches(local: IpAddr, peer: IpAddr) -> Result<(), (i32, String)> {
                 format!("no route from {local} to {peer}: {e}"),
             )
         })
+}
+
+/// How often a resolution that waits for its neighbour looks at the kernel's table again
+/// (the kernel's rdma_cm hears of the neighbour's change at once; an answering neighbour
+/// takes well under a millisecond on one link).
+const NEIGHBOUR_POLL: Duration = Duration::from_millis(5);
+
+/// An id's addressing (device, source, destination, wire peer), kept to put back when a
+/// resolution fails.
+type Addressing = (
+    Option<usize>,
+    Option<SocketAddr>,
+    Option<SocketAddr>,
+    Option<IpAddr>,
+);
+
+/// An address resolution waiting for its next hop's neighbour (`dst_fetch_ha`'s
+/// `-ENODATA`), until `deadline` (the call's `timeout_ms`).
+pub(super) struct Resolving {
+    h: u32,
+    dst: SocketAddr,
+    hop: NextHop,
+    before: Option<Addressing>,
+    deadline: Instant,
+    next_check: Instant,
 }
 
 /// Whether a listener bound to `bound` takes a request for `dst` (cma's address match).
@@ -202,6 +229,7 @@ impl CmService {
         h: u32,
         src: Option<SocketAddr>,
         dst: SocketAddr,
+        timeout_ms: u32,
     ) -> Reply {
         let bound = self.ids.get(&h).and_then(|x| x.src);
         if bound.is_none() {
@@ -225,11 +253,24 @@ impl CmService {
                 // queueing anything (what fails later, the device, is an ADDR_ERROR event):
                 // the id stays bound, unresolved.
                 if let Err((errno, why)) = self.check_route(h) {
-                    if let (Some(x), Some(b)) = (self.ids.get_mut(&h), before) {
-                        (x.device, x.src, x.dst, x.peer_ip) = b;
-                    }
+                    self.restore(h, before);
                     warn!(id = h, %dst, "address resolution failed: {why}");
                     return error(errno, why);
+                }
+                // The next hop's link-layer address, as the kernel's `dst_fetch_ha` wants
+                // it: ADDR_RESOLVED when the neighbour answers (`poll_resolutions`).
+                self.resolving.retain(|r| r.h != h);
+                if let Some(hop) = self.neighbour_to_wait_for(h) {
+                    let now = Instant::now();
+                    self.resolving.push(Resolving {
+                        h,
+                        dst,
+                        hop,
+                        before,
+                        deadline: now + Duration::from_millis(timeout_ms.into()),
+                        next_check: now + NEIGHBOUR_POLL,
+                    });
+                    return done();
                 }
             }
             Err((errno, why)) => {
@@ -239,6 +280,83 @@ impl CmService {
         }
         self.emit(h, m);
         done()
+    }
+
+    /// Puts an id's addressing back as it was before a resolution that failed: the id stays
+    /// bound, unresolved.
+    fn restore(&mut self, h: u32, before: Option<Addressing>) {
+        if let (Some(x), Some(b)) = (self.ids.get_mut(&h), before) {
+            (x.device, x.src, x.dst, x.peer_ip) = b;
+        }
+    }
+
+    /// The neighbour an id's resolution waits for (`addr_resolve_neigh`): none when the
+    /// kernel does not route the device's packets, the peer is the device's own, a
+    /// multicast group or link-local ([`route_reaches`] leaves those alone too), the packets
+    /// need no neighbour or it is valid already, or the kernel cannot be asked (then the
+    /// resolution does not wait, as before). Otherwise the kernel has been asked to resolve
+    /// it.
+    fn neighbour_to_wait_for(&self, h: u32) -> Option<NextHop> {
+        let (local, peer) = self.kernel_routed_path(h)?;
+        if peer.is_multicast() || matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local()) {
+            return None;
+        }
+        let asked = kernel_neighbour::next_hop(local, peer).and_then(|hop| match hop {
+            Some(hop) if !kernel_neighbour::is_valid(hop)? => {
+                kernel_neighbour::solicit(hop, local, peer)?;
+                Ok(Some(hop))
+            }
+            _ => Ok(None),
+        });
+        asked.unwrap_or_else(|e| {
+            debug!(id = h, %peer, "no neighbour check ({e}): resolved without it");
+            None
+        })
+    }
+
+    /// Resolutions whose neighbour answered (`ADDR_RESOLVED`) or whose time ran out
+    /// (`ADDR_ERROR`, `-ETIMEDOUT`, the id bound again, as `process_one_req` reports it).
+    /// A resolution of an id that was destroyed or resolved anew is forgotten.
+    pub(super) fn poll_resolutions(&mut self) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.resolving.len() {
+            let r = &self.resolving[i];
+            if r.next_check > now {
+                i += 1;
+                continue;
+            }
+            if self.ids.get(&r.h).is_none_or(|x| x.dst != Some(r.dst)) {
+                self.resolving.swap_remove(i);
+                continue;
+            }
+            // A neighbour table that cannot be read any more does not hold the id back.
+            let valid = kernel_neighbour::is_valid(r.hop).unwrap_or(true);
+            if !valid && now < r.deadline {
+                self.resolving[i].next_check = (now + NEIGHBOUR_POLL).min(r.deadline);
+                i += 1;
+                continue;
+            }
+            let r = self.resolving.swap_remove(i);
+            let m = if valid {
+                Self::event(Ev::AddrResolved, 0)
+            } else {
+                warn!(
+                    id = r.h,
+                    dst = %r.dst,
+                    next_hop = %r.hop.addr,
+                    "address resolution failed: the neighbour did not answer in time"
+                );
+                self.restore(r.h, r.before);
+                Self::event(Ev::AddrError, -libc::ETIMEDOUT)
+            };
+            self.emit(r.h, m);
+        }
+    }
+
+    /// When [`poll_resolutions`](Self::poll_resolutions) has something to check next.
+    pub(super) fn next_resolution_check(&self) -> Option<Instant> {
+        self.resolving.iter().map(|r| r.next_check).min()
     }
 
     /// Address resolution proper: the device, the source address, the wire peer.
@@ -299,20 +417,20 @@ impl CmService {
     /// On a device whose packets the kernel routes, that a route reaches the resolved peer
     /// from the address the id's traffic leaves ([`route_reaches`]).
     fn check_route(&self, h: u32) -> Result<(), (i32, String)> {
-        let Some(x) = self.ids.get(&h) else {
-            return Ok(());
-        };
-        let (Some(d), Some(peer)) = (x.device, x.peer_ip) else {
-            return Ok(());
-        };
-        let dev = &self.devices[d];
-        let Some(local) = self.local_ip(x).or(x.src.map(|s| s.ip())) else {
-            return Ok(());
-        };
-        if !dev.setup.kernel_routes || dev.addrs.contains(&peer) {
-            return Ok(());
+        match self.kernel_routed_path(h) {
+            Some((local, peer)) => route_reaches(local, peer),
+            None => Ok(()),
         }
-        route_reaches(local, peer)
+    }
+
+    /// The (source, peer) of a resolved id whose packets the kernel routes to another host:
+    /// on a device with `kernel_routes`, toward a peer that is not the device's own.
+    fn kernel_routed_path(&self, h: u32) -> Option<(IpAddr, IpAddr)> {
+        let x = self.ids.get(&h)?;
+        let (d, peer) = (x.device?, x.peer_ip?);
+        let dev = &self.devices[d];
+        let local = self.local_ip(x).or(x.src.map(|s| s.ip()))?;
+        (dev.setup.kernel_routes && !dev.addrs.contains(&peer)).then_some((local, peer))
     }
 
     pub(super) fn resolve_route(&mut self, h: u32) -> Reply {

@@ -16,14 +16,15 @@
 //!
 //! The run loop ([`CmService::run`]) is the table of contents: the client threads' requests
 //! and clients gone; devices added, changed and removed; received MADs and due timers into
-//! the endpoints; then `drain` sends the MADs the endpoints want sent and turns what they
-//! report into rdma_cm events, and the channels' waiting events are retried. Where things are:
+//! the endpoints; address resolutions whose neighbour answered or whose time ran out; then
+//! `drain` sends the MADs the endpoints want sent and turns what they report into rdma_cm
+//! events, and the channels' waiting events are retried. Where things are:
 //! - `requests`: a request's checks (the id it names is its client's) and the method that
 //!   serves it; the replies' shapes; the id options (`rdma_set_option`);
 //! - `ids`: what an id holds, the event channels, creating, listing and destroying them
 //!   (all of a client that is gone), and the events sent to a channel's socket;
-//! - `addressing`: bound ports, address and route resolution, listeners, multicast joins,
-//!   and the address rules (which device serves an address, which listener takes a request);
+//! - `addressing`: bound ports, address and route resolution (the route and the neighbour
+//!   the kernel's), listeners, multicast joins, and the address rules (which device serves an address, which listener takes a request);
 //! - `handshake`: the program's side of a connection: `rdma_connect`, `rdma_accept`,
 //!   `rdma_reject`, `rdma_establish` (the REQ, REP, REJ, RTU, SIDR_REQ and SIDR_REP we send);
 //! - `endpoint_events`: what the endpoints report (a peer's REQ, REP, RTU, REJ, DREQ,
@@ -169,6 +170,8 @@ pub struct CmService {
     listens: HashMap<(usize, u64), usize>,
     next_handle: u32,
     start: Instant,
+    /// Address resolutions waiting for a neighbour.
+    resolving: Vec<addressing::Resolving>,
 }
 
 impl CmService {
@@ -187,6 +190,7 @@ impl CmService {
             listens: HashMap::new(),
             next_handle: 0,
             start: Instant::now(),
+            resolving: Vec::new(),
         }
     }
 
@@ -210,6 +214,9 @@ impl CmService {
             };
             if self.channels.values().any(|c| !c.backlog.is_empty()) {
                 wait = wait.min(Duration::from_millis(5));
+            }
+            if let Some(t) = self.next_resolution_check() {
+                wait = wait.min(t.saturating_duration_since(Instant::now()));
             }
             select! {
                 recv(rx) -> msg => match msg {
@@ -269,6 +276,7 @@ impl CmService {
                     d.endpoint.handle_timeout(now);
                 }
             }
+            self.poll_resolutions();
             self.drain();
             self.flush_channels();
         }

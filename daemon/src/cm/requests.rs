@@ -81,7 +81,12 @@ impl CmService {
                 Ok(()) => (Response::CmIdInfo(self.info(id)), Vec::new()),
                 Err((errno, why)) => error(errno, why),
             },
-            Request::CmResolveAddr { id, src, dst, .. } => self.resolve_addr(id, src, dst),
+            Request::CmResolveAddr {
+                id,
+                src,
+                dst,
+                timeout_ms,
+            } => self.resolve_addr(id, src, dst, timeout_ms),
             Request::CmResolveRoute { id, .. } => self.resolve_route(id),
             Request::CmListen { id, .. } => self.listen(id),
             Request::CmConnect { id, conn, psn } => self.connect(now, id, conn, psn),

@@ -47,6 +47,7 @@
 mod build;
 mod cmsg;
 pub mod interface;
+pub mod kernel_neighbour;
 pub mod l2;
 mod layers;
 pub mod link;

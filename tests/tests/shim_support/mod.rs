@@ -159,6 +159,17 @@ impl Daemon {
     /// [`Daemon::start`] inside the named network namespace `netns` (`ip netns add`), whose
     /// programs run there too.
     pub fn start_in(name: &str, netns: Option<&str>, args: &[&str]) -> Daemon {
+        Daemon::start_wrapped(name, netns, &[], args)
+    }
+
+    /// [`Daemon::start_in`] through a `wrapper` command (`setpriv ...`), which runs the
+    /// daemon with its arguments.
+    pub fn start_wrapped(
+        name: &str,
+        netns: Option<&str>,
+        wrapper: &[&str],
+        args: &[&str],
+    ) -> Daemon {
         let dir = scratch_root().join("daemons").join(name);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("daemon scratch dir");
@@ -177,7 +188,14 @@ impl Daemon {
                     .unwrap_or_else(|e| panic!("network namespace {n}: {e}")),
             )
         });
-        let mut cmd = Command::new(softroce_bin());
+        let mut cmd = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut c = Command::new(program);
+                c.args(wrapper_args).arg(softroce_bin());
+                c
+            }
+            None => Command::new(softroce_bin()),
+        };
         enter_netns(&mut cmd, netns.as_ref());
         let child = cmd
             .arg("daemon")
