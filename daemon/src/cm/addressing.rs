@@ -319,6 +319,11 @@ impl CmService {
     /// A resolution of an id that was destroyed or resolved anew is forgotten.
     pub(super) fn poll_resolutions(&mut self) {
         let now = Instant::now();
+        if self.resolving.iter().all(|r| r.next_check > now) {
+            return;
+        }
+        // A neighbour table that cannot be read any more does not hold the ids back.
+        let valid = kernel_neighbour::valid_neighbours().ok();
         let mut i = 0;
         while i < self.resolving.len() {
             let r = &self.resolving[i];
@@ -330,8 +335,7 @@ impl CmService {
                 self.resolving.swap_remove(i);
                 continue;
             }
-            // A neighbour table that cannot be read any more does not hold the id back.
-            let valid = kernel_neighbour::is_valid(r.hop).unwrap_or(true);
+            let valid = valid.as_ref().is_none_or(|v| v.contains(&r.hop));
             if !valid && now < r.deadline {
                 self.resolving[i].next_check = (now + NEIGHBOUR_POLL).min(r.deadline);
                 i += 1;

@@ -22,13 +22,14 @@ use nix::sys::socket::{
     NetlinkAddr, SockFlag, SockProtocol, SockType, SockaddrIn, SockaddrIn6, SockaddrLike,
 };
 use nix::sys::time::TimeVal;
+use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// The neighbour a packet needs: on interface `ifindex`, the peer itself or the route's
 /// gateway.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct NextHop {
     pub ifindex: u32,
     pub addr: IpAddr,
@@ -104,6 +105,34 @@ pub fn is_valid(hop: NextHop) -> io::Result<bool> {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Every neighbour the kernel has a valid link-layer address for (one dump of its tables,
+/// whatever the number of resolutions waiting: what they cost the CM thread does not grow
+/// with them).
+pub fn valid_neighbours() -> io::Result<HashSet<NextHop>> {
+    let mut valid = HashSet::new();
+    exchange(
+        libc::RTM_GETNEIGH,
+        libc::NLM_F_DUMP as u16,
+        &[0u8; 12],
+        &[],
+        |kind, payload| {
+            if kind != libc::RTM_NEWNEIGH || payload.len() < 12 {
+                return None::<()>;
+            }
+            let state = u16::from_ne_bytes([payload[8], payload[9]]);
+            let ifindex = u32::from_ne_bytes([payload[4], payload[5], payload[6], payload[7]]);
+            let dst = attributes(&payload[12..]).find(|(t, _)| *t == libc::NDA_DST);
+            if let Some(addr) = dst.and_then(|(_, v)| ip_of(v)) {
+                if state & NUD_VALID != 0 {
+                    valid.insert(NextHop { ifindex, addr });
+                }
+            }
+            None
+        },
+    )?;
+    Ok(valid)
 }
 
 /// Asks the kernel to resolve the neighbour, as `neigh_event_send` does for its rdma_cm:
@@ -213,6 +242,27 @@ fn ask(
     attrs: &[(u16, &[u8])],
     want: u16,
 ) -> io::Result<Vec<u8>> {
+    let ack = if want == libc::NLMSG_ERROR as u16 {
+        libc::NLM_F_ACK as u16
+    } else {
+        0
+    };
+    exchange(kind, ack | flags, body, attrs, |k, payload| {
+        (k == want).then(|| payload.to_vec())
+    })?
+    .ok_or_else(|| invalid("no answer from rtnetlink"))
+}
+
+/// Sends one request on a new rtnetlink socket and hands each message of the answer (type,
+/// payload) to `each` until it returns something, or the answer ends (`NLMSG_DONE`, `None`);
+/// an error the kernel returns is `Err`.
+fn exchange<T>(
+    kind: u16,
+    flags: u16,
+    body: &[u8],
+    attrs: &[(u16, &[u8])],
+    mut each: impl FnMut(u16, &[u8]) -> Option<T>,
+) -> io::Result<Option<T>> {
     let fd: OwnedFd = socket(
         AddressFamily::Netlink,
         SockType::Raw,
@@ -222,14 +272,9 @@ fn ask(
     bind(fd.as_raw_fd(), &NetlinkAddr::new(0, 0))?;
     // The kernel answers at once; a bound keeps the CM thread from ever waiting on it.
     setsockopt(&fd, ReceiveTimeout, &TimeVal::new(1, 0))?;
-    let ack = if want == libc::NLMSG_ERROR as u16 {
-        libc::NLM_F_ACK as u16
-    } else {
-        0
-    };
-    let message = encode(kind, libc::NLM_F_REQUEST as u16 | ack | flags, body, attrs);
+    let message = encode(kind, libc::NLM_F_REQUEST as u16 | flags, body, attrs);
     send(fd.as_raw_fd(), &message, MsgFlags::empty())?;
-    // Answers to one request are small (a route, a neighbour, a link's few hundred bytes).
+    // A dump comes in parts of at most a page or two each.
     let mut buf = vec![0u8; 32 * 1024];
     loop {
         let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty())?;
@@ -241,6 +286,9 @@ fn ask(
             }
             let kind = u16::from_ne_bytes([rest[4], rest[5]]);
             let payload = &rest[NLMSG_HDR..len];
+            if kind == libc::NLMSG_DONE as u16 {
+                return Ok(None);
+            }
             if kind == libc::NLMSG_ERROR as u16 {
                 let code = payload
                     .get(..4)
@@ -248,11 +296,9 @@ fn ask(
                 if code != 0 {
                     return Err(io::Error::from_raw_os_error(-code));
                 }
-                if want == kind {
-                    return Ok(payload.to_vec());
-                }
-            } else if kind == want {
-                return Ok(payload.to_vec());
+            }
+            if let Some(found) = each(kind, payload) {
+                return Ok(Some(found));
             }
             rest = &rest[align(len).min(rest.len())..];
         }
