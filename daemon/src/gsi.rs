@@ -2,7 +2,8 @@
 //! receive go to the CM thread as [`GsiMad`]s through a bounded queue, and the MADs the CM
 //! thread sends go back to the device that carries them as [`GsiOut`]s, to leave through its
 //! link like all its traffic (so a capture sees the CM exchange even when the daemon talks to
-//! itself). Neither side knows the other's internals: this module is all they share.
+//! itself), with the peers whose link-layer address rdma_cm's address resolution waits for
+//! ([`ToDevice`]). Neither side knows the other's internals: this module is all they share.
 
 use crossbeam_channel::{Receiver, Sender};
 use proto::cm::{GSI_QKEY, GSI_QPN};
@@ -50,8 +51,18 @@ pub struct GsiOut {
     pub gid_type: GidType,
 }
 
-/// Hands a MAD to one device thread (and wakes it); false when the device is gone.
-pub type GsiSender = Box<dyn Fn(GsiOut) -> bool + Send>;
+/// What the CM thread hands a device thread.
+#[derive(Debug, Clone)]
+pub enum ToDevice {
+    /// A CM MAD to send.
+    Mad(GsiOut),
+    /// A peer whose link-layer address rdma_cm's address resolution waits for (the L2
+    /// device resolves it; the kernel does for a UDP device).
+    Solicit(IpAddr),
+}
+
+/// Hands a [`ToDevice`] to one device thread (and wakes it); false when the device is gone.
+pub type DeviceSender = Box<dyn Fn(ToDevice) -> bool + Send>;
 
 /// The part of a received datagram (BTH..ICRC, ICRC already verified) that is a MAD for QP1:
 /// a UD SEND_ONLY with the GSI Q_Key (facts §8.1). `None` for anything else, which rxe's GSI

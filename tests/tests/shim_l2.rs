@@ -257,6 +257,40 @@ fn perftest(pair: &Pair, program: &str, port: u16, gid: u8, args: &[&str]) {
     );
 }
 
+/// rdma_cm address resolution on the TAP device waits for the peer's Ethernet address, as the
+/// kernel's on a netdev: `rping` to addresses on the link that nobody answers (ARP, neighbour
+/// discovery) fails with `RDMA_CM_EVENT_ADDR_ERROR` -ETIMEDOUT in the 2 s rping gives
+/// resolution, not when its REQs run out of retries a minute later.
+fn nobody_answers_on_the_link(pair: &Pair, addrs: [&str; 2]) {
+    let since = Instant::now();
+    let clients = addrs.map(|addr| {
+        let mut cmd = pair.a.command(&require_program("rping"));
+        cmd.args(["-c", "-a", addr, "-C", "1", "-v"]);
+        (
+            addr,
+            Logged::spawn(cmd, pair.dir.join(format!("nobody-{addr}.log"))),
+        )
+    });
+    for (addr, mut c) in clients {
+        let status = c.wait_for(Duration::from_secs(30));
+        let out = c.output();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "rping to {addr}: {status:?}\n{out}"
+        );
+        assert!(
+            out.contains("RDMA_CM_EVENT_ADDR_ERROR, error -110"),
+            "rping to {addr}: {out}\n--- daemon\n{}",
+            pair.a.log()
+        );
+    }
+    assert!(
+        since.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        since.elapsed()
+    );
+}
+
 /// `rping -C 20 -v` (data checked: rping compares every buffer it reads back) from `cd` to
 /// the server `sd` at `addr`.
 fn rping(pair: &Pair, sd: &Daemon, cd: &Daemon, addr: &str, port: u16) {
@@ -433,6 +467,7 @@ fn roce_v2_on_tap_over_ipv4_and_ipv6() {
     rping(&pair, &pair.b, &pair.a, "10.9.0.2", 18814);
     rping(&pair, &pair.b, &pair.a, "fd09::2", 18815);
     let file = cap.stop();
+    nobody_answers_on_the_link(&pair, ["10.9.0.77", "fd09::77"]);
     let report = captures::check(&file);
     let ids = assert_v2_only(&report, 500, &file);
     // The daemon wrote the IPv4 headers itself, with Identifications as the kernel gives

@@ -5,9 +5,11 @@
 use super::ids::{Id, Role};
 use super::requests::{done, error, Reply};
 use super::{random_u32, CmService};
+use crate::gsi::ToDevice;
 use crate::net::kernel_neighbour::{self, NextHop};
 use proto::cm::rdma_cm::{self as rc, PortSpace, RdmaCmEventType as Ev};
 use proto::ctl::{self, CmPathInfo, CmUdParam, RoceVersion};
+use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
@@ -75,12 +77,21 @@ type Addressing = (
     Option<IpAddr>,
 );
 
+/// The neighbour a resolution waits for.
+#[derive(Debug, Clone, Copy)]
+enum Awaited {
+    /// The next hop in the kernel's neighbour table (a device whose packets it routes).
+    Kernel(NextHop),
+    /// The peer in the L2 device's own neighbour cache.
+    Device { device: usize, peer: IpAddr },
+}
+
 /// An address resolution waiting for its next hop's neighbour (`dst_fetch_ha`'s
 /// `-ENODATA`), until `deadline` (the call's `timeout_ms`).
 pub(super) struct Resolving {
     h: u32,
     dst: SocketAddr,
-    hop: NextHop,
+    awaited: Awaited,
     before: Option<Addressing>,
     deadline: Instant,
     next_check: Instant,
@@ -260,12 +271,12 @@ impl CmService {
                 // The next hop's link-layer address, as the kernel's `dst_fetch_ha` wants
                 // it: ADDR_RESOLVED when the neighbour answers (`poll_resolutions`).
                 self.resolving.retain(|r| r.h != h);
-                if let Some(hop) = self.neighbour_to_wait_for(h) {
+                if let Some(awaited) = self.neighbour_to_wait_for(h) {
                     let now = Instant::now();
                     self.resolving.push(Resolving {
                         h,
                         dst,
-                        hop,
+                        awaited,
                         before,
                         deadline: now + Duration::from_millis(timeout_ms.into()),
                         next_check: now + NEIGHBOUR_POLL,
@@ -291,20 +302,36 @@ impl CmService {
     }
 
     /// The neighbour an id's resolution waits for (`addr_resolve_neigh`): none when the
-    /// kernel does not route the device's packets, the peer is the device's own, a
-    /// multicast group or link-local ([`route_reaches`] leaves those alone too), the packets
-    /// need no neighbour or it is valid already, or the kernel cannot be asked (then the
-    /// resolution does not wait, as before). Otherwise the kernel has been asked to resolve
-    /// it.
-    fn neighbour_to_wait_for(&self, h: u32) -> Option<NextHop> {
-        let (local, peer) = self.kernel_routed_path(h)?;
-        if peer.is_multicast() || matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local()) {
+    /// peer is the device's own, a multicast group or link-local ([`route_reaches`] leaves
+    /// those alone too), or its address is known already; none either when the kernel
+    /// routes the device's packets and its packets need no neighbour or the kernel cannot
+    /// be asked (then the resolution does not wait, as before). Otherwise the device (the
+    /// L2 device's thread) or the kernel has been asked to resolve it.
+    fn neighbour_to_wait_for(&self, h: u32) -> Option<Awaited> {
+        let x = self.ids.get(&h)?;
+        // An IPv4 peer may come as `::ffff:a.b.c.d` (a program's IPv6 socket address).
+        let (d, peer) = (x.device?, x.peer_ip?.to_canonical());
+        let dev = &self.devices[d];
+        if dev.addrs.contains(&peer)
+            || peer.is_multicast()
+            || matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local())
+        {
             return None;
         }
+        if let Some(board) = &dev.setup.neighbours {
+            if board.is_resolved(peer) {
+                return None;
+            }
+            // A device gone answers nothing: the call times out, as on a kernel whose
+            // netdev went.
+            (dev.send)(ToDevice::Solicit(peer));
+            return Some(Awaited::Device { device: d, peer });
+        }
+        let (local, peer) = self.kernel_routed_path(h)?;
         let asked = kernel_neighbour::next_hop(local, peer).and_then(|hop| match hop {
             Some(hop) if !kernel_neighbour::is_valid(hop)? => {
                 kernel_neighbour::solicit(hop, local, peer)?;
-                Ok(Some(hop))
+                Ok(Some(Awaited::Kernel(hop)))
             }
             _ => Ok(None),
         });
@@ -322,8 +349,9 @@ impl CmService {
         if self.resolving.iter().all(|r| r.next_check > now) {
             return;
         }
-        // A neighbour table that cannot be read any more does not hold the ids back.
-        let valid = kernel_neighbour::valid_neighbours().ok();
+        // Read once for all the resolutions due, when one waits for the kernel; a table that
+        // cannot be read any more does not hold the ids back.
+        let mut kernel: Option<Option<HashSet<NextHop>>> = None;
         let mut i = 0;
         while i < self.resolving.len() {
             let r = &self.resolving[i];
@@ -335,7 +363,17 @@ impl CmService {
                 self.resolving.swap_remove(i);
                 continue;
             }
-            let valid = valid.as_ref().is_none_or(|v| v.contains(&r.hop));
+            let valid = match r.awaited {
+                Awaited::Kernel(hop) => kernel
+                    .get_or_insert_with(|| kernel_neighbour::valid_neighbours().ok())
+                    .as_ref()
+                    .is_none_or(|v| v.contains(&hop)),
+                Awaited::Device { device, peer } => self
+                    .devices
+                    .get(device)
+                    .and_then(|d| d.setup.neighbours.as_ref())
+                    .is_none_or(|b| b.is_resolved(peer)),
+            };
             if !valid && now < r.deadline {
                 self.resolving[i].next_check = (now + NEIGHBOUR_POLL).min(r.deadline);
                 i += 1;
@@ -348,7 +386,7 @@ impl CmService {
                 warn!(
                     id = r.h,
                     dst = %r.dst,
-                    next_hop = %r.hop.addr,
+                    awaited = ?r.awaited,
                     "address resolution failed: the neighbour did not answer in time"
                 );
                 self.restore(r.h, r.before);
@@ -431,9 +469,9 @@ impl CmService {
     /// on a device with `kernel_routes`, toward a peer that is not the device's own.
     fn kernel_routed_path(&self, h: u32) -> Option<(IpAddr, IpAddr)> {
         let x = self.ids.get(&h)?;
-        let (d, peer) = (x.device?, x.peer_ip?);
+        let (d, peer) = (x.device?, x.peer_ip?.to_canonical());
         let dev = &self.devices[d];
-        let local = self.local_ip(x).or(x.src.map(|s| s.ip()))?;
+        let local = self.local_ip(x).or(x.src.map(|s| s.ip()))?.to_canonical();
         (dev.setup.kernel_routes && !dev.addrs.contains(&peer)).then_some((local, peer))
     }
 

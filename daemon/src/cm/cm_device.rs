@@ -2,11 +2,13 @@
 //! PSN, the way its MADs leave, and the RoCE version of the MADs exchanged with each peer.
 
 use super::random_u32;
-use crate::gsi::GsiSender;
+use crate::gsi::DeviceSender;
+use crate::net::neighbour_board::NeighbourBoard;
 use proto::cm::{CmEndpoint, EndpointConfig};
 use proto::ctl::{self, DeviceInfo, RoceVersion};
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// A device as the CM sees it.
 #[derive(Debug, Clone)]
@@ -21,6 +23,9 @@ pub struct CmDeviceSetup {
     /// the L2 device, which routes within its own stack): address resolution asks it for a
     /// route to the peer first, as the kernel's `addr_resolve` does.
     pub kernel_routes: bool,
+    /// The L2 device's resolved peers: address resolution waits for the peer's Ethernet
+    /// address there, as on a kernel netdev.
+    pub neighbours: Option<Arc<NeighbourBoard>>,
 }
 
 /// A device's CM state.
@@ -30,7 +35,7 @@ pub(super) struct CmDevice {
     pub(super) endpoint: CmEndpoint,
     /// The GSI QP's next PSN.
     pub(super) psn: u32,
-    pub(super) send: GsiSender,
+    pub(super) send: DeviceSender,
     /// The RoCE version of the MADs exchanged with each peer: what its last MAD came in (a
     /// passive side answers in the REQ's version, facts §7.2), or what our own connection to
     /// it uses (the id's GID type). Kept per peer address, so one peer's rdma_cm connections
@@ -39,7 +44,7 @@ pub(super) struct CmDevice {
 }
 
 impl CmDevice {
-    pub(super) fn new(setup: CmDeviceSetup, send: GsiSender) -> CmDevice {
+    pub(super) fn new(setup: CmDeviceSetup, send: DeviceSender) -> CmDevice {
         let mut cfg = EndpointConfig::new(setup.info.node_guid, random_u32(), random_u32());
         cfg.first_id = random_u32();
         CmDevice {

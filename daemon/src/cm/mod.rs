@@ -52,7 +52,7 @@ mod test_support;
 pub use cm_device::CmDeviceSetup;
 pub use qp_attr::qp_mask;
 
-use crate::gsi::{gsi_packet, GsiMad, GsiOut, GsiSender};
+use crate::gsi::{gsi_packet, DeviceSender, GsiMad, GsiOut, ToDevice};
 use cm_device::CmDevice;
 use crossbeam_channel::{select, Receiver, Sender};
 use ids::{Channel, Id};
@@ -87,7 +87,7 @@ pub enum CmMsg {
     AddDevice {
         device: usize,
         setup: CmDeviceSetup,
-        send: GsiSender,
+        send: DeviceSender,
     },
     /// A device was deleted: it serves no address from now on.
     RemoveDevice {
@@ -177,7 +177,7 @@ pub struct CmService {
 impl CmService {
     /// The CM of the devices in `setups`, each with the sender of its MADs to its device
     /// thread (device `i` of the service is `setups[i]`).
-    pub fn new(setups: Vec<(CmDeviceSetup, GsiSender)>) -> CmService {
+    pub fn new(setups: Vec<(CmDeviceSetup, DeviceSender)>) -> CmService {
         let devices = setups
             .into_iter()
             .map(|(setup, send)| CmDevice::new(setup, send))
@@ -309,12 +309,12 @@ impl CmService {
                         RoceVersion::V2 => GidType::RoceV2,
                     };
                     debug!(?t, ?gid_type, "CM MAD out");
-                    (d.send)(GsiOut {
+                    (d.send)(ToDevice::Mad(GsiOut {
                         src,
                         dst: t.peer,
                         packet,
                         gid_type,
-                    });
+                    }));
                 }
             }
             while let Some(ev) = self.devices[index].endpoint.poll_event() {

@@ -3,7 +3,7 @@
 
 use super::{CmDeviceSetup, CmService};
 use crate::config::{device_info, DeviceConfig};
-use crate::gsi::{gsi_payload, GsiOut, GsiSender};
+use crate::gsi::{gsi_payload, DeviceSender, ToDevice};
 use nix::sys::socket::{self, MsgFlags};
 use proto::ctl::{self, cm_ps, qp_type, CmEventMsg, QpAttr, Request, Response, RoceVersion};
 use std::net::{IpAddr, SocketAddr};
@@ -19,8 +19,10 @@ pub(super) fn service(addrs: &[&str], mode: RoceVersion) -> (CmService, Wire) {
     cfg.addr = addrs.iter().map(|a| a.parse().unwrap()).collect();
     let wire: Wire = Arc::default();
     let w = Arc::clone(&wire);
-    let send: GsiSender = Box::new(move |m: GsiOut| {
-        w.lock().unwrap().push((m.src, m.dst, m.packet));
+    let send: DeviceSender = Box::new(move |m| {
+        if let ToDevice::Mad(m) = m {
+            w.lock().unwrap().push((m.src, m.dst, m.packet));
+        }
         true
     });
     let setup = CmDeviceSetup {
@@ -30,6 +32,7 @@ pub(super) fn service(addrs: &[&str], mode: RoceVersion) -> (CmService, Wire) {
         cm_max_retries: 15,
         // The tests' addresses need no route of the machine's.
         kernel_routes: false,
+        neighbours: None,
     };
     (CmService::new(vec![(setup, send)]), wire)
 }

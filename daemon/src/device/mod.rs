@@ -56,6 +56,7 @@ pub use operator::OperatorMsg;
 use crate::fault::FaultInjector;
 use crate::gsi::{GsiMad, GsiOut};
 use crate::net::l2::{L2Config, L2Link, Versions};
+use crate::net::neighbour_board::NeighbourBoard;
 use crate::net::tap::TapConfig;
 use crate::net::{AdaptiveSpin, Layers, Link, LocalFrames, UdpLink, UdpLinkConfig};
 use crate::peer::ClientProcess;
@@ -117,6 +118,9 @@ pub enum DevMsg {
     UpdateInfo(DeviceInfo),
     /// A CM MAD from the CM thread, to leave through this device's link.
     SendGsi(GsiOut),
+    /// rdma_cm address resolution wants the peer's link-layer address (the L2 device
+    /// resolves it and publishes it on its [`NeighbourBoard`]).
+    SolicitNeighbour(IpAddr),
     /// The operator's requests: counters, resources, captures, fault rules.
     Operator(OperatorMsg),
     /// `softroce link set NAME up|down`: the link's carrier follows (the L2 device's TAP);
@@ -147,6 +151,8 @@ pub struct DeviceThread {
     gid_generation: u16,
     /// The link, inside its capture and fault layers.
     link: Layers,
+    /// The L2 device's resolved peers, for the CM thread ([`DeviceThread::neighbour_board`]).
+    neighbour_board: Option<Arc<NeighbourBoard>>,
     /// Fault rules the responder carries out (forced RNR and access error NAKs).
     naks: FaultInjector,
     /// QP1 packets (CM MADs) sent and received.
@@ -235,8 +241,13 @@ impl DeviceThread {
         let congestion = cfg.congestion()?;
         let wake =
             EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        let mut neighbour_board = None;
         let link: Box<dyn Link + Send> = match &cfg.tap {
-            Some(tap) => Box::new(open_tap(cfg, tap, &info, wake.as_raw_fd())?),
+            Some(tap) => {
+                let l2 = open_tap(cfg, tap, &info, wake.as_raw_fd())?;
+                neighbour_board = Some(l2.neighbour_board());
+                Box::new(l2)
+            }
             None => Box::new(UdpLink::open(&UdpLinkConfig {
                 name: &info.name,
                 addrs: &info.gid_addrs(),
@@ -260,6 +271,7 @@ impl DeviceThread {
                 layers.set_port_up(info.port_active);
                 layers
             },
+            neighbour_board,
             naks: FaultInjector::new(clients::random_seed()),
             gsi_sent: 0,
             gsi_rcvd: 0,
@@ -298,6 +310,12 @@ impl DeviceThread {
     /// Hands received CM MADs (packets to QP1) to the CM thread.
     pub fn set_gsi_sink(&mut self, sink: Sender<GsiMad>) {
         self.gsi = Some(sink);
+    }
+
+    /// Where the L2 device publishes the peers it has resolved, for rdma_cm address
+    /// resolution (`None` for a UDP device: the kernel resolves its neighbours).
+    pub fn neighbour_board(&self) -> Option<Arc<NeighbourBoard>> {
+        self.neighbour_board.clone()
     }
 
     /// A descriptor that wakes the thread when written (for the doorbell and control).
@@ -443,6 +461,10 @@ impl DeviceThread {
                 self.warm_loss_recovery(mad.dst, mad.src, mad.gid_type);
                 self.link
                     .send_gsi_as(mad.gid_type, mad.src, mad.dst, &mut mad.packet);
+                self.link.flush();
+            }
+            DevMsg::SolicitNeighbour(peer) => {
+                self.link.solicit_neighbour(peer);
                 self.link.flush();
             }
             DevMsg::Operator(m) => self.operator(m),

@@ -14,6 +14,7 @@
 //! peer, what it sent and what the device accepts: a version mismatch is never silent.
 
 use super::link::{Link, RxPacket, WireView};
+use super::neighbour_board::NeighbourBoard;
 use super::tap::{TapConfig, TapCounters, TapIo};
 use super::{Backend, NetCounters};
 use proto::iface::{EthernetInterface, Inbound, IpCidr, RoceFraming, Unreachable};
@@ -26,6 +27,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
@@ -179,6 +181,10 @@ pub struct L2Link {
     keep_last_sent: bool,
     /// The next frame framed gets one bit flipped after sealing ([`Link::send_corrupted`]).
     corrupt_next: bool,
+    /// The resolved peers, for the CM thread's address resolution, and the neighbour
+    /// cache's change count when they were last published there.
+    board: Arc<NeighbourBoard>,
+    published: u64,
 }
 
 /// rxe's UDP source port of QP1 (`0xC000 + hash_32(1, 14)`, facts §1.3): the CM MADs' on v2.
@@ -201,8 +207,24 @@ impl L2Link {
             last_sent: None,
             keep_last_sent: false,
             corrupt_next: false,
+            board: Arc::default(),
+            published: 0,
         };
         Ok((link, why))
+    }
+
+    /// Where the device's resolved peers are published for the CM thread.
+    pub fn neighbour_board(&self) -> Arc<NeighbourBoard> {
+        Arc::clone(&self.board)
+    }
+
+    /// Publishes the resolved peers if they changed since last time.
+    fn publish_neighbours(&mut self) {
+        let cache = self.iface.neighbors();
+        if cache.changes() != self.published {
+            self.published = cache.changes();
+            self.board.publish(cache.resolved());
+        }
     }
 
     pub fn backend(&self) -> Backend {
@@ -599,13 +621,22 @@ fn udp_len_ok(datagram: &[u8]) -> bool {
 
 impl Link for L2Link {
     fn poll(&mut self, wait: Duration, deliver: &mut dyn FnMut(&RxPacket<'_>)) -> usize {
-        match self.receive(Some(wait), deliver) {
+        let n = match self.receive(Some(wait), deliver) {
             Ok(n) => n,
             Err(e) => {
                 debug!(device = %self.device, "TAP poll failed: {e}");
                 0
             }
-        }
+        };
+        self.publish_neighbours();
+        n
+    }
+
+    fn solicit_neighbour(&mut self, peer: IpAddr) {
+        let now = self.now();
+        self.iface.solicit(peer, now);
+        self.drain_interface(now);
+        self.publish_neighbours();
     }
 
     fn send(&mut self, frame: &mut [u8], t: &Transmit) {

@@ -478,4 +478,8 @@ impl Link for Layers {
     fn set_carrier(&mut self, on: bool) {
         self.inner.set_carrier(on);
     }
+
+    fn solicit_neighbour(&mut self, peer: IpAddr) {
+        self.inner.solicit_neighbour(peer);
+    }
 }

@@ -116,6 +116,11 @@ pub trait Link {
     /// host sees the cable pulled too. Layers that wrap a link forward it.
     fn set_carrier(&mut self, _on: bool) {}
 
+    /// Starts resolving `peer`'s link-layer address for the CM thread's address resolution
+    /// (the L2 device; the kernel resolves for a UDP link, which does nothing here). Layers
+    /// that wrap a link forward it.
+    fn solicit_neighbour(&mut self, _peer: IpAddr) {}
+
     /// Whether a capture listens: a link that must copy to show [`Link::last_sent`] (a TAP
     /// link's frame leaves in a slot it does not keep) does so only while asked.
     fn keep_last_sent(&mut self, _on: bool) {}

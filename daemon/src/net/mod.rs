@@ -53,6 +53,7 @@ mod layers;
 pub mod link;
 mod loopback;
 mod multicast;
+pub mod neighbour_board;
 pub(crate) mod port_share;
 mod socket;
 mod spin;

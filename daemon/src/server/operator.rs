@@ -6,6 +6,7 @@ use super::{ask, link_at, live_links, publish, Device, DeviceLink, Registry};
 use crate::cm::{CmDeviceSetup, CmMsg};
 use crate::config::{self, DeviceConfig};
 use crate::device::{DevMsg, DeviceThread, OperatorMsg, HANDLE_DEVICE_SHIFT};
+use crate::gsi::ToDevice;
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::unbounded;
 use proto::ctl::{DeviceFaults, DeviceStats, LinkInfo, Request, ResDetail, ResKind, Response};
@@ -79,6 +80,7 @@ impl Registry {
             self.factory.port,
         )?;
         thread.set_gsi_sink(self.factory.gsi.clone());
+        let neighbours = thread.neighbour_board();
         let wake = Arc::new(thread.wake_fd()?);
         info!(
             device = %cfg.name,
@@ -104,7 +106,12 @@ impl Registry {
             link.send(DevMsg::Operator(OperatorMsg::FaultAdd(rule)));
         }
         let gsi_link = link.clone();
-        let send: crate::gsi::GsiSender = Box::new(move |m| gsi_link.send(DevMsg::SendGsi(m)));
+        let send: crate::gsi::DeviceSender = Box::new(move |m| {
+            gsi_link.send(match m {
+                ToDevice::Mad(mad) => DevMsg::SendGsi(mad),
+                ToDevice::Solicit(peer) => DevMsg::SolicitNeighbour(peer),
+            })
+        });
         let _ = self.cm.send(CmMsg::AddDevice {
             device: index,
             setup: CmDeviceSetup {
@@ -113,6 +120,7 @@ impl Registry {
                 cm_response_timeout: cfg.cm_response_timeout,
                 cm_max_retries: cfg.cm_max_retries,
                 kernel_routes: cfg.tap.is_none(),
+                neighbours,
             },
             send,
         });

@@ -431,6 +431,15 @@ impl EthernetInterface {
         })
     }
 
+    /// Starts resolving `dst` with no frame for it (rdma_cm's address resolution): nothing
+    /// when it needs no resolution (a group, a link-local peer, one known or under way) or
+    /// is not on the device's link.
+    pub fn solicit(&mut self, dst: IpAddr, now: Nanos) {
+        if let Ok(None) = self.resolve(dst, now) {
+            self.neighbors.solicit(dst, now);
+        }
+    }
+
     /// Holds `frame` (a whole frame; its destination address is written on resolution)
     /// until `dst` resolves: see [`neighbor::NeighborCache::hold`].
     pub fn hold(&mut self, dst: IpAddr, frame: Vec<u8>, now: Nanos) {

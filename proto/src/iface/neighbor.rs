@@ -93,6 +93,8 @@ pub struct NeighborCache {
     entries: HashMap<IpAddr, Entry>,
     capacity: usize,
     counters: NeighborCounters,
+    /// Bumped whenever the set of resolved peers may have changed ([`NeighborCache::changes`]).
+    changes: u64,
 }
 
 impl Default for NeighborCache {
@@ -107,6 +109,36 @@ impl NeighborCache {
             entries: HashMap::new(),
             capacity: capacity.max(1),
             counters: NeighborCounters::default(),
+            changes: 0,
+        }
+    }
+
+    /// A number that moves whenever a peer is resolved, changes address or is forgotten: a
+    /// reader of [`NeighborCache::resolved`] reads it again only when this moved.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
+    /// The peers whose address is known (fresh or stale: still used, as the kernel's
+    /// `NUD_VALID` states are).
+    pub fn resolved(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.mac.is_some())
+            .map(|(a, _)| *a)
+    }
+
+    /// Starts resolving `addr` with no frame to send (rdma_cm's address resolution asks
+    /// for the peer before any packet goes to it, as the kernel's `neigh_event_send`): a
+    /// peer known or being resolved is left as it is.
+    pub fn solicit(&mut self, addr: IpAddr, now: Nanos) {
+        if !self.entries.contains_key(&addr) {
+            self.make_room(now);
+        }
+        let e = self.entries.entry(addr).or_insert_with(Entry::unresolved);
+        if e.mac.is_none() && e.next_request.is_none() {
+            e.requests = 0;
+            e.next_request = Some(now);
         }
     }
 
@@ -136,6 +168,9 @@ impl NeighborCache {
             self.make_room(now);
         }
         let e = self.entries.entry(addr).or_insert_with(Entry::unresolved);
+        if e.mac != Some(mac) {
+            self.changes += 1;
+        }
         e.mac = Some(mac);
         e.expires_at = now.saturating_add(REACHABLE_TIME);
         e.requests = 0;
@@ -211,6 +246,7 @@ impl NeighborCache {
         }
         for addr in failed {
             if let Some(e) = self.entries.remove(&addr) {
+                self.changes += 1;
                 self.counters.failed += 1;
                 self.counters.held_dropped += e.held.len() as u64;
             }
@@ -232,6 +268,7 @@ impl NeighborCache {
             self.counters.held_dropped += e.held.len() as u64;
         }
         self.entries.clear();
+        self.changes += 1;
     }
 
     /// Frees a place for a new peer when the table is full: the resolved entry that expires
@@ -248,6 +285,7 @@ impl NeighborCache {
             .map(|(a, _)| *a);
         if let Some(a) = victim {
             self.entries.remove(&a);
+            self.changes += 1;
         }
     }
 }
@@ -293,6 +331,39 @@ mod tests {
         assert_eq!(c.lookup(peer, 600), Answer::Found(A));
         assert_eq!(c.poll_at(), None);
         assert_eq!(c.counters().held_sent, 2);
+    }
+
+    /// A solicitation with no frame asks as a held frame does, and the resolved set and its
+    /// change count follow the answers and the give-ups.
+    #[test]
+    fn a_solicited_peer_resolves_or_is_given_up_and_the_changes_say_so() {
+        let mut c = NeighborCache::new(8);
+        let (p, q) = (ip("10.0.0.2"), ip("10.0.0.3"));
+        c.solicit(p, 0);
+        c.solicit(q, 0);
+        c.solicit(q, 10); // under way: no second request
+        let mut asked = vec![];
+        while let Some(r) = c.poll_request(0) {
+            asked.push(r.addr);
+        }
+        asked.sort();
+        assert_eq!(asked, vec![p, q]);
+        assert_eq!(c.resolved().count(), 0);
+        let before = c.changes();
+        c.fill(p, A, 5);
+        assert_eq!(c.resolved().collect::<Vec<_>>(), vec![p]);
+        assert!(c.changes() > before);
+        let seen = c.changes();
+        c.fill(p, A, 6); // the same answer again
+        assert_eq!(c.changes(), seen);
+        c.solicit(p, 7); // known: nothing asked
+        for t in 1..=MAX_REQUESTS as u64 {
+            let r = c.poll_request(t * RETRANS_TIME);
+            assert_eq!(r.map(|r| r.addr), (t < MAX_REQUESTS as u64).then_some(q));
+        }
+        assert!(c.changes() > seen, "q given up");
+        assert_eq!(c.resolved().collect::<Vec<_>>(), vec![p]);
+        assert_eq!(c.counters().failed, 1);
     }
 
     #[test]
