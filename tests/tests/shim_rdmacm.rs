@@ -345,12 +345,16 @@ fn mckey_ud_multicast_between_two_netdev_devices() {
 #[test]
 fn a_neighbour_that_never_answers_is_an_address_error_in_time() {
     let hosts = TwoHosts::new("nb4", ["10.81.1.1", "10.81.1.2"]);
-    let ping_sockets = std::process::Command::new("ip")
-        .args(["netns", "exec", &hosts.names[1], "sysctl", "-qw"])
-        .arg("net.ipv4.ping_group_range=0 2147483647")
-        .status()
-        .unwrap();
-    assert!(ping_sockets.success());
+    // Who may open ping sockets on host b.
+    let ping_group_range = |value: &str| {
+        let set = std::process::Command::new("ip")
+            .args(["netns", "exec", &hosts.names[1], "sysctl", "-qw"])
+            .arg(format!("net.ipv4.ping_group_range={value}"))
+            .status()
+            .unwrap();
+        assert!(set.success());
+    };
+    ping_group_range("0 2147483647");
     let args = |dev| ["--netdev", dev, "--port", "4791"];
     let a = Daemon::start_in("rdmacm-neigh-a", Some(&hosts.names[0]), &args("mc6a"));
     let setpriv = require_program("setpriv");
@@ -401,6 +405,17 @@ fn a_neighbour_that_never_answers_is_an_address_error_in_time() {
         let now = neighbour(&hosts.names[host], addr);
         assert!(now.contains("lladdr"), "{now}");
     }
+    // Neither way allowed (no ping sockets either): b resolves without waiting, as before,
+    // still connects, and says once how to give it back.
+    ping_group_range("1 0");
+    ip(&["-n", &hosts.names[1], "neigh", "flush", "all"]);
+    rping_pair("neigh-unasked", &a, &b, "10.81.1.1");
+    assert!(
+        b.log()
+            .contains("rdma_cm cannot ask the kernel to resolve a neighbour"),
+        "{}",
+        b.log()
+    );
 }
 
 fn perftest_rdma_cm(program: &str, port: u16, d: &Daemon) {

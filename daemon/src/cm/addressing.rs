@@ -336,6 +336,18 @@ impl CmService {
             _ => Ok(None),
         });
         asked.unwrap_or_else(|e| {
+            if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES)) {
+                // Said once: the operator can fix it, and it holds for every resolution.
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    warn!(
+                        "rdma_cm cannot ask the kernel to resolve a neighbour ({e}): an \
+                         address on the link that nobody answers fails only when ib_cm's \
+                         retries run out. Give the daemon CAP_NET_ADMIN, or allow it ping \
+                         sockets (sysctl net.ipv4.ping_group_range)"
+                    )
+                });
+            }
             debug!(id = h, %peer, "no neighbour check ({e}): resolved without it");
             None
         })
