@@ -1,10 +1,12 @@
 //! `softroce doctor`: passes here with a daemon serving its port and the shim built, and in
 //! each of three broken set-ups names the problem in plain words and exits 1: no daemon, a
-//! daemon of another user on the socket, the RoCE port taken by another program.
+//! daemon of another user on the socket, the RoCE port taken by another program; and warns
+//! when the daemon's rdma_cm cannot ask the kernel for neighbours.
 
 mod shim_support;
 
-use shim_support::{shim_libs, softroce_bin, Daemon};
+use shim_support::netns::Netns;
+use shim_support::{require_program, shim_libs, softroce_bin, Daemon};
 use std::process::{Command, Output};
 
 fn doctor(socket: &std::path::Path, port: u16) -> (Output, String) {
@@ -38,6 +40,12 @@ fn doctor_passes_with_a_daemon_serving_its_port() {
     );
     assert!(
         text.contains("ibv_devices lists the daemon's devices"),
+        "{text}"
+    );
+    // The tests run as root: the daemon may ask the kernel to resolve neighbours.
+    assert!(
+        text.contains("ok    neighbours rdma_cm waits for a peer to answer ARP")
+            && text.contains("(the daemon has CAP_NET_ADMIN)"),
         "{text}"
     );
     let json = Command::new(softroce_bin())
@@ -160,5 +168,55 @@ fn doctor_names_the_program_that_holds_the_port() {
             std::process::id()
         )),
         "{text}"
+    );
+}
+
+/// A daemon without CAP_NET_ADMIN, in a namespace whose ping sockets nobody may open: doctor
+/// warns that rdma_cm cannot wait for a peer's ARP answer and says how to allow it; once its
+/// group may open ping sockets, all is well on that line.
+#[test]
+fn doctor_says_when_rdma_cm_cannot_ask_for_neighbours() {
+    let ns = Netns::new("doctor-neigh");
+    let setpriv = require_program("setpriv");
+    let d = Daemon::start_wrapped(
+        "op-doctor-neigh",
+        Some(&ns.name),
+        &[
+            setpriv.to_str().unwrap(),
+            "--bounding-set=-net_admin",
+            "--inh-caps=-net_admin",
+        ],
+        &["--addr", "127.0.0.1", "--port", "4791"],
+    );
+    let neighbours_line = || {
+        let out = ns
+            .command(softroce_bin())
+            .args(["doctor", "--port", "4791", "--socket"])
+            .arg(&d.socket)
+            .output()
+            .expect("run softroce doctor");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let line = text
+            .lines()
+            .skip_while(|l| !l.contains(" neighbours "))
+            .take(2);
+        line.collect::<Vec<_>>().join("\n")
+    };
+    ns.sysctl("net.ipv4.ping_group_range", "1 0");
+    let warned = neighbours_line();
+    assert!(
+        warned.starts_with("warn  neighbours rdma_cm cannot have the kernel resolve a peer"),
+        "{warned}"
+    );
+    assert!(
+        warned.contains("fix: give the daemon CAP_NET_ADMIN"),
+        "{warned}"
+    );
+    ns.sysctl("net.ipv4.ping_group_range", "0 2147483647");
+    let allowed = neighbours_line();
+    assert!(
+        allowed.starts_with("ok    neighbours rdma_cm waits for a peer")
+            && allowed.contains("may open ping sockets"),
+        "{allowed}"
     );
 }

@@ -93,6 +93,7 @@ pub fn run(args: DoctorArgs) -> CliResult {
     checks.push(check_memlock());
     checks.push(check_address(daemon.as_ref()));
     checks.push(check_port(args.port, daemon.as_ref()));
+    checks.extend(check_neighbours(daemon.as_ref()));
     checks.extend(check_shim(&socket, daemon.as_ref()));
     let failed = checks.iter().filter(|c| c.status == Status::Fail).count();
     if args.json {
@@ -415,6 +416,69 @@ fn check_address(daemon: Option<&DaemonView>) -> Check {
             ),
         },
     }
+}
+
+/// Whether the daemon's rdma_cm can have the kernel resolve a peer's link-layer address
+/// before it reports the address resolved, as the kernel's rdma_cm waits for it (`NTF_USE`
+/// with CAP_NET_ADMIN, else an ICMP echo on a ping socket, `net::kernel_neighbour`). Without
+/// either, a program resolving an address on the link that nobody answers waits out ib_cm's
+/// retries, not its own timeout. Only for devices whose packets the kernel routes (the L2
+/// device resolves in its own stack); nothing to say without a daemon.
+fn check_neighbours(daemon: Option<&DaemonView>) -> Option<Check> {
+    const NAME: &str = "neighbours";
+    let d = daemon?;
+    if d.links
+        .iter()
+        .all(|l| l.transport.iter().all(|t| t.starts_with("tap")))
+    {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid)).ok()?;
+    let field = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .map(str::trim)
+    };
+    let cap_eff = field("CapEff:").and_then(|v| u64::from_str_radix(v, 16).ok())?;
+    const CAP_NET_ADMIN: u32 = 12;
+    if cap_eff & (1 << CAP_NET_ADMIN) != 0 {
+        return Some(Check::ok(
+            NAME,
+            "rdma_cm waits for a peer to answer ARP or neighbour discovery, as the kernel's (the daemon has CAP_NET_ADMIN)",
+        ));
+    }
+    // The daemon's effective group and its supplementary groups, as ping sockets check them.
+    let mut groups: Vec<u32> = field("Groups:")
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|g| g.parse().ok())
+        .collect();
+    groups.extend(field("Gid:").and_then(|g| g.split_whitespace().nth(1)?.parse::<u32>().ok()));
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ping_group_range").unwrap_or_default();
+    let bounds: Vec<u32> = range
+        .split_whitespace()
+        .filter_map(|g| g.parse().ok())
+        .collect();
+    let allowed = match bounds[..] {
+        [lo, hi] => groups.iter().any(|g| (lo..=hi).contains(g)),
+        _ => false,
+    };
+    Some(if allowed {
+        Check::ok(
+            NAME,
+            "rdma_cm waits for a peer to answer ARP or neighbour discovery, as the kernel's (the daemon's group may open ping sockets)",
+        )
+    } else {
+        Check::warn(
+            NAME,
+            format!(
+                "rdma_cm cannot have the kernel resolve a peer (no CAP_NET_ADMIN; ping sockets are for groups {}): an address on the link that nobody answers fails only when ib_cm's retries run out, about a minute, not in the program's resolve timeout",
+                range.trim()
+            ),
+            "give the daemon CAP_NET_ADMIN (AmbientCapabilities=CAP_NET_ADMIN in its unit), or let its group open ping sockets: `sysctl net.ipv4.ping_group_range=\"0 2147483647\"`",
+        )
+    })
 }
 
 /// The processes that hold a UDP socket bound to `port` (from /proc/net/udp{,6} and the
