@@ -468,12 +468,36 @@ impl CmService {
         Ok(())
     }
 
-    /// On a device whose packets the kernel routes, that a route reaches the resolved peer
-    /// from the address the id's traffic leaves ([`route_reaches`]).
+    /// That a route reaches the resolved peer: on a device whose packets the kernel routes,
+    /// from the address the id's traffic leaves ([`route_reaches`]); on the L2 device, which
+    /// has no router, the peer is on its link.
     fn check_route(&self, h: u32) -> Result<(), (i32, String)> {
-        match self.kernel_routed_path(h) {
-            Some((local, peer)) => route_reaches(local, peer),
-            None => Ok(()),
+        if let Some((local, peer)) = self.kernel_routed_path(h) {
+            return route_reaches(local, peer);
+        }
+        let Some(x) = self.ids.get(&h) else {
+            return Ok(());
+        };
+        let (Some(d), Some(peer)) = (x.device, x.peer_ip.map(|p| p.to_canonical())) else {
+            return Ok(());
+        };
+        let dev = &self.devices[d];
+        match &dev.setup.neighbours {
+            Some(board)
+                if !board.on_link(peer)
+                    && !dev.addrs.contains(&peer)
+                    && !peer.is_multicast()
+                    && !matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local()) =>
+            {
+                Err((
+                    libc::ENETUNREACH,
+                    format!(
+                        "{peer} is not on the link of {} (no router)",
+                        dev.setup.info.name
+                    ),
+                ))
+            }
+            _ => Ok(()),
         }
     }
 

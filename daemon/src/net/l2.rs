@@ -207,7 +207,7 @@ impl L2Link {
             last_sent: None,
             keep_last_sent: false,
             corrupt_next: false,
-            board: Arc::default(),
+            board: Arc::new(NeighbourBoard::new(cfg.addrs.clone())),
             published: 0,
         };
         Ok((link, why))
