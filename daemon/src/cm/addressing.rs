@@ -47,7 +47,7 @@ fn is_this_host(ip: IpAddr) -> bool {
 /// device's own sockets, and a namespace's multicast route can trail its address by a
 /// moment) and a source the kernel does not have here (nothing to ask with) pass.
 fn route_reaches(local: IpAddr, peer: IpAddr) -> Result<(), (i32, String)> {
-    if peer.is_multicast() || matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local()) {
+    if group_or_link_local(peer) {
         return Ok(());
     }
     let Ok(socket) = std::net::UdpSocket::bind(SocketAddr::new(local, 0)) else {
@@ -61,6 +61,12 @@ fn route_reaches(local: IpAddr, peer: IpAddr) -> Result<(), (i32, String)> {
                 format!("no route from {local} to {peer}: {e}"),
             )
         })
+}
+
+/// A multicast group or a link-local peer: address resolution asks neither a route nor a
+/// neighbour for it ([`route_reaches`]).
+fn group_or_link_local(peer: IpAddr) -> bool {
+    peer.is_multicast() || matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local())
 }
 
 /// How often a resolution that waits for its neighbour looks at the kernel's table again
@@ -308,16 +314,11 @@ impl CmService {
     /// be asked (then the resolution does not wait, as before). Otherwise the device (the
     /// L2 device's thread) or the kernel has been asked to resolve it.
     fn neighbour_to_wait_for(&self, h: u32) -> Option<Awaited> {
-        let x = self.ids.get(&h)?;
-        // An IPv4 peer may come as `::ffff:a.b.c.d` (a program's IPv6 socket address).
-        let (d, peer) = (x.device?, x.peer_ip?.to_canonical());
-        let dev = &self.devices[d];
-        if dev.addrs.contains(&peer)
-            || peer.is_multicast()
-            || matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local())
-        {
+        let (d, peer) = self.remote_peer(h)?;
+        if group_or_link_local(peer) {
             return None;
         }
+        let dev = &self.devices[d];
         if let Some(board) = &dev.setup.neighbours {
             if board.is_resolved(peer) {
                 return None;
@@ -475,40 +476,38 @@ impl CmService {
         if let Some((local, peer)) = self.kernel_routed_path(h) {
             return route_reaches(local, peer);
         }
-        let Some(x) = self.ids.get(&h) else {
-            return Ok(());
-        };
-        let (Some(d), Some(peer)) = (x.device, x.peer_ip.map(|p| p.to_canonical())) else {
+        let Some((d, peer)) = self.remote_peer(h) else {
             return Ok(());
         };
         let dev = &self.devices[d];
         match &dev.setup.neighbours {
-            Some(board)
-                if !board.on_link(peer)
-                    && !dev.addrs.contains(&peer)
-                    && !peer.is_multicast()
-                    && !matches!(peer, IpAddr::V6(v6) if v6.is_unicast_link_local()) =>
-            {
-                Err((
-                    libc::ENETUNREACH,
-                    format!(
-                        "{peer} is not on the link of {} (no router)",
-                        dev.setup.info.name
-                    ),
-                ))
-            }
+            Some(board) if !board.on_link(peer) && !group_or_link_local(peer) => Err((
+                libc::ENETUNREACH,
+                format!(
+                    "{peer} is not on the link of {} (no router)",
+                    dev.setup.info.name
+                ),
+            )),
             _ => Ok(()),
         }
+    }
+
+    /// The device of a resolved id and its wire peer, when the peer is another host (not
+    /// an address of the device). An IPv4 peer may come as `::ffff:a.b.c.d` (a program's
+    /// IPv6 socket address): it is compared and asked for as IPv4.
+    fn remote_peer(&self, h: u32) -> Option<(usize, IpAddr)> {
+        let x = self.ids.get(&h)?;
+        let (d, peer) = (x.device?, x.peer_ip?.to_canonical());
+        (!self.devices[d].addrs.contains(&peer)).then_some((d, peer))
     }
 
     /// The (source, peer) of a resolved id whose packets the kernel routes to another host:
     /// on a device with `kernel_routes`, toward a peer that is not the device's own.
     fn kernel_routed_path(&self, h: u32) -> Option<(IpAddr, IpAddr)> {
+        let (d, peer) = self.remote_peer(h)?;
         let x = self.ids.get(&h)?;
-        let (d, peer) = (x.device?, x.peer_ip?.to_canonical());
-        let dev = &self.devices[d];
         let local = self.local_ip(x).or(x.src.map(|s| s.ip()))?.to_canonical();
-        (dev.setup.kernel_routes && !dev.addrs.contains(&peer)).then_some((local, peer))
+        self.devices[d].setup.kernel_routes.then_some((local, peer))
     }
 
     pub(super) fn resolve_route(&mut self, h: u32) -> Reply {
