@@ -373,6 +373,24 @@ fn a_neighbour_that_never_answers_is_an_address_error_in_time() {
         let args = ["-c", "-a", addr, "-C", "1", "-v"];
         (d, start(d, "neigh", &format!("to-{addr}"), "rping", &args))
     });
+    // Meanwhile the id is in the query, as `rdma res show cm_id` shows the kernel's.
+    let querying = || {
+        let ids = shim_support::operator::softroce_json(&a, &["res", "show", "cm_id"]);
+        ids.as_array().unwrap().iter().any(|id| {
+            id["state"] == "ADDR_QUERY"
+                && id["dst-addr"]
+                    .as_str()
+                    .is_some_and(|d| d.starts_with("10.81.1.77:"))
+        })
+    };
+    while !querying() {
+        assert!(
+            since.elapsed() < Duration::from_secs(3),
+            "no id in ADDR_QUERY: {}",
+            shim_support::operator::softroce_json(&a, &["res", "show", "cm_id"])
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     for (d, side) in dead {
         let c = side.finish(since);
         assert!(!c.ok(), "rping to nobody succeeded:\n{}", c.output);

@@ -409,6 +409,12 @@ impl CmService {
         }
     }
 
+    /// Whether the id's address resolution waits for its neighbour (the kernel's
+    /// `RDMA_CM_ADDR_QUERY` state).
+    pub(super) fn resolving_address(&self, h: u32) -> bool {
+        self.resolving.iter().any(|r| r.h == h)
+    }
+
     /// When [`poll_resolutions`](Self::poll_resolutions) has something to check next.
     pub(super) fn next_resolution_check(&self) -> Option<Instant> {
         self.resolving.iter().map(|r| r.next_check).min()
@@ -514,6 +520,10 @@ impl CmService {
         let Some(x) = self.ids.get(&h) else {
             return error(libc::EINVAL, "no such id");
         };
+        // As the kernel's: the route comes after ADDR_RESOLVED, not during the query.
+        if self.resolving_address(h) {
+            return error(libc::EINVAL, "the address is being resolved");
+        }
         let (Some(d), Some(src), Some(dst), Some(peer)) = (x.device, x.src, x.dst, x.peer_ip)
         else {
             return error(libc::EINVAL, "the address is not resolved");
@@ -605,6 +615,65 @@ mod tests {
     use super::*;
     use crate::cm::test_support::*;
     use proto::ctl::{cm_ps, qp_type, CmConnParam, Request, Response};
+
+    /// On a device that resolves its neighbours itself (the L2 device) the resolution
+    /// waits for its answer: the id is in ADDR_QUERY meanwhile (its route refused, as the
+    /// kernel's), ADDR_RESOLVED once the device publishes the peer; a peer that never
+    /// answers is ADDR_ERROR -ETIMEDOUT at the call's deadline; one off the device's link is
+    /// refused at once.
+    #[test]
+    fn resolution_waits_for_the_devices_neighbour() {
+        use crate::net::neighbour_board::NeighbourBoard;
+        use proto::iface::IpCidr;
+        use std::sync::Arc;
+        let board = Arc::new(NeighbourBoard::new(vec![IpCidr::new(
+            "10.9.0.1".parse().unwrap(),
+            24,
+        )]));
+        let (mut svc, _wire, solicited) =
+            service_with_board(&["10.9.0.1"], RoceVersion::V2, Some(Arc::clone(&board)));
+        let (ch, fd) = channel(&mut svc, 1);
+        let state = |svc: &CmService, h: u32| {
+            let ids = svc.list_ids();
+            ids.iter()
+                .find(|(_, r)| r.id == h)
+                .map(|(_, r)| r.state.clone())
+        };
+        let a = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        ok(&mut svc, 1, resolve_addr_to(a, sa("10.9.0.2:7174")));
+        let peer: IpAddr = "10.9.0.2".parse().unwrap();
+        assert_eq!(*solicited.lock().unwrap(), vec![peer]);
+        svc.poll_resolutions();
+        assert!(events(&fd).is_empty());
+        assert_eq!(state(&svc, a).as_deref(), Some("ADDR_QUERY"));
+        assert_eq!(errno_of(call(&mut svc, 1, resolve_route(a))), libc::EINVAL);
+        board.publish([peer].into_iter());
+        std::thread::sleep(NEIGHBOUR_POLL * 2);
+        svc.poll_resolutions();
+        assert_eq!(kinds(&events(&fd)), vec![Ev::AddrResolved as u32]);
+        ok(&mut svc, 1, resolve_route(a));
+        assert_eq!(kinds(&events(&fd)), vec![Ev::RouteResolved as u32]);
+
+        let b = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        let quick = Request::CmResolveAddr {
+            id: b,
+            src: None,
+            dst: sa("10.9.0.3:7174"),
+            timeout_ms: 1,
+        };
+        ok(&mut svc, 1, quick);
+        std::thread::sleep(NEIGHBOUR_POLL * 2);
+        svc.poll_resolutions();
+        let evs = events(&fd);
+        assert_eq!(kinds(&evs), vec![Ev::AddrError as u32]);
+        assert_eq!(evs[0].status, -libc::ETIMEDOUT);
+        assert_eq!(state(&svc, b).as_deref(), Some("ADDR_BOUND"));
+
+        let c = id(&mut svc, 1, ch, cm_ps::TCP, qp_type::RC);
+        let off_link = call(&mut svc, 1, resolve_addr_to(c, sa("10.99.0.1:7174")));
+        assert_eq!(errno_of(off_link), libc::ENETUNREACH);
+        assert_eq!(solicited.lock().unwrap().len(), 2);
+    }
 
     #[test]
     fn ports_are_one_namespace_per_port_space() {

@@ -225,6 +225,7 @@ impl CmService {
                     Role::Active | Role::Passive | Role::SidrActive | Role::SidrPassive => {
                         "CONNECT"
                     }
+                    Role::Idle if self.resolving_address(id) => "ADDR_QUERY",
                     Role::Idle if x.path.is_some() => "ROUTE_RESOLVED",
                     Role::Idle if x.dst.is_some() => "ADDR_RESOLVED",
                     Role::Idle if x.src.is_some() => "ADDR_BOUND",

@@ -4,6 +4,7 @@
 use super::{CmDeviceSetup, CmService};
 use crate::config::{device_info, DeviceConfig};
 use crate::gsi::{gsi_payload, DeviceSender, ToDevice};
+use crate::net::neighbour_board::NeighbourBoard;
 use nix::sys::socket::{self, MsgFlags};
 use proto::ctl::{self, cm_ps, qp_type, CmEventMsg, QpAttr, Request, Response, RoceVersion};
 use std::net::{IpAddr, SocketAddr};
@@ -15,13 +16,26 @@ pub(super) type Wire = Arc<Mutex<Vec<(IpAddr, IpAddr, Vec<u8>)>>>;
 /// A CM service of one device whose MADs loop back to it when addressed to one of its
 /// addresses (and are dropped otherwise): the daemon talking to itself, without sockets.
 pub(super) fn service(addrs: &[&str], mode: RoceVersion) -> (CmService, Wire) {
+    let (svc, wire, _) = service_with_board(addrs, mode, None);
+    (svc, wire)
+}
+
+/// [`service`] on a device that resolves its neighbours itself (the L2 device) with
+/// `board`; the peers the CM thread asked it to resolve go to the list returned.
+pub(super) fn service_with_board(
+    addrs: &[&str],
+    mode: RoceVersion,
+    board: Option<Arc<NeighbourBoard>>,
+) -> (CmService, Wire, Arc<Mutex<Vec<IpAddr>>>) {
     let mut cfg = DeviceConfig::new("srxe0");
     cfg.addr = addrs.iter().map(|a| a.parse().unwrap()).collect();
     let wire: Wire = Arc::default();
-    let w = Arc::clone(&wire);
+    let solicited: Arc<Mutex<Vec<IpAddr>>> = Arc::default();
+    let (w, s) = (Arc::clone(&wire), Arc::clone(&solicited));
     let send: DeviceSender = Box::new(move |m| {
-        if let ToDevice::Mad(m) = m {
-            w.lock().unwrap().push((m.src, m.dst, m.packet));
+        match m {
+            ToDevice::Mad(m) => w.lock().unwrap().push((m.src, m.dst, m.packet)),
+            ToDevice::Solicit(peer) => s.lock().unwrap().push(peer),
         }
         true
     });
@@ -32,9 +46,9 @@ pub(super) fn service(addrs: &[&str], mode: RoceVersion) -> (CmService, Wire) {
         cm_max_retries: 15,
         // The tests' addresses need no route of the machine's.
         kernel_routes: false,
-        neighbours: None,
+        neighbours: board,
     };
-    (CmService::new(vec![(setup, send)]), wire)
+    (CmService::new(vec![(setup, send)]), wire, solicited)
 }
 
 /// Delivers MADs until the wire is quiet; returns how many went to a foreign address.
