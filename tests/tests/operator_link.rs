@@ -9,7 +9,7 @@ mod shim_support;
 
 use shim_support::netns::{listening, Netns};
 use shim_support::operator::{counters, delta, softroce, softroce_json, softroce_ok, ProgramPair};
-use shim_support::programs::{loopback_daemon, scratch, Logged};
+use shim_support::programs::{assert_fails_saying, loopback_daemon, rping_client, scratch, Logged};
 use shim_support::{compile_c, require_program, Daemon};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -934,20 +934,14 @@ fn the_gid_table_follows_the_netdevs_addresses() {
 fn a_peer_no_route_reaches_is_an_address_error_at_once() {
     let (_ns, d, dir) = netdev_daemon("noroute", ["nrsrc0", "nrsrc1"], "10.79.7.1/24");
     link_state_becomes(&d, "ACTIVE");
-    let mut cmd = d.command(&require_program("rping"));
-    cmd.args(["-c", "-a", "10.79.99.9", "-p", "19584", "-v", "-C", "1"]);
     let t0 = Instant::now();
-    let mut client = Logged::spawn(cmd, dir.join("unrouted.log"));
-    let status = client.wait_for(Duration::from_secs(30));
-    let out = client.output();
-    assert!(
-        status.is_some_and(|s| !s.success()),
-        "rping to an unrouted address: {status:?}\n{out}"
-    );
-    assert!(
-        out.contains("rdma_resolve_addr: Network is unreachable"),
-        "{out}\n--- daemon\n{}",
-        d.log()
+    let log = dir.join("unrouted.log");
+    let mut client = rping_client(&d, "10.79.99.9", &["-p", "19584"], log);
+    assert_fails_saying(
+        &mut client,
+        "rping to an unrouted address",
+        "rdma_resolve_addr: Network is unreachable",
+        &d,
     );
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     let mut server = d.command(&require_program("rping"));

@@ -24,7 +24,7 @@ mod shim_support;
 
 use shim_support::captures::{self, CaptureReport};
 use shim_support::netns::{listening, Capture, Netns};
-use shim_support::programs::{scratch, Logged};
+use shim_support::programs::{assert_fails_saying, rping_client, scratch, Logged};
 use shim_support::{require_program, Daemon};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -270,23 +270,11 @@ fn nobody_answers_on_the_link(pair: &Pair, addrs: [&str; 2]) {
         ("10.99.0.1", "rdma_resolve_addr: Network is unreachable"),
     ];
     let clients = expected.map(|(addr, says)| {
-        let mut cmd = pair.a.command(&require_program("rping"));
-        cmd.args(["-c", "-a", addr, "-C", "1", "-v"]);
         let log = pair.dir.join(format!("nobody-{addr}.log"));
-        (addr, says, Logged::spawn(cmd, log))
+        (addr, says, rping_client(&pair.a, addr, &[], log))
     });
     for (addr, says, mut c) in clients {
-        let status = c.wait_for(Duration::from_secs(30));
-        let out = c.output();
-        assert!(
-            status.is_some_and(|s| !s.success()),
-            "rping to {addr}: {status:?}\n{out}"
-        );
-        assert!(
-            out.contains(says),
-            "rping to {addr}: {out}\n--- daemon\n{}",
-            pair.a.log()
-        );
+        assert_fails_saying(&mut c, &format!("rping to {addr}"), says, &pair.a);
     }
     assert!(
         since.elapsed() < Duration::from_secs(10),

@@ -8,6 +8,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+/// `rping -c -a ADDR -C 1 -v` and `extra` on daemon `d`, started now: a client expected to
+/// fail (see [`assert_fails_saying`]), logged to `log`.
+pub fn rping_client(d: &Daemon, addr: &str, extra: &[&str], log: PathBuf) -> Logged {
+    let mut cmd = d.command(&super::require_program("rping"));
+    cmd.args(["-c", "-a", addr, "-C", "1", "-v"]).args(extra);
+    Logged::spawn(cmd, log)
+}
+
+/// Waits (30 s at most) for a program that must fail, and checks that it exited non-zero
+/// and printed `says`; `what` names it, `d` is its daemon (its log goes into the failure).
+pub fn assert_fails_saying(c: &mut Logged, what: &str, says: &str, d: &Daemon) {
+    let status = c.wait_for(Duration::from_secs(30));
+    let out = c.output();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "{what}: {status:?}\n{out}"
+    );
+    assert!(out.contains(says), "{what}: {out}\n--- daemon\n{}", d.log());
+}
+
 /// A daemon serving srxe0 on `127.0.0.nn`, UDP port 4791 (each test picks its own `nn`).
 pub fn loopback_daemon(name: &str, nn: u8) -> Daemon {
     let addr = format!("127.0.0.{nn}");
