@@ -56,6 +56,18 @@ fn rping_across_two_daemons() {
     rping_pair("rping-two", &a, &b, "127.0.0.181");
 }
 
+/// A daemon serving another UDP port than 4791 (`--port`, for tests on a host where 4791 is
+/// taken, by kernel rxe for one) still connects to itself: its CM MADs to its own address go
+/// to its own port, as rxe loops a packet to its own GID back.
+#[test]
+fn rping_on_a_daemon_of_another_port() {
+    let d = Daemon::start(
+        "rdmacm-rping-port",
+        &["--addr", "127.0.0.179", "--port", "0"],
+    );
+    rping_pair("rping-port", &d, &d, "127.0.0.179");
+}
+
 #[test]
 fn rping_over_ipv6_on_one_daemon() {
     // The daemon sends CM MADs and data to UDP 4791 as the kernel does, so ::1 needs that

@@ -164,6 +164,19 @@ impl UdpLink {
         .map_or(proto::wire::ROCE_V2_PORT, |a| a.port())
     }
 
+    /// The outer headers of what the device sends from `src` to `dst`, and where it goes.
+    /// Peers listen on 4791; the device itself listens on its own port, which differs only in
+    /// tests on one host (`--port`): what it sends to one of its own addresses (rdma_cm to
+    /// itself; packets between its own QPs never reach the link) goes there, as kernel rxe
+    /// loops a packet to its own GID back.
+    fn flow(&self, src: IpAddr, dst: IpAddr) -> (PacketBuilder, SocketAddr) {
+        let mut builder = PacketBuilder::new(src, dst, self.local_port(src));
+        if self.addrs.contains(&dst) {
+            builder.dst_port = self.local_port(dst);
+        }
+        (builder, SocketAddr::new(dst, builder.dst_port))
+    }
+
     /// Takes the datagrams the group sockets received from other devices and hands them on
     /// as the main sockets' are. The device's own sends, looped back by the kernel, are
     /// dropped: its QPs got them from the local path already.
@@ -228,10 +241,10 @@ impl Link for UdpLink {
             return;
         };
         let (tos, ttl) = outer_fields(frame, t.src);
-        let builder = PacketBuilder::new(t.src, t.dst, self.local_port(t.src));
+        let (builder, dst) = self.flow(t.src, t.dst);
         let transport = &mut frame[t.transport_offset..];
         let meta = TxMeta {
-            dst: SocketAddr::new(t.dst, proto::wire::ROCE_V2_PORT),
+            dst,
             src: Some(t.src),
             tos,
             ttl: Some(ttl),
@@ -249,7 +262,7 @@ impl Link for UdpLink {
             return false;
         };
         let (tos, ttl) = outer_fields(frame, t.src);
-        let builder = PacketBuilder::new(t.src, t.dst, self.local_port(t.src));
+        let (builder, dst) = self.flow(t.src, t.dst);
         let mut packet = frame[t.transport_offset..].to_vec();
         // Sent alone (Identification 0), sealed, then one bit flipped.
         if builder.seal(0, &mut packet).is_err() {
@@ -257,7 +270,7 @@ impl Link for UdpLink {
         }
         crate::fault::corrupt(&mut packet);
         let meta = TxMeta {
-            dst: SocketAddr::new(t.dst, proto::wire::ROCE_V2_PORT),
+            dst,
             src: Some(t.src),
             tos,
             ttl: Some(ttl),
@@ -288,14 +301,12 @@ impl Link for UdpLink {
     }
 
     fn send_gsi(&mut self, src: IpAddr, dst: IpAddr, packet: &mut [u8]) {
-        if PacketBuilder::new(src, dst, self.local_port(src))
-            .seal(0, packet)
-            .is_err()
-        {
+        let (builder, to) = self.flow(src, dst);
+        if builder.seal(0, packet).is_err() {
             return;
         }
         let meta = TxMeta {
-            dst: SocketAddr::new(dst, proto::wire::ROCE_V2_PORT),
+            dst: to,
             src: Some(src),
             tos: 0,
             ttl: Some(64),
@@ -303,10 +314,7 @@ impl Link for UdpLink {
         };
         self.last_sent = None;
         match self.net.send(&meta, packet) {
-            Ok(()) => {
-                let builder = PacketBuilder::new(src, dst, self.local_port(src));
-                self.last_sent = Some(flow_of(&meta, &builder));
-            }
+            Ok(()) => self.last_sent = Some(flow_of(&meta, &builder)),
             Err(e) => debug!(%src, %dst, "CM MAD send failed: {e}"),
         }
     }
