@@ -259,6 +259,15 @@ impl ShimCmId {
             Some(i) => shared_context(i)?,
             None => std::ptr::null_mut(),
         };
+        // The id's first device brings the device's PD with it, as librdmacm's
+        // `ucma_get_device` sets `id->pd` (programs use it for their MRs, AHs and QPs without
+        // allocating one: pyverbs' `PD(cmid)`, rdma-core's test_rdmacm); a QP created on the
+        // id replaces it with its own PD.
+        let pd = if device.is_some() && self.state().device.is_none() {
+            default_pd(verbs)?
+        } else {
+            std::ptr::null_mut()
+        };
         // SAFETY: `p` is this live id; apps read these fields without locking, as with
         // librdmacm, which writes them from the event path too.
         unsafe {
@@ -277,6 +286,9 @@ impl ShimCmId {
             if !verbs.is_null() {
                 (*p).verbs = verbs;
                 (*p).port_num = info.port_num.max(1);
+            }
+            if !pd.is_null() && (*p).pd.is_null() {
+                (*p).pd = pd;
             }
         }
         if device.is_some() {
