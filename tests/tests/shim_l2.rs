@@ -458,6 +458,10 @@ fn roce_v2_on_tap_over_ipv4_and_ipv6() {
     );
     rping(&pair, &pair.b, &pair.a, "10.9.0.2", 18814);
     rping(&pair, &pair.b, &pair.a, "fd09::2", 18815);
+    // rdma_cm to the device's own address: its MADs loop back inside the device (no
+    // neighbour to ask for them, nothing on the bridge), as rxe's do.
+    rping(&pair, &pair.a, &pair.a, "10.9.0.1", 18816);
+    rping(&pair, &pair.a, &pair.a, "fd09::1", 18817);
     let file = cap.stop();
     nobody_answers_on_the_link(&pair, ["10.9.0.77", "fd09::77"]);
     let report = captures::check(&file);

@@ -92,6 +92,8 @@ pub struct L2Counters {
     pub tx_no_route: u64,
     /// Packets held while their destination was being resolved.
     pub tx_held: u64,
+    /// Packets to the device itself dropped because [`LOOPED_MAX`] were waiting already.
+    pub tx_looped_dropped: u64,
 }
 
 /// The IPv4 Identification as Linux gives it to rxe's packets (`ip_select_ident` with no
@@ -185,7 +187,15 @@ pub struct L2Link {
     /// cache's change count when they were last published there.
     board: Arc<NeighbourBoard>,
     published: u64,
+    /// Packets the device sent to one of its own addresses (rdma_cm to itself): never on the
+    /// TAP, received at the next poll, as rxe's `rxe_loopback` hands them to its own receive
+    /// path. At most [`LOOPED_MAX`] wait.
+    looped: Vec<(RoceFraming, Vec<u8>)>,
 }
+
+/// Packets to itself that may wait for the next poll: the CM's MADs and the odd packet a QP
+/// addresses to its own device's GID off the local path; more are dropped (`tx_errors`).
+const LOOPED_MAX: usize = 256;
 
 /// rxe's UDP source port of QP1 (`0xC000 + hash_32(1, 14)`, facts §1.3): the CM MADs' on v2.
 const GSI_SRC_PORT: u16 = 0xd872;
@@ -209,6 +219,7 @@ impl L2Link {
             corrupt_next: false,
             board: Arc::new(NeighbourBoard::new(cfg.addrs.clone())),
             published: 0,
+            looped: Vec::new(),
         };
         Ok((link, why))
     }
@@ -356,7 +367,14 @@ impl L2Link {
         if let Some((frame, _)) = &mut self.last_sent {
             frame.clear();
         }
-        let mac = match self.iface.resolve(dst, now) {
+        // To one of the device's own addresses: no neighbour to ask, nothing on the wire.
+        let own = self.addrs.contains(&dst);
+        let resolved = if own {
+            Ok(Some(self.iface.mac()))
+        } else {
+            self.iface.resolve(dst, now)
+        };
+        let mac = match resolved {
             Ok(m) => m,
             Err(Unreachable::NoRoute) => {
                 self.counters.tx_no_route += 1;
@@ -395,6 +413,19 @@ impl L2Link {
             len
         };
         match mac {
+            Some(_) if own => {
+                let mut frame = vec![0u8; len];
+                if build(&mut frame) == len && self.looped.len() < LOOPED_MAX {
+                    let framing = match ethertype {
+                        EtherType::ROCE_V1 => RoceFraming::V1,
+                        _ => RoceFraming::V2,
+                    };
+                    frame.drain(..ETH_HEADER_LEN);
+                    self.looped.push((framing, frame));
+                } else {
+                    self.counters.tx_looped_dropped += 1;
+                }
+            }
             Some(_) => {
                 if len > self.tap.max_frame_len() {
                     return;
@@ -443,13 +474,7 @@ impl L2Link {
         );
         let now = self.start.elapsed().as_nanos() as proto::transport::Nanos;
         let wall = Instant::now();
-        let n = tap.poll(timeout, &mut |frame| {
-            let Inbound::Roce {
-                framing, packet, ..
-            } = iface.receive(frame, now)
-            else {
-                return;
-            };
+        let mut accept = |packet: &[u8], framing: RoceFraming| {
             let Some(p) = verify(packet, framing, counters) else {
                 return;
             };
@@ -484,9 +509,27 @@ impl L2Link {
                 RoceFraming::V2 => counters.rx_v2 += 1,
             }
             deliver(&p);
+        };
+        // What the device sent to itself first, as received: no wait while any is here.
+        let looped = std::mem::take(&mut self.looped);
+        for (framing, packet) in &looped {
+            accept(packet, *framing);
+        }
+        let timeout = if looped.is_empty() {
+            timeout
+        } else {
+            Some(Duration::ZERO)
+        };
+        let n = tap.poll(timeout, &mut |frame| {
+            if let Inbound::Roce {
+                framing, packet, ..
+            } = iface.receive(frame, now)
+            {
+                accept(packet, framing);
+            }
         })?;
         self.drain_interface(self.now());
-        Ok(n)
+        Ok(n + looped.len())
     }
 }
 
@@ -720,7 +763,7 @@ impl Link for L2Link {
             rx_errors: t.rx_errors,
             tx_packets: t.tx_frames,
             tx_bytes: t.tx_bytes,
-            tx_errors: t.tx_errors + t.tx_too_long,
+            tx_errors: t.tx_errors + t.tx_too_long + c.tx_looped_dropped,
             rx_v2_refused: c.rx_v2_refused,
             rx_v1_refused: c.rx_v1_refused,
             tx_no_route: c.tx_no_route,
