@@ -346,6 +346,83 @@ fn mckey_ud_multicast_between_two_netdev_devices() {
     );
 }
 
+/// The fe80:: address an interface of namespace `ns` holds once its duplicate address
+/// detection is over (it is tentative for about a second after the link comes up).
+fn link_local_of(ns: &str, dev: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = std::process::Command::new("ip")
+            .args(["-n", ns, "-6", "addr", "show", "dev", dev, "scope", "link"])
+            .output()
+            .expect("ip addr show");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let ready = text.lines().find_map(|l| {
+            let l = l.trim();
+            let addr = l.strip_prefix("inet6 ")?.split('/').next()?;
+            (!l.contains("tentative")).then(|| addr.to_owned())
+        });
+        if let Some(a) = ready {
+            return a;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{dev} has no link-local address:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A device on an interface with IPv6 has its fe80:: address as GID 0, as rxe's, the GID
+/// programs use when told `-g 0` or `-x 0`; a datagram to a link-local peer must name the
+/// interface it leaves on (the kernel refuses an `fe80::` destination without one). perftest
+/// on GID 0 and rping to the peer's link-local address, between two hosts.
+#[test]
+fn link_local_gids_between_two_netdev_devices() {
+    let hosts = TwoHosts::new("ll", ["10.84.0.1", "10.84.0.2"]);
+    let lls = [0, 1].map(|i| link_local_of(&hosts.names[i], ["mc6a", "mc6b"][i]));
+    let [a, b] = daemons_on(
+        &hosts,
+        "rdmacm-link-local",
+        [["--netdev", "mc6a"], ["--netdev", "mc6b"]],
+    );
+    let devinfo = require_program("ibv_devinfo");
+    for (d, ll) in [(&a, &lls[0]), (&b, &lls[1])] {
+        let out = d.run_preloaded(&devinfo, &["-v"]);
+        assert!(
+            out.contains(&format!("GID[  0]:\t\t{ll}, RoCE v2")),
+            "GID 0 is not {ll}:\n{out}"
+        );
+    }
+    let args = ["-d", "srxe0", "-x", "0", "-F", "-n", "200", "-p", "18670"];
+    let client: Vec<&str> = args.iter().copied().chain(["10.84.0.2"]).collect();
+    let (s, c) = run_pair(
+        "link-local-perftest",
+        (&b, "ib_send_bw", &args),
+        (&a, "ib_send_bw", &client),
+        &["Couldn't connect"],
+    );
+    s.assert_ok("ib_send_bw -x 0 server", &b);
+    c.assert_ok("ib_send_bw -x 0 client", &a);
+    let result = c
+        .output
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("200"))
+        .unwrap_or_else(|| panic!("no result line:\n{}", c.output));
+    assert!(
+        result.split_whitespace().next() == Some("65536"),
+        "{result}"
+    );
+    let (server, client) = (format!("{}%mc6b", lls[1]), format!("{}%mc6a", lls[1]));
+    let (s, c) = run_pair(
+        "link-local-rping",
+        (&b, "rping", &["-s", "-a", &server, "-C", "100", "-v"]),
+        (&a, "rping", &["-c", "-a", &client, "-C", "100", "-v"]),
+        REFUSED,
+    );
+    c.assert_ok("rping -c to a link-local address", &a);
+    check_rping(&s, &c);
+}
+
 /// perftest with `-R`: the connection is made by rdma_cm (and its parameters exchanged over
 /// it), then the measured traffic runs.
 /// A host on the link that never answers ARP fails address resolution within the program's

@@ -18,7 +18,7 @@ use super::{
 use proto::transport::Transmit;
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::RawFd;
 use std::time::Duration;
 use tracing::{debug, info, warn};
@@ -64,6 +64,10 @@ pub struct UdpLink {
     /// The link's own drops ([`NetCounters::rx_not_our_address`], `rx_group_refused`).
     not_our_address: u64,
     group_refused: u64,
+    /// The interface of each of the device's link-local addresses: a datagram to a
+    /// link-local peer names it (`sin6_scope_id`), which the kernel requires of an `fe80::`
+    /// destination (EINVAL without), as rxe sends on its netdev.
+    link_scopes: Vec<(Ipv6Addr, u32)>,
 }
 
 /// How long a device waits for its UDP port to be released before giving up (see `open`).
@@ -144,6 +148,7 @@ impl UdpLink {
         info!(device = %cfg.name, backend = ?net.backend(), ?ipv4, ?ipv6, "packet I/O ready");
         Ok(UdpLink {
             net,
+            link_scopes: link_scopes(cfg.addrs),
             addrs: cfg.addrs.to_vec(),
             groups: HashMap::new(),
             group_verifier: RxVerifier::new(),
@@ -174,7 +179,21 @@ impl UdpLink {
         if self.addrs.contains(&dst) {
             builder.dst_port = self.local_port(dst);
         }
-        (builder, SocketAddr::new(dst, builder.dst_port))
+        let to = match dst {
+            // A link-local peer is on the link of the source address (or, from another
+            // source, of the device's first link-local address).
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+                let scope = self
+                    .link_scopes
+                    .iter()
+                    .find(|(a, _)| IpAddr::V6(*a) == src)
+                    .or(self.link_scopes.first())
+                    .map_or(0, |(_, index)| *index);
+                SocketAddr::V6(SocketAddrV6::new(v6, builder.dst_port, 0, scope))
+            }
+            _ => SocketAddr::new(dst, builder.dst_port),
+        };
+        (builder, to)
     }
 
     /// Takes the datagrams the group sockets received from other devices and hands them on
@@ -325,6 +344,7 @@ impl Link for UdpLink {
 
     fn set_addresses(&mut self, addrs: &[IpAddr]) {
         self.addrs = addrs.to_vec();
+        self.link_scopes = link_scopes(addrs);
     }
 
     fn join_group(&mut self, group: IpAddr) -> io::Result<()> {
@@ -387,6 +407,19 @@ fn outer_fields(frame: &[u8], src: IpAddr) -> (u8, u8) {
 }
 
 /// The (source, destination, TOS, TTL) a send goes out with.
+/// The interface index of each link-local address among `addrs` that an interface holds.
+fn link_scopes(addrs: &[IpAddr]) -> Vec<(Ipv6Addr, u32)> {
+    addrs
+        .iter()
+        .filter_map(|a| match a {
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+                Some((*v6, super::multicast::interface_of(*a).ok()?))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 fn flow_of(meta: &TxMeta, builder: &PacketBuilder) -> (SocketAddr, SocketAddr, u8, u8) {
     (
         SocketAddr::new(builder.local, builder.src_port),
