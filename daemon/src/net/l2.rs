@@ -748,6 +748,10 @@ impl Link for L2Link {
     /// The neighbour layer's timers (a request to repeat, a peer to give up on) do not wake
     /// the device: sleep no longer than the next one.
     fn max_sleep(&self) -> Option<Duration> {
+        if !self.looped.is_empty() {
+            // Packets to itself wait to be received: no nap before the next poll.
+            return Some(Duration::ZERO);
+        }
         self.poll_at()
             .map(|at| at.saturating_duration_since(Instant::now()))
     }
