@@ -406,7 +406,6 @@ fn outer_fields(frame: &[u8], src: IpAddr) -> (u8, u8) {
     }
 }
 
-/// The (source, destination, TOS, TTL) a send goes out with.
 /// The interface index of each link-local address among `addrs` that an interface holds.
 fn link_scopes(addrs: &[IpAddr]) -> Vec<(Ipv6Addr, u32)> {
     addrs
@@ -420,6 +419,7 @@ fn link_scopes(addrs: &[IpAddr]) -> Vec<(Ipv6Addr, u32)> {
         .collect()
 }
 
+/// The (source, destination, TOS, TTL) a send goes out with.
 fn flow_of(meta: &TxMeta, builder: &PacketBuilder) -> (SocketAddr, SocketAddr, u8, u8) {
     (
         SocketAddr::new(builder.local, builder.src_port),
