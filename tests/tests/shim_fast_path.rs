@@ -416,6 +416,91 @@ fn processes_of_two_users_stay_on_the_daemons_path() {
     assert_eq!(trouble(&after), vec![]);
 }
 
+/// `ibv_rc_pingpong -c -s 4096 -n 100` with server and client in new PID namespaces
+/// (`unshare --pid --fork --mount-proc`, what a container has), the daemon outside: both in
+/// one namespace (`shared`, two processes of one container) or each in its own (two
+/// containers). Both must exit 0 and report their transfer.
+fn pingpong_in_pid_namespaces(d: &Daemon, port: u16, shared: bool) {
+    const SCRIPT: &str = r#"
+        mode=$1 pp=$2 port=$3 dir=$4
+        wrap=""
+        [ "$mode" = separate ] && wrap="unshare --pid --fork --mount-proc"
+        args="-d srxe0 -g 0 -p $port -c -s 4096 -n 100"
+        $wrap "$pp" $args >"$dir/server.log" 2>&1 &
+        server=$!
+        hex=$(printf '%04X' "$port")
+        for _ in $(seq 200); do
+            cat /proc/net/tcp /proc/net/tcp6 | grep -q ":$hex [0-9A-F:]* 0A" && break
+            sleep 0.05
+        done
+        timeout 100 $wrap "$pp" $args 127.0.0.1 >"$dir/client.log" 2>&1
+        client=$?
+        wait "$server"
+        echo "server $? client $client"
+    "#;
+    let dir = scratch("fast-path", &format!("pidns-{port}"));
+    let mode = if shared { "shared" } else { "separate" };
+    let mut cmd = if shared {
+        let mut c = Command::new(require_program("unshare"));
+        c.args(["--pid", "--fork", "--mount-proc", "sh"]);
+        c
+    } else {
+        Command::new("sh")
+    };
+    let pp = require_program("ibv_rc_pingpong");
+    cmd.args(["-c", SCRIPT, "sh", mode])
+        .arg(&pp)
+        .arg(port.to_string())
+        .arg(&dir)
+        .env("LD_PRELOAD", &shim_libs().preload)
+        .env("SOFTROCE_SOCKET", &d.socket);
+    let out = cmd.output().expect("run the PID namespace script");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+    let (server, client) = (read("server.log"), read("client.log"));
+    assert!(
+        text.trim_end().ends_with("server 0 client 0")
+            && server.contains(" bytes in ")
+            && client.contains(" bytes in "),
+        "{mode}: {text}{}\n--- server\n{server}\n--- client\n{client}\n--- daemon\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+}
+
+/// Programs in a container, the daemon on the host (as the Kubernetes daemonset runs it):
+/// their PID namespace numbers processes otherwise than the daemon's, and the taker of a
+/// direction writes into its peer by the number the taker's namespace gives it. Two
+/// processes of one container take the fast path, every buffer checked and counted as on the
+/// daemon's; processes of two containers cannot name each other and stay on the daemon's
+/// path, and work. (A taker given the daemon's number failed its first write, and
+/// `ib_write_bw` in a container exited 1.)
+#[test]
+fn processes_in_a_container_take_the_fast_path_among_themselves() {
+    let d = loopback_daemon("fast-pidns", 173);
+    let before = counters(&d);
+    pingpong_in_pid_namespaces(&d, 18771, true);
+    let one = delta(&before, &counters(&d));
+    assert!(
+        get(&one, "device_fast_grants") >= 1,
+        "one container: no direction was granted: {one:?}\n{}",
+        d.log()
+    );
+    assert_eq!(get(&one, "rdma_sends"), 200, "{one:?}");
+    assert_eq!(trouble(&one), vec![], "one container");
+    assert!(!d.log().contains("failed=true"), "{}", d.log());
+    let before = counters(&d);
+    pingpong_in_pid_namespaces(&d, 18772, false);
+    let two = delta(&before, &counters(&d));
+    assert_eq!(
+        get(&two, "device_fast_grants"),
+        0,
+        "two containers: {two:?}"
+    );
+    assert_eq!(get(&two, "rdma_sends"), 200, "{two:?}");
+    assert_eq!(trouble(&two), vec![], "two containers");
+}
+
 /// A daemon whose packets between local QPs go through its link (`--local-via-socket`, where
 /// a capture on `lo` sees them) grants no direction: those packets must exist.
 #[test]

@@ -179,6 +179,9 @@ pub(super) struct ClientDev {
     pub pid: i32,
     /// The process's real user id (the fast path joins only processes of one user).
     pub uid: Option<u32>,
+    /// Its PID namespace and its number there (the fast path gives a taker its peer's pid
+    /// as the taker sees it).
+    pub pid_view: Option<super::fast::PidView>,
     /// QPs whose memfd is kept for the fast path (at most [`super::fast::FD_BUDGET`]).
     pub fast_fds: usize,
     /// The device's index (in the handles the client is given).
@@ -382,6 +385,7 @@ impl DeviceThread {
                 ClientDev {
                     pid: process.pid(),
                     uid: super::fast::process_uid(process.pid()),
+                    pid_view: super::fast::pid_view(process.pid()),
                     fast_fds: 0,
                     device: self.index,
                     engine,

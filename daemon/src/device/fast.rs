@@ -9,8 +9,9 @@
 //!   while the conditions hold: RC or UC, both QPs connected to each other on this device,
 //!   the peer in RTR or RTS without memory windows, its receive queue its own ring or an SRQ
 //!   that feeds it alone, no CQ involved armed for a completion event (only the device
-//!   raises those), the same uid, packets between local QPs not sent through the link (which
-//!   is where capture and fault injection sit);
+//!   raises those), the same uid, a taker that can name its peer's process (the same PID
+//!   namespace, or the daemon's: [`peer_pid_seen_by`]), packets between local QPs not sent
+//!   through the link (which is where capture and fault injection sit);
 //! - it **grants** one ([`Request::FastTake`]) only while both halves are idle in its own
 //!   engines, handing over the configuration, the sequence numbers, the peer's receive queue
 //!   (its ring, and the WQEs the device already took from it, in a ring of the direction's
@@ -66,6 +67,67 @@ pub(super) fn process_uid(pid: i32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("Uid:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Where a client process sits among PID namespaces: the taker of a direction writes into
+/// its peer with `process_vm_writev`, which names the peer by a pid of the *taker's* PID
+/// namespace, and a client in a container (its own PID namespace, the daemon on the host)
+/// knows its peer by another number than the daemon does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PidView {
+    /// The inode of its PID namespace (`/proc/PID/ns/pid`).
+    pub ns: u64,
+    /// Its pid in that namespace: the last of `/proc/PID/status`'s `NSpid` (the daemon's
+    /// number first, then one per nested namespace).
+    pub own: i32,
+}
+
+/// The [`PidView`] of process `pid` (a pid of the daemon's namespace); None when it cannot
+/// be read (the process is gone, or is not the daemon's to inspect).
+pub(super) fn pid_view(pid: i32) -> Option<PidView> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?.ino();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    Some(PidView {
+        ns,
+        own: nspid_innermost(&status)?,
+    })
+}
+
+/// The last number of the `NSpid:` line of a `/proc/PID/status` text.
+fn nspid_innermost(status: &str) -> Option<i32> {
+    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+/// The daemon's own PID namespace.
+fn daemon_pid_ns() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    static NS: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *NS.get_or_init(|| Some(std::fs::metadata("/proc/self/ns/pid").ok()?.ino()))
+}
+
+/// The peer's pid as a taker sees it: its own number when both share a PID namespace (two
+/// processes of one container), the daemon's number when the taker is in the daemon's
+/// namespace (which sees every namespace below it by the daemon's numbers); None otherwise
+/// (processes of two containers, or an unknown view): no direction then, the daemon's path
+/// serves them, as it serves processes of two users.
+pub(super) fn peer_pid_seen_by(
+    taker: Option<PidView>,
+    peer: Option<PidView>,
+    peer_daemon_pid: i32,
+) -> Option<i32> {
+    peer_pid_in(taker?, peer?, peer_daemon_pid, daemon_pid_ns()?)
+}
+
+fn peer_pid_in(taker: PidView, peer: PidView, peer_daemon_pid: i32, daemon_ns: u64) -> Option<i32> {
+    if taker.ns == peer.ns {
+        Some(peer.own)
+    } else if taker.ns == daemon_ns {
+        Some(peer_daemon_pid)
+    } else {
+        None
+    }
 }
 
 /// One direction the device granted.
@@ -421,7 +483,8 @@ impl DeviceThread {
             && !pq.lent
             && p.mws.is_empty()
             && c.uid.is_some()
-            && c.uid == p.uid;
+            && c.uid == p.uid
+            && peer_pid_seen_by(c.pid_view, p.pid_view, p.pid).is_some();
         if !ok {
             tracing::trace!(
                 qpn,
@@ -431,6 +494,7 @@ impl DeviceThread {
                 lent = pq.lent,
                 mws = p.mws.len(),
                 same_uid = c.uid.is_some() && c.uid == p.uid,
+                peer_visible = peer_pid_seen_by(c.pid_view, p.pid_view, p.pid).is_some(),
                 "fast path: not eligible"
             );
         }
@@ -592,6 +656,14 @@ impl DeviceThread {
         ) else {
             return again("QP state");
         };
+        // The peer as the taker's process names it (checked by the eligibility above).
+        let Some(peer_pid) = peer_pid_seen_by(
+            self.clients[&client].pid_view,
+            self.clients[&peer].pid_view,
+            self.clients[&peer].pid,
+        ) else {
+            return again("the peer is not in the taker's PID namespace");
+        };
         let p = &self.clients[&peer];
         let pc = p.engine.qp_config(Qpn::new(pqpn)).expect("checked above");
         let srq = pc.init.srq;
@@ -745,7 +817,6 @@ impl DeviceThread {
         if let Some(q) = p.qps.get_mut(&pqpn) {
             q.lent = true;
         }
-        let peer_pid = p.pid;
         // The peer's receive CQ and the taker's send CQ feed a direction: their events are
         // waited for anew (`CqState::event_waits`).
         if let Some(q) = p.cqs.get_mut(&pc.init.recv_cq) {
@@ -1327,4 +1398,44 @@ fn to_error(c: &mut ClientDev, qpn: u32) {
         ..Default::default()
     };
     let _ = c.engine.modify_qp(Qpn::new(qpn), &attr, AttrMask::STATE);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_taker_names_its_peer_in_its_own_pid_namespace_or_not_at_all() {
+        let (host, pod, other_pod) = (1, 2, 3);
+        let in_pod = |own| PidView { ns: pod, own };
+        // Two processes of one container: the peer's own number.
+        assert_eq!(peer_pid_in(in_pod(7), in_pod(9), 48211, host), Some(9));
+        // A taker in the daemon's namespace sees the container's process by the daemon's
+        // number.
+        let on_host = PidView {
+            ns: host,
+            own: 5000,
+        };
+        assert_eq!(peer_pid_in(on_host, in_pod(9), 48211, host), Some(48211));
+        // A taker in a container cannot name a process outside it, nor one of another
+        // container.
+        assert_eq!(peer_pid_in(in_pod(7), on_host, 5000, host), None);
+        let elsewhere = PidView {
+            ns: other_pod,
+            own: 9,
+        };
+        assert_eq!(peer_pid_in(in_pod(7), elsewhere, 48212, host), None);
+    }
+
+    #[test]
+    fn the_innermost_nspid_is_the_process_own_number() {
+        let status = "Name:\tib_write_bw\nPid:\t48211\nNSpid:\t48211\t12\t7\nUid:\t0\t0\t0\t0\n";
+        assert_eq!(nspid_innermost(status), Some(7));
+        assert_eq!(nspid_innermost("NSpid:\t4\n"), Some(4));
+        assert_eq!(nspid_innermost("Pid:\t4\n"), None);
+        // This process, as the daemon reads a client.
+        let me = pid_view(std::process::id() as i32).expect("own view");
+        assert_eq!(Some(me.ns), daemon_pid_ns());
+        assert_eq!(me.own, std::process::id() as i32);
+    }
 }
