@@ -377,6 +377,7 @@ impl DeviceThread {
             config.seal_icrc = false;
             config.congestion = self.congestion;
             let memory = ProcessMemory::of(Arc::clone(process));
+            let (uid, pid_view) = super::fast::process_identity(process.pid());
             let mut engine = tp::Engine::new(config, ProcMem(RefCell::new(memory)));
             engine.set_qpn_range(block * QPN_BLOCK, (block + 1) * QPN_BLOCK);
             self.blocks.insert(block, client);
@@ -384,8 +385,8 @@ impl DeviceThread {
                 client,
                 ClientDev {
                     pid: process.pid(),
-                    uid: super::fast::process_uid(process.pid()),
-                    pid_view: super::fast::pid_view(process.pid()),
+                    uid,
+                    pid_view,
                     fast_fds: 0,
                     device: self.index,
                     engine,

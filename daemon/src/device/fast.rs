@@ -62,13 +62,6 @@ fn unarmed_or_wait(q: &CqState) -> bool {
     ok
 }
 
-/// The real uid of a process, from `/proc/PID/status`.
-pub(super) fn process_uid(pid: i32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Where a client process sits among PID namespaces: the taker of a direction writes into
 /// its peer with `process_vm_writev`, which names the peer by a pid of the *taker's* PID
 /// namespace, and a client in a container (its own PID namespace, the daemon on the host)
@@ -82,22 +75,30 @@ pub(super) struct PidView {
     pub own: i32,
 }
 
-/// The [`PidView`] of process `pid` (a pid of the daemon's namespace); None when it cannot
-/// be read (the process is gone, or is not the daemon's to inspect).
-pub(super) fn pid_view(pid: i32) -> Option<PidView> {
+/// What the fast path needs to know of client process `pid` (a pid of the daemon's
+/// namespace), read once when it first uses the device: its real uid (directions join only
+/// processes of one user) and its [`PidView`]. None where it cannot be read (the process is
+/// gone, or is not the daemon's to inspect): no direction for it then.
+pub(super) fn process_identity(pid: i32) -> (Option<u32>, Option<PidView>) {
     use std::os::unix::fs::MetadataExt;
-    let ns = std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?.ino();
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    Some(PidView {
-        ns,
-        own: nspid_innermost(&status)?,
-    })
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return (None, None);
+    };
+    let view = || {
+        Some(PidView {
+            ns: std::fs::metadata(format!("/proc/{pid}/ns/pid")).ok()?.ino(),
+            own: status_field(&status, "NSpid:")?.last()?.parse().ok()?,
+        })
+    };
+    let uid = status_field(&status, "Uid:").and_then(|mut f| f.next()?.parse().ok());
+    (uid, view())
 }
 
-/// The last number of the `NSpid:` line of a `/proc/PID/status` text.
-fn nspid_innermost(status: &str) -> Option<i32> {
-    let line = status.lines().find(|l| l.starts_with("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
+/// The numbers of one line of a `/proc/PID/status` text (`Uid:` real, effective, ...;
+/// `NSpid:` the daemon's pid first, then one per nested PID namespace).
+fn status_field<'a>(status: &'a str, key: &str) -> Option<std::str::SplitWhitespace<'a>> {
+    let line = status.lines().find_map(|l| l.strip_prefix(key))?;
+    Some(line.split_whitespace())
 }
 
 /// The daemon's own PID namespace.
@@ -1429,13 +1430,20 @@ mod tests {
 
     #[test]
     fn the_innermost_nspid_is_the_process_own_number() {
-        let status = "Name:\tib_write_bw\nPid:\t48211\nNSpid:\t48211\t12\t7\nUid:\t0\t0\t0\t0\n";
-        assert_eq!(nspid_innermost(status), Some(7));
-        assert_eq!(nspid_innermost("NSpid:\t4\n"), Some(4));
-        assert_eq!(nspid_innermost("Pid:\t4\n"), None);
+        let status = "Name:\tib_write_bw\nPid:\t48211\nNSpid:\t48211\t12\t7\nUid:\t1000\t0\t0\t0\n";
+        let last = |s, key| status_field(s, key).and_then(|f| f.last());
+        assert_eq!(last(status, "NSpid:"), Some("7"));
+        assert_eq!(
+            status_field(status, "Uid:").and_then(|mut f| f.next()),
+            Some("1000")
+        );
+        assert_eq!(last("NSpid:\t4\n", "NSpid:"), Some("4"));
+        assert!(status_field("Pid:\t4\n", "NSpid:").is_none());
         // This process, as the daemon reads a client.
-        let me = pid_view(std::process::id() as i32).expect("own view");
+        let (uid, view) = process_identity(std::process::id() as i32);
+        let me = view.expect("own view");
         assert_eq!(Some(me.ns), daemon_pid_ns());
         assert_eq!(me.own, std::process::id() as i32);
+        assert_eq!(uid, Some(nix::unistd::getuid().as_raw()));
     }
 }

@@ -367,14 +367,7 @@ impl L2Link {
         if let Some((frame, _)) = &mut self.last_sent {
             frame.clear();
         }
-        // To one of the device's own addresses: no neighbour to ask, nothing on the wire.
-        let own = self.addrs.contains(&dst);
-        let resolved = if own {
-            Ok(Some(self.iface.mac()))
-        } else {
-            self.iface.resolve(dst, now)
-        };
-        let mac = match resolved {
+        let mac = match self.iface.resolve(dst, now) {
             Ok(m) => m,
             Err(Unreachable::NoRoute) => {
                 self.counters.tx_no_route += 1;
@@ -382,6 +375,8 @@ impl L2Link {
                 return;
             }
         };
+        // At the device's own MAC: one of its own addresses, nothing goes on the wire.
+        let own = mac == Some(self.iface.mac());
         let len = ETH_HEADER_LEN + packet.len();
         let header = self.iface.header(mac.unwrap_or_default(), ethertype);
         let (idents, instant) = (&mut self.idents, Instant::now());

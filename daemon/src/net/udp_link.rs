@@ -176,7 +176,9 @@ impl UdpLink {
     /// loops a packet to its own GID back.
     fn flow(&self, src: IpAddr, dst: IpAddr) -> (PacketBuilder, SocketAddr) {
         let mut builder = PacketBuilder::new(src, dst, self.local_port(src));
-        if self.addrs.contains(&dst) {
+        // (Only a device on another port looks: on 4791 its own addresses get 4791 anyway,
+        // and the scan stays off the per-packet path.)
+        if builder.src_port != proto::wire::ROCE_V2_PORT && self.addrs.contains(&dst) {
             builder.dst_port = self.local_port(dst);
         }
         let to = match dst {

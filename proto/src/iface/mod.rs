@@ -392,13 +392,19 @@ impl EthernetInterface {
         }
     }
 
-    /// The Ethernet address to send to `dst` at, if known now. `Ok(None)`: being resolved;
-    /// hold the frame with [`EthernetInterface::hold`].
+    /// The Ethernet address to send to `dst` at, if known now (the interface's own for its
+    /// own addresses). `Ok(None)`: being resolved; hold the frame with
+    /// [`EthernetInterface::hold`].
     pub fn resolve(
         &mut self,
         dst: IpAddr,
         now: Nanos,
     ) -> Result<Option<EthernetAddress>, Unreachable> {
+        // One of the interface's own addresses is at its own MAC: nobody is asked (a frame
+        // to it is the device's to loop back, as rxe's `rxe_loopback`).
+        if self.addrs.iter().any(|c| c.addr == dst) {
+            return Ok(Some(self.mac));
+        }
         match dst {
             IpAddr::V4(v4) if v4.is_broadcast() => return Ok(Some(EthernetAddress::BROADCAST)),
             IpAddr::V4(v4) if v4.is_multicast() => {

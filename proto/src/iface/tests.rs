@@ -175,6 +175,19 @@ fn link_local_eui64_needs_no_solicitation_and_other_prefixes_are_unreachable() {
 }
 
 #[test]
+fn the_interfaces_own_addresses_are_at_its_own_mac_unasked() {
+    let (mut a, _) = pair();
+    for own in ["10.0.0.1", "fd00::1"] {
+        assert_eq!(a.resolve(ip(own), 0), Ok(Some(MAC_A)), "{own}");
+        a.solicit(ip(own), 0);
+    }
+    assert!(
+        a.poll_transmit(0).is_none(),
+        "nobody is asked for its own address"
+    );
+}
+
+#[test]
 fn an_unanswered_peer_is_solicited_three_times() {
     let (mut a, _) = pair();
     a.hold(ip("10.0.0.9"), vec![0u8; 64], 0);
