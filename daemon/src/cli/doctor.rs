@@ -15,7 +15,8 @@ use std::process::{Command, Stdio};
 #[derive(Args, Debug)]
 #[command(
     after_help = "Checks: a daemon at the control socket; io_uring; process_vm_readv (same user, \
-ptrace scope or root); the memlock limit; an address to serve and UDP port 4791; the shim loadable \
+ptrace scope or root); the memlock limit; an address to serve and UDP port 4791; whether rdma_cm \
+can have the kernel resolve a neighbour (CAP_NET_ADMIN or ping sockets); the shim loadable \
 with LD_PRELOAD and the verbs programs on PATH; the replacement libibverbs.so.1, which only a program \
 that looks the verbs up with dlsym() on its own handle of the library needs.
 
